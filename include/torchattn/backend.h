@@ -1,0 +1,31 @@
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <string_view>
+
+namespace torchattn {
+
+/// Which implementation computes softmax(q k^T * scale + mask) v.
+///
+/// - `Reference`: the notebooks' math step by step: scores, `masked_fill_(-inf)`,
+///   division by sqrt(d_k), softmax, `nn::Dropout`, weights @ v. Same seed, same
+///   numbers and the same dropout masks as the Python code.
+/// - `SDPA`: `at::scaled_dot_product_attention`, ATen's fused kernel (the flash
+///   kernel on CPU and CUDA). It never materialises the T x T weights. Its dropout
+///   draws a different random stream from the Reference.
+/// - `Auto` (default): SDPA, except in training mode with dropout > 0, where it
+///   takes the Reference so that dropout masks match the Python code exactly.
+///
+/// Example: `CausalAttentionOptions(768, 768, 1024).backend(Backend::SDPA)`.
+enum class Backend { Auto, Reference, SDPA };
+
+/// "auto", "reference" or "sdpa".
+std::string_view to_string(Backend backend);
+
+/// Parses "auto", "reference" or "sdpa"; anything else is a c10::Error naming it.
+Backend backend_from_string(std::string_view name);
+
+std::ostream& operator<<(std::ostream& os, Backend backend);
+
+} // namespace torchattn

@@ -1,0 +1,81 @@
+#pragma once
+
+#include <torchattn/backend.h>
+#include <torchattn/kv_cache.h>
+
+#include <torch/arg.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <optional>
+
+namespace torchattn {
+
+/// Options for `CausalAttention` (notebooks 000, 001, 003).
+///
+///   torchattn::CausalAttention ca(torchattn::CausalAttentionOptions(3, 2, 6).dropout(0.1));
+struct CausalAttentionOptions {
+  CausalAttentionOptions(int64_t d_in, int64_t d_out, int64_t context_length)
+      : d_in_(d_in), d_out_(d_out), context_length_(context_length) {}
+
+  /// Features per input token.
+  TORCH_ARG(int64_t, d_in);
+  /// Features per output token.
+  TORCH_ARG(int64_t, d_out);
+  /// Most tokens a sequence may have; the size of the `mask` buffer.
+  TORCH_ARG(int64_t, context_length);
+  /// Dropout on the attention weights in training mode, in [0, 1). Default: 0.0.
+  TORCH_ARG(double, dropout) = 0.0;
+  /// Bias in W_query, W_key and W_value. Default: false.
+  TORCH_ARG(bool, qkv_bias) = false;
+  /// Multiplies the scores. Default: unset, meaning divide by sqrt(d_out);
+  /// `.scale(1.0)` is notebook 000's unscaled attention.
+  TORCH_ARG(std::optional<double>, scale) = std::nullopt;
+  /// Which implementation computes attention. Default: Backend::Auto.
+  TORCH_ARG(Backend, backend) = Backend::Auto;
+};
+
+/// Single-head causal self-attention (notebook 003's `CausalAttention`): token t
+/// attends to tokens 0..t only.
+///
+/// Submodules `W_query`, `W_key`, `W_value` (nn::Linear), `dropout` (nn::Dropout)
+/// and the buffer `mask` = triu(ones(context_length, context_length), 1), in the
+/// notebook's order: same seed, same weights, same state-dict keys.
+class CausalAttentionImpl : public torch::nn::Cloneable<CausalAttentionImpl> {
+ public:
+  explicit CausalAttentionImpl(const CausalAttentionOptions& options);
+  /// Mirrors Python's `CausalAttention(d_in, d_out, context_length, dropout, qkv_bias=False)`.
+  CausalAttentionImpl(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, bool qkv_bias = false)
+      : CausalAttentionImpl(
+            CausalAttentionOptions(d_in, d_out, context_length).dropout(dropout).qkv_bias(qkv_bias)) {}
+
+  void reset() override;
+  void pretty_print(std::ostream& stream) const override;
+
+  /// x: [B, T, d_in] or [T, d_in] with T <= context_length
+  ///   ->  [B, T, d_out] or [T, d_out].
+  at::Tensor forward(const at::Tensor& x);
+
+  /// An empty cache for `batch_size` sequences: [batch_size, context_length, d_out],
+  /// of the module's dtype and device.
+  KVCache make_kv_cache(int64_t batch_size) const;
+
+  /// x_new: [B, T_new, d_in] or [T_new, d_in], the tokens after those in `cache`.
+  /// Returns their outputs, [B, T_new, d_out] or [T_new, d_out]: the same rows a
+  /// full forward over the whole sequence gives.
+  at::Tensor forward_cached(const at::Tensor& x_new, KVCache& cache);
+
+  CausalAttentionOptions options;
+  torch::nn::Linear W_query{nullptr};
+  torch::nn::Linear W_key{nullptr};
+  torch::nn::Linear W_value{nullptr};
+  torch::nn::Dropout dropout{nullptr};
+  at::Tensor mask;
+};
+
+TORCH_MODULE(CausalAttention);
+
+} // namespace torchattn

@@ -1,0 +1,61 @@
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorOptions.h>
+#include <c10/util/ArrayRef.h>
+
+#include <cstdint>
+
+namespace torchattn {
+
+/// Keys and values of the tokens seen so far, for generation one chunk at a time.
+///
+/// Storage is allocated once, at [B, H, capacity, head_dim] for MultiHeadAttention
+/// and [B, capacity, d_out] for CausalAttention (capacity = context_length); the
+/// token dimension is always -2. Make one with `module->make_kv_cache(B)` and pass
+/// it to `module->forward_cached(x_new, cache)`:
+///
+///   torch::NoGradGuard no_grad;
+///   auto cache = mha->make_kv_cache(/*batch_size=*/1);
+///   auto y = mha->forward_cached(prompt, cache);        // [1, T0, d_out]
+///   auto z = mha->forward_cached(next_token, cache);    // [1, 1, d_out]
+///   cache.length();                                     // T0 + 1
+///   cache.reset();                                      // start a new sequence
+///
+/// The cache is for inference: use it under NoGradGuard or InferenceMode.
+class KVCache {
+ public:
+  KVCache() = default;
+
+  /// shape: the full storage shape, the token dimension (-2) holding `capacity`.
+  KVCache(c10::IntArrayRef shape, at::TensorOptions options);
+
+  /// Tokens cached so far.
+  int64_t length() const { return length_; }
+  /// Tokens the cache can hold (the module's context_length).
+  int64_t capacity() const;
+  int64_t batch_size() const;
+  bool defined() const { return keys_.defined(); }
+
+  /// Forgets every cached token; the storage is kept.
+  void reset() { length_ = 0; }
+
+  /// Cached keys / values: [..., length(), d], views of the storage.
+  at::Tensor keys() const;
+  at::Tensor values() const;
+
+  /// Appends k, v of shape [..., T_new, d] after the cached tokens and returns the
+  /// number of tokens cached before them. Checks shape, dtype, device and capacity.
+  int64_t append(const at::Tensor& k, const at::Tensor& v);
+
+  /// The full storage (capacity tokens), for moving or inspecting.
+  const at::Tensor& key_storage() const { return keys_; }
+  const at::Tensor& value_storage() const { return values_; }
+
+ private:
+  at::Tensor keys_;
+  at::Tensor values_;
+  int64_t length_ = 0;
+};
+
+} // namespace torchattn

@@ -1,0 +1,90 @@
+#pragma once
+
+#include <torchattn/backend.h>
+#include <torchattn/kv_cache.h>
+
+#include <torch/arg.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <optional>
+
+namespace torchattn {
+
+/// Options for `MultiHeadAttention` (notebook 003).
+///
+///   torchattn::MultiHeadAttention mha(
+///       torchattn::MultiHeadAttentionOptions(768, 768, 1024, 12).dropout(0.1));
+struct MultiHeadAttentionOptions {
+  MultiHeadAttentionOptions(int64_t d_in, int64_t d_out, int64_t context_length, int64_t num_heads)
+      : d_in_(d_in), d_out_(d_out), context_length_(context_length), num_heads_(num_heads) {}
+
+  /// Features per input token.
+  TORCH_ARG(int64_t, d_in);
+  /// Features per output token; a multiple of num_heads.
+  TORCH_ARG(int64_t, d_out);
+  /// Most tokens a sequence may have; the size of the `mask` buffer.
+  TORCH_ARG(int64_t, context_length);
+  /// Heads; each sees head_dim = d_out / num_heads features.
+  TORCH_ARG(int64_t, num_heads);
+  /// Dropout on the attention weights in training mode, in [0, 1). Default: 0.0.
+  TORCH_ARG(double, dropout) = 0.0;
+  /// Bias in W_query, W_key and W_value (out_proj always has one). Default: false.
+  TORCH_ARG(bool, qkv_bias) = false;
+  /// Multiplies the scores. Default: unset, meaning divide by sqrt(head_dim).
+  TORCH_ARG(std::optional<double>, scale) = std::nullopt;
+  /// Which implementation computes attention. Default: Backend::Auto.
+  TORCH_ARG(Backend, backend) = Backend::Auto;
+};
+
+/// Multi-head causal self-attention (notebook 003's `MultiHeadAttention`): the
+/// projections are split into heads with view/transpose, each head attends
+/// causally, the heads are merged and passed through `out_proj`.
+///
+/// Submodules `W_query`, `W_key`, `W_value`, `out_proj` (nn::Linear), `dropout`
+/// (nn::Dropout) and the buffer `mask` = triu(ones(context_length, context_length), 1),
+/// in the notebook's order: same seed, same weights, same state-dict keys.
+class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImpl> {
+ public:
+  explicit MultiHeadAttentionImpl(const MultiHeadAttentionOptions& options);
+  /// Mirrors Python's
+  /// `MultiHeadAttention(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False)`.
+  MultiHeadAttentionImpl(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, int64_t num_heads,
+                         bool qkv_bias = false)
+      : MultiHeadAttentionImpl(MultiHeadAttentionOptions(d_in, d_out, context_length, num_heads)
+                                   .dropout(dropout)
+                                   .qkv_bias(qkv_bias)) {}
+
+  void reset() override;
+  void pretty_print(std::ostream& stream) const override;
+
+  /// x: [B, T, d_in] or [T, d_in] with T <= context_length
+  ///   ->  [B, T, d_out] or [T, d_out].
+  at::Tensor forward(const at::Tensor& x);
+
+  /// An empty cache for `batch_size` sequences:
+  /// [batch_size, num_heads, context_length, head_dim], of the module's dtype and device.
+  KVCache make_kv_cache(int64_t batch_size) const;
+
+  /// x_new: [B, T_new, d_in] or [T_new, d_in], the tokens after those in `cache`.
+  /// Returns their outputs, [B, T_new, d_out] or [T_new, d_out]: the same rows a
+  /// full forward over the whole sequence gives.
+  at::Tensor forward_cached(const at::Tensor& x_new, KVCache& cache);
+
+  int64_t head_dim() const { return options.d_out() / options.num_heads(); }
+
+  MultiHeadAttentionOptions options;
+  torch::nn::Linear W_query{nullptr};
+  torch::nn::Linear W_key{nullptr};
+  torch::nn::Linear W_value{nullptr};
+  torch::nn::Linear out_proj{nullptr};
+  torch::nn::Dropout dropout{nullptr};
+  at::Tensor mask;
+};
+
+TORCH_MODULE(MultiHeadAttention);
+
+} // namespace torchattn

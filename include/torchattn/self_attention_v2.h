@@ -1,0 +1,61 @@
+#pragma once
+
+#include <torchattn/backend.h>
+
+#include <torch/arg.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <optional>
+
+namespace torchattn {
+
+/// Options for `SelfAttentionV2`, notebook 001's self-attention over all tokens.
+///
+///   torchattn::SelfAttentionV2 sa(torchattn::SelfAttentionV2Options(3, 2).qkv_bias(false));
+struct SelfAttentionV2Options {
+  SelfAttentionV2Options(int64_t d_in, int64_t d_out) : d_in_(d_in), d_out_(d_out) {}
+
+  /// Features per input token.
+  TORCH_ARG(int64_t, d_in);
+  /// Features per output token (and of queries, keys and values).
+  TORCH_ARG(int64_t, d_out);
+  /// Bias in W_query, W_key and W_value. Default: false.
+  TORCH_ARG(bool, qkv_bias) = false;
+  /// Multiplies the scores. Default: unset, meaning 1/sqrt(d_out) with the square root
+  /// taken in float32, as the notebook's `torch.sqrt(torch.tensor(d_out))` does (this
+  /// matters only for float64 inputs).
+  TORCH_ARG(std::optional<double>, scale) = std::nullopt;
+  /// Which implementation computes attention. Default: Backend::Auto.
+  TORCH_ARG(Backend, backend) = Backend::Auto;
+};
+
+/// Self-attention without a mask (notebook 001's `SelfAttentionV2`):
+/// softmax(W_query(x) W_key(x)^T / sqrt(d_out)) W_value(x).
+///
+/// Submodules `W_query`, `W_key`, `W_value` (nn::Linear, created in that order), so
+/// `torch::manual_seed(s)` before construction gives the Python weights.
+class SelfAttentionV2Impl : public torch::nn::Cloneable<SelfAttentionV2Impl> {
+ public:
+  explicit SelfAttentionV2Impl(const SelfAttentionV2Options& options);
+  /// Mirrors Python's `SelfAttentionV2(d_in, d_out, qkv_bias=False)`.
+  SelfAttentionV2Impl(int64_t d_in, int64_t d_out, bool qkv_bias = false)
+      : SelfAttentionV2Impl(SelfAttentionV2Options(d_in, d_out).qkv_bias(qkv_bias)) {}
+
+  void reset() override;
+  void pretty_print(std::ostream& stream) const override;
+
+  /// x: [B, T, d_in] or [T, d_in]  ->  [B, T, d_out] or [T, d_out].
+  at::Tensor forward(const at::Tensor& x);
+
+  SelfAttentionV2Options options;
+  torch::nn::Linear W_query{nullptr};
+  torch::nn::Linear W_key{nullptr};
+  torch::nn::Linear W_value{nullptr};
+};
+
+TORCH_MODULE(SelfAttentionV2);
+
+} // namespace torchattn

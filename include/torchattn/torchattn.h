@@ -1,0 +1,17 @@
+#pragma once
+
+/// torchattn: the attention modules of the notebooks as LibTorch C++ modules.
+///
+///   #include <torchattn/torchattn.h>
+///   torch::manual_seed(123);
+///   torchattn::MultiHeadAttention mha(/*d_in=*/3, /*d_out=*/2, /*context_length=*/6,
+///                                     /*dropout=*/0.0, /*num_heads=*/2);
+///   auto y = mha(x);  // x: [B, T, 3] -> y: [B, T, 2]
+
+#include <torchattn/backend.h>
+#include <torchattn/causal_attention.h>
+#include <torchattn/functional.h>
+#include <torchattn/kv_cache.h>
+#include <torchattn/multi_head_attention.h>
+#include <torchattn/self_attention_v2.h>
+#include <torchattn/version.h>

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what building and testing torchattn needs, and nothing already there:
+#   - Debian packages: compiler, CMake, Ninja, GoogleTest, Google Benchmark, CLI11;
+#   - .venv with the pinned torch (LibTorch is its C++ half) and the Python reference.
+# Safe to run again; `make` calls it before every build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(g++ cmake ninja-build make python3-venv libgtest-dev libbenchmark-dev libcli11-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+stamp=.venv/.torchattn-requirements
+if [ ! -x .venv/bin/python ] || ! cmp -s requirements.txt "$stamp"; then
+  echo "setup: creating .venv with $(grep -E '^torch==' requirements.txt)"
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
+  cp requirements.txt "$stamp"
+fi

@@ -1,0 +1,62 @@
+#include <torchattn/causal_attention.h>
+
+#include <torchattn/functional.h>
+
+#include "detail/attention_block.h"
+#include "detail/checks.h"
+
+#include <ostream>
+
+namespace torchattn {
+
+namespace {
+constexpr const char* kName = "CausalAttention";
+}
+
+CausalAttentionImpl::CausalAttentionImpl(const CausalAttentionOptions& options_) : options(options_) {
+  reset();
+}
+
+void CausalAttentionImpl::reset() {
+  detail::check_positive(kName, "d_in", options.d_in());
+  detail::check_positive(kName, "d_out", options.d_out());
+  detail::check_positive(kName, "context_length", options.context_length());
+  detail::check_dropout(kName, options.dropout());
+  detail::check_scale(kName, options.scale());
+  const auto linear = torch::nn::LinearOptions(options.d_in(), options.d_out()).bias(options.qkv_bias());
+  W_query = register_module("W_query", torch::nn::Linear(linear));
+  W_key = register_module("W_key", torch::nn::Linear(linear));
+  W_value = register_module("W_value", torch::nn::Linear(linear));
+  dropout = register_module("dropout", torch::nn::Dropout(options.dropout()));
+  mask = register_buffer("mask", functional::causal_mask_buffer(options.context_length()));
+}
+
+void CausalAttentionImpl::pretty_print(std::ostream& stream) const {
+  stream << "torchattn::CausalAttention(d_in=" << options.d_in() << ", d_out=" << options.d_out()
+         << ", context_length=" << options.context_length() << ", dropout=" << options.dropout()
+         << ", qkv_bias=" << std::boolalpha << options.qkv_bias() << ", backend=" << options.backend() << ")";
+}
+
+at::Tensor CausalAttentionImpl::forward(const at::Tensor& x) {
+  detail::check_input(kName, x, options.d_in(), options.context_length(), W_query->weight);
+  detail::AttentionBlock block{W_query, W_key, W_value, /*num_heads=*/0, mask};
+  const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend()};
+  return detail::with_batch_dim(
+      x, [&](const at::Tensor& xb) { return detail::attention_block_forward(block, xb, nullptr, config); });
+}
+
+KVCache CausalAttentionImpl::make_kv_cache(int64_t batch_size) const {
+  detail::check_positive(kName, "batch_size", batch_size);
+  return KVCache({batch_size, options.context_length(), options.d_out()}, W_key->weight.options());
+}
+
+at::Tensor CausalAttentionImpl::forward_cached(const at::Tensor& x_new, KVCache& cache) {
+  detail::check_input(kName, x_new, options.d_in(), options.context_length(), W_query->weight);
+  detail::check_cache(kName, cache, x_new, options.context_length());
+  detail::AttentionBlock block{W_query, W_key, W_value, /*num_heads=*/0, mask};
+  const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend()};
+  return detail::with_batch_dim(
+      x_new, [&](const at::Tensor& xb) { return detail::attention_block_forward(block, xb, &cache, config); });
+}
+
+} // namespace torchattn

@@ -1,0 +1,40 @@
+#include "attention_block.h"
+
+namespace torchattn::detail {
+
+at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, KVCache* cache,
+                                   const functional::AttentionConfig& config) {
+  const int64_t B = x.size(0);
+  const int64_t T = x.size(1);
+  at::Tensor keys = block.W_key->forward(x);  // [B, T, d_out]
+  at::Tensor queries = block.W_query->forward(x);
+  at::Tensor values = block.W_value->forward(x);
+  const int64_t d_out = queries.size(-1);
+
+  if (block.num_heads > 0) {
+    // Unroll the last dimension into heads, then move heads before tokens:
+    // [B, T, d_out] -> [B, T, H, head_dim] -> [B, H, T, head_dim].
+    const int64_t head_dim = d_out / block.num_heads;
+    keys = keys.view({B, T, block.num_heads, head_dim}).transpose(1, 2);
+    queries = queries.view({B, T, block.num_heads, head_dim}).transpose(1, 2);
+    values = values.view({B, T, block.num_heads, head_dim}).transpose(1, 2);
+  }
+
+  int64_t past = 0;
+  if (cache != nullptr) {
+    past = cache->append(keys, values);
+    keys = cache->keys();
+    values = cache->values();
+  }
+
+  at::Tensor context = functional::attention(queries, keys, values, block.mask, past, config);
+
+  if (block.num_heads > 0) {
+    // [B, H, T, head_dim] -> [B, T, H, head_dim] -> [B, T, d_out]; no copy when the
+    // kernel already wrote tokens-major (ATen's CPU flash kernel does).
+    context = context.transpose(1, 2).reshape({B, T, d_out});
+  }
+  return context;
+}
+
+} // namespace torchattn::detail

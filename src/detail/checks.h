@@ -1,0 +1,78 @@
+#pragma once
+
+// Argument checks shared by the functional layer and the modules. Each message names
+// the function, the argument, what was expected and what came.
+
+#include <torchattn/kv_cache.h>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+
+namespace torchattn::detail {
+
+inline void check_floating(const char* fn, const char* arg, const at::Tensor& t) {
+  TORCH_CHECK(t.defined(), fn, ": expected a defined tensor for ", arg);
+  TORCH_CHECK(at::isFloatingType(t.scalar_type()), fn, ": expected a floating-point ", arg,
+              " (float, double, bfloat16 or half), got ", t.scalar_type());
+}
+
+// `mask` must broadcast to `target`'s shape without changing it.
+inline void check_broadcasts(const char* fn, const char* arg, const at::Tensor& mask, const at::Tensor& target) {
+  bool ok = mask.dim() <= target.dim();
+  for (int64_t i = 1; ok && i <= mask.dim(); ++i) {
+    const int64_t m = mask.size(-i);
+    ok = m == 1 || m == target.size(-i);
+  }
+  TORCH_CHECK(ok, fn, ": expected ", arg, " broadcastable to ", target.sizes(), ", got ", mask.sizes());
+}
+
+inline void check_positive(const char* module, const char* arg, int64_t value) {
+  TORCH_CHECK(value > 0, module, ": expected ", arg, " > 0, got ", value);
+}
+
+inline void check_dropout(const char* module, double p) {
+  TORCH_CHECK(p >= 0.0 && p < 1.0, module, ": expected dropout in [0, 1), got ", p);
+}
+
+inline void check_scale(const char* module, const std::optional<double>& scale) {
+  TORCH_CHECK(!scale || std::isfinite(*scale), module, ": expected a finite scale, got ", scale.value_or(0.0));
+}
+
+// x: [B, T, d_in] or [T, d_in], floating, of the module's dtype and device (taken
+// from `weight`), with T <= context_length when one is given (> 0).
+inline void check_input(const char* module, const at::Tensor& x, int64_t d_in, int64_t context_length,
+                        const at::Tensor& weight) {
+  TORCH_CHECK(x.defined(), module, ": expected a defined input tensor");
+  TORCH_CHECK(x.dim() == 2 || x.dim() == 3, module, ": expected input of rank 2 [T, d_in] or 3 [B, T, d_in], got rank ",
+              x.dim(), " with shape ", x.sizes());
+  check_floating(module, "input", x);
+  TORCH_CHECK(x.size(-1) == d_in, module, ": expected input with d_in=", d_in, " features, got ", x.size(-1));
+  const int64_t T = x.size(-2);
+  TORCH_CHECK(T > 0, module, ": expected at least one token, got input ", x.sizes());
+  TORCH_CHECK(context_length <= 0 || T <= context_length, module, ": expected at most context_length=",
+              context_length, " tokens, got ", T);
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), module, ": expected input of the module's dtype ",
+              weight.scalar_type(), ", got ", x.scalar_type(), " (use module->to(dtype) or x.to(dtype))");
+  TORCH_CHECK(x.device() == weight.device(), module, ": expected input on the module's device ", weight.device(),
+              ", got ", x.device());
+}
+
+// The cache passed to forward_cached: made by this module for x's batch, with room
+// for x's tokens.
+inline void check_cache(const char* module, const KVCache& cache, const at::Tensor& x, int64_t context_length) {
+  TORCH_CHECK(cache.defined(), module, ": expected a cache from make_kv_cache(batch_size), got an empty KVCache");
+  TORCH_CHECK(cache.capacity() == context_length, module, ": expected a cache of context_length=", context_length,
+              ", got one of ", cache.capacity());
+  const int64_t B = x.dim() == 3 ? x.size(0) : 1;
+  TORCH_CHECK(cache.batch_size() == B, module, ": expected input with the cache's batch_size=", cache.batch_size(),
+              ", got ", B);
+  const int64_t T = x.size(-2);
+  TORCH_CHECK(cache.length() + T <= context_length, module, ": the KV cache holds ", cache.length(),
+              " tokens; ", T, " more would pass context_length=", context_length, " (call cache.reset())");
+}
+
+} // namespace torchattn::detail

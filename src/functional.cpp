@@ -1,0 +1,157 @@
+#include <torchattn/functional.h>
+
+#include "detail/checks.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/dropout.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <ATen/ops/softmax.h>
+#include <ATen/ops/tril.h>
+#include <ATen/ops/triu.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <limits>
+
+namespace torchattn::functional {
+
+namespace {
+
+// q: [..., Tq, d], k: [..., Tk, d], v: [..., Tk, dv] (v optional).
+void check_qkv(const char* fn, const at::Tensor& q, const at::Tensor& k, const at::Tensor* v) {
+  detail::check_floating(fn, "q", q);
+  detail::check_floating(fn, "k", k);
+  TORCH_CHECK(q.dim() >= 2, fn, ": expected q with at least 2 dimensions [..., Tq, d], got ", q.sizes());
+  TORCH_CHECK(k.dim() >= 2, fn, ": expected k with at least 2 dimensions [..., Tk, d], got ", k.sizes());
+  TORCH_CHECK(q.size(-1) == k.size(-1), fn, ": expected q and k with the same feature size d, got q ",
+              q.sizes(), " and k ", k.sizes());
+  TORCH_CHECK(q.scalar_type() == k.scalar_type(), fn, ": expected q and k of one dtype, got q ",
+              q.scalar_type(), " and k ", k.scalar_type());
+  if (v != nullptr) {
+    detail::check_floating(fn, "v", *v);
+    TORCH_CHECK(v->dim() >= 2 && v->size(-2) == k.size(-2), fn,
+                ": expected v with as many tokens as k (dimension -2), got k ", k.sizes(), " and v ",
+                v->sizes());
+    TORCH_CHECK(v->scalar_type() == q.scalar_type(), fn, ": expected v of q's dtype ", q.scalar_type(),
+                ", got ", v->scalar_type());
+  }
+}
+
+// The [Tq, Tk] block of the causal buffer seen by queries at positions past .. past+Tq-1.
+at::Tensor causal_block(const char* fn, const at::Tensor& causal_mask, int64_t past, int64_t Tq, int64_t Tk) {
+  TORCH_CHECK(causal_mask.dim() == 2 && causal_mask.size(0) == causal_mask.size(1), fn,
+              ": expected a square [C, C] causal_mask, got ", causal_mask.sizes());
+  TORCH_CHECK(past >= 0, fn, ": expected past >= 0, got ", past);
+  TORCH_CHECK(Tk == past + Tq, fn, ": expected Tk == past + Tq (", past, " + ", Tq, "), got Tk=", Tk);
+  TORCH_CHECK(Tk <= causal_mask.size(0), fn, ": expected at most context_length=", causal_mask.size(0),
+              " key positions, got ", Tk);
+  return causal_mask.slice(0, past, past + Tq).slice(1, 0, Tk);
+}
+
+} // namespace
+
+at::Tensor make_causal_mask(int64_t T, double neg_large, at::TensorOptions options) {
+  TORCH_CHECK(T > 0, "make_causal_mask: expected T > 0, got ", T);
+  TORCH_CHECK(std::isfinite(neg_large), "make_causal_mask: expected a finite neg_large, got ", neg_large);
+  return at::triu(at::ones({T, T}, options), 1) * neg_large;
+}
+
+at::Tensor causal_mask_buffer(int64_t T, at::TensorOptions options) {
+  TORCH_CHECK(T > 0, "causal_mask_buffer: expected T > 0, got ", T);
+  return at::triu(at::ones({T, T}, options), 1);
+}
+
+at::Tensor dot_product_attention_weights(const at::Tensor& q, const at::Tensor& k, const at::Tensor& mask,
+                                         bool scale) {
+  constexpr const char* fn = "dot_product_attention";
+  check_qkv(fn, q, k, nullptr);
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1));
+  if (scale) {
+    scores = scores / std::sqrt(static_cast<double>(k.size(-1)));
+  }
+  if (mask.defined()) {
+    detail::check_broadcasts(fn, "mask", mask, scores);
+    scores = scores + (1 - mask) * -1e9;
+  }
+  return at::softmax(scores, -1);
+}
+
+at::Tensor dot_product_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const at::Tensor& mask, bool scale) {
+  check_qkv("dot_product_attention", q, k, &v);
+  return at::matmul(dot_product_attention_weights(q, k, mask, scale), v);
+}
+
+at::Tensor causal_dot_product_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                        bool scale) {
+  check_qkv("causal_dot_product_attention", q, k, &v);
+  const int64_t T = q.size(-2);
+  TORCH_CHECK(k.size(-2) == T, "causal_dot_product_attention: expected k with Tq=", T,
+              " tokens (a square causal mask), got ", k.size(-2));
+  return dot_product_attention(q, k, v, at::tril(at::ones({T, T}, q.options())), scale);
+}
+
+at::Tensor masked_softmax(const at::Tensor& scores, const at::Tensor& hide) {
+  detail::check_floating("masked_softmax", "scores", scores);
+  detail::check_broadcasts("masked_softmax", "hide", hide, scores);
+  return at::softmax(scores.masked_fill(hide.to(at::kBool), -std::numeric_limits<double>::infinity()), -1);
+}
+
+at::Tensor softmax_mask_renormalize(const at::Tensor& scores, const at::Tensor& keep) {
+  detail::check_floating("softmax_mask_renormalize", "scores", scores);
+  detail::check_broadcasts("softmax_mask_renormalize", "keep", keep, scores);
+  at::Tensor masked = at::softmax(scores, -1) * keep;
+  return masked / masked.sum(-1, /*keepdim=*/true);
+}
+
+Backend resolve_backend(const AttentionConfig& config) {
+  if (config.backend != Backend::Auto) {
+    return config.backend;
+  }
+  return (config.training && config.dropout > 0.0) ? Backend::Reference : Backend::SDPA;
+}
+
+at::Tensor attention_weights(const at::Tensor& q, const at::Tensor& k, const at::Tensor& causal_mask,
+                             int64_t past, std::optional<double> scale) {
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1));
+  if (causal_mask.defined()) {
+    scores.masked_fill_(causal_block("attention", causal_mask, past, q.size(-2), k.size(-2)).to(at::kBool),
+                        -std::numeric_limits<double>::infinity());
+  }
+  // The notebooks divide by sqrt(d_k); a given scale multiplies.
+  scores = scale ? scores * *scale : scores / std::sqrt(static_cast<double>(k.size(-1)));
+  return at::softmax(scores, -1);
+}
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& causal_mask, int64_t past, const AttentionConfig& config) {
+  check_qkv("attention", q, k, &v);
+  const double p = config.training ? config.dropout : 0.0;
+  if (resolve_backend(config) == Backend::Reference) {
+    at::Tensor w = attention_weights(q, k, causal_mask, past, config.scale);
+    if (p > 0.0) {
+      w = at::dropout(w, p, /*train=*/true);
+    }
+    return at::matmul(w, v);
+  }
+
+  // SDPA: its is_causal aligns top-left, which is our mask only when Tq == Tk. A single
+  // new token sees every cached key, so it needs no mask. Other cached chunks pass
+  // the bottom-right block of the buffer as a boolean mask (true = attend).
+  std::optional<at::Tensor> attn_mask;
+  bool is_causal = false;
+  if (causal_mask.defined()) {
+    const int64_t Tq = q.size(-2);
+    at::Tensor block = causal_block("attention", causal_mask, past, Tq, k.size(-2));
+    if (past == 0) {
+      is_causal = true;
+    } else if (Tq > 1) {
+      attn_mask = block.eq(0);
+    }
+  }
+  return at::scaled_dot_product_attention(q, k, v, attn_mask, p, is_causal, config.scale);
+}
+
+} // namespace torchattn::functional

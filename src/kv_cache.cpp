@@ -1,0 +1,58 @@
+#include <torchattn/kv_cache.h>
+
+#include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
+
+namespace torchattn {
+
+KVCache::KVCache(c10::IntArrayRef shape, at::TensorOptions options) {
+  TORCH_CHECK(shape.size() >= 2, "KVCache: expected a storage shape [..., capacity, d], got ", shape);
+  for (int64_t s : shape) {
+    TORCH_CHECK(s > 0, "KVCache: expected positive sizes, got ", shape);
+  }
+  keys_ = at::zeros(shape, options);
+  values_ = at::zeros(shape, options);
+}
+
+int64_t KVCache::capacity() const {
+  TORCH_CHECK(defined(), "KVCache: this cache is empty; make one with module->make_kv_cache(batch_size)");
+  return keys_.size(-2);
+}
+
+int64_t KVCache::batch_size() const {
+  TORCH_CHECK(defined(), "KVCache: this cache is empty; make one with module->make_kv_cache(batch_size)");
+  return keys_.size(0);
+}
+
+at::Tensor KVCache::keys() const {
+  return keys_.narrow(-2, 0, length_);
+}
+
+at::Tensor KVCache::values() const {
+  return values_.narrow(-2, 0, length_);
+}
+
+int64_t KVCache::append(const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(defined(), "KVCache: this cache is empty; make one with module->make_kv_cache(batch_size)");
+  TORCH_CHECK(k.sizes() == v.sizes(), "KVCache: expected keys and values of one shape, got ", k.sizes(), " and ",
+              v.sizes());
+  TORCH_CHECK(k.dim() == keys_.dim(), "KVCache: expected keys of rank ", keys_.dim(), ", got ", k.sizes());
+  for (int64_t d = 0; d < k.dim(); ++d) {
+    TORCH_CHECK(d == k.dim() - 2 || k.size(d) == keys_.size(d), "KVCache: expected keys shaped like the storage ",
+                keys_.sizes(), " but for the token dimension, got ", k.sizes(),
+                (d == 0 ? " (batch_size differs from the cache's)" : ""));
+  }
+  TORCH_CHECK(k.scalar_type() == keys_.scalar_type() && k.device() == keys_.device(),
+              "KVCache: expected keys of dtype ", keys_.scalar_type(), " on ", keys_.device(), ", got ",
+              k.scalar_type(), " on ", k.device(), "; make the cache after moving the module");
+  const int64_t t_new = k.size(-2);
+  TORCH_CHECK(length_ + t_new <= capacity(), "KVCache: the cache holds ", length_, " of context_length=",
+              capacity(), " tokens and cannot take ", t_new, " more; call cache.reset() to start again");
+  keys_.narrow(-2, length_, t_new).copy_(k);
+  values_.narrow(-2, length_, t_new).copy_(v);
+  const int64_t past = length_;
+  length_ += t_new;
+  return past;
+}
+
+} // namespace torchattn

@@ -1,0 +1,69 @@
+#include <torchattn/multi_head_attention.h>
+
+#include <torchattn/functional.h>
+
+#include "detail/attention_block.h"
+#include "detail/checks.h"
+
+#include <ostream>
+
+namespace torchattn {
+
+namespace {
+constexpr const char* kName = "MultiHeadAttention";
+}
+
+MultiHeadAttentionImpl::MultiHeadAttentionImpl(const MultiHeadAttentionOptions& options_) : options(options_) {
+  reset();
+}
+
+void MultiHeadAttentionImpl::reset() {
+  detail::check_positive(kName, "d_in", options.d_in());
+  detail::check_positive(kName, "d_out", options.d_out());
+  detail::check_positive(kName, "context_length", options.context_length());
+  detail::check_positive(kName, "num_heads", options.num_heads());
+  TORCH_CHECK(options.d_out() % options.num_heads() == 0, kName, ": expected d_out divisible by num_heads, got d_out=",
+              options.d_out(), " and num_heads=", options.num_heads());
+  detail::check_dropout(kName, options.dropout());
+  detail::check_scale(kName, options.scale());
+  const auto linear = torch::nn::LinearOptions(options.d_in(), options.d_out()).bias(options.qkv_bias());
+  W_query = register_module("W_query", torch::nn::Linear(linear));
+  W_key = register_module("W_key", torch::nn::Linear(linear));
+  W_value = register_module("W_value", torch::nn::Linear(linear));
+  out_proj = register_module("out_proj", torch::nn::Linear(options.d_out(), options.d_out()));
+  dropout = register_module("dropout", torch::nn::Dropout(options.dropout()));
+  mask = register_buffer("mask", functional::causal_mask_buffer(options.context_length()));
+}
+
+void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
+  stream << "torchattn::MultiHeadAttention(d_in=" << options.d_in() << ", d_out=" << options.d_out()
+         << ", context_length=" << options.context_length() << ", num_heads=" << options.num_heads()
+         << ", dropout=" << options.dropout() << ", qkv_bias=" << std::boolalpha << options.qkv_bias()
+         << ", backend=" << options.backend() << ")";
+}
+
+at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x) {
+  detail::check_input(kName, x, options.d_in(), options.context_length(), W_query->weight);
+  detail::AttentionBlock block{W_query, W_key, W_value, options.num_heads(), mask};
+  const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend()};
+  return detail::with_batch_dim(x, [&](const at::Tensor& xb) {
+    return out_proj->forward(detail::attention_block_forward(block, xb, nullptr, config));
+  });
+}
+
+KVCache MultiHeadAttentionImpl::make_kv_cache(int64_t batch_size) const {
+  detail::check_positive(kName, "batch_size", batch_size);
+  return KVCache({batch_size, options.num_heads(), options.context_length(), head_dim()}, W_key->weight.options());
+}
+
+at::Tensor MultiHeadAttentionImpl::forward_cached(const at::Tensor& x_new, KVCache& cache) {
+  detail::check_input(kName, x_new, options.d_in(), options.context_length(), W_query->weight);
+  detail::check_cache(kName, cache, x_new, options.context_length());
+  detail::AttentionBlock block{W_query, W_key, W_value, options.num_heads(), mask};
+  const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend()};
+  return detail::with_batch_dim(x_new, [&](const at::Tensor& xb) {
+    return out_proj->forward(detail::attention_block_forward(block, xb, &cache, config));
+  });
+}
+
+} // namespace torchattn

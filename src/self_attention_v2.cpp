@@ -1,0 +1,47 @@
+#include <torchattn/self_attention_v2.h>
+
+#include "detail/attention_block.h"
+#include "detail/checks.h"
+
+#include <cmath>
+#include <ostream>
+
+namespace torchattn {
+
+namespace {
+constexpr const char* kName = "SelfAttentionV2";
+}
+
+SelfAttentionV2Impl::SelfAttentionV2Impl(const SelfAttentionV2Options& options_) : options(options_) {
+  reset();
+}
+
+void SelfAttentionV2Impl::reset() {
+  detail::check_positive(kName, "d_in", options.d_in());
+  detail::check_positive(kName, "d_out", options.d_out());
+  detail::check_scale(kName, options.scale());
+  const auto linear = torch::nn::LinearOptions(options.d_in(), options.d_out()).bias(options.qkv_bias());
+  W_query = register_module("W_query", torch::nn::Linear(linear));
+  W_key = register_module("W_key", torch::nn::Linear(linear));
+  W_value = register_module("W_value", torch::nn::Linear(linear));
+}
+
+void SelfAttentionV2Impl::pretty_print(std::ostream& stream) const {
+  stream << "torchattn::SelfAttentionV2(d_in=" << options.d_in() << ", d_out=" << options.d_out()
+         << ", qkv_bias=" << std::boolalpha << options.qkv_bias() << ", backend=" << options.backend() << ")";
+}
+
+at::Tensor SelfAttentionV2Impl::forward(const at::Tensor& x) {
+  detail::check_input(kName, x, options.d_in(), /*context_length=*/0, W_query->weight);
+  const at::Tensor no_mask;
+  detail::AttentionBlock block{W_query, W_key, W_value, /*num_heads=*/0, no_mask};
+  // The notebook divides by torch.sqrt(torch.tensor(d_out)): a float32 square root,
+  // even for float64 inputs. Mirror it so float64 matches the Python code too.
+  const double default_scale = 1.0 / static_cast<double>(std::sqrt(static_cast<float>(options.d_out())));
+  const functional::AttentionConfig config{options.scale().value_or(default_scale), /*dropout=*/0.0, is_training(),
+                                           options.backend()};
+  return detail::with_batch_dim(
+      x, [&](const at::Tensor& xb) { return detail::attention_block_forward(block, xb, nullptr, config); });
+}
+
+} // namespace torchattn
