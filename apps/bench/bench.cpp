@@ -1,0 +1,329 @@
+// torchattn_bench: times every way to compute notebook 003's MultiHeadAttention on
+// the same weights, checks each against the Reference before timing it, and writes
+// medians, useful GFLOP/s and ratios against the Reference of the same run.
+//
+//   torchattn_bench [--threads 2] [--json out.json] [--quick]
+//
+// Sections:
+//   main     B=4, T=1024, d=768, 12 heads: forward and forward+backward
+//   sweep    B=1, T = 128 .. 16384: forward time and peak RSS growth
+//   decode   B=1, a 1024-token prompt then 256 tokens, with and without the KV cache
+
+#include <torchattn/torchattn.h>
+
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <malloc.h>
+
+#include <algorithm>
+#include <cstring>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+using torchattn::Backend;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int64_t kDim = 768, kHeads = 12;
+
+// ---- memory: peak resident set since the last reset (Linux) ----
+int64_t status_kb(const char* key) {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(std::strlen(key)));
+  }
+  return -1;
+}
+void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+// ---- timing ----
+struct Timing {
+  double median_ms = 0, min_ms = 0;
+  int reps = 0;
+};
+
+Timing time_it(const std::function<void()>& fn, int reps, int warmup) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = Clock::now();
+    fn();
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return {ms[ms.size() / 2], ms.front(), reps};
+}
+
+// Useful FLOPs of a causal multi-head attention forward: four projections and the
+// lower triangle of q k^T and weights @ v.
+double useful_flops(int64_t B, int64_t T) {
+  const double proj = 4.0 * 2.0 * B * T * kDim * kDim;
+  const double attn = 2.0 * 2.0 * B * kHeads * (T * (T + 1) / 2.0) * (kDim / kHeads);
+  return proj + attn;
+}
+
+// ---- the variants, all on one set of weights ----
+struct Variant {
+  std::string name;
+  std::function<torch::Tensor(const torch::Tensor&)> forward;
+};
+
+struct Models {
+  torchattn::MultiHeadAttention reference{nullptr}, sdpa{nullptr}, autob{nullptr};
+  torch::nn::MultiheadAttention libtorch{nullptr};
+  torch::Tensor float_mask;  // additive causal mask for LibTorch's module
+};
+
+Models make_models(int64_t context_length) {
+  Models m;
+  torch::manual_seed(0);
+  m.reference = torchattn::MultiHeadAttention(
+      torchattn::MultiHeadAttentionOptions(kDim, kDim, context_length, kHeads).backend(Backend::Reference));
+  auto copy = [&](Backend b) {
+    auto c = std::dynamic_pointer_cast<torchattn::MultiHeadAttentionImpl>(m.reference->clone());
+    c->options.backend(b);
+    return torchattn::MultiHeadAttention(c);
+  };
+  m.sdpa = copy(Backend::SDPA);
+  m.autob = copy(Backend::Auto);
+  m.libtorch = torch::nn::MultiheadAttention(torch::nn::MultiheadAttentionOptions(kDim, kHeads));
+  {
+    torch::NoGradGuard g;
+    auto& r = *m.reference;
+    m.libtorch->in_proj_weight.copy_(torch::cat({r.W_query->weight, r.W_key->weight, r.W_value->weight}));
+    m.libtorch->in_proj_bias.zero_();
+    m.libtorch->out_proj->weight.copy_(r.out_proj->weight);
+    m.libtorch->out_proj->bias.copy_(r.out_proj->bias);
+  }
+  return m;
+}
+
+std::vector<Variant> variants(Models& m, int64_t T, bool with_reference, bool with_libtorch) {
+  std::vector<Variant> v;
+  if (with_reference) v.push_back({"reference", [&m](const torch::Tensor& x) { return m.reference(x); }});
+  v.push_back({"sdpa", [&m](const torch::Tensor& x) { return m.sdpa(x); }});
+  v.push_back({"auto", [&m](const torch::Tensor& x) { return m.autob(x); }});
+  // Linear projections plus ATen SDPA, assembled by hand: the floor for the fused path.
+  v.push_back({"linear+aten_sdpa", [&m](const torch::Tensor& x) {
+                 auto& r = *m.reference;
+                 const int64_t B = x.size(0), T = x.size(1), hd = kDim / kHeads;
+                 auto split = [&](const torch::Tensor& t) { return t.view({B, T, kHeads, hd}).transpose(1, 2); };
+                 auto q = split(torch::linear(x, r.W_query->weight));
+                 auto k = split(torch::linear(x, r.W_key->weight));
+                 auto v = split(torch::linear(x, r.W_value->weight));
+                 auto o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+                 return torch::linear(o.transpose(1, 2).reshape({B, T, kDim}), r.out_proj->weight, r.out_proj->bias);
+               }});
+  if (with_libtorch) {
+    m.float_mask = torch::triu(torch::full({T, T}, -std::numeric_limits<float>::infinity()), 1);
+    v.push_back({"libtorch_nn_mha", [&m](const torch::Tensor& x) {
+                   auto xt = x.transpose(0, 1);  // LibTorch's module is sequence-first
+                   auto out = std::get<0>(m.libtorch->forward(xt, xt, xt, {}, /*need_weights=*/false, m.float_mask));
+                   return out.transpose(0, 1);
+                 }});
+  }
+  return v;
+}
+
+// ---- JSON, written by hand: flat rows of strings and numbers ----
+struct Row {
+  std::vector<std::pair<std::string, std::string>> fields;
+  Row& s(const std::string& k, const std::string& v) {
+    fields.emplace_back(k, "\"" + v + "\"");
+    return *this;
+  }
+  Row& n(const std::string& k, double v) {
+    std::ostringstream o;
+    o.precision(6);
+    o << v;
+    fields.emplace_back(k, o.str());
+    return *this;
+  }
+};
+
+std::string to_json(const std::vector<Row>& rows, const std::string& meta) {
+  std::ostringstream o;
+  o << "{" << meta << ",\n \"rows\": [\n";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    o << "  {";
+    for (size_t j = 0; j < rows[i].fields.size(); ++j) {
+      o << (j ? ", " : "") << "\"" << rows[i].fields[j].first << "\": " << rows[i].fields[j].second;
+    }
+    o << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+  }
+  o << " ]}\n";
+  return o.str();
+}
+
+double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a - b).abs().max().item<double>();
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"torchattn benchmarks: every backend against the notebook math and LibTorch's MultiheadAttention"};
+  int threads = 2;
+  std::string json_path;
+  bool quick = false;
+  int64_t max_T = 16384;
+  app.add_option("--threads", threads, "intra-op threads");
+  app.add_option("--json", json_path, "write the results here as JSON");
+  app.add_option("--max-T", max_T, "largest T of the sweep");
+  app.add_flag("--quick", quick, "fewer repetitions and a shorter sweep (a smoke run)");
+  CLI11_PARSE(app, argc, argv);
+  at::set_num_threads(threads);
+  const int reps = quick ? 2 : 5;
+  std::vector<Row> rows;
+  std::printf("torchattn_bench: %d threads, float32, d=%ld, %ld heads\n", at::get_num_threads(), kDim, kHeads);
+
+  // ---- main: B=4, T=1024 ----
+  {
+    const int64_t B = quick ? 1 : 4, T = quick ? 256 : 1024;
+    Models m = make_models(T);
+    torch::manual_seed(1);
+    auto x = torch::randn({B, T, kDim});
+    auto g = torch::randn({B, T, kDim});
+    torch::Tensor ref;
+    {
+      torch::NoGradGuard ng;
+      ref = m.reference(x);
+    }
+    double ref_fwd = 0, ref_bwd = 0;
+    std::printf("\n[main] B=%ld T=%ld forward (ms, median of %d)\n", B, T, reps);
+    for (auto& v : variants(m, T, true, true)) {
+      double err;
+      {
+        torch::NoGradGuard ng;
+        err = max_abs_diff(v.forward(x), ref);  // check before timing
+      }
+      TORCH_CHECK(err < 1e-4, "bench: ", v.name, " disagrees with the reference by ", err);
+      Timing t = time_it([&] {
+        torch::NoGradGuard ng;
+        v.forward(x);
+      }, reps, 1);
+      if (v.name == "reference") ref_fwd = t.median_ms;
+      const double gflops = useful_flops(B, T) / (t.median_ms * 1e6);
+      std::printf("  %-18s %9.1f ms  %6.1f GFLOP/s  %5.2fx vs reference  (max |diff| %.1e)\n", v.name.c_str(),
+                  t.median_ms, gflops, ref_fwd / t.median_ms, err);
+      rows.push_back(Row()
+                         .s("section", "forward").s("variant", v.name).n("B", B).n("T", T)
+                         .n("median_ms", t.median_ms).n("min_ms", t.min_ms).n("reps", t.reps)
+                         .n("gflops", gflops).n("speedup_vs_reference", ref_fwd / t.median_ms).n("max_abs_diff", err));
+    }
+    std::printf("\n[main] B=%ld T=%ld forward+backward (ms, median of %d)\n", B, T, reps);
+    for (auto& v : variants(m, T, true, true)) {
+      auto params = v.name == "libtorch_nn_mha" ? m.libtorch->parameters() : m.reference->parameters();
+      if (v.name == "sdpa") params = m.sdpa->parameters();
+      if (v.name == "auto") params = m.autob->parameters();
+      Timing t = time_it([&] {
+        auto xi = x.detach().requires_grad_(true);
+        v.forward(xi).backward(g);
+        for (auto& p : params) p.mutable_grad() = torch::Tensor();
+      }, reps, 1);
+      if (v.name == "reference") ref_bwd = t.median_ms;
+      const double gflops = 3 * useful_flops(B, T) / (t.median_ms * 1e6);
+      std::printf("  %-18s %9.1f ms  %6.1f GFLOP/s  %5.2fx vs reference\n", v.name.c_str(), t.median_ms, gflops,
+                  ref_bwd / t.median_ms);
+      rows.push_back(Row()
+                         .s("section", "forward_backward").s("variant", v.name).n("B", B).n("T", T)
+                         .n("median_ms", t.median_ms).n("min_ms", t.min_ms).n("reps", t.reps)
+                         .n("gflops", gflops).n("speedup_vs_reference", ref_bwd / t.median_ms));
+    }
+  }
+
+  // ---- sweep: B=1, T = 128 .. max_T; forward time and peak RSS growth ----
+  std::printf("\n[sweep] B=1 forward: median ms and peak RSS growth (MiB)\n");
+  for (int64_t T = 128; T <= (quick ? 1024 : max_T); T *= 2) {
+    // The notebook math holds several [12, T, T] float tensors: 4096 is the largest
+    // that fits this machine with room to spare.
+    const bool with_reference = T <= 4096;
+    const bool with_libtorch = T <= 4096;
+    Models m = make_models(T);
+    torch::manual_seed(2);
+    auto x = torch::randn({1, T, kDim});
+    torch::NoGradGuard ng;
+    torch::Tensor check = m.autob(x);
+    const int r = T >= 8192 ? 1 : T >= 2048 ? 2 : reps;
+    double ref_ms = 0;
+    for (auto& v : variants(m, T, with_reference, with_libtorch)) {
+      double err = 0;
+      if (with_reference) {
+        // Checked against the Reference where it fits, else against Auto.
+        static torch::Tensor ref;
+        if (v.name == "reference") ref = v.forward(x);
+        err = max_abs_diff(v.forward(x), ref);
+      } else {
+        err = max_abs_diff(v.forward(x), check);
+      }
+      TORCH_CHECK(err < 1e-4, "bench: ", v.name, " disagrees at T=", T, " by ", err);
+      malloc_trim(0);  // return memory freed by earlier variants, so each starts level
+      const int64_t rss0 = status_kb("VmRSS:");
+      reset_peak_rss();
+      Timing t = time_it([&] { v.forward(x); }, r, T >= 8192 ? 0 : 1);
+      const double peak_mib = (status_kb("VmHWM:") - rss0) / 1024.0;
+      if (v.name == "reference") ref_ms = t.median_ms;
+      const double gflops = useful_flops(1, T) / (t.median_ms * 1e6);
+      std::printf("  T=%-6ld %-18s %10.1f ms %7.1f GFLOP/s %8.1f MiB\n", T, v.name.c_str(), t.median_ms, gflops,
+                  peak_mib);
+      Row row;
+      row.s("section", "sweep").s("variant", v.name).n("B", 1).n("T", T).n("median_ms", t.median_ms)
+          .n("min_ms", t.min_ms).n("reps", t.reps).n("gflops", gflops).n("peak_rss_growth_mib", peak_mib)
+          .n("max_abs_diff", err);
+      if (ref_ms > 0) row.n("speedup_vs_reference", ref_ms / t.median_ms);
+      rows.push_back(row);
+    }
+  }
+
+  // ---- decode: 1024-token prompt, then 256 tokens one at a time ----
+  {
+    const int64_t prompt = quick ? 128 : 1024, steps = quick ? 16 : 256, C = prompt + steps;
+    Models m = make_models(C);
+    torch::manual_seed(3);
+    auto x = torch::randn({1, C, kDim});
+    torch::NoGradGuard ng;
+    std::printf("\n[decode] prompt %ld, then %ld tokens one at a time (auto backend)\n", prompt, steps);
+    auto full = m.autob(x);
+    auto cache = m.autob->make_kv_cache(1);
+    m.autob->forward_cached(x.narrow(1, 0, prompt), cache);
+    std::vector<torch::Tensor> outs;
+    auto t0 = Clock::now();
+    for (int64_t t = prompt; t < C; ++t) outs.push_back(m.autob->forward_cached(x.narrow(1, t, 1), cache));
+    const double cached_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double err_cached = max_abs_diff(torch::cat(outs, 1), full.narrow(1, prompt, steps));
+    TORCH_CHECK(err_cached < 1e-4, "bench: cached decode disagrees with the full forward by ", err_cached);
+
+    t0 = Clock::now();
+    double err_full = 0;
+    for (int64_t t = prompt; t < C; ++t) {
+      auto y = m.autob(x.narrow(1, 0, t + 1)).narrow(1, t, 1);
+      err_full = std::max(err_full, max_abs_diff(y, full.narrow(1, t, 1)));
+    }
+    const double full_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::printf("  with cache:    %8.1f tokens/s\n  without cache: %8.1f tokens/s\n  cache speedup: %.1fx\n",
+                steps / cached_s, steps / full_s, full_s / cached_s);
+    rows.push_back(Row().s("section", "decode").s("variant", "kv_cache").n("prompt", prompt).n("steps", steps)
+                       .n("tokens_per_s", steps / cached_s).n("max_abs_diff", err_cached));
+    rows.push_back(Row().s("section", "decode").s("variant", "recompute").n("prompt", prompt).n("steps", steps)
+                       .n("tokens_per_s", steps / full_s).n("speedup_of_cache", full_s / cached_s)
+                       .n("max_abs_diff", err_full));
+  }
+
+  if (!json_path.empty()) {
+    std::ostringstream meta;
+    meta << "\"tool\": \"torchattn_bench\", \"torchattn\": \"" << TORCHATTN_VERSION << "\", \"threads\": " << threads
+         << ", \"quick\": " << (quick ? "true" : "false");
+    std::ofstream(json_path) << to_json(rows, meta.str());
+    std::printf("\nwrote %s\n", json_path.c_str());
+  }
+  return 0;
+}
