@@ -4,6 +4,7 @@
 
 #include "detail/attention_block.h"
 #include "detail/checks.h"
+#include "detail/strict_load.h"
 
 #include <ostream>
 
@@ -31,18 +32,24 @@ void CausalAttentionImpl::reset() {
   mask = register_buffer("mask", functional::causal_mask_buffer(options.context_length()));
 }
 
+void CausalAttentionImpl::load(torch::serialize::InputArchive& archive) {
+  detail::strict_load(*this, archive, kName);
+}
+
 void CausalAttentionImpl::pretty_print(std::ostream& stream) const {
   stream << "torchattn::CausalAttention(d_in=" << options.d_in() << ", d_out=" << options.d_out()
          << ", context_length=" << options.context_length() << ", dropout=" << options.dropout()
          << ", qkv_bias=" << std::boolalpha << options.qkv_bias() << ", backend=" << options.backend() << ")";
 }
 
-at::Tensor CausalAttentionImpl::forward(const at::Tensor& x) {
+at::Tensor CausalAttentionImpl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask) {
   detail::check_input(kName, x, options.d_in(), options.context_length(), W_query->weight);
+  detail::check_key_padding_mask(kName, key_padding_mask, x);
   detail::AttentionBlock block{W_query, W_key, W_value, /*num_heads=*/0, mask};
   const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend()};
-  return detail::with_batch_dim(
-      x, [&](const at::Tensor& xb) { return detail::attention_block_forward(block, xb, nullptr, config); });
+  return detail::with_batch_dim(x, key_padding_mask, [&](const at::Tensor& xb, const at::Tensor& mb) {
+    return detail::attention_block_forward(block, xb, nullptr, config, mb);
+  });
 }
 
 KVCache CausalAttentionImpl::make_kv_cache(int64_t batch_size) const {
@@ -55,8 +62,9 @@ at::Tensor CausalAttentionImpl::forward_cached(const at::Tensor& x_new, KVCache&
   detail::check_cache(kName, cache, x_new, options.context_length());
   detail::AttentionBlock block{W_query, W_key, W_value, /*num_heads=*/0, mask};
   const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend()};
-  return detail::with_batch_dim(
-      x_new, [&](const at::Tensor& xb) { return detail::attention_block_forward(block, xb, &cache, config); });
+  return detail::with_batch_dim(x_new, at::Tensor(), [&](const at::Tensor& xb, const at::Tensor&) {
+    return detail::attention_block_forward(block, xb, &cache, config);
+  });
 }
 
 } // namespace torchattn

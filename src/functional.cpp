@@ -9,11 +9,13 @@
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/softmax.h>
 #include <ATen/ops/tril.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/triu.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace torchattn::functional {
 
@@ -125,9 +127,71 @@ at::Tensor attention_weights(const at::Tensor& q, const at::Tensor& k, const at:
   return at::softmax(scores, -1);
 }
 
+namespace {
+
+// Attention with a key padding mask. Rows that would see no key are attended over
+// all keys instead (finite softmax, finite gradients) and then zeroed.
+at::Tensor padded_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& causal_mask, int64_t past, const AttentionConfig& config,
+                            const at::Tensor& key_padding_mask) {
+  constexpr const char* fn = "attention";
+  const int64_t B = q.size(0), Tq = q.size(-2), Tk = k.size(-2);
+  TORCH_CHECK(key_padding_mask.dim() == 2 && key_padding_mask.size(0) == B && key_padding_mask.size(1) == Tk, fn,
+              ": expected key_padding_mask of shape [B, Tk] = [", B, ", ", Tk, "], got ", key_padding_mask.sizes());
+  const bool is_bool = key_padding_mask.scalar_type() == at::kBool;
+  TORCH_CHECK(is_bool || key_padding_mask.scalar_type() == q.scalar_type(), fn,
+              ": expected a bool key_padding_mask (true = ignore) or a floating one of q's dtype ", q.scalar_type(),
+              " (added to the scores), got ", key_padding_mask.scalar_type());
+  TORCH_CHECK(key_padding_mask.device() == q.device(), fn, ": expected key_padding_mask on ", q.device(), ", got ",
+              key_padding_mask.device());
+
+  // [B, Tk] -> [B, 1, ..., 1, Tk], broadcasting over heads and queries.
+  std::vector<int64_t> shape(q.dim(), 1);
+  shape.front() = B;
+  shape.back() = Tk;
+  const at::Tensor pad_hide = (is_bool ? key_padding_mask : key_padding_mask.isneginf()).view(shape);
+  std::vector<int64_t> full = shape;  // [B, 1, ..., Tq, Tk]
+  full[full.size() - 2] = Tq;
+  at::Tensor hide = causal_mask.defined()
+                        ? at::logical_or(pad_hide, causal_block(fn, causal_mask, past, Tq, Tk).to(at::kBool))
+                        : pad_hide.expand(full);
+  const at::Tensor dead = hide.all(-1, /*keepdim=*/true);  // [B, 1.., Tq, 1]
+  hide = at::logical_and(hide, dead.logical_not());
+  const at::Tensor additive = is_bool ? at::Tensor() : key_padding_mask.masked_fill(key_padding_mask.isneginf(), 0).view(shape);
+
+  const double p = config.training ? config.dropout : 0.0;
+  at::Tensor out;
+  if (resolve_backend(config) == Backend::Reference) {
+    at::Tensor scores = at::matmul(q, k.transpose(-2, -1));
+    scores.masked_fill_(hide, -std::numeric_limits<double>::infinity());
+    scores = config.scale ? scores * *config.scale : scores / std::sqrt(static_cast<double>(k.size(-1)));
+    if (additive.defined()) {
+      scores = scores + additive;
+    }
+    at::Tensor w = at::softmax(scores, -1);
+    if (p > 0.0) {
+      w = at::dropout(w, p, /*train=*/true);
+    }
+    out = at::matmul(w, v);
+  } else {
+    at::Tensor mask = at::zeros(hide.sizes(), q.options()).masked_fill_(hide, -std::numeric_limits<double>::infinity());
+    if (additive.defined()) {
+      mask = mask + additive;
+    }
+    out = at::scaled_dot_product_attention(q, k, v, mask, p, /*is_causal=*/false, config.scale);
+  }
+  return out.masked_fill(dead, 0);
+}
+
+} // namespace
+
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                     const at::Tensor& causal_mask, int64_t past, const AttentionConfig& config) {
+                     const at::Tensor& causal_mask, int64_t past, const AttentionConfig& config,
+                     const at::Tensor& key_padding_mask) {
   check_qkv("attention", q, k, &v);
+  if (key_padding_mask.defined()) {
+    return padded_attention(q, k, v, causal_mask, past, config, key_padding_mask);
+  }
   const double p = config.training ? config.dropout : 0.0;
   if (resolve_backend(config) == Backend::Reference) {
     at::Tensor w = attention_weights(q, k, causal_mask, past, config.scale);

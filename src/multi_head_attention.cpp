@@ -4,6 +4,7 @@
 
 #include "detail/attention_block.h"
 #include "detail/checks.h"
+#include "detail/strict_load.h"
 
 #include <ostream>
 
@@ -35,6 +36,10 @@ void MultiHeadAttentionImpl::reset() {
   mask = register_buffer("mask", functional::causal_mask_buffer(options.context_length()));
 }
 
+void MultiHeadAttentionImpl::load(torch::serialize::InputArchive& archive) {
+  detail::strict_load(*this, archive, kName);
+}
+
 void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
   stream << "torchattn::MultiHeadAttention(d_in=" << options.d_in() << ", d_out=" << options.d_out()
          << ", context_length=" << options.context_length() << ", num_heads=" << options.num_heads()
@@ -42,12 +47,13 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
          << ", backend=" << options.backend() << ")";
 }
 
-at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x) {
+at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask) {
   detail::check_input(kName, x, options.d_in(), options.context_length(), W_query->weight);
+  detail::check_key_padding_mask(kName, key_padding_mask, x);
   detail::AttentionBlock block{W_query, W_key, W_value, options.num_heads(), mask};
   const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend()};
-  return detail::with_batch_dim(x, [&](const at::Tensor& xb) {
-    return out_proj->forward(detail::attention_block_forward(block, xb, nullptr, config));
+  return detail::with_batch_dim(x, key_padding_mask, [&](const at::Tensor& xb, const at::Tensor& mb) {
+    return out_proj->forward(detail::attention_block_forward(block, xb, nullptr, config, mb));
   });
 }
 
@@ -61,7 +67,7 @@ at::Tensor MultiHeadAttentionImpl::forward_cached(const at::Tensor& x_new, KVCac
   detail::check_cache(kName, cache, x_new, options.context_length());
   detail::AttentionBlock block{W_query, W_key, W_value, options.num_heads(), mask};
   const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend()};
-  return detail::with_batch_dim(x_new, [&](const at::Tensor& xb) {
+  return detail::with_batch_dim(x_new, at::Tensor(), [&](const at::Tensor& xb, const at::Tensor&) {
     return out_proj->forward(detail::attention_block_forward(block, xb, &cache, config));
   });
 }

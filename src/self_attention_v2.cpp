@@ -2,6 +2,7 @@
 
 #include "detail/attention_block.h"
 #include "detail/checks.h"
+#include "detail/strict_load.h"
 
 #include <cmath>
 #include <ostream>
@@ -26,13 +27,18 @@ void SelfAttentionV2Impl::reset() {
   W_value = register_module("W_value", torch::nn::Linear(linear));
 }
 
+void SelfAttentionV2Impl::load(torch::serialize::InputArchive& archive) {
+  detail::strict_load(*this, archive, kName);
+}
+
 void SelfAttentionV2Impl::pretty_print(std::ostream& stream) const {
   stream << "torchattn::SelfAttentionV2(d_in=" << options.d_in() << ", d_out=" << options.d_out()
          << ", qkv_bias=" << std::boolalpha << options.qkv_bias() << ", backend=" << options.backend() << ")";
 }
 
-at::Tensor SelfAttentionV2Impl::forward(const at::Tensor& x) {
+at::Tensor SelfAttentionV2Impl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask) {
   detail::check_input(kName, x, options.d_in(), /*context_length=*/0, W_query->weight);
+  detail::check_key_padding_mask(kName, key_padding_mask, x);
   const at::Tensor no_mask;
   detail::AttentionBlock block{W_query, W_key, W_value, /*num_heads=*/0, no_mask};
   // The notebook divides by torch.sqrt(torch.tensor(d_out)): a float32 square root,
@@ -40,8 +46,9 @@ at::Tensor SelfAttentionV2Impl::forward(const at::Tensor& x) {
   const double default_scale = 1.0 / static_cast<double>(std::sqrt(static_cast<float>(options.d_out())));
   const functional::AttentionConfig config{options.scale().value_or(default_scale), /*dropout=*/0.0, is_training(),
                                            options.backend()};
-  return detail::with_batch_dim(
-      x, [&](const at::Tensor& xb) { return detail::attention_block_forward(block, xb, nullptr, config); });
+  return detail::with_batch_dim(x, key_padding_mask, [&](const at::Tensor& xb, const at::Tensor& mb) {
+    return detail::attention_block_forward(block, xb, nullptr, config, mb);
+  });
 }
 
 } // namespace torchattn

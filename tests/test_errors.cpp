@@ -120,6 +120,12 @@ std::vector<ErrorCase> error_cases() {
          m->forward_cached(x3(1, 1, 3), cache);
        },
        "CausalAttention: expected a cache from make_kv_cache(batch_size), got an empty KVCache"},
+      {"PaddingMaskShape", [] { MultiHeadAttention(3, 2, 6, 0.0, 2)(x3(2, 5, 3), torch::zeros({2, 4}, torch::kBool)); },
+       "MultiHeadAttention: expected key_padding_mask of shape [2, 5] (input without its feature dimension), got [2, 4]"},
+      {"PaddingMaskDtype", [] { CausalAttention(3, 2, 6, 0.0)(x3(2, 5, 3), torch::zeros({2, 5}, torch::kLong)); },
+       "CausalAttention: expected key_padding_mask of dtype Bool (true = ignore the key) or Float (added to the scores), got Long"},
+      {"PaddingMaskUnbatched", [] { SelfAttentionV2(3, 2)(torch::randn({5, 3}), torch::zeros({1, 5}, torch::kBool)); },
+       "SelfAttentionV2: expected key_padding_mask of shape [5]"},
       {"CacheBatchSizeZero", [] { CausalAttention(3, 2, 6, 0.0)->make_kv_cache(0); },
        "CausalAttention: expected batch_size > 0, got 0"},
   };

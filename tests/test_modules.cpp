@@ -338,7 +338,7 @@ INSTANTIATE_TEST_SUITE_P(
     Decode, KVCacheMatchesFullForward,
     ::testing::Combine(::testing::Bool(), ::testing::Values(1, 7, 24), ::testing::Values(1, 5),
                        ::testing::Values(Backend::Reference, Backend::SDPA),
-                       ::testing::Values(torch::kFloat32, torch::kFloat64)),
+                       ::testing::Values(torch::kFloat32, torch::kFloat64, torch::kBFloat16)),
     cache_param_name);
 
 TEST(KVCache, UnbatchedInputUsesABatchOfOne) {

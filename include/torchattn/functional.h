@@ -102,14 +102,21 @@ at::Tensor attention_weights(
 
 /// Attention as the modules compute it, on the backend `config` resolves to.
 ///
-/// q: [..., Tq, d], k: [..., Tk, d], v: [..., Tk, dv]; causal_mask and past as in
-/// `attention_weights`. Returns [..., Tq, dv].
+/// q: [B, ..., Tq, d], k: [B, ..., Tk, d], v: [B, ..., Tk, dv]; causal_mask and past
+/// as in `attention_weights`.
+/// key_padding_mask: optional [B, Tk], one meaning per dtype:
+///   - bool: true marks a padding key to ignore (as torch.nn.MultiheadAttention);
+///   - floating: added to the scaled scores (0 keeps a key, -inf hides it).
+/// A query row that sees no key at all (every key it may see is hidden) comes out
+/// as zeros on every backend, with zero, finite gradients; never NaN.
+/// Returns [B, ..., Tq, dv].
 at::Tensor attention(
     const at::Tensor& q,
     const at::Tensor& k,
     const at::Tensor& v,
     const at::Tensor& causal_mask,
     int64_t past,
-    const AttentionConfig& config);
+    const AttentionConfig& config,
+    const at::Tensor& key_padding_mask = {});
 
 } // namespace torchattn::functional

@@ -7,7 +7,10 @@
 #include <torch/nn/cloneable.h>
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/common.h>
+#include <torch/nn/modules/container/any_module_holder.h>
 #include <torch/nn/pimpl.h>
+#include <torch/serialize/input-archive.h>
 
 #include <cstdint>
 #include <optional>
@@ -61,9 +64,20 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
 
+  /// Loads a checkpoint strictly: a missing key, an extra key or a shape, dtype or
+  /// rank that differs is a c10::Error naming the key, and the module is left
+  /// unchanged. (LibTorch's default silently replaces tensors of other shapes.)
+  void load(torch::serialize::InputArchive& archive) override;
+
   /// x: [B, T, d_in] or [T, d_in] with T <= context_length
   ///   ->  [B, T, d_out] or [T, d_out].
-  at::Tensor forward(const at::Tensor& x);
+  ///
+  /// key_padding_mask: optional [B, T] (or [T] for an unbatched x). Bool: true marks
+  /// a padding key that no query may attend to, as in torch.nn.MultiheadAttention.
+  /// Floating, of x's dtype: added to the scaled scores (0 keeps, -inf hides). A query
+  /// that is left with no key to see outputs zeros, not NaN. Empty by default, so
+  /// the module still works in Sequential and AnyModule with one argument.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& key_padding_mask = {});
 
   /// An empty cache for `batch_size` sequences:
   /// [batch_size, num_heads, context_length, head_dim], of the module's dtype and device.
@@ -83,6 +97,9 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   torch::nn::Linear out_proj{nullptr};
   torch::nn::Dropout dropout{nullptr};
   at::Tensor mask;
+
+ protected:
+  FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(at::Tensor())})
 };
 
 TORCH_MODULE(MultiHeadAttention);

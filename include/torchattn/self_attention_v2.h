@@ -5,7 +5,10 @@
 #include <torch/arg.h>
 #include <torch/nn/cloneable.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/common.h>
+#include <torch/nn/modules/container/any_module_holder.h>
 #include <torch/nn/pimpl.h>
+#include <torch/serialize/input-archive.h>
 
 #include <cstdint>
 #include <optional>
@@ -47,13 +50,27 @@ class SelfAttentionV2Impl : public torch::nn::Cloneable<SelfAttentionV2Impl> {
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
 
+  /// Loads a checkpoint strictly: a missing key, an extra key or a shape, dtype or
+  /// rank that differs is a c10::Error naming the key, and the module is left
+  /// unchanged. (LibTorch's default silently replaces tensors of other shapes.)
+  void load(torch::serialize::InputArchive& archive) override;
+
   /// x: [B, T, d_in] or [T, d_in]  ->  [B, T, d_out] or [T, d_out].
-  at::Tensor forward(const at::Tensor& x);
+  ///
+  /// key_padding_mask: optional [B, T] (or [T] for an unbatched x). Bool: true marks
+  /// a padding key that no query may attend to, as in torch.nn.MultiheadAttention.
+  /// Floating, of x's dtype: added to the scaled scores (0 keeps, -inf hides). A query
+  /// that is left with no key to see outputs zeros, not NaN. Empty by default, so
+  /// the module still works in Sequential and AnyModule with one argument.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& key_padding_mask = {});
 
   SelfAttentionV2Options options;
   torch::nn::Linear W_query{nullptr};
   torch::nn::Linear W_key{nullptr};
   torch::nn::Linear W_value{nullptr};
+
+ protected:
+  FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(at::Tensor())})
 };
 
 TORCH_MODULE(SelfAttentionV2);

@@ -3,7 +3,7 @@
 namespace torchattn::detail {
 
 at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, KVCache* cache,
-                                   const functional::AttentionConfig& config) {
+                                   const functional::AttentionConfig& config, const at::Tensor& key_padding_mask) {
   const int64_t B = x.size(0);
   const int64_t T = x.size(1);
   at::Tensor keys = block.W_key->forward(x);  // [B, T, d_out]
@@ -27,7 +27,7 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
     values = cache->values();
   }
 
-  at::Tensor context = functional::attention(queries, keys, values, block.mask, past, config);
+  at::Tensor context = functional::attention(queries, keys, values, block.mask, past, config, key_padding_mask);
 
   if (block.num_heads > 0) {
     // [B, H, T, head_dim] -> [B, T, H, head_dim] -> [B, T, d_out]; no copy when the

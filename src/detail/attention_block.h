@@ -24,17 +24,19 @@ struct AttentionBlock {
 // x: [B, T, d_in] -> context before out_proj: [B, T, d_out].
 // With a cache, the new keys and values are appended first and the queries attend
 // over every cached position.
+// key_padding_mask: [B, T] or undefined (see functional::attention).
 at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, KVCache* cache,
-                                   const functional::AttentionConfig& config);
+                                   const functional::AttentionConfig& config, const at::Tensor& key_padding_mask = {});
 
-// Runs `fn` on x as [B, T, d_in], adding and removing the batch dimension for an
-// unbatched [T, d_in] input.
+// Runs `fn(x, key_padding_mask)` on x as [B, T, d_in] (mask [B, T]), adding and
+// removing the batch dimension for an unbatched [T, d_in] input (mask [T]).
 template <typename Fn>
-at::Tensor with_batch_dim(const at::Tensor& x, Fn&& fn) {
+at::Tensor with_batch_dim(const at::Tensor& x, const at::Tensor& key_padding_mask, Fn&& fn) {
   if (x.dim() == 2) {
-    return fn(x.unsqueeze(0)).squeeze(0);
+    return fn(x.unsqueeze(0), key_padding_mask.defined() ? key_padding_mask.unsqueeze(0) : key_padding_mask)
+        .squeeze(0);
   }
-  return fn(x);
+  return fn(x, key_padding_mask);
 }
 
 } // namespace torchattn::detail

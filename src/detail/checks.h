@@ -75,4 +75,20 @@ inline void check_cache(const char* module, const KVCache& cache, const at::Tens
               " tokens; ", T, " more would pass context_length=", context_length, " (call cache.reset())");
 }
 
+// key_padding_mask: undefined, or [T] / [B, T] like x's leading dimensions; bool
+// (true = ignore) or floating of x's dtype (additive), on x's device.
+inline void check_key_padding_mask(const char* module, const at::Tensor& mask, const at::Tensor& x) {
+  if (!mask.defined()) {
+    return;
+  }
+  const auto expected = x.sizes().slice(0, x.dim() - 1);
+  TORCH_CHECK(mask.sizes() == expected, module, ": expected key_padding_mask of shape ", expected,
+              " (input without its feature dimension), got ", mask.sizes());
+  TORCH_CHECK(mask.scalar_type() == at::kBool || mask.scalar_type() == x.scalar_type(), module,
+              ": expected key_padding_mask of dtype Bool (true = ignore the key) or ", x.scalar_type(),
+              " (added to the scores), got ", mask.scalar_type());
+  TORCH_CHECK(mask.device() == x.device(), module, ": expected key_padding_mask on ", x.device(), ", got ",
+              mask.device());
+}
+
 } // namespace torchattn::detail
