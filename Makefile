@@ -6,7 +6,7 @@ JOBS    ?= 2
 PY      := .venv/bin/python
 CMAKE_PREFIX = $(shell $(PY) -c 'import torch; print(torch.utils.cmake_prefix_path)')
 
-.PHONY: all setup configure build demo test bench golden install clean
+.PHONY: train all setup configure build demo test bench golden install clean sanitize fuzz check
 
 all: build
 
@@ -30,6 +30,35 @@ test: build
 
 bench: build
 	bash apps/bench/run.sh
+
+# The unit tests built with AddressSanitizer and UndefinedBehaviorSanitizer.
+ASAN_OPTIONS_CI = detect_leaks=0:abort_on_error=1:detect_odr_violation=0
+sanitize: setup
+	cmake -S . -B $(BUILD)-asan -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$(CMAKE_PREFIX)" \
+	  -DTORCHATTN_SANITIZE=address,undefined -DTORCHATTN_BUILD_APPS=OFF
+	cmake --build $(BUILD)-asan -j $(JOBS) --target torchattn_tests
+	ASAN_OPTIONS=$(ASAN_OPTIONS_CI) UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ./$(BUILD)-asan/tests/torchattn_tests --gtest_brief=1
+
+# libFuzzer on the public API for FUZZ_SECONDS, built with clang.
+FUZZ_SECONDS ?= 120
+fuzz: setup
+	@bash scripts/setup.sh fuzz
+	CC=clang-16 CXX=clang++-16 cmake -S . -B $(BUILD)-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	  -DCMAKE_PREFIX_PATH="$(CMAKE_PREFIX)" -DTORCHATTN_FUZZ=ON -DTORCHATTN_BUILD_TESTS=OFF -DTORCHATTN_BUILD_APPS=OFF
+	cmake --build $(BUILD)-fuzz -j $(JOBS) --target fuzz_api
+	mkdir -p $(BUILD)-fuzz/corpus
+	ASAN_OPTIONS=$(ASAN_OPTIONS_CI) ./$(BUILD)-fuzz/fuzz/fuzz_api -max_total_time=$(FUZZ_SECONDS) \
+	  -rss_limit_mb=4096 -timeout=30 -print_final_stats=1 $(BUILD)-fuzz/corpus
+
+# What CI runs: the tests, the sanitizer build, the fuzzer.
+check: test sanitize fuzz
+
+# The training example's default run (a few minutes on 2 cores), then its loss curve.
+TRAIN_ARGS ?=
+train: build
+	./$(BUILD)/apps/train_gpt/train_gpt --out runs/gpt $(TRAIN_ARGS)
+	$(PY) tools/plot_loss.py runs/gpt/loss.csv runs/gpt/loss.png
 
 golden: setup
 	$(PY) tools/make_golden.py

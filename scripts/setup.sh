@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Installs what building and testing torchattn needs, and nothing already there:
 #   - Debian packages: compiler, CMake, Ninja, GoogleTest, Google Benchmark, CLI11;
+#   - with the argument `fuzz`, clang-16 and libFuzzer;
 #   - .venv with the pinned torch (LibTorch is its C++ half) and the Python reference.
 # Safe to run again; `make` calls it before every build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(g++ cmake ninja-build make python3-venv libgtest-dev libbenchmark-dev libcli11-dev)
+# libgloo-dev: the Gloo headers that LibTorch's c10d headers include (train_gpt);
+# fortunes: train_gpt's default text.
+packages=(g++ cmake ninja-build make python3-venv libgtest-dev libbenchmark-dev libcli11-dev libgloo-dev fortunes)
+# `setup.sh fuzz`: clang and its libFuzzer runtime as well.
+if [ "${1:-}" = "fuzz" ]; then packages+=(clang-16 libclang-rt-16-dev); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

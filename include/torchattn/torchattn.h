@@ -11,6 +11,7 @@
 #include <torchattn/backend.h>
 #include <torchattn/causal_attention.h>
 #include <torchattn/functional.h>
+#include <torchattn/interop.h>
 #include <torchattn/kv_cache.h>
 #include <torchattn/multi_head_attention.h>
 #include <torchattn/self_attention_v2.h>

@@ -1,0 +1,313 @@
+// train_gpt: trains a small byte-level GPT built on torchattn::MultiHeadAttention,
+// then samples from it with the KV cache.
+//
+//   train_gpt [--steps 1500] [--out runs/gpt] [--resume runs/gpt] [--nproc 2] ...
+//
+// Data: any UTF-8 text files (--data, repeatable); by default the fortune files of
+// Debian's `fortunes` package. Bytes are tokens (vocabulary 256); the last 10% of
+// the text is held out for the eval loss.
+//
+// Data-parallel: --nproc N runs N local ranks; --rank/--world-size/--master-addr/
+// --master-port join ranks across machines. Each step draws one global batch of
+// batch_size * world_size sequences (from the seed and the step alone); rank r takes
+// its own slice of it, so N ranks compute what one process computes on the union.
+
+#include "distributed.h"
+#include "gpt.h"
+
+#include <torchattn/interop.h>
+
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+using train_gpt::GPT;
+using train_gpt::GPTConfig;
+
+namespace {
+
+struct Text {
+  std::vector<uint8_t> train, eval;
+  std::string source;
+};
+
+std::vector<std::string> default_data() {
+  std::vector<std::string> files;
+  const fs::path dir = "/usr/share/games/fortunes";
+  if (fs::is_directory(dir)) {
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const auto ext = e.path().extension();
+      if (e.is_regular_file() && ext != ".dat" && ext != ".u8") files.push_back(e.path().string());
+    }
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+Text load_text(const std::vector<std::string>& files) {
+  TORCH_CHECK(!files.empty(), "train_gpt: no text: pass --data FILE, or install Debian's `fortunes` package");
+  std::vector<uint8_t> all;
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    TORCH_CHECK(in, "train_gpt: cannot read --data '", f, "'");
+    all.insert(all.end(), std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  TORCH_CHECK(all.size() > 10000, "train_gpt: expected at least 10000 bytes of text, got ", all.size());
+  const size_t cut = all.size() * 9 / 10;
+  Text t;
+  t.train.assign(all.begin(), all.begin() + cut);
+  t.eval.assign(all.begin() + cut, all.end());
+  t.source = std::to_string(files.size()) + " file(s), " + std::to_string(all.size()) + " bytes";
+  return t;
+}
+
+// Sequences [first, first+count) of the global batch for `step`: inputs and next-byte
+// targets, [count, T] each. The offsets depend only on (seed, step).
+std::pair<torch::Tensor, torch::Tensor> batch(const std::vector<uint8_t>& data, int64_t T, int64_t global, int64_t first,
+                                              int64_t count, uint64_t seed, int64_t step) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ULL + static_cast<uint64_t>(step));
+  auto offsets = torch::randint(static_cast<int64_t>(data.size()) - T - 1, {global}, gen, torch::kLong);
+  auto x = torch::empty({count, T}, torch::kLong), y = torch::empty({count, T}, torch::kLong);
+  auto xa = x.accessor<int64_t, 2>(), ya = y.accessor<int64_t, 2>();
+  for (int64_t b = 0; b < count; ++b) {
+    const int64_t o = offsets[first + b].item<int64_t>();
+    for (int64_t t = 0; t < T; ++t) {
+      xa[b][t] = data[o + t];
+      ya[b][t] = data[o + t + 1];
+    }
+  }
+  return {x, y};
+}
+
+double lr_at(int64_t step, int64_t steps, int64_t warmup, double lr) {
+  if (step < warmup) return lr * (step + 1) / warmup;
+  const double progress = static_cast<double>(step - warmup) / std::max<int64_t>(1, steps - warmup);
+  return lr * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(M_PI * std::min(1.0, progress))));
+}
+
+std::string clock_text(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%d:%02d", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  return buf;
+}
+
+struct Progress {
+  int64_t total;
+  bool tty = ::isatty(STDERR_FILENO);
+  void show(int64_t step, double loss, double tok_s, double eta_s) const {
+    const int width = 24, filled = static_cast<int>(width * step / std::max<int64_t>(total, 1));
+    std::string bar = std::string(filled, '#') + std::string(width - filled, '.');
+    char line[160];
+    std::snprintf(line, sizeof line, "step %5ld/%ld [%s] loss %.3f | %7.0f tok/s | ETA %s", step, total, bar.c_str(),
+                  loss, tok_s, clock_text(eta_s).c_str());
+    if (tty) {
+      std::fprintf(stderr, "\r%s", line);
+    } else if (step == total || step % std::max<int64_t>(1, total / 20) == 0) {
+      std::fprintf(stderr, "%s\n", line);
+    }
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"train_gpt: a small byte-level GPT on torchattn::MultiHeadAttention"};
+  GPTConfig cfg;
+  int64_t steps = 1500, batch_size = 16, warmup = 100, eval_every = 250, eval_batches = 8, sample_tokens = 400,
+          top_k = 40, die_at_step = -1, save_every = 500;
+  double lr = 3e-3, weight_decay = 0.1, clip = 1.0, temperature = 0.8;
+  uint64_t seed = 1337;
+  int threads = 0, nproc = 1;
+  std::string out_dir = "runs/gpt", resume, prompt = "Q: What";
+  std::vector<std::string> data;
+  train_gpt::DistOptions dist;
+  app.add_option("--data", data, "UTF-8 text file(s) (default: the fortunes of Debian's fortunes package)");
+  app.add_option("--steps", steps, "optimizer steps")->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", batch_size, "sequences per step and rank")->check(CLI::PositiveNumber);
+  app.add_option("--context", cfg.context_length, "tokens per sequence")->check(CLI::PositiveNumber);
+  app.add_option("--d-model", cfg.d_model, "model width")->check(CLI::PositiveNumber);
+  app.add_option("--layers", cfg.n_layer, "blocks")->check(CLI::PositiveNumber);
+  app.add_option("--heads", cfg.n_head, "attention heads")->check(CLI::PositiveNumber);
+  app.add_option("--dropout", cfg.dropout, "dropout in attention and MLP");
+  app.add_option("--lr", lr, "peak learning rate (AdamW)");
+  app.add_option("--warmup", warmup, "linear warm-up steps, then cosine decay to lr/10");
+  app.add_option("--weight-decay", weight_decay, "AdamW weight decay on matrices");
+  app.add_option("--clip", clip, "gradient-norm clipping");
+  app.add_option("--eval-every", eval_every, "steps between eval losses (0: only at the end)");
+  app.add_option("--eval-batches", eval_batches, "batches in one eval loss");
+  app.add_option("--save-every", save_every, "steps between checkpoints (0: only at the end)");
+  app.add_option("--seed", seed, "weights, batches and sampling");
+  app.add_option("--threads", threads, "intra-op threads per rank (default: cores / ranks)");
+  app.add_option("--out", out_dir, "checkpoint, loss.csv and final weights go here");
+  app.add_option("--resume", resume, "continue exactly from the checkpoint in this directory");
+  app.add_option("--sample-tokens", sample_tokens, "bytes to generate at the end (KV cache)");
+  app.add_option("--prompt", prompt, "the sample's prompt");
+  app.add_option("--temperature", temperature, "sampling temperature");
+  app.add_option("--top-k", top_k, "sample among the k likeliest bytes (0: all)");
+  app.add_option("--nproc", nproc, "local ranks to start (data-parallel over c10d/Gloo)")->check(CLI::PositiveNumber);
+  app.add_option("--rank", dist.rank, "this process's rank (multi-machine)");
+  app.add_option("--world-size", dist.world_size, "ranks in all (multi-machine)");
+  app.add_option("--master-addr", dist.master_addr, "rank 0's address for the TCPStore rendezvous");
+  app.add_option("--master-port", dist.master_port, "rank 0's port for the TCPStore rendezvous");
+  app.add_option("--store-file", dist.store_file, "rendezvous through a FileStore at this path instead");
+  app.add_option("--timeout", dist.timeout_s, "seconds before a collective or the rendezvous gives up");
+  int die_rank = 1;
+  app.add_option("--die-at-step", die_at_step, "(testing) rank --die-rank exits abruptly at this step")->group("");
+  app.add_option("--die-rank", die_rank, "(testing) the rank that --die-at-step stops")->group("");
+  CLI11_PARSE(app, argc, argv);
+
+  if (nproc > 1 && dist.world_size == 1) {
+    std::vector<std::string> args(argv, argv + argc);
+    for (size_t i = 0; i < args.size(); ++i) {  // drop --nproc N
+      if (args[i] == "--nproc" && i + 1 < args.size()) {
+        args.erase(args.begin() + i, args.begin() + i + 2);
+        break;
+      }
+    }
+    if (threads == 0) {
+      args.push_back("--threads");
+      args.push_back(std::to_string(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / nproc)));
+    }
+    return train_gpt::launch_local_ranks(nproc, args, dist.timeout_s + 10);
+  }
+
+  try {
+    if (threads > 0) at::set_num_threads(threads);
+    train_gpt::Distributed ddp(dist);
+    const bool lead = ddp.rank() == 0;
+    const Text text = load_text(data.empty() ? default_data() : data);
+    const int64_t T = cfg.context_length, global = batch_size * ddp.world_size();
+
+    torch::manual_seed(seed);
+    GPT model(cfg);
+    ddp.broadcast_parameters(*model);
+    std::vector<torch::Tensor> decay, no_decay;
+    for (auto& p : model->named_parameters()) (p.value().dim() >= 2 ? decay : no_decay).push_back(p.value());
+    torch::optim::AdamW opt({torch::optim::OptimizerParamGroup(decay, std::make_unique<torch::optim::AdamWOptions>(
+                                                                          torch::optim::AdamWOptions(lr).betas({0.9, 0.95}).weight_decay(weight_decay))),
+                             torch::optim::OptimizerParamGroup(no_decay, std::make_unique<torch::optim::AdamWOptions>(
+                                                                             torch::optim::AdamWOptions(lr).betas({0.9, 0.95}).weight_decay(0.0)))});
+
+    int64_t start = 0;
+    fs::create_directories(out_dir);
+    const fs::path ckpt = fs::path(out_dir) / "checkpoint";
+    if (!resume.empty()) {
+      const fs::path from = fs::path(resume) / "checkpoint";
+      std::ifstream meta(from / "step.txt");
+      TORCH_CHECK(meta >> start, "train_gpt: --resume ", resume, ": no checkpoint there (", (from / "step.txt").string(), ")");
+      torch::load(model, (from / "model.pt").string());
+      torch::load(opt, (from / "optimizer.pt").string());
+      torch::Tensor rng;
+      torch::load(rng, (from / "rng.pt").string());
+      at::Generator default_gen = at::detail::getDefaultCPUGenerator();
+      default_gen.set_state(rng);
+      if (lead) std::fprintf(stderr, "train_gpt: resumed from %s at step %ld\n", from.string().c_str(), start);
+    }
+    auto save_checkpoint = [&](int64_t step) {
+      if (!lead) return;
+      fs::create_directories(ckpt);
+      torch::save(model, (ckpt / "model.pt").string());
+      torch::save(opt, (ckpt / "optimizer.pt").string());
+      torch::save(at::detail::getDefaultCPUGenerator().get_state(), (ckpt / "rng.pt").string());
+      std::ofstream(ckpt / "step.txt") << step << "\n";
+    };
+    auto eval_loss = [&] {
+      torch::NoGradGuard no_grad;
+      model->eval();
+      double sum = 0;
+      for (int64_t i = 0; i < eval_batches; ++i) {
+        auto [x, y] = batch(text.eval, T, global, 0, global, seed + 1, i);
+        sum += torch::cross_entropy_loss(model(x).view({-1, cfg.vocab_size}), y.view(-1)).item<double>();
+      }
+      model->train();
+      return sum / eval_batches;
+    };
+
+    const int64_t n_params = [&] { int64_t n = 0; for (auto& p : model->parameters()) n += p.numel(); return n; }();
+    if (lead) {
+      std::fprintf(stderr, "train_gpt: %s; %ld parameters; %d rank(s) x %ld sequences of %ld bytes; %d thread(s) each\n",
+                   text.source.c_str(), n_params, ddp.world_size(), batch_size, T, at::get_num_threads());
+      std::fprintf(stderr, "train_gpt: uniform-guess loss ln(256) = %.3f\n", std::log(256.0));
+    }
+    const fs::path csv_path = fs::path(out_dir) / "loss.csv";
+    std::vector<std::string> kept;  // on resume, the rows up to the checkpoint's step
+    if (start && lead) {
+      std::ifstream old(csv_path);
+      for (std::string line; std::getline(old, line);) {
+        if (!line.empty() && std::isdigit(static_cast<unsigned char>(line[0])) && std::stoll(line) <= start) {
+          kept.push_back(line);
+        }
+      }
+    }
+    std::ofstream csv;
+    if (lead) {
+      csv.open(csv_path.string(), std::ios::trunc);
+      csv << "step,train_loss,eval_loss,lr,tokens_per_s\n";
+      for (const auto& line : kept) csv << line << "\n";
+    }
+    Progress progress{steps};
+    const auto t0 = std::chrono::steady_clock::now();
+    double loss_avg = 0;
+    model->train();
+    for (int64_t step = start; step < steps; ++step) {
+      if (step == die_at_step && ddp.rank() == die_rank) {
+        std::fprintf(stderr, "train_gpt rank %d: exiting abruptly at step %ld (--die-at-step)\n", ddp.rank(), step);
+        std::_Exit(3);
+      }
+      auto [x, y] = batch(text.train, T, global, ddp.rank() * batch_size, batch_size, seed, step);
+      auto loss = torch::cross_entropy_loss(model(x).view({-1, cfg.vocab_size}), y.view(-1));
+      opt.zero_grad();
+      loss.backward();
+      ddp.average_gradients(*model);
+      torch::nn::utils::clip_grad_norm_(model->parameters(), clip);
+      const double step_lr = lr_at(step, steps, warmup, lr);
+      for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(step_lr);
+      opt.step();
+
+      const double train_loss = ddp.average(loss.item<double>());
+      loss_avg = step == start ? train_loss : 0.9 * loss_avg + 0.1 * train_loss;
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double tok_s = (step - start + 1) * global * T / elapsed;
+      const bool last = step + 1 == steps;
+      double ev = NAN;
+      if (lead && (last || (eval_every > 0 && (step + 1) % eval_every == 0))) ev = eval_loss();
+      if (lead) {
+        csv << step + 1 << "," << train_loss << "," << (std::isnan(ev) ? "" : std::to_string(ev)) << "," << step_lr << ","
+            << tok_s << std::endl;  // flushed: a crash keeps the rows so far
+        progress.show(step + 1, loss_avg, tok_s, elapsed / (step - start + 1) * (steps - step - 1));
+        if (!std::isnan(ev)) {
+          std::fprintf(stderr, "%sstep %ld: train loss %.4f, eval loss %.4f\n", progress.tty ? "\n" : "", step + 1,
+                       loss_avg, ev);
+        }
+      }
+      if (save_every > 0 && (step + 1) % save_every == 0) save_checkpoint(step + 1);
+    }
+    save_checkpoint(steps);
+    torchattn::save_state_dict(*model, (fs::path(out_dir) / ("final_rank" + std::to_string(ddp.rank()) + ".pt")).string());
+    if (lead && sample_tokens > 0) {
+      torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+      std::vector<int64_t> p(prompt.begin(), prompt.end());
+      auto out = model->generate(p, sample_tokens, temperature, top_k, gen);
+      std::string s(prompt);
+      for (auto b : out) s.push_back(static_cast<char>(b));
+      std::printf("---- sample (temperature %.2f, top-k %ld, KV cache) ----\n%s\n----\n", temperature, top_k, s.c_str());
+    }
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "\n%s\n", e.what_without_backtrace());
+    return 1;
+  }
+  return 0;
+}
