@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing torchattn needs, and nothing already there:
-#   - Debian packages: compiler, CMake, Ninja, GoogleTest, Google Benchmark, CLI11;
+#   - Debian packages: compiler, CMake, Ninja, GoogleTest, CLI11, Gloo's headers,
+#     the fortunes text;
 #   - with the argument `fuzz`, clang-16 and libFuzzer;
 #   - .venv with the pinned torch (LibTorch is its C++ half) and the Python reference.
 # Safe to run again; `make` calls it before every build.
@@ -9,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 # libgloo-dev: the Gloo headers that LibTorch's c10d headers include (train_gpt);
 # fortunes: train_gpt's default text.
-packages=(g++ cmake ninja-build make python3-venv libgtest-dev libbenchmark-dev libcli11-dev libgloo-dev fortunes)
+packages=(g++ cmake ninja-build make python3-venv libgtest-dev libcli11-dev libgloo-dev fortunes)
 # `setup.sh fuzz`: clang and its libFuzzer runtime as well.
 if [ "${1:-}" = "fuzz" ]; then packages+=(clang-16 libclang-rt-16-dev); fi
 missing=()

@@ -189,6 +189,16 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                      const at::Tensor& causal_mask, int64_t past, const AttentionConfig& config,
                      const at::Tensor& key_padding_mask) {
   check_qkv("attention", q, k, &v);
+  TORCH_CHECK(!config.scale || (std::isfinite(*config.scale) && *config.scale > 0.0),
+              "attention: expected a positive, finite scale, got ", config.scale.value_or(0.0));
+  TORCH_CHECK(!key_padding_mask.defined() || q.dim() >= 3,
+              "attention: a key_padding_mask needs batched q [B, ..., Tq, d], got q ", q.sizes());
+  if (q.dim() == 3 && resolve_backend(config) == Backend::SDPA) {
+    // ATen's fused CPU kernels take [B, H, T, d]; a single-head [B, T, d] would fall
+    // back to the math kernel, which builds the T x T weights.
+    return attention(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), causal_mask, past, config, key_padding_mask)
+        .squeeze(1);
+  }
   if (key_padding_mask.defined()) {
     return padded_attention(q, k, v, causal_mask, past, config, key_padding_mask);
   }

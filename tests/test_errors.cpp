@@ -68,7 +68,9 @@ std::vector<ErrorCase> error_cases() {
        "CausalAttention: expected context_length > 0, got -1"},
       {"ZeroHeads", [] { MultiHeadAttention(3, 2, 6, 0.0, 0); }, "MultiHeadAttention: expected num_heads > 0, got 0"},
       {"NanScale", [] { CausalAttention(CausalAttentionOptions(3, 2, 6).scale(std::nan(""))); },
-       "CausalAttention: expected a finite scale"},
+       "CausalAttention: expected a positive, finite scale"},
+      {"ZeroScale", [] { MultiHeadAttention(MultiHeadAttentionOptions(3, 2, 6, 2).scale(0.0)); },
+       "MultiHeadAttention: expected a positive, finite scale, got 0"},
       {"ZeroTokens", [] { CausalAttention(3, 2, 6, 0.0)(x3(1, 0, 3)); },
        "CausalAttention: expected at least one token"},
       {"MaskDoesNotBroadcast",
@@ -126,6 +128,19 @@ std::vector<ErrorCase> error_cases() {
        "CausalAttention: expected key_padding_mask of dtype Bool (true = ignore the key) or Float (added to the scores), got Long"},
       {"PaddingMaskUnbatched", [] { SelfAttentionV2(3, 2)(torch::randn({5, 3}), torch::zeros({1, 5}, torch::kBool)); },
        "SelfAttentionV2: expected key_padding_mask of shape [5]"},
+      {"CacheInGradMode",
+       [] {
+         CausalAttention m(3, 2, 6, 0.0);
+         auto cache = m->make_kv_cache(1);
+         m->forward_cached(x3(1, 2, 3), cache);
+       },
+       "CausalAttention: forward_cached is for inference: call it under torch::NoGradGuard"},
+      {"PaddingMaskNeedsBatch",
+       [] {
+         F::attention(torch::randn({4, 3}), torch::randn({5, 3}), torch::randn({5, 3}), {}, 0, {},
+                      torch::zeros({4, 5}, torch::kBool));
+       },
+       "attention: a key_padding_mask needs batched q [B, ..., Tq, d], got q [4, 3]"},
       {"CacheBatchSizeZero", [] { CausalAttention(3, 2, 6, 0.0)->make_kv_cache(0); },
        "CausalAttention: expected batch_size > 0, got 0"},
   };

@@ -10,7 +10,8 @@
 // Data-parallel: --nproc N runs N local ranks; --rank/--world-size/--master-addr/
 // --master-port join ranks across machines. Each step draws one global batch of
 // batch_size * world_size sequences (from the seed and the step alone); rank r takes
-// its own slice of it, so N ranks compute what one process computes on the union.
+// its own slice of it, so N ranks compute what one process computes on the union
+// (exactly so without dropout: each rank draws its own dropout masks).
 
 #include "distributed.h"
 #include "gpt.h"
@@ -185,6 +186,8 @@ int main(int argc, char** argv) {
   }
 
   try {
+    TORCH_CHECK(!prompt.empty() && static_cast<int64_t>(prompt.size()) < cfg.context_length,
+                "train_gpt: expected a --prompt of 1 to ", cfg.context_length - 1, " bytes, got ", prompt.size());
     if (threads > 0) at::set_num_threads(threads);
     train_gpt::Distributed ddp(dist);
     const bool lead = ddp.rank() == 0;
@@ -194,6 +197,8 @@ int main(int argc, char** argv) {
     torch::manual_seed(seed);
     GPT model(cfg);
     ddp.broadcast_parameters(*model);
+    // Each rank draws its own dropout masks; batches come from (seed, step) alone.
+    torch::manual_seed(seed + static_cast<uint64_t>(ddp.rank()));
     std::vector<torch::Tensor> decay, no_decay;
     for (auto& p : model->named_parameters()) (p.value().dim() >= 2 ? decay : no_decay).push_back(p.value());
     torch::optim::AdamW opt({torch::optim::OptimizerParamGroup(decay, std::make_unique<torch::optim::AdamWOptions>(
@@ -211,18 +216,35 @@ int main(int argc, char** argv) {
       torch::load(model, (from / "model.pt").string());
       torch::load(opt, (from / "optimizer.pt").string());
       torch::Tensor rng;
-      torch::load(rng, (from / "rng.pt").string());
+      const fs::path rng_file = from / ("rng_rank" + std::to_string(ddp.rank()) + ".pt");
+      TORCH_CHECK(fs::exists(rng_file), "train_gpt: --resume ", resume, ": the checkpoint has no random state for rank ",
+                  ddp.rank(), " (", rng_file.string(), "); resume with the world size it was saved with");
+      torch::load(rng, rng_file.string());
       at::Generator default_gen = at::detail::getDefaultCPUGenerator();
       default_gen.set_state(rng);
       if (lead) std::fprintf(stderr, "train_gpt: resumed from %s at step %ld\n", from.string().c_str(), start);
     }
+    // Written to checkpoint.tmp, then renamed: a crash while saving leaves the last
+    // complete checkpoint. Every rank saves its random state (dropout); rank 0 the rest.
     auto save_checkpoint = [&](int64_t step) {
-      if (!lead) return;
-      fs::create_directories(ckpt);
-      torch::save(model, (ckpt / "model.pt").string());
-      torch::save(opt, (ckpt / "optimizer.pt").string());
-      torch::save(at::detail::getDefaultCPUGenerator().get_state(), (ckpt / "rng.pt").string());
-      std::ofstream(ckpt / "step.txt") << step << "\n";
+      const fs::path tmp = fs::path(out_dir) / "checkpoint.tmp";
+      if (lead) {
+        fs::remove_all(tmp);
+        fs::create_directories(tmp);
+      }
+      ddp.average(0.0);  // a barrier: tmp exists before the other ranks write into it
+      torch::save(at::detail::getDefaultCPUGenerator().get_state(),
+                  (tmp / ("rng_rank" + std::to_string(ddp.rank()) + ".pt")).string());
+      if (lead) {
+        torch::save(model, (tmp / "model.pt").string());
+        torch::save(opt, (tmp / "optimizer.pt").string());
+        std::ofstream(tmp / "step.txt") << step << "\n";
+      }
+      ddp.average(0.0);  // every rank's state is in tmp
+      if (lead) {
+        fs::remove_all(ckpt);
+        fs::rename(tmp, ckpt);
+      }
     };
     auto eval_loss = [&] {
       torch::NoGradGuard no_grad;
@@ -283,7 +305,8 @@ int main(int argc, char** argv) {
       const double tok_s = (step - start + 1) * global * T / elapsed;
       const bool last = step + 1 == steps;
       double ev = NAN;
-      if (lead && (last || (eval_every > 0 && (step + 1) % eval_every == 0))) ev = eval_loss();
+      // Every rank evaluates (the same batches): no rank waits on another's eval.
+      if (last || (eval_every > 0 && (step + 1) % eval_every == 0)) ev = eval_loss();
       if (lead) {
         csv << step + 1 << "," << train_loss << "," << (std::isnan(ev) ? "" : std::to_string(ev)) << "," << step_lr << ","
             << tok_s << std::endl;  // flushed: a crash keeps the rows so far
@@ -299,7 +322,8 @@ int main(int argc, char** argv) {
     torchattn::save_state_dict(*model, (fs::path(out_dir) / ("final_rank" + std::to_string(ddp.rank()) + ".pt")).string());
     if (lead && sample_tokens > 0) {
       torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-      std::vector<int64_t> p(prompt.begin(), prompt.end());
+      std::vector<int64_t> p;
+      for (unsigned char c : prompt) p.push_back(c);  // bytes are tokens 0..255
       auto out = model->generate(p, sample_tokens, temperature, top_k, gen);
       std::string s(prompt);
       for (auto b : out) s.push_back(static_cast<char>(b));

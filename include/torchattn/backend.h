@@ -12,8 +12,10 @@ namespace torchattn {
 ///   division by sqrt(d_k), softmax, `nn::Dropout`, weights @ v. Same seed, same
 ///   numbers and the same dropout masks as the Python code.
 /// - `SDPA`: `at::scaled_dot_product_attention`, ATen's fused kernel (the flash
-///   kernel on CPU and CUDA). It never materialises the T x T weights. Its dropout
-///   draws a different random stream from the Reference.
+///   kernel on CPU and CUDA, single-head inputs get a head dimension for it). Without
+///   dropout and masks other than the causal one, it never materialises the T x T
+///   weights; with dropout in training, or a key padding mask, ATen may pick its math
+///   kernel. Its dropout draws a different random stream from the Reference.
 /// - `Auto` (default): SDPA, except in training mode with dropout > 0, where it
 ///   takes the Reference so that dropout masks match the Python code exactly.
 ///

@@ -34,7 +34,7 @@ struct CausalAttentionOptions {
   TORCH_ARG(double, dropout) = 0.0;
   /// Bias in W_query, W_key and W_value. Default: false.
   TORCH_ARG(bool, qkv_bias) = false;
-  /// Multiplies the scores. Default: unset, meaning divide by sqrt(d_out);
+  /// Multiplies the scores (> 0). Default: unset, meaning divide by sqrt(d_out);
   /// `.scale(1.0)` is notebook 000's unscaled attention.
   TORCH_ARG(std::optional<double>, scale) = std::nullopt;
   /// Which implementation computes attention. Default: Backend::Auto.

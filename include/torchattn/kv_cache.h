@@ -22,7 +22,8 @@ namespace torchattn {
 ///   cache.length();                                     // T0 + 1
 ///   cache.reset();                                      // start a new sequence
 ///
-/// The cache is for inference: use it under NoGradGuard or InferenceMode.
+/// The cache is for inference: forward_cached refuses to run with autograd on (use
+/// NoGradGuard or InferenceMode). It takes no key padding mask.
 class KVCache {
  public:
   KVCache() = default;

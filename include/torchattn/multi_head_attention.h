@@ -37,7 +37,7 @@ struct MultiHeadAttentionOptions {
   TORCH_ARG(double, dropout) = 0.0;
   /// Bias in W_query, W_key and W_value (out_proj always has one). Default: false.
   TORCH_ARG(bool, qkv_bias) = false;
-  /// Multiplies the scores. Default: unset, meaning divide by sqrt(head_dim).
+  /// Multiplies the scores (> 0). Default: unset, meaning divide by sqrt(head_dim).
   TORCH_ARG(std::optional<double>, scale) = std::nullopt;
   /// Which implementation computes attention. Default: Backend::Auto.
   TORCH_ARG(Backend, backend) = Backend::Auto;

@@ -27,7 +27,7 @@ struct SelfAttentionV2Options {
   TORCH_ARG(int64_t, d_out);
   /// Bias in W_query, W_key and W_value. Default: false.
   TORCH_ARG(bool, qkv_bias) = false;
-  /// Multiplies the scores. Default: unset, meaning 1/sqrt(d_out) with the square root
+  /// Multiplies the scores (> 0). Default: unset, meaning 1/sqrt(d_out) with the square root
   /// taken in float32, as the notebook's `torch.sqrt(torch.tensor(d_out))` does (this
   /// matters only for float64 inputs).
   TORCH_ARG(std::optional<double>, scale) = std::nullopt;

@@ -6,6 +6,7 @@
 #include <torchattn/kv_cache.h>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
@@ -39,7 +40,9 @@ inline void check_dropout(const char* module, double p) {
 }
 
 inline void check_scale(const char* module, const std::optional<double>& scale) {
-  TORCH_CHECK(!scale || std::isfinite(*scale), module, ": expected a finite scale, got ", scale.value_or(0.0));
+  // Positive: the Reference fills hidden scores with -inf before scaling, as the notebooks do.
+  TORCH_CHECK(!scale || (std::isfinite(*scale) && *scale > 0.0), module, ": expected a positive, finite scale, got ",
+              scale.value_or(0.0));
 }
 
 // x: [B, T, d_in] or [T, d_in], floating, of the module's dtype and device (taken
@@ -73,6 +76,10 @@ inline void check_cache(const char* module, const KVCache& cache, const at::Tens
   const int64_t T = x.size(-2);
   TORCH_CHECK(cache.length() + T <= context_length, module, ": the KV cache holds ", cache.length(),
               " tokens; ", T, " more would pass context_length=", context_length, " (call cache.reset())");
+  // Under autograd the cache's storage would be saved for backward and then
+  // overwritten by the next call.
+  TORCH_CHECK(!c10::GradMode::is_enabled(), module,
+              ": forward_cached is for inference: call it under torch::NoGradGuard or c10::InferenceMode");
 }
 
 // key_padding_mask: undefined, or [T] / [B, T] like x's leading dimensions; bool
