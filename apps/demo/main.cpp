@@ -172,6 +172,15 @@ void notebook003(const torch::Device& device, std::optional<int64_t> seed) {
   torch::manual_seed(seed.value_or(123));
   torchattn::MultiHeadAttention mha(3, 2, 6, 0.0, 2);
   mha->to(device);
+  {
+    // The head split the module does inside forward, shown on its own queries.
+    auto queries = mha->W_query(stacked);
+    auto split = queries.view({2, 6, 2, 1});
+    std::cout << "queries " << queries.sizes() << " -> view(b, num_tokens, num_heads, head_dim) " << split.sizes()
+              << " -> transpose(1, 2) " << split.transpose(1, 2).sizes() << "\n";
+    std::cout << "scores per head: queries @ keys.transpose(2, 3) -> [2, 2, 6, 6]; masked_fill(-inf), "
+                 "softmax(scores / sqrt(head_dim)), @ values, transpose back, view [2, 6, 2], out_proj\n";
+  }
   auto y = mha(stacked);
   show("context_vecs", y);
   std::cout << "context_vecs.shape: " << y.sizes() << "\n";
