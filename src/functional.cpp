@@ -115,16 +115,35 @@ Backend resolve_backend(const AttentionConfig& config) {
   return (config.training && config.dropout > 0.0) ? Backend::Reference : Backend::SDPA;
 }
 
+namespace {
+
+// The notebooks' scores: q k^T, hidden entries (bool `hide`, broadcastable; undefined
+// for none) filled with -inf, then divided by sqrt(d_k), or multiplied by a given scale.
+at::Tensor masked_scaled_scores(const at::Tensor& q, const at::Tensor& k, const at::Tensor& hide,
+                                std::optional<double> scale) {
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1));
+  if (hide.defined()) {
+    scores.masked_fill_(hide, -std::numeric_limits<double>::infinity());
+  }
+  return scale ? scores * *scale : scores / std::sqrt(static_cast<double>(k.size(-1)));
+}
+
+// Dropout (training only, p > 0) on the weights, then weights @ v.
+at::Tensor weighted_values(at::Tensor weights, const at::Tensor& v, double p) {
+  if (p > 0.0) {
+    weights = at::dropout(weights, p, /*train=*/true);
+  }
+  return at::matmul(weights, v);
+}
+
+} // namespace
+
 at::Tensor attention_weights(const at::Tensor& q, const at::Tensor& k, const at::Tensor& causal_mask,
                              int64_t past, std::optional<double> scale) {
-  at::Tensor scores = at::matmul(q, k.transpose(-2, -1));
-  if (causal_mask.defined()) {
-    scores.masked_fill_(causal_block("attention", causal_mask, past, q.size(-2), k.size(-2)).to(at::kBool),
-                        -std::numeric_limits<double>::infinity());
-  }
-  // The notebooks divide by sqrt(d_k); a given scale multiplies.
-  scores = scale ? scores * *scale : scores / std::sqrt(static_cast<double>(k.size(-1)));
-  return at::softmax(scores, -1);
+  const at::Tensor hide = causal_mask.defined()
+                              ? causal_block("attention", causal_mask, past, q.size(-2), k.size(-2)).to(at::kBool)
+                              : at::Tensor();
+  return at::softmax(masked_scaled_scores(q, k, hide, scale), -1);
 }
 
 namespace {
@@ -162,17 +181,11 @@ at::Tensor padded_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const double p = config.training ? config.dropout : 0.0;
   at::Tensor out;
   if (resolve_backend(config) == Backend::Reference) {
-    at::Tensor scores = at::matmul(q, k.transpose(-2, -1));
-    scores.masked_fill_(hide, -std::numeric_limits<double>::infinity());
-    scores = config.scale ? scores * *config.scale : scores / std::sqrt(static_cast<double>(k.size(-1)));
+    at::Tensor scores = masked_scaled_scores(q, k, hide, config.scale);
     if (additive.defined()) {
       scores = scores + additive;
     }
-    at::Tensor w = at::softmax(scores, -1);
-    if (p > 0.0) {
-      w = at::dropout(w, p, /*train=*/true);
-    }
-    out = at::matmul(w, v);
+    out = weighted_values(at::softmax(scores, -1), v, p);
   } else {
     at::Tensor mask = at::zeros(hide.sizes(), q.options()).masked_fill_(hide, -std::numeric_limits<double>::infinity());
     if (additive.defined()) {
@@ -204,11 +217,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   }
   const double p = config.training ? config.dropout : 0.0;
   if (resolve_backend(config) == Backend::Reference) {
-    at::Tensor w = attention_weights(q, k, causal_mask, past, config.scale);
-    if (p > 0.0) {
-      w = at::dropout(w, p, /*train=*/true);
-    }
-    return at::matmul(w, v);
+    return weighted_values(attention_weights(q, k, causal_mask, past, config.scale), v, p);
   }
 
   // SDPA: its is_causal aligns top-left, which is our mask only when Tq == Tk. A single
