@@ -22,7 +22,8 @@ configure: setup $(BUILD)/build.ninja
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-demo: build
+demo: configure
+	cmake --build $(BUILD) -j $(JOBS) --target torchattn_demo
 	./$(BUILD)/apps/demo/torchattn_demo
 
 test: build
