@@ -45,11 +45,7 @@ void CausalAttentionImpl::pretty_print(std::ostream& stream) const {
 at::Tensor CausalAttentionImpl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask) {
   detail::check_input(kName, x, options.d_in(), options.context_length(), W_query->weight);
   detail::check_key_padding_mask(kName, key_padding_mask, x);
-  detail::AttentionBlock block{W_query, W_key, W_value, /*num_heads=*/0, mask};
-  const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend()};
-  return detail::with_batch_dim(x, key_padding_mask, [&](const at::Tensor& xb, const at::Tensor& mb) {
-    return detail::attention_block_forward(block, xb, nullptr, config, mb);
-  });
+  return attend(x, key_padding_mask, nullptr);
 }
 
 KVCache CausalAttentionImpl::make_kv_cache(int64_t batch_size) const {
@@ -60,10 +56,14 @@ KVCache CausalAttentionImpl::make_kv_cache(int64_t batch_size) const {
 at::Tensor CausalAttentionImpl::forward_cached(const at::Tensor& x_new, KVCache& cache) {
   detail::check_input(kName, x_new, options.d_in(), options.context_length(), W_query->weight);
   detail::check_cache(kName, cache, x_new, options.context_length());
+  return attend(x_new, at::Tensor(), &cache);
+}
+
+at::Tensor CausalAttentionImpl::attend(const at::Tensor& x, const at::Tensor& key_padding_mask, KVCache* cache) {
   detail::AttentionBlock block{W_query, W_key, W_value, /*num_heads=*/0, mask};
   const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend()};
-  return detail::with_batch_dim(x_new, at::Tensor(), [&](const at::Tensor& xb, const at::Tensor&) {
-    return detail::attention_block_forward(block, xb, &cache, config);
+  return detail::with_batch_dim(x, key_padding_mask, [&](const at::Tensor& xb, const at::Tensor& mb) {
+    return detail::attention_block_forward(block, xb, cache, config, mb);
   });
 }
 

@@ -202,8 +202,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                      const at::Tensor& causal_mask, int64_t past, const AttentionConfig& config,
                      const at::Tensor& key_padding_mask) {
   check_qkv("attention", q, k, &v);
-  TORCH_CHECK(!config.scale || (std::isfinite(*config.scale) && *config.scale > 0.0),
-              "attention: expected a positive, finite scale, got ", config.scale.value_or(0.0));
+  detail::check_scale("attention", config.scale);
   TORCH_CHECK(!key_padding_mask.defined() || q.dim() >= 3,
               "attention: a key_padding_mask needs batched q [B, ..., Tq, d], got q ", q.sizes());
   if (q.dim() == 3 && resolve_backend(config) == Backend::SDPA) {

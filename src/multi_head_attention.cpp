@@ -50,11 +50,7 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
 at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask) {
   detail::check_input(kName, x, options.d_in(), options.context_length(), W_query->weight);
   detail::check_key_padding_mask(kName, key_padding_mask, x);
-  detail::AttentionBlock block{W_query, W_key, W_value, options.num_heads(), mask};
-  const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend()};
-  return detail::with_batch_dim(x, key_padding_mask, [&](const at::Tensor& xb, const at::Tensor& mb) {
-    return out_proj->forward(detail::attention_block_forward(block, xb, nullptr, config, mb));
-  });
+  return attend(x, key_padding_mask, nullptr);
 }
 
 KVCache MultiHeadAttentionImpl::make_kv_cache(int64_t batch_size) const {
@@ -65,10 +61,14 @@ KVCache MultiHeadAttentionImpl::make_kv_cache(int64_t batch_size) const {
 at::Tensor MultiHeadAttentionImpl::forward_cached(const at::Tensor& x_new, KVCache& cache) {
   detail::check_input(kName, x_new, options.d_in(), options.context_length(), W_query->weight);
   detail::check_cache(kName, cache, x_new, options.context_length());
+  return attend(x_new, at::Tensor(), &cache);
+}
+
+at::Tensor MultiHeadAttentionImpl::attend(const at::Tensor& x, const at::Tensor& key_padding_mask, KVCache* cache) {
   detail::AttentionBlock block{W_query, W_key, W_value, options.num_heads(), mask};
   const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend()};
-  return detail::with_batch_dim(x_new, at::Tensor(), [&](const at::Tensor& xb, const at::Tensor&) {
-    return out_proj->forward(detail::attention_block_forward(block, xb, &cache, config));
+  return detail::with_batch_dim(x, key_padding_mask, [&](const at::Tensor& xb, const at::Tensor& mb) {
+    return out_proj->forward(detail::attention_block_forward(block, xb, cache, config, mb));
   });
 }
 

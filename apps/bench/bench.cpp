@@ -255,16 +255,10 @@ int main(int argc, char** argv) {
     torch::Tensor check = m.autob(x);
     const int r = T >= 8192 ? 1 : T >= 2048 ? 2 : reps;
     double ref_ms = 0;
+    // Checked against the Reference where it fits, else against Auto.
+    const torch::Tensor expected = with_reference ? m.reference(x) : check;
     for (auto& v : variants(m, T, with_reference, with_libtorch)) {
-      double err = 0;
-      if (with_reference) {
-        // Checked against the Reference where it fits, else against Auto.
-        static torch::Tensor ref;
-        if (v.name == "reference") ref = v.forward(x);
-        err = max_abs_diff(v.forward(x), ref);
-      } else {
-        err = max_abs_diff(v.forward(x), check);
-      }
+      const double err = max_abs_diff(v.forward(x), expected);
       TORCH_CHECK(err < 1e-4, "bench: ", v.name, " disagrees at T=", T, " by ", err);
       malloc_trim(0);  // return memory freed by earlier variants, so each starts level
       const int64_t rss0 = status_kb("VmRSS:");

@@ -100,6 +100,10 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
 
  protected:
   FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(at::Tensor())})
+
+ private:
+  // forward and forward_cached after their checks: x [B, T, d_in] or [T, d_in].
+  at::Tensor attend(const at::Tensor& x, const at::Tensor& key_padding_mask, KVCache* cache);
 };
 
 TORCH_MODULE(MultiHeadAttention);
