@@ -29,17 +29,25 @@ void CausalAttentionImpl::reset() {
   W_key = register_module("W_key", torch::nn::Linear(linear));
   W_value = register_module("W_value", torch::nn::Linear(linear));
   dropout = register_module("dropout", torch::nn::Dropout(options.dropout()));
-  mask = register_buffer("mask", functional::causal_mask_buffer(options.context_length()));
+  if (options.mask_buffer()) {
+    mask = register_buffer("mask", functional::causal_mask_buffer(options.context_length()));
+  } else {
+    mask = at::Tensor();
+  }
 }
 
 void CausalAttentionImpl::load(torch::serialize::InputArchive& archive) {
-  detail::strict_load(*this, archive, kName);
+  detail::strict_load(*this, archive, kName, options.mask_buffer() ? 0 : options.context_length());
 }
 
 void CausalAttentionImpl::pretty_print(std::ostream& stream) const {
   stream << "torchattn::CausalAttention(d_in=" << options.d_in() << ", d_out=" << options.d_out()
          << ", context_length=" << options.context_length() << ", dropout=" << options.dropout()
-         << ", qkv_bias=" << std::boolalpha << options.qkv_bias() << ", backend=" << options.backend() << ")";
+         << ", qkv_bias=" << std::boolalpha << options.qkv_bias() << ", backend=" << options.backend();
+  if (!options.mask_buffer()) {
+    stream << ", mask_buffer=false";
+  }
+  stream << ")";
 }
 
 at::Tensor CausalAttentionImpl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask) {
@@ -48,9 +56,9 @@ at::Tensor CausalAttentionImpl::forward(const at::Tensor& x, const at::Tensor& k
   return attend(x, key_padding_mask, nullptr);
 }
 
-KVCache CausalAttentionImpl::make_kv_cache(int64_t batch_size) const {
+KVCache CausalAttentionImpl::make_kv_cache(int64_t batch_size, bool static_shapes) const {
   detail::check_positive(kName, "batch_size", batch_size);
-  return KVCache({batch_size, options.context_length(), options.d_out()}, W_key->weight.options());
+  return KVCache({batch_size, options.context_length(), options.d_out()}, W_key->weight.options(), static_shapes);
 }
 
 at::Tensor CausalAttentionImpl::forward_cached(const at::Tensor& x_new, KVCache& cache) {
@@ -60,7 +68,7 @@ at::Tensor CausalAttentionImpl::forward_cached(const at::Tensor& x_new, KVCache&
 }
 
 at::Tensor CausalAttentionImpl::attend(const at::Tensor& x, const at::Tensor& key_padding_mask, KVCache* cache) {
-  detail::AttentionBlock block{W_query, W_key, W_value, /*num_heads=*/0, mask};
+  detail::AttentionBlock block{W_query, W_key, W_value, /*num_heads=*/0, /*causal=*/true, mask};
   const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend()};
   return detail::with_batch_dim(x, key_padding_mask, [&](const at::Tensor& xb, const at::Tensor& mb) {
     return detail::attention_block_forward(block, xb, cache, config, mb);

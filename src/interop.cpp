@@ -1,5 +1,10 @@
 #include <torchattn/interop.h>
 
+#include <torchattn/causal_attention.h>
+#include <torchattn/multi_head_attention.h>
+
+#include "detail/causal_buffer.h"
+
 #include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
@@ -22,6 +27,27 @@ std::vector<std::pair<std::string, at::Tensor>> named_tensors(const torch::nn::M
   for (const auto& p : module.named_parameters()) out.emplace_back(p.key(), p.value());
   for (const auto& b : module.named_buffers()) out.emplace_back(b.key(), b.value());
   return out;
+}
+
+// The context length whose causal mask the (sub)module at `path` ("" for `module`)
+// applies without a buffer (mask_buffer(false)), or 0.
+int64_t implied_causal_mask(const torch::nn::Module& module, const std::string& path) {
+  const torch::nn::Module* m = &module;
+  if (!path.empty()) {
+    m = nullptr;
+    for (const auto& child : module.named_modules()) {
+      if (child.key() == path) {
+        m = child.value().get();
+      }
+    }
+  }
+  if (const auto* ca = dynamic_cast<const CausalAttentionImpl*>(m); ca != nullptr && !ca->options.mask_buffer()) {
+    return ca->options.context_length();
+  }
+  if (const auto* mha = dynamic_cast<const MultiHeadAttentionImpl*>(m); mha != nullptr && !mha->options.mask_buffer()) {
+    return mha->options.context_length();
+  }
+  return 0;
 }
 
 } // namespace
@@ -60,7 +86,16 @@ void load_state_dict(torch::nn::Module& module, const std::string& path) {
   }
   for (const auto& [key, tensor] : loaded) {
     const bool known = std::any_of(targets.begin(), targets.end(), [&](const auto& t) { return t.first == key; });
-    TORCH_CHECK(known, "load_state_dict: '", path, "' has unexpected key '", key, "'");
+    if (known) {
+      continue;
+    }
+    // A notebook checkpoint's `mask` into a mask_buffer(false) module: accepted
+    // when it is the causal mask the module applies anyway.
+    const bool is_mask = key == "mask" || key.ends_with(".mask");
+    const std::string owner = key == "mask" ? "" : key.substr(0, key.size() - 5);
+    const int64_t C = is_mask ? implied_causal_mask(module, owner) : 0;
+    TORCH_CHECK(C > 0, "load_state_dict: '", path, "' has unexpected key '", key, "'");
+    detail::check_causal_mask("load_state_dict", key, tensor, C);
   }
   torch::NoGradGuard no_grad;
   for (auto& [key, target] : targets) {

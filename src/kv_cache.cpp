@@ -1,17 +1,30 @@
 #include <torchattn/kv_cache.h>
 
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 namespace torchattn {
 
-KVCache::KVCache(c10::IntArrayRef shape, at::TensorOptions options) {
+KVCache::KVCache(c10::IntArrayRef shape, at::TensorOptions options, bool static_shapes)
+    : static_shapes_(static_shapes) {
   TORCH_CHECK(shape.size() >= 2, "KVCache: expected a storage shape [..., capacity, d], got ", shape);
   for (int64_t s : shape) {
     TORCH_CHECK(s > 0, "KVCache: expected positive sizes, got ", shape);
   }
   keys_ = at::zeros(shape, options);
   values_ = at::zeros(shape, options);
+  position_ = at::zeros({1}, options.dtype(at::kLong));
+}
+
+void KVCache::truncate(int64_t length) {
+  TORCH_CHECK(length >= 0 && length <= length_, "KVCache: truncate expected a length in [0, ", length_,
+              "], got ", length);
+  length_ = length;
+  if (position_.defined()) {
+    position_.fill_(length);
+  }
 }
 
 int64_t KVCache::capacity() const {
@@ -48,8 +61,17 @@ int64_t KVCache::append(const at::Tensor& k, const at::Tensor& v) {
   const int64_t t_new = k.size(-2);
   TORCH_CHECK(length_ + t_new <= capacity(), "KVCache: the cache holds ", length_, " of context_length=",
               capacity(), " tokens and cannot take ", t_new, " more; call cache.reset() to start again");
-  keys_.narrow(-2, length_, t_new).copy_(k);
-  values_.narrow(-2, length_, t_new).copy_(v);
+  if (static_shapes_) {
+    // Written where the device says, so that a captured graph writes at the
+    // position of each replay.
+    const at::Tensor index = position_ + at::arange(t_new, position_.options());
+    keys_.index_copy_(-2, index, k);
+    values_.index_copy_(-2, index, v);
+  } else {
+    keys_.narrow(-2, length_, t_new).copy_(k);
+    values_.narrow(-2, length_, t_new).copy_(v);
+  }
+  position_.add_(t_new);
   const int64_t past = length_;
   length_ += t_new;
   return past;

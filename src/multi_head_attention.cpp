@@ -33,18 +33,26 @@ void MultiHeadAttentionImpl::reset() {
   W_value = register_module("W_value", torch::nn::Linear(linear));
   out_proj = register_module("out_proj", torch::nn::Linear(options.d_out(), options.d_out()));
   dropout = register_module("dropout", torch::nn::Dropout(options.dropout()));
-  mask = register_buffer("mask", functional::causal_mask_buffer(options.context_length()));
+  if (options.mask_buffer()) {
+    mask = register_buffer("mask", functional::causal_mask_buffer(options.context_length()));
+  } else {
+    mask = at::Tensor();
+  }
 }
 
 void MultiHeadAttentionImpl::load(torch::serialize::InputArchive& archive) {
-  detail::strict_load(*this, archive, kName);
+  detail::strict_load(*this, archive, kName, options.mask_buffer() ? 0 : options.context_length());
 }
 
 void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
   stream << "torchattn::MultiHeadAttention(d_in=" << options.d_in() << ", d_out=" << options.d_out()
          << ", context_length=" << options.context_length() << ", num_heads=" << options.num_heads()
          << ", dropout=" << options.dropout() << ", qkv_bias=" << std::boolalpha << options.qkv_bias()
-         << ", backend=" << options.backend() << ")";
+         << ", backend=" << options.backend();
+  if (!options.mask_buffer()) {
+    stream << ", mask_buffer=false";
+  }
+  stream << ")";
 }
 
 at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask) {
@@ -53,9 +61,9 @@ at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x, const at::Tensor
   return attend(x, key_padding_mask, nullptr);
 }
 
-KVCache MultiHeadAttentionImpl::make_kv_cache(int64_t batch_size) const {
+KVCache MultiHeadAttentionImpl::make_kv_cache(int64_t batch_size, bool static_shapes) const {
   detail::check_positive(kName, "batch_size", batch_size);
-  return KVCache({batch_size, options.num_heads(), options.context_length(), head_dim()}, W_key->weight.options());
+  return KVCache({batch_size, options.num_heads(), options.context_length(), head_dim()}, W_key->weight.options(), static_shapes);
 }
 
 at::Tensor MultiHeadAttentionImpl::forward_cached(const at::Tensor& x_new, KVCache& cache) {
@@ -65,7 +73,7 @@ at::Tensor MultiHeadAttentionImpl::forward_cached(const at::Tensor& x_new, KVCac
 }
 
 at::Tensor MultiHeadAttentionImpl::attend(const at::Tensor& x, const at::Tensor& key_padding_mask, KVCache* cache) {
-  detail::AttentionBlock block{W_query, W_key, W_value, options.num_heads(), mask};
+  detail::AttentionBlock block{W_query, W_key, W_value, options.num_heads(), /*causal=*/true, mask};
   const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend()};
   return detail::with_batch_dim(x, key_padding_mask, [&](const at::Tensor& xb, const at::Tensor& mb) {
     return out_proj->forward(detail::attention_block_forward(block, xb, cache, config, mb));

@@ -2,6 +2,7 @@
 // gradient checks, key padding masks, fully masked rows, half-precision numerics,
 // concurrent forwards and strict checkpoints.
 
+#include "devices.h"
 #include "tolerances.h"
 
 #include <torchattn/torchattn.h>
@@ -72,6 +73,9 @@ struct Config {
   Backend backend;
   bool cache;
   bool padding;
+  bool mask_buffer;   // false: causal from positions, no buffer
+  bool static_cache;  // a static-shape KV cache (when cache)
+  torch::Device device = torch::kCPU;
 };
 
 std::string describe(const Config& c) {
@@ -81,7 +85,8 @@ std::string describe(const Config& c) {
     << " context_length=" << c.C << " d_in=" << c.d_in << " d_out=" << c.d_out << " heads=" << c.heads
     << " qkv_bias=" << c.bias << " scale=" << (c.scale ? std::to_string(*c.scale) : "default")
     << " dtype=" << c10::toString(c.dtype) << " backend=" << c.backend << " cache=" << c.cache
-    << " padding=" << c.padding;
+    << " padding=" << c.padding << " mask_buffer=" << c.mask_buffer << " static_cache=" << c.static_cache
+    << " device=" << c.device;
   return s.str();
 }
 
@@ -111,7 +116,19 @@ std::vector<Config> property_configs() {
     c.cache = c.kind != Kind::SelfAttentionV2 && pick(0, 2) == 0;
     c.padding = !c.cache && pick(0, 3) == 0;
     if (c.kind == Kind::SelfAttentionV2) c.C = c.T;
+    c.mask_buffer = pick(0, 2) != 0;
+    c.static_cache = c.cache && pick(0, 1) == 1;
     out.push_back(c);
+  }
+  // The same configurations on every other device.
+  const size_t n = out.size();
+  for (const auto& device : devices::all()) {
+    if (device.is_cpu()) continue;
+    for (size_t i = 0; i < n; ++i) {
+      Config c = out[i];
+      c.device = device;
+      out.push_back(c);
+    }
   }
   return out;
 }
@@ -122,24 +139,26 @@ struct ModuleUnderTest {
   std::function<torch::Tensor(const torch::Tensor&, int64_t)> forward_in_chunks;  // cache, else null
   Weights weights() const {
     auto p = module->named_parameters();
-    auto get = [&](const std::string& k) { return p.contains(k) ? p[k].detach().to(torch::kFloat64) : torch::Tensor(); };
+    auto get = [&](const std::string& k) { return p.contains(k) ? p[k].detach().cpu().to(torch::kFloat64) : torch::Tensor(); };
     return {get("W_query.weight"), get("W_key.weight"), get("W_value.weight"), get("W_query.bias"),
             get("W_key.bias"),     get("W_value.bias"), get("out_proj.weight"), get("out_proj.bias")};
   }
 };
 
 ModuleUnderTest make_module(Kind kind, int64_t d_in, int64_t d_out, int64_t C, int64_t heads, bool bias,
-                            std::optional<double> scale, Backend backend) {
+                            std::optional<double> scale, Backend backend, bool mask_buffer = true,
+                            bool static_cache = false) {
   if (kind == Kind::SelfAttentionV2) {
     torchattn::SelfAttentionV2 m(torchattn::SelfAttentionV2Options(d_in, d_out).qkv_bias(bias).scale(scale).backend(backend));
     return {m.ptr(), [m](const torch::Tensor& x, const torch::Tensor& p) mutable { return m(x, p); }, nullptr};
   }
   if (kind == Kind::CausalAttention) {
     torchattn::CausalAttention m(
-        torchattn::CausalAttentionOptions(d_in, d_out, C).qkv_bias(bias).scale(scale).backend(backend));
+        torchattn::CausalAttentionOptions(d_in, d_out, C).qkv_bias(bias).scale(scale).backend(backend).mask_buffer(
+            mask_buffer));
     return {m.ptr(), [m](const torch::Tensor& x, const torch::Tensor& p) mutable { return m(x, p); },
-            [m](const torch::Tensor& x, int64_t split) mutable {
-              auto cache = m->make_kv_cache(x.size(0));
+            [m, static_cache](const torch::Tensor& x, int64_t split) mutable {
+              auto cache = m->make_kv_cache(x.size(0), static_cache);
               auto a = m->forward_cached(x.narrow(1, 0, split), cache);
               std::vector<torch::Tensor> parts{a};
               for (int64_t t = split; t < x.size(1); ++t) parts.push_back(m->forward_cached(x.narrow(1, t, 1), cache));
@@ -147,10 +166,11 @@ ModuleUnderTest make_module(Kind kind, int64_t d_in, int64_t d_out, int64_t C, i
             }};
   }
   torchattn::MultiHeadAttention m(
-      torchattn::MultiHeadAttentionOptions(d_in, d_out, C, heads).qkv_bias(bias).scale(scale).backend(backend));
+      torchattn::MultiHeadAttentionOptions(d_in, d_out, C, heads).qkv_bias(bias).scale(scale).backend(backend).mask_buffer(
+          mask_buffer));
   return {m.ptr(), [m](const torch::Tensor& x, const torch::Tensor& p) mutable { return m(x, p); },
-          [m](const torch::Tensor& x, int64_t split) mutable {
-            auto cache = m->make_kv_cache(x.size(0));
+          [m, static_cache](const torch::Tensor& x, int64_t split) mutable {
+            auto cache = m->make_kv_cache(x.size(0), static_cache);
             auto a = m->forward_cached(x.narrow(1, 0, split), cache);
             std::vector<torch::Tensor> parts{a};
             for (int64_t t = split; t < x.size(1); t += 2) {
@@ -176,12 +196,14 @@ TEST_P(Property, MatchesTheNotebookMathInFloat64) {
   const Config c = GetParam();
   SCOPED_TRACE(describe(c));
   torch::manual_seed(c.index);
-  auto m = make_module(c.kind, c.d_in, c.d_out, c.C, c.heads, c.bias, c.scale, c.backend);
-  m.module->to(c.dtype);
+  auto m = make_module(c.kind, c.d_in, c.d_out, c.C, c.heads, c.bias, c.scale, c.backend, c.mask_buffer,
+                       c.static_cache);
+  m.module->to(c.device, c.dtype);
   m.module->eval();
   auto x = torch::randn({c.B, c.T, c.d_in}, torch::kFloat64).to(c.dtype);  // rounded once
   torch::Tensor pad;
   if (c.padding) pad = torch::rand({c.B, c.T}) < 0.3;
+  const auto on_device = [&](const torch::Tensor& t) { return t.defined() ? t.to(c.device) : t; };
   const bool causal = c.kind != Kind::SelfAttentionV2;
   const Weights w = m.weights();  // the module's own (rounded) weights, in float64
   std::optional<double> scale = c.scale;
@@ -193,7 +215,9 @@ TEST_P(Property, MatchesTheNotebookMathInFloat64) {
   torch::Tensor y;
   {
     torch::NoGradGuard no_grad;
-    y = c.cache ? m.forward_in_chunks(x, std::max<int64_t>(1, c.T / 2)) : m.forward(x, pad);
+    y = c.cache ? m.forward_in_chunks(on_device(x), std::max<int64_t>(1, c.T / 2)) : m.forward(on_device(x), on_device(pad));
+    ASSERT_EQ(y.device(), c.device);
+    y = y.cpu();
   }
   ASSERT_EQ(y.scalar_type(), c.dtype);
   ASSERT_FALSE(y.isnan().any().item<bool>()) << "NaN in the output";
@@ -221,24 +245,26 @@ TEST_P(Property, MatchesTheNotebookMathInFloat64) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Random, Property, ::testing::ValuesIn(property_configs()),
-                         [](const ::testing::TestParamInfo<Config>& info) { return "n" + std::to_string(info.param.index); });
+                         [](const ::testing::TestParamInfo<Config>& info) {
+                           return devices::prefix(info.param.device) + "n" + std::to_string(info.param.index);
+                         });
 
 // ---------------------------------------------------------------------------
 // Finite-difference gradient checks in float64: inputs and every parameter.
 // ---------------------------------------------------------------------------
-using GradParam = std::tuple<Kind, Backend, bool /*padding*/>;
+using GradParam = std::tuple<Kind, Backend, bool /*padding*/, bool /*mask_buffer*/, torch::Device>;
 
 class GradCheck : public ::testing::TestWithParam<GradParam> {};
 
 TEST_P(GradCheck, AnalyticGradientsMatchCentralDifferences) {
-  const auto [kind, backend, padding] = GetParam();
+  const auto [kind, backend, padding, mask_buffer, device] = GetParam();
   torch::manual_seed(11);
-  auto m = make_module(kind, 3, 4, 5, 2, /*bias=*/true, std::nullopt, backend);
-  m.module->to(torch::kFloat64);
-  auto x = torch::randn({2, 5, 3}, torch::kFloat64).requires_grad_(true);
-  auto g = torch::randn({2, 5, 4}, torch::kFloat64);
+  auto m = make_module(kind, 3, 4, 5, 2, /*bias=*/true, std::nullopt, backend, mask_buffer);
+  m.module->to(device, torch::kFloat64);
+  auto x = torch::randn({2, 5, 3}, torch::kFloat64).to(device).requires_grad_(true);
+  auto g = torch::randn({2, 5, 4}, torch::kFloat64).to(device);
   torch::Tensor pad;
-  if (padding) pad = torch::tensor({{true, false, false, true, false}, {false, false, true, true, true}});
+  if (padding) pad = torch::tensor({{true, false, false, true, false}, {false, false, true, true, true}}).to(device);
   auto loss = [&] { return (m.forward(x, pad) * g).sum(); };
   loss().backward();
   std::vector<std::pair<std::string, torch::Tensor>> inputs{{"input", x}};
@@ -262,23 +288,38 @@ TEST_P(GradCheck, AnalyticGradientsMatchCentralDifferences) {
   }
 }
 
+std::string grad_param_name(const ::testing::TestParamInfo<GradParam>& info) {
+  const auto [kind, backend, padding, mask_buffer, device] = info.param;
+  const char* kinds[] = {"SelfAttentionV2", "CausalAttention", "MultiHeadAttention"};
+  return devices::prefix(device) + kinds[static_cast<int>(kind)] + "_" + std::string(torchattn::to_string(backend)) +
+         (padding ? "_padding" : "") + (mask_buffer ? "" : "_no_mask_buffer");
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Float64, GradCheck,
     ::testing::Combine(::testing::Values(Kind::SelfAttentionV2, Kind::CausalAttention, Kind::MultiHeadAttention),
-                       ::testing::Values(Backend::Reference, Backend::SDPA, Backend::Auto), ::testing::Bool()));
+                       ::testing::Values(Backend::Reference, Backend::SDPA, Backend::Auto), ::testing::Bool(),
+                       ::testing::Bool(), ::testing::ValuesIn(devices::all())),
+    grad_param_name);
 
 // ---------------------------------------------------------------------------
 // Masks.
 // ---------------------------------------------------------------------------
-class Masks : public ::testing::TestWithParam<Backend> {};
+using MaskParam = std::tuple<Backend, torch::Device>;
+class Masks : public ::testing::TestWithParam<MaskParam> {
+ protected:
+  Backend backend() const { return std::get<0>(GetParam()); }
+  torch::Device device() const { return std::get<1>(GetParam()); }
+};
 
 // Right padding on a non-causal module: the valid rows equal the module run on the
 // unpadded sequence. An inverted mask (true = keep) fails this.
 TEST_P(Masks, BoolPaddingMaskHidesTrueKeys) {
   torch::manual_seed(21);
-  torchattn::SelfAttentionV2 sa(torchattn::SelfAttentionV2Options(6, 4).backend(GetParam()));
-  auto x = torch::randn({1, 7, 6});
-  auto pad = torch::tensor({{false, false, false, false, true, true, true}});
+  torchattn::SelfAttentionV2 sa(torchattn::SelfAttentionV2Options(6, 4).backend(backend()));
+  sa->to(device());
+  auto x = torch::randn({1, 7, 6}).to(device());
+  auto pad = torch::tensor({{false, false, false, false, true, true, true}}).to(device());
   auto y = sa(x, pad);
   EXPECT_TRUE(tol::close(y.narrow(1, 0, 4), sa(x.narrow(1, 0, 4))));
   // Changing a padded token changes nothing that others see.
@@ -291,9 +332,10 @@ TEST_P(Masks, BoolPaddingMaskHidesTrueKeys) {
 // unpadded tail (attention has no positions of its own).
 TEST_P(Masks, LeftPaddingOnMultiHeadAttention) {
   torch::manual_seed(22);
-  torchattn::MultiHeadAttention mha(torchattn::MultiHeadAttentionOptions(6, 8, 10, 2).backend(GetParam()));
-  auto x = torch::randn({2, 9, 6});
-  auto pad = torch::zeros({2, 9}, torch::kBool);
+  torchattn::MultiHeadAttention mha(torchattn::MultiHeadAttentionOptions(6, 8, 10, 2).backend(backend()));
+  mha->to(device());
+  auto x = torch::randn({2, 9, 6}).to(device());
+  auto pad = torch::zeros({2, 9}, torch::TensorOptions(torch::kBool).device(device()));
   pad.narrow(1, 0, 3).fill_(true);
   auto y = mha(x, pad);
   EXPECT_TRUE(tol::close(y.narrow(1, 3, 6), mha(x.narrow(1, 3, 6))));
@@ -301,28 +343,29 @@ TEST_P(Masks, LeftPaddingOnMultiHeadAttention) {
 
 TEST_P(Masks, FloatMaskIsAdditive) {
   torch::manual_seed(23);
-  torchattn::CausalAttention ca(torchattn::CausalAttentionOptions(5, 3, 8).backend(GetParam()));
-  auto x = torch::randn({2, 8, 5});
-  auto pad = torch::rand({2, 8}) < 0.4;
+  torchattn::CausalAttention ca(torchattn::CausalAttentionOptions(5, 3, 8).backend(backend()));
+  ca->to(device());
+  auto x = torch::randn({2, 8, 5}).to(device());
+  auto pad = (torch::rand({2, 8}) < 0.4).to(device());
   pad.select(1, 0).fill_(false);
   const float inf = std::numeric_limits<float>::infinity();
-  auto additive = torch::zeros({2, 8}).masked_fill(pad, -inf);
+  auto additive = torch::zeros({2, 8}, x.options()).masked_fill(pad, -inf);
   EXPECT_TRUE(tol::close(ca(x, additive), ca(x, pad)));
   // A finite bias: softmax(s / sqrt(d) + bias).
-  auto bias = torch::randn({2, 8});
+  auto bias = torch::randn({2, 8}).to(device());
   auto w = ca->W_query(x).matmul(ca->W_key(x).transpose(1, 2)) / std::sqrt(3.0);
-  w = w.masked_fill(torch::triu(torch::ones({8, 8}, torch::kBool), 1), -inf) + bias.unsqueeze(1);
+  w = w.masked_fill(torch::triu(torch::ones({8, 8}, pad.options()), 1), -inf) + bias.unsqueeze(1);
   EXPECT_TRUE(tol::close(ca(x, bias), torch::softmax(w, -1).matmul(ca->W_value(x))));
 }
 
 TEST_P(Masks, FullyMaskedRowsAreZerosWithFiniteGradients) {
   torch::manual_seed(24);
-  torchattn::MultiHeadAttention mha(torchattn::MultiHeadAttentionOptions(4, 4, 6, 2).backend(GetParam()));
-  mha->to(torch::kFloat64);
-  auto x = torch::randn({2, 6, 4}, torch::kFloat64).requires_grad_(true);
+  torchattn::MultiHeadAttention mha(torchattn::MultiHeadAttentionOptions(4, 4, 6, 2).backend(backend()));
+  mha->to(device(), torch::kFloat64);
+  auto x = torch::randn({2, 6, 4}, torch::kFloat64).to(device()).requires_grad_(true);
   // Batch 0: key 0 padded, so query 0 (which sees only key 0) has nothing to see.
   // Batch 1: everything padded.
-  auto pad = torch::tensor({{true, false, false, false, false, false}, {true, true, true, true, true, true}});
+  auto pad = torch::tensor({{true, false, false, false, false, false}, {true, true, true, true, true, true}}).to(device());
   auto y = mha(x, pad);
   ASSERT_FALSE(y.isnan().any().item<bool>());
   // The zero rows come out of attention; out_proj adds its bias.
@@ -332,17 +375,25 @@ TEST_P(Masks, FullyMaskedRowsAreZerosWithFiniteGradients) {
   y.sum().backward();
   EXPECT_TRUE(torch::isfinite(x.grad()).all().item<bool>());
   for (auto& p : mha->parameters()) EXPECT_TRUE(torch::isfinite(p.grad()).all().item<bool>());
-  EXPECT_TRUE(torch::equal(x.grad()[1], torch::zeros({6, 4}, torch::kFloat64)));  // nothing reaches padded input
+  EXPECT_TRUE(torch::equal(x.grad()[1].cpu(), torch::zeros({6, 4}, torch::kFloat64)));  // nothing reaches padded input
 }
 
 TEST_P(Masks, WorkThroughAnyModuleAndSequentialWithOneArgument) {
-  torch::nn::AnyModule any(torchattn::MultiHeadAttention(torchattn::MultiHeadAttentionOptions(4, 4, 6, 2).backend(GetParam())));
-  auto x = torch::randn({1, 6, 4});
+  torchattn::MultiHeadAttention mha(torchattn::MultiHeadAttentionOptions(4, 4, 6, 2).backend(backend()));
+  mha->to(device());
+  torch::nn::AnyModule any(mha);
+  auto x = torch::randn({1, 6, 4}).to(device());
   EXPECT_EQ(any.forward(x).sizes(), x.sizes());
-  EXPECT_EQ(any.forward(x, torch::zeros({1, 6}, torch::kBool)).sizes(), x.sizes());
+  EXPECT_EQ(any.forward(x, torch::zeros({1, 6}, torch::TensorOptions(torch::kBool).device(device()))).sizes(), x.sizes());
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Masks, ::testing::Values(Backend::Reference, Backend::SDPA, Backend::Auto));
+INSTANTIATE_TEST_SUITE_P(Backends, Masks,
+                         ::testing::Combine(::testing::Values(Backend::Reference, Backend::SDPA, Backend::Auto),
+                                            ::testing::ValuesIn(devices::all())),
+                         [](const ::testing::TestParamInfo<MaskParam>& info) {
+                           return devices::prefix(std::get<1>(info.param)) +
+                                  std::string(torchattn::to_string(std::get<0>(info.param)));
+                         });
 
 // ---------------------------------------------------------------------------
 // Numerics: scores of +/-1e4 in half precision.

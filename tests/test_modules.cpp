@@ -3,12 +3,15 @@
 // Then the backends and the KV cache against the Reference over shapes and dtypes.
 
 #include "golden.h"
+#include "devices.h"
 #include "tolerances.h"
 
 #include <torchattn/torchattn.h>
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -196,12 +199,12 @@ TEST(Modules, WorkInsideSequential) {
 
 // ---- backends against the Reference, over shapes and dtypes ----
 
-using BackendParam = std::tuple<int64_t /*B*/, int64_t /*T*/, int64_t /*heads*/, torch::Dtype, Backend>;
+using BackendParam = std::tuple<int64_t /*B*/, int64_t /*T*/, int64_t /*heads*/, torch::Dtype, Backend, torch::Device>;
 
 class BackendsAgree : public ::testing::TestWithParam<BackendParam> {};
 
 TEST_P(BackendsAgree, WithTheReferenceForwardAndBackward) {
-  const auto [B, T, H, dtype, backend] = GetParam();
+  const auto [B, T, H, dtype, backend, device] = GetParam();
   const int64_t context_length = 97, d_in = 12, d_out = 4 * H;
   torch::manual_seed(1234 + B * 7 + T * 31 + H);
   torchattn::MultiHeadAttention ref(
@@ -210,26 +213,27 @@ TEST_P(BackendsAgree, WithTheReferenceForwardAndBackward) {
   other->options.backend(backend);
   // The reference runs in float64; the module under test in `dtype`.
   ref->to(torch::kFloat64);
-  other->to(dtype);
+  other->to(device, dtype);
   auto x = torch::randn({B, T, d_in}, torch::kFloat64);
   auto x64 = x.clone().requires_grad_(true);
-  auto xd = x.to(dtype).requires_grad_(true);
+  auto xd = x.to(device, dtype).requires_grad_(true);
   auto g = torch::randn({B, T, d_out}, torch::kFloat64);
   auto y_ref = ref(x64);
   auto y = other->forward(xd);
   ASSERT_EQ(y.scalar_type(), dtype);
+  ASSERT_EQ(y.device(), device);
   // Half precision is bounded relative to a float32 run, float32 and float64 stated once.
   const auto t = tol::for_dtype(dtype);
   EXPECT_TRUE(tol::close(y, y_ref, t));
   y_ref.backward(g);
-  y.backward(g.to(dtype));
+  y.backward(g.to(device, dtype));
   EXPECT_TRUE(tol::close(xd.grad(), x64.grad(), {t.rtol * 10, t.atol * 10})) << "input gradient";
   EXPECT_TRUE(tol::close(other->W_query->weight.grad(), ref->W_query->weight.grad(), {t.rtol * 10, t.atol * 10}));
 }
 
 std::string backend_param_name(const ::testing::TestParamInfo<BackendParam>& info) {
-  const auto [B, T, H, dtype, backend] = info.param;
-  return "B" + std::to_string(B) + "_T" + std::to_string(T) + "_H" + std::to_string(H) + "_" +
+  const auto [B, T, H, dtype, backend, device] = info.param;
+  return devices::prefix(device) + "B" + std::to_string(B) + "_T" + std::to_string(T) + "_H" + std::to_string(H) + "_" +
          std::string(c10::toString(dtype)) + "_" + std::string(torchattn::to_string(backend));
 }
 
@@ -237,7 +241,8 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, BackendsAgree,
     ::testing::Combine(::testing::Values(1, 3), ::testing::Values(1, 2, 17, 97), ::testing::Values(1, 3),
                        ::testing::Values(torch::kFloat32, torch::kFloat64, torch::kBFloat16),
-                       ::testing::Values(Backend::Reference, Backend::SDPA, Backend::Auto)),
+                       ::testing::Values(Backend::Reference, Backend::SDPA, Backend::Auto),
+                       ::testing::ValuesIn(devices::all())),
     backend_param_name);
 
 TEST(Backends, AutoKeepsPythonDropoutMasksInTraining) {
@@ -277,12 +282,13 @@ TEST(Backends, ParseAndPrint) {
 
 // ---- KV cache ----
 
-using CacheParam = std::tuple<bool /*multi-head*/, int64_t /*prompt*/, int64_t /*chunk*/, Backend, torch::Dtype>;
+using CacheParam = std::tuple<bool /*multi-head*/, int64_t /*prompt*/, int64_t /*chunk*/, Backend, torch::Dtype,
+                              bool /*static_shapes*/, torch::Device>;
 
 class KVCacheMatchesFullForward : public ::testing::TestWithParam<CacheParam> {};
 
 TEST_P(KVCacheMatchesFullForward, PromptThenChunks) {
-  const auto [multi_head, prompt, chunk, backend, dtype] = GetParam();
+  const auto [multi_head, prompt, chunk, backend, dtype, static_shapes, device] = GetParam();
   const int64_t B = 2, C = 24, d_in = 10, d_out = 12, total = C;
   torch::manual_seed(77);
   torch::nn::AnyModule any;
@@ -290,22 +296,24 @@ TEST_P(KVCacheMatchesFullForward, PromptThenChunks) {
   torchattn::KVCache cache;
   if (multi_head) {
     torchattn::MultiHeadAttention m(torchattn::MultiHeadAttentionOptions(d_in, d_out, C, 3).qkv_bias(true).backend(backend));
-    m->to(dtype);
+    m->to(device, dtype);
     any = torch::nn::AnyModule(m);
-    cache = m->make_kv_cache(B);
+    cache = m->make_kv_cache(B, static_shapes);
     cached = [m](const torch::Tensor& x, torchattn::KVCache& c) mutable { return m->forward_cached(x, c); };
   } else {
     torchattn::CausalAttention m(torchattn::CausalAttentionOptions(d_in, d_out, C).backend(backend));
-    m->to(dtype);
+    m->to(device, dtype);
     any = torch::nn::AnyModule(m);
-    cache = m->make_kv_cache(B);
+    cache = m->make_kv_cache(B, static_shapes);
     cached = [m](const torch::Tensor& x, torchattn::KVCache& c) mutable { return m->forward_cached(x, c); };
   }
   torch::NoGradGuard no_grad;
-  auto x = torch::randn({B, total, d_in}).to(dtype);
+  auto x = torch::randn({B, total, d_in}).to(device, dtype);
   auto full = any.forward(x);
+  EXPECT_EQ(cache.static_shapes(), static_shapes);
   std::vector<torch::Tensor> parts{cached(x.narrow(1, 0, prompt), cache)};
   EXPECT_EQ(cache.length(), prompt);
+  EXPECT_EQ(cache.position().item<int64_t>(), prompt);
   for (int64_t t = prompt; t < total; t += chunk) {
     const int64_t n = std::min(chunk, total - t);
     parts.push_back(cached(x.narrow(1, t, n), cache));
@@ -324,12 +332,17 @@ TEST_P(KVCacheMatchesFullForward, PromptThenChunks) {
   EXPECT_EQ(cache.length(), total);
   cache.reset();
   EXPECT_EQ(cache.length(), 0);
+  EXPECT_EQ(cache.position().item<int64_t>(), 0);
   EXPECT_TRUE(tol::close(cached(x.narrow(1, 0, 5), cache), full.narrow(1, 0, 5), tol::for_dtype(dtype)));
+  // Going back three tokens and on again gives the same rows.
+  cache.truncate(2);
+  EXPECT_EQ(cache.position().item<int64_t>(), 2);
+  EXPECT_TRUE(tol::close(cached(x.narrow(1, 2, 3), cache), full.narrow(1, 2, 3), tol::for_dtype(dtype)));
 }
 
 std::string cache_param_name(const ::testing::TestParamInfo<CacheParam>& info) {
-  const auto [mh, prompt, chunk, backend, dtype] = info.param;
-  return std::string(mh ? "MHA" : "Causal") + "_prompt" + std::to_string(prompt) + "_chunk" +
+  const auto [mh, prompt, chunk, backend, dtype, static_shapes, device] = info.param;
+  return devices::prefix(device) + std::string(static_shapes ? "Static" : "") + std::string(mh ? "MHA" : "Causal") + "_prompt" + std::to_string(prompt) + "_chunk" +
          std::to_string(chunk) + "_" + std::string(torchattn::to_string(backend)) + "_" +
          std::string(c10::toString(dtype));
 }
@@ -338,7 +351,8 @@ INSTANTIATE_TEST_SUITE_P(
     Decode, KVCacheMatchesFullForward,
     ::testing::Combine(::testing::Bool(), ::testing::Values(1, 7, 24), ::testing::Values(1, 5),
                        ::testing::Values(Backend::Reference, Backend::SDPA),
-                       ::testing::Values(torch::kFloat32, torch::kFloat64, torch::kBFloat16)),
+                       ::testing::Values(torch::kFloat32, torch::kFloat64, torch::kBFloat16), ::testing::Bool(),
+                       ::testing::ValuesIn(devices::all())),
     cache_param_name);
 
 TEST(KVCache, UnbatchedInputUsesABatchOfOne) {
@@ -355,17 +369,18 @@ TEST(KVCache, UnbatchedInputUsesABatchOfOne) {
 
 // ---- devices ----
 
-TEST(Devices, CudaMatchesCpu) {
-  if (!torch::cuda::is_available()) {
-    GTEST_SKIP() << "no CUDA device on this machine: the CUDA comparison did not run";
+// make test-gpu sets TORCHATTN_REQUIRE_CUDA=1: there, a missing CUDA device fails
+// here instead of every device-parametrized test quietly running on the CPU only.
+TEST(Devices, CudaIsPresentWhereRequired) {
+  const char* required = std::getenv("TORCHATTN_REQUIRE_CUDA");
+  const bool require = required != nullptr && std::string(required) == "1";
+  std::printf("[devices] device-parametrized tests run on:");
+  for (const auto& d : devices::all()) std::printf(" %s", d.str().c_str());
+  std::printf("\n");
+  if (require) {
+    ASSERT_TRUE(torch::cuda::is_available()) << "TORCHATTN_REQUIRE_CUDA=1 but this LibTorch sees no CUDA device";
+    EXPECT_EQ(devices::all().size(), 2u);
   }
-  torch::manual_seed(9);
-  torchattn::MultiHeadAttention mha(8, 8, 16, 0.0, 2);
-  auto x = torch::randn({2, 16, 8});
-  auto y_cpu = mha(x);
-  mha->to(torch::kCUDA);
-  EXPECT_EQ(mha->mask.device().type(), torch::kCUDA);
-  EXPECT_TRUE(tol::close(mha(x.to(torch::kCUDA)).cpu(), y_cpu, {1e-4, 1e-5}));
 }
 
 } // namespace

@@ -28,7 +28,7 @@ struct CausalAttentionOptions {
   TORCH_ARG(int64_t, d_in);
   /// Features per output token.
   TORCH_ARG(int64_t, d_out);
-  /// Most tokens a sequence may have; the size of the `mask` buffer.
+  /// Most tokens a sequence may have; the size of the `mask` buffer and of a KV cache.
   TORCH_ARG(int64_t, context_length);
   /// Dropout on the attention weights in training mode, in [0, 1). Default: 0.0.
   TORCH_ARG(double, dropout) = 0.0;
@@ -39,6 +39,12 @@ struct CausalAttentionOptions {
   TORCH_ARG(std::optional<double>, scale) = std::nullopt;
   /// Which implementation computes attention. Default: Backend::Auto.
   TORCH_ARG(Backend, backend) = Backend::Auto;
+  /// true (default): the notebooks' registered buffer `mask` = triu(ones(C, C), 1),
+  /// C = context_length, in the state dict as in Python. false: no buffer (module
+  /// memory does not grow with context_length); the causal mask comes from token
+  /// positions, with the same outputs, gradients and cached decoding. A checkpoint
+  /// with a `mask` key loads into it when that key holds the causal mask.
+  TORCH_ARG(bool, mask_buffer) = true;
 };
 
 /// Single-head causal self-attention (notebook 003's `CausalAttention`): token t
@@ -75,7 +81,9 @@ class CausalAttentionImpl : public torch::nn::Cloneable<CausalAttentionImpl> {
 
   /// An empty cache for `batch_size` sequences: [batch_size, context_length, d_out],
   /// of the module's dtype and device.
-  KVCache make_kv_cache(int64_t batch_size) const;
+  /// static_shapes: a cache whose steps have fixed shapes and no host
+  /// synchronisation, for CUDA graphs (see KVCache and DecodeGraph).
+  KVCache make_kv_cache(int64_t batch_size, bool static_shapes = false) const;
 
   /// x_new: [B, T_new, d_in] or [T_new, d_in], the tokens after those in `cache`.
   /// Returns their outputs, [B, T_new, d_out] or [T_new, d_out]: the same rows a
@@ -87,6 +95,7 @@ class CausalAttentionImpl : public torch::nn::Cloneable<CausalAttentionImpl> {
   torch::nn::Linear W_key{nullptr};
   torch::nn::Linear W_value{nullptr};
   torch::nn::Dropout dropout{nullptr};
+  /// The `mask` buffer; undefined with mask_buffer(false).
   at::Tensor mask;
 
  protected:

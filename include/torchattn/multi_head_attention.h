@@ -29,7 +29,7 @@ struct MultiHeadAttentionOptions {
   TORCH_ARG(int64_t, d_in);
   /// Features per output token; a multiple of num_heads.
   TORCH_ARG(int64_t, d_out);
-  /// Most tokens a sequence may have; the size of the `mask` buffer.
+  /// Most tokens a sequence may have; the size of the `mask` buffer and of a KV cache.
   TORCH_ARG(int64_t, context_length);
   /// Heads; each sees head_dim = d_out / num_heads features.
   TORCH_ARG(int64_t, num_heads);
@@ -41,6 +41,12 @@ struct MultiHeadAttentionOptions {
   TORCH_ARG(std::optional<double>, scale) = std::nullopt;
   /// Which implementation computes attention. Default: Backend::Auto.
   TORCH_ARG(Backend, backend) = Backend::Auto;
+  /// true (default): the notebooks' registered buffer `mask` = triu(ones(C, C), 1),
+  /// C = context_length, in the state dict as in Python. false: no buffer (module
+  /// memory does not grow with context_length); the causal mask comes from token
+  /// positions, with the same outputs, gradients and cached decoding. A checkpoint
+  /// with a `mask` key loads into it when that key holds the causal mask.
+  TORCH_ARG(bool, mask_buffer) = true;
 };
 
 /// Multi-head causal self-attention (notebook 003's `MultiHeadAttention`): the
@@ -81,7 +87,9 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
 
   /// An empty cache for `batch_size` sequences:
   /// [batch_size, num_heads, context_length, head_dim], of the module's dtype and device.
-  KVCache make_kv_cache(int64_t batch_size) const;
+  /// static_shapes: a cache whose steps have fixed shapes and no host
+  /// synchronisation, for CUDA graphs (see KVCache and DecodeGraph).
+  KVCache make_kv_cache(int64_t batch_size, bool static_shapes = false) const;
 
   /// x_new: [B, T_new, d_in] or [T_new, d_in], the tokens after those in `cache`.
   /// Returns their outputs, [B, T_new, d_out] or [T_new, d_out]: the same rows a
@@ -96,6 +104,7 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   torch::nn::Linear W_value{nullptr};
   torch::nn::Linear out_proj{nullptr};
   torch::nn::Dropout dropout{nullptr};
+  /// The `mask` buffer; undefined with mask_buffer(false).
   at::Tensor mask;
 
  protected:

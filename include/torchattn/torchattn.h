@@ -10,6 +10,7 @@
 
 #include <torchattn/backend.h>
 #include <torchattn/causal_attention.h>
+#include <torchattn/decode_graph.h>
 #include <torchattn/functional.h>
 #include <torchattn/interop.h>
 #include <torchattn/kv_cache.h>

@@ -1,5 +1,9 @@
 #include "attention_block.h"
 
+#include "engine.h"
+
+#include <ATen/TensorOperators.h>
+
 namespace torchattn::detail {
 
 at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, KVCache* cache,
@@ -20,14 +24,22 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
     values = values.view({B, T, block.num_heads, head_dim}).transpose(1, 2);
   }
 
-  int64_t past = 0;
+  MaskSpec spec;
+  spec.causal = block.causal;
+  spec.buffer = block.mask.defined() ? &block.mask : nullptr;
   if (cache != nullptr) {
-    past = cache->append(keys, values);
-    keys = cache->keys();
-    values = cache->values();
+    spec.past = cache->append(keys, values);
+    if (cache->static_shapes()) {
+      spec.positions = cache->position() - T;  // where the new tokens went
+      keys = cache->key_storage();
+      values = cache->value_storage();
+    } else {
+      keys = cache->keys();
+      values = cache->values();
+    }
   }
 
-  at::Tensor context = functional::attention(queries, keys, values, block.mask, past, config, key_padding_mask);
+  at::Tensor context = attend(queries, keys, values, spec, config, key_padding_mask);
 
   if (block.num_heads > 0) {
     // [B, H, T, head_dim] -> [B, T, H, head_dim] -> [B, T, d_out]; no copy when the

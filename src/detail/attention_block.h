@@ -17,13 +17,16 @@ struct AttentionBlock {
   torch::nn::Linear W_value;
   /// 0: keep [B, T, d_out] (single-head modules); > 0: split into [B, H, T, d_out / H].
   int64_t num_heads;
-  /// The module's triu buffer, or undefined for no causal mask.
+  /// Causal masking (CausalAttention, MultiHeadAttention) or none (SelfAttentionV2).
+  bool causal;
+  /// The module's triu buffer, or undefined: then causal masking comes from positions.
   const at::Tensor& mask;
 };
 
 // x: [B, T, d_in] -> context before out_proj: [B, T, d_out].
 // With a cache, the new keys and values are appended first and the queries attend
-// over every cached position.
+// over every cached position (a static-shape cache: over its whole storage, with
+// positions on the device).
 // key_padding_mask: [B, T] or undefined (see functional::attention).
 at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, KVCache* cache,
                                    const functional::AttentionConfig& config, const at::Tensor& key_padding_mask = {});

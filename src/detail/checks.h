@@ -31,6 +31,26 @@ inline void check_broadcasts(const char* fn, const char* arg, const at::Tensor& 
   TORCH_CHECK(ok, fn, ": expected ", arg, " broadcastable to ", target.sizes(), ", got ", mask.sizes());
 }
 
+// q: [..., Tq, d], k: [..., Tk, d], v: [..., Tk, dv] (v optional).
+inline void check_qkv(const char* fn, const at::Tensor& q, const at::Tensor& k, const at::Tensor* v) {
+  check_floating(fn, "q", q);
+  check_floating(fn, "k", k);
+  TORCH_CHECK(q.dim() >= 2, fn, ": expected q with at least 2 dimensions [..., Tq, d], got ", q.sizes());
+  TORCH_CHECK(k.dim() >= 2, fn, ": expected k with at least 2 dimensions [..., Tk, d], got ", k.sizes());
+  TORCH_CHECK(q.size(-1) == k.size(-1), fn, ": expected q and k with the same feature size d, got q ",
+              q.sizes(), " and k ", k.sizes());
+  TORCH_CHECK(q.scalar_type() == k.scalar_type(), fn, ": expected q and k of one dtype, got q ",
+              q.scalar_type(), " and k ", k.scalar_type());
+  if (v != nullptr) {
+    check_floating(fn, "v", *v);
+    TORCH_CHECK(v->dim() >= 2 && v->size(-2) == k.size(-2), fn,
+                ": expected v with as many tokens as k (dimension -2), got k ", k.sizes(), " and v ",
+                v->sizes());
+    TORCH_CHECK(v->scalar_type() == q.scalar_type(), fn, ": expected v of q's dtype ", q.scalar_type(),
+                ", got ", v->scalar_type());
+  }
+}
+
 inline void check_positive(const char* module, const char* arg, int64_t value) {
   TORCH_CHECK(value > 0, module, ": expected ", arg, " > 0, got ", value);
 }

@@ -1,5 +1,7 @@
 #include "strict_load.h"
 
+#include "causal_buffer.h"
+
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -18,8 +20,11 @@ struct Staged {
 };
 
 void stage(torch::nn::Module& module, torch::serialize::InputArchive& archive, const std::string& prefix,
-           const char* module_name, std::vector<Staged>& staged) {
+           const char* module_name, std::vector<Staged>& staged, bool implied_mask = false) {
   std::vector<std::string> expected;
+  if (implied_mask) {
+    expected.push_back("mask");  // checked by strict_load
+  }
   auto take = [&](const std::string& key, const at::Tensor& target, bool is_buffer) {
     expected.push_back(key);
     at::Tensor value;
@@ -51,9 +56,16 @@ void stage(torch::nn::Module& module, torch::serialize::InputArchive& archive, c
 
 } // namespace
 
-void strict_load(torch::nn::Module& module, torch::serialize::InputArchive& archive, const char* module_name) {
+void strict_load(torch::nn::Module& module, torch::serialize::InputArchive& archive, const char* module_name,
+                 int64_t implied_causal_mask) {
+  if (implied_causal_mask > 0) {
+    at::Tensor mask;
+    if (archive.try_read("mask", mask, /*is_buffer=*/true)) {
+      check_causal_mask(module_name, "mask", mask, implied_causal_mask);
+    }
+  }
   std::vector<Staged> staged;
-  stage(module, archive, "", module_name, staged);
+  stage(module, archive, "", module_name, staged, implied_causal_mask > 0);
   torch::NoGradGuard no_grad;
   for (auto& s : staged) {
     s.target.copy_(s.value);

@@ -1,0 +1,19 @@
+#pragma once
+
+// The attention engine behind functional::attention and the modules: one entry
+// that takes a MaskSpec, so that a causal buffer, causal-from-positions and
+// static-shape caches all go through the same backends.
+
+#include "mask_spec.h"
+
+#include <torchattn/functional.h>
+
+namespace torchattn::detail {
+
+/// q: [B, ..., Tq, d], k: [B, ..., Tk, d], v: [B, ..., Tk, dv]; which keys each
+/// query sees: `mask` (see MaskSpec) and the optional key_padding_mask [B, Tk]
+/// (see functional::attention). Returns [B, ..., Tq, dv].
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MaskSpec& mask,
+                  const functional::AttentionConfig& config, const at::Tensor& key_padding_mask = {});
+
+} // namespace torchattn::detail

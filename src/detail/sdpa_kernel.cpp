@@ -1,0 +1,96 @@
+#include "sdpa_kernel.h"
+
+#include <ATen/Context.h>
+#include <ATen/SDPBackend.h>
+#include <ATen/ops/_fused_sdp_choice.h>
+#include <ATen/ops/_scaled_dot_product_efficient_attention.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
+
+#include <cmath>
+#include <limits>
+
+namespace torchattn::detail {
+
+namespace {
+
+bool is_half(c10::ScalarType t) {
+  return t == c10::ScalarType::Half || t == c10::ScalarType::BFloat16;
+}
+
+bool aligned_head(int64_t d) {
+  return d > 0 && d % 8 == 0;
+}
+
+} // namespace
+
+at::Tensor efficient_bias(const at::Tensor& attn_mask, const at::Tensor& q, int64_t Tk) {
+  at::Tensor m = attn_mask;
+  while (m.dim() < 4) {
+    m = m.unsqueeze(0);
+  }
+  const int64_t Tq = q.size(-2), padded = (Tk + 15) / 16 * 16;
+  // Batch and head dimensions stay broadcast where the mask's are.
+  at::Tensor b = at::zeros({m.size(0), m.size(1), Tq, padded}, q.options()).narrow(-1, 0, Tk);
+  b.masked_fill_(m.logical_not().expand({m.size(0), m.size(1), Tq, Tk}), -std::numeric_limits<double>::infinity());
+  return b.expand({q.size(0), q.size(1), Tq, Tk});
+}
+
+FusedKernel choose_fused_kernel(const KernelQuery& q) {
+  if (!q.cuda || q.allow_cudnn || q.aten_choice != static_cast<int64_t>(at::SDPBackend::cudnn_attention)) {
+    return FusedKernel::ATen;
+  }
+  const bool same_dims = q.head_dim == q.v_head_dim && aligned_head(q.head_dim);
+  // ATen's is_causal is aligned top-left; callers only set it for Tq == Tk.
+  const bool causal_ok = !q.is_causal || q.Tq == q.Tk;
+  if (q.flash_enabled && is_half(q.dtype) && !q.has_mask && same_dims && q.head_dim <= 256 && causal_ok) {
+    return FusedKernel::Flash;
+  }
+  if (q.efficient_enabled && (is_half(q.dtype) || q.dtype == c10::ScalarType::Float) && same_dims && causal_ok) {
+    return FusedKernel::Efficient;
+  }
+  return FusedKernel::ATen;
+}
+
+at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                           std::optional<double> scale, bool allow_cudnn) {
+  FusedKernel kernel = FusedKernel::ATen;
+  if (q.is_cuda() && q.dim() == 4 && !allow_cudnn) {
+    const auto& ctx = at::globalContext();
+    KernelQuery query;
+    query.cuda = true;
+    query.aten_choice = at::_fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, scale);
+    query.dtype = q.scalar_type();
+    query.has_mask = attn_mask.has_value();
+    query.is_causal = is_causal;
+    query.Tq = q.size(-2);
+    query.Tk = k.size(-2);
+    query.head_dim = q.size(-1);
+    query.v_head_dim = v.size(-1);
+    query.flash_enabled = ctx.userEnabledFlashSDP();
+    query.efficient_enabled = ctx.userEnabledMemEfficientSDP();
+    kernel = choose_fused_kernel(query);
+  }
+  switch (kernel) {
+    case FusedKernel::Flash:
+      return std::get<0>(at::_scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal,
+                                                                  /*return_debug_mask=*/false, scale));
+    case FusedKernel::Efficient: {
+      std::optional<at::Tensor> bias;
+      if (attn_mask) {
+        bias = efficient_bias(*attn_mask, q, k.size(-2));
+      }
+      const bool needs_lse = c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+      return std::get<0>(
+          at::_scaled_dot_product_efficient_attention(q, k, v, bias, needs_lse, dropout_p, is_causal, scale));
+    }
+    case FusedKernel::ATen:
+      break;
+  }
+  return at::scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale);
+}
+
+} // namespace torchattn::detail

@@ -1,0 +1,60 @@
+#pragma once
+
+// Which fused kernel computes the SDPA backend, and the call into it.
+//
+// On CUDA, ATen's at::scaled_dot_product_attention prefers cuDNN where it can
+// (Hopper, fp16/bf16). cuDNN builds an execution plan for every new shape: tens of
+// milliseconds at every new sequence length. Unless the shapes are known to be
+// fixed, or the user asked for Backend::SDPA (ATen's own choice), torchattn calls
+// ATen's flash or memory-efficient kernel instead, which have no per-shape set-up.
+// Nothing process-wide is changed: the choice is made per call, and kernels the
+// user switched off (at::globalContext().setSDPUseFlash(false), ...) are respected.
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <optional>
+
+namespace torchattn::detail {
+
+enum class FusedKernel {
+  ATen,       // at::scaled_dot_product_attention decides
+  Flash,      // at::_scaled_dot_product_flash_attention
+  Efficient,  // at::_scaled_dot_product_efficient_attention
+};
+
+/// What the choice depends on; everything is known on the host.
+struct KernelQuery {
+  bool cuda = false;
+  /// at::_fused_sdp_choice for the call (an at::SDPBackend value; 3 = cuDNN).
+  int64_t aten_choice = 0;
+  /// The call may use cuDNN: Backend::SDPA, or shapes that never change.
+  bool allow_cudnn = false;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  bool has_mask = false;
+  bool is_causal = false;
+  int64_t Tq = 0, Tk = 0, head_dim = 0, v_head_dim = 0;
+  /// The user's global switches, read, never written.
+  bool flash_enabled = true;
+  bool efficient_enabled = true;
+};
+
+/// ATen's choice unless it is cuDNN and cuDNN is not allowed; then flash where it
+/// applies (fp16/bf16, no mask, head_dim a multiple of 8 up to 256), else the
+/// memory-efficient kernel (fp32/fp16/bf16, head_dim a multiple of 8), else ATen.
+FusedKernel choose_fused_kernel(const KernelQuery& query);
+
+/// The memory-efficient kernel's form of a bool mask (true = attend) broadcastable
+/// to [B, H, Tq, Tk]: an additive bias of q's dtype (0 or -inf) expanded to
+/// [B, H, Tq, Tk], its rows padded in memory to a multiple of 16 elements.
+at::Tensor efficient_bias(const at::Tensor& attn_mask, const at::Tensor& q, int64_t Tk);
+
+/// softmax(q k^T * scale + mask) v by the kernel choose_fused_kernel picks.
+/// q: [B, H, Tq, d], k: [B, H, Tk, d], v: [B, H, Tk, dv] (3-D inputs go to ATen).
+/// attn_mask: bool (true = attend) broadcastable to [B, H, Tq, Tk], or none.
+at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                           std::optional<double> scale, bool allow_cudnn);
+
+} // namespace torchattn::detail
