@@ -6,7 +6,7 @@ JOBS    ?= 2
 PY      := .venv/bin/python
 CMAKE_PREFIX = $(shell $(PY) -c 'import torch; print(torch.utils.cmake_prefix_path)')
 
-.PHONY: train all setup configure build demo test bench golden install clean sanitize fuzz check
+.PHONY: train all setup configure build demo test test-gpu bench golden install clean sanitize fuzz check
 
 all: build
 
@@ -29,8 +29,16 @@ demo: configure
 test: build
 	cd $(BUILD) && OMP_NUM_THREADS=2 ctest --output-on-failure --timeout 1200
 
-bench: build
-	bash apps/bench/run.sh
+# `make bench` measures the CPU (docs/benchmarks.md); `make bench DEVICE=cuda` the GPU
+# (docs/benchmarks-cuda.md), from a CUDA build (make test-gpu builds one).
+DEVICE ?= cpu
+bench: $(if $(filter cuda,$(DEVICE)),,build)
+	bash apps/bench/run.sh --device $(DEVICE)
+
+# The GPU suite, benchmark and memcheck against a CUDA LibTorch already installed
+# (scripts/test_gpu.sh says how to point it at one and at GoogleTest, CLI11, Gloo).
+test-gpu:
+	bash scripts/test_gpu.sh
 
 # The unit tests built with AddressSanitizer and UndefinedBehaviorSanitizer.
 # Leaks are checked; tests/lsan.supp lists the ones inside LibTorch.

@@ -1,5 +1,7 @@
 #include "gpt.h"
 
+#include <memory>
+
 namespace train_gpt {
 
 BlockImpl::BlockImpl(const GPTConfig& c) {
@@ -54,15 +56,17 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
   return torch::linear(ln_f(x), tok_emb->weight);  // head tied to the embedding
 }
 
-std::vector<torchattn::KVCache> GPTImpl::make_kv_caches(int64_t batch_size) const {
+std::vector<torchattn::KVCache> GPTImpl::make_kv_caches(int64_t batch_size, bool static_shapes) const {
   std::vector<torchattn::KVCache> caches;
-  for (const auto& b : *blocks) caches.push_back(b->as<BlockImpl>()->attn->make_kv_cache(batch_size));
+  for (const auto& b : *blocks) caches.push_back(b->as<BlockImpl>()->attn->make_kv_cache(batch_size, static_shapes));
   return caches;
 }
 
 torch::Tensor GPTImpl::forward_cached(const torch::Tensor& idx, std::vector<torchattn::KVCache>& caches) {
-  const int64_t past = caches.front().length();
-  auto pos = torch::arange(past, past + idx.size(1), idx.options());
+  const int64_t T = idx.size(1);
+  TORCH_CHECK(caches.front().length() + T <= config.context_length, "GPT: the caches hold ",
+              caches.front().length(), " tokens; ", T, " more would pass context_length=", config.context_length);
+  auto pos = caches.front().position() + torch::arange(T, idx.options());
   auto x = tok_emb(idx) + pos_emb(pos);
   for (size_t i = 0; i < blocks->size(); ++i) x = blocks[i]->as<BlockImpl>()->forward_cached(x, caches[i]);
   return torch::linear(ln_f(x), tok_emb->weight);
@@ -73,18 +77,33 @@ std::vector<int64_t> GPTImpl::generate(const std::vector<int64_t>& prompt, int64
   torch::NoGradGuard no_grad;
   const bool was_training = is_training();
   eval();
-  auto caches = make_kv_caches(1);
+  const torch::Device device = tok_emb->weight.device();
+  const bool graphs = device.is_cuda();
+  auto caches = make_kv_caches(1, /*static_shapes=*/graphs);
+  std::vector<torchattn::KVCache*> cache_ptrs;
+  for (auto& c : caches) cache_ptrs.push_back(&c);
+  std::unique_ptr<torchattn::DecodeGraph> step;  // CUDA: the one-token step, captured once
   std::vector<int64_t> out;
-  auto idx = torch::tensor(prompt, torch::kLong).unsqueeze(0);
+  auto idx = torch::tensor(prompt, torch::kLong).unsqueeze(0).to(device);
   for (int64_t i = 0; i < n && caches.front().length() + idx.size(1) <= config.context_length; ++i) {
-    auto logits = forward_cached(idx, caches).select(1, -1).squeeze(0) / temperature;  // [vocab]
+    torch::Tensor logits;
+    if (graphs && i > 0) {
+      if (!step) {
+        step = std::make_unique<torchattn::DecodeGraph>(
+            [this, &caches](const torch::Tensor& t) { return forward_cached(t, caches); }, cache_ptrs);
+      }
+      logits = (*step)(idx);
+    } else {
+      logits = forward_cached(idx, caches);  // the prompt, and every step on the CPU
+    }
+    logits = logits.select(1, -1).squeeze(0).to(torch::kCPU, torch::kFloat) / temperature;  // [vocab]
     if (top_k > 0 && top_k < logits.size(0)) {
       auto kth = std::get<0>(logits.topk(top_k)).select(0, -1);
       logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
     }
     const int64_t next = torch::multinomial(torch::softmax(logits, -1), 1, false, gen).item<int64_t>();
     out.push_back(next);
-    idx = torch::tensor({next}, torch::kLong).unsqueeze(0);
+    idx = torch::tensor({next}, torch::kLong).unsqueeze(0).to(device);
   }
   train(was_training);
   return out;

@@ -43,14 +43,19 @@ class GPTImpl : public torch::nn::Module {
   /// idx: [B, T] int64 token ids, T <= context_length -> logits [B, T, vocab_size]
   torch::Tensor forward(const torch::Tensor& idx);
 
-  /// One KV cache per block, for `batch_size` sequences.
-  std::vector<torchattn::KVCache> make_kv_caches(int64_t batch_size) const;
+  /// One KV cache per block, for `batch_size` sequences (static_shapes: for DecodeGraph).
+  std::vector<torchattn::KVCache> make_kv_caches(int64_t batch_size, bool static_shapes = false) const;
 
-  /// idx: [B, T_new] after the tokens in `caches` -> logits [B, T_new, vocab_size]
+  /// idx: [B, T_new] after the tokens in `caches` -> logits [B, T_new, vocab_size].
+  /// Positions come from the caches' device-side position(): no host synchronisation,
+  /// so a step can be captured in a CUDA graph.
   torch::Tensor forward_cached(const torch::Tensor& idx, std::vector<torchattn::KVCache>& caches);
 
   /// Samples `n` tokens after `prompt` ([T0] int64) with the KV caches: temperature,
-  /// then the top-k logits. Stops at context_length. Returns the new tokens.
+  /// then the top-k logits. Stops at context_length. Returns the new tokens. On CUDA,
+  /// every step after the prompt is replayed from a CUDA graph (torchattn::DecodeGraph).
+  /// Sampling runs on the CPU with `gen`, so a seed gives the same draws on any device
+  /// for the same logits.
   std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t n, double temperature, int64_t top_k,
                                 torch::Generator& gen);
 

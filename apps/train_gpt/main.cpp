@@ -12,11 +12,19 @@
 // batch_size * world_size sequences (from the seed and the step alone); rank r takes
 // its own slice of it, so N ranks compute what one process computes on the union
 // (exactly so without dropout: each rank draws its own dropout masks).
+//
+// GPU: --device cuda trains on one GPU with bf16 autocast (--precision bf16, the
+// default there): weights, gradients and AdamW state stay float32 (master weights),
+// matrix products and attention run in bf16. --precision fp32 turns autocast off.
+// Sampling then replays each decoding step from a CUDA graph (torchattn::DecodeGraph).
+// Data-parallel runs (--nproc, --world-size) stay on the CPU over Gloo.
 
 #include "distributed.h"
 #include "gpt.h"
 
 #include <torchattn/interop.h>
+
+#include <ATen/autocast_mode.h>
 
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
@@ -27,6 +35,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -47,7 +56,9 @@ struct Text {
 
 std::vector<std::string> default_data() {
   std::vector<std::string> files;
-  const fs::path dir = "/usr/share/games/fortunes";
+  // TORCHATTN_FORTUNES: a copy of the fortunes on a machine without the package.
+  const char* env = std::getenv("TORCHATTN_FORTUNES");
+  const fs::path dir = env != nullptr ? env : "/usr/share/games/fortunes";
   if (fs::is_directory(dir)) {
     for (const auto& e : fs::directory_iterator(dir)) {
       const auto ext = e.path().extension();
@@ -122,6 +133,31 @@ struct Progress {
   }
 };
 
+// bf16 autocast on CUDA for the scope of one forward (and loss), as torch.autocast
+// in Python: thread-local, restored on exit, its cast cache cleared.
+class AutocastScope {
+ public:
+  explicit AutocastScope(bool on) : on_(on) {
+    if (on_) {
+      was_ = at::autocast::is_autocast_enabled(at::kCUDA);
+      at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+      at::autocast::set_autocast_enabled(at::kCUDA, true);
+    }
+  }
+  ~AutocastScope() {
+    if (on_) {
+      at::autocast::set_autocast_enabled(at::kCUDA, was_);
+      at::autocast::clear_cache();
+    }
+  }
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  bool on_;
+  bool was_ = false;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -132,7 +168,7 @@ int main(int argc, char** argv) {
   double lr = 3e-3, weight_decay = 0.1, clip = 1.0, temperature = 0.8;
   uint64_t seed = 1337;
   int threads = 0, nproc = 1;
-  std::string out_dir = "runs/gpt", resume, prompt = "Q: What";
+  std::string out_dir = "runs/gpt", resume, prompt = "Q: What", device_name = "cpu", precision = "auto";
   std::vector<std::string> data;
   train_gpt::DistOptions dist;
   app.add_option("--data", data, "UTF-8 text file(s) (default: the fortunes of Debian's fortunes package)");
@@ -158,6 +194,9 @@ int main(int argc, char** argv) {
   app.add_option("--prompt", prompt, "the sample's prompt");
   app.add_option("--temperature", temperature, "sampling temperature");
   app.add_option("--top-k", top_k, "sample among the k likeliest bytes (0: all)");
+  app.add_option("--device", device_name, "cpu, or cuda (one GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--precision", precision, "auto (bf16 on cuda, fp32 on cpu), fp32, or bf16 (CUDA autocast)")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
   app.add_option("--nproc", nproc, "local ranks to start (data-parallel over c10d/Gloo)")->check(CLI::PositiveNumber);
   app.add_option("--rank", dist.rank, "this process's rank (multi-machine)");
   app.add_option("--world-size", dist.world_size, "ranks in all (multi-machine)");
@@ -170,6 +209,21 @@ int main(int argc, char** argv) {
   app.add_option("--die-rank", die_rank, "(testing) the rank that --die-at-step stops")->group("");
   CLI11_PARSE(app, argc, argv);
 
+  const torch::Device device(device_name == "cuda" ? torch::kCUDA : torch::kCPU);
+  if (device.is_cuda() && (nproc > 1 || dist.world_size > 1)) {
+    std::fprintf(stderr, "train_gpt: --nproc and --world-size run data-parallel over Gloo on the CPU; "
+                         "--device cuda trains on one GPU\n");
+    return 1;
+  }
+  if (device.is_cuda() && !torch::cuda::is_available()) {
+    std::fprintf(stderr, "train_gpt: --device cuda, but this LibTorch sees no CUDA device\n");
+    return 1;
+  }
+  if (precision == "bf16" && !device.is_cuda()) {
+    std::fprintf(stderr, "train_gpt: --precision bf16 is CUDA autocast; use it with --device cuda\n");
+    return 1;
+  }
+  const bool amp = device.is_cuda() && precision != "fp32";
   if (nproc > 1 && dist.world_size == 1) {
     std::vector<std::string> args(argv, argv + argc);
     for (size_t i = 0; i < args.size(); ++i) {  // drop --nproc N
@@ -196,6 +250,7 @@ int main(int argc, char** argv) {
 
     torch::manual_seed(seed);
     GPT model(cfg);
+    model->to(device);
     ddp.broadcast_parameters(*model);
     // Each rank draws its own dropout masks; batches come from (seed, step) alone.
     torch::manual_seed(seed + static_cast<uint64_t>(ddp.rank()));
@@ -213,8 +268,8 @@ int main(int argc, char** argv) {
       const fs::path from = fs::path(resume) / "checkpoint";
       std::ifstream meta(from / "step.txt");
       TORCH_CHECK(meta >> start, "train_gpt: --resume ", resume, ": no checkpoint there (", (from / "step.txt").string(), ")");
-      torch::load(model, (from / "model.pt").string());
-      torch::load(opt, (from / "optimizer.pt").string());
+      torch::load(model, (from / "model.pt").string(), device);
+      torch::load(opt, (from / "optimizer.pt").string(), device);
       torch::Tensor rng;
       const fs::path rng_file = from / ("rng_rank" + std::to_string(ddp.rank()) + ".pt");
       TORCH_CHECK(fs::exists(rng_file), "train_gpt: --resume ", resume, ": the checkpoint has no random state for rank ",
@@ -252,7 +307,9 @@ int main(int argc, char** argv) {
       double sum = 0;
       for (int64_t i = 0; i < eval_batches; ++i) {
         auto [x, y] = batch(text.eval, T, global, 0, global, seed + 1, i);
-        sum += torch::cross_entropy_loss(model(x).view({-1, cfg.vocab_size}), y.view(-1)).item<double>();
+        AutocastScope autocast(amp);
+        sum += torch::cross_entropy_loss(model(x.to(device)).view({-1, cfg.vocab_size}), y.to(device).view(-1))
+                   .item<double>();
       }
       model->train();
       return sum / eval_batches;
@@ -263,6 +320,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "train_gpt: %s; %ld parameters; %d rank(s) x %ld sequences of %ld bytes; %d thread(s) each\n",
                    text.source.c_str(), n_params, ddp.world_size(), batch_size, T, at::get_num_threads());
       std::fprintf(stderr, "train_gpt: uniform-guess loss ln(256) = %.3f\n", std::log(256.0));
+      std::fprintf(stderr, "train_gpt: device %s, %s\n", device.str().c_str(),
+                   amp ? "bf16 autocast, float32 master weights" : "float32");
     }
     const fs::path csv_path = fs::path(out_dir) / "loss.csv";
     std::vector<std::string> kept;  // on resume, the rows up to the checkpoint's step
@@ -290,7 +349,11 @@ int main(int argc, char** argv) {
         std::_Exit(3);
       }
       auto [x, y] = batch(text.train, T, global, ddp.rank() * batch_size, batch_size, seed, step);
-      auto loss = torch::cross_entropy_loss(model(x).view({-1, cfg.vocab_size}), y.view(-1));
+      torch::Tensor loss;
+      {
+        AutocastScope autocast(amp);
+        loss = torch::cross_entropy_loss(model(x.to(device)).view({-1, cfg.vocab_size}), y.to(device).view(-1));
+      }
       opt.zero_grad();
       loss.backward();
       ddp.average_gradients(*model);
