@@ -11,13 +11,17 @@ namespace torchattn {
 /// - `Reference`: the notebooks' math step by step: scores, `masked_fill_(-inf)`,
 ///   division by sqrt(d_k), softmax, `nn::Dropout`, weights @ v. Same seed, same
 ///   numbers and the same dropout masks as the Python code.
-/// - `SDPA`: `at::scaled_dot_product_attention`, ATen's fused kernel (the flash
-///   kernel on CPU and CUDA, single-head inputs get a head dimension for it). Without
-///   dropout and masks other than the causal one, it never materialises the T x T
-///   weights; with dropout in training, or a key padding mask, ATen may pick its math
-///   kernel. Its dropout draws a different random stream from the Reference.
-/// - `Auto` (default): SDPA, except in training mode with dropout > 0, where it
-///   takes the Reference so that dropout masks match the Python code exactly.
+/// - `SDPA`: `at::scaled_dot_product_attention` with ATen's own choice of fused
+///   kernel (flash on the CPU; on CUDA cuDNN where it applies, which builds a plan
+///   for every new shape, else flash or memory-efficient; single-head inputs get a
+///   head dimension for it). Without dropout and masks other than the causal one, it
+///   never materialises the T x T weights; with dropout in training, or a key padding
+///   mask, ATen may pick its math kernel. Its dropout draws a different random
+///   stream from the Reference.
+/// - `Auto` (default): the fused kernels as SDPA, except that on CUDA it calls flash
+///   or memory-efficient where ATen would pick cuDNN (no per-length plan; a
+///   static-shape cache's one-token steps excepted), and in training mode with
+///   dropout > 0 it takes the Reference so that dropout masks match Python exactly.
 ///
 /// Example: `CausalAttentionOptions(768, 768, 1024).backend(Backend::SDPA)`.
 enum class Backend { Auto, Reference, SDPA };
