@@ -48,6 +48,7 @@ void run(FuzzedDataProvider& in) {
   const auto scale = pick_scale(in);
   const auto backend = static_cast<torchattn::Backend>(in.ConsumeIntegralInRange<int>(0, 2));
   const auto module_dtype = in.ConsumeBool() ? torch::kFloat32 : pick_dtype(in);
+  const bool mask_buffer = in.ConsumeBool(), static_shapes = in.ConsumeBool();
 
   if (kind == 3) {  // the functional layer
     namespace F = torchattn::functional;
@@ -75,15 +76,17 @@ void run(FuzzedDataProvider& in) {
     torchattn::SelfAttentionV2 m(torchattn::SelfAttentionV2Options(d_in, d_out).qkv_bias(bias).scale(scale).backend(backend));
     any = torch::nn::AnyModule(m);
   } else if (kind == 1) {
-    torchattn::CausalAttention m(torchattn::CausalAttentionOptions(d_in, d_out, C).dropout(dropout).qkv_bias(bias).scale(scale).backend(backend));
+    torchattn::CausalAttention m(torchattn::CausalAttentionOptions(d_in, d_out, C).dropout(dropout).qkv_bias(bias).scale(scale).backend(backend).mask_buffer(mask_buffer));
     any = torch::nn::AnyModule(m);
-    auto cache = std::make_shared<torchattn::KVCache>(m->make_kv_cache(in.ConsumeIntegralInRange<int64_t>(-1, 3)));
+    auto cache = std::make_shared<torchattn::KVCache>(
+        m->make_kv_cache(in.ConsumeIntegralInRange<int64_t>(-1, 3), static_shapes));
     cached = [m, cache](const torch::Tensor& x) mutable { return m->forward_cached(x, *cache); };
   } else {
     torchattn::MultiHeadAttention m(
-        torchattn::MultiHeadAttentionOptions(d_in, d_out, C, H).dropout(dropout).qkv_bias(bias).scale(scale).backend(backend));
+        torchattn::MultiHeadAttentionOptions(d_in, d_out, C, H).dropout(dropout).qkv_bias(bias).scale(scale).backend(backend).mask_buffer(mask_buffer));
     any = torch::nn::AnyModule(m);
-    auto cache = std::make_shared<torchattn::KVCache>(m->make_kv_cache(in.ConsumeIntegralInRange<int64_t>(-1, 3)));
+    auto cache = std::make_shared<torchattn::KVCache>(
+        m->make_kv_cache(in.ConsumeIntegralInRange<int64_t>(-1, 3), static_shapes));
     cached = [m, cache](const torch::Tensor& x) mutable { return m->forward_cached(x, *cache); };
   }
   any.ptr()->to(module_dtype);
