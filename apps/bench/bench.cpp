@@ -3,11 +3,15 @@
 // medians, useful GFLOP/s and ratios against the Reference of the same run.
 //
 //   torchattn_bench [--threads 2] [--json out.json] [--quick]
+//   torchattn_bench --device cuda [--json out.json] [--quick]    (the GPU: bench_cuda.cpp)
 //
 // Sections:
 //   main     B=4, T=1024, d=768, 12 heads: forward and forward+backward
 //   sweep    B=1, T = 128 .. 16384: forward time and peak RSS growth
 //   decode   B=1, a 1024-token prompt then 256 tokens, with and without the KV cache
+
+#include "bench_cuda.h"
+#include "bench_json.h"
 
 #include <torchattn/torchattn.h>
 
@@ -28,6 +32,7 @@
 #include <string>
 #include <vector>
 
+using bench::Row;
 using torchattn::Backend;
 using Clock = std::chrono::steady_clock;
 
@@ -134,36 +139,6 @@ std::vector<Variant> variants(Models& m, int64_t T, bool with_reference, bool wi
   return v;
 }
 
-// ---- JSON, written by hand: flat rows of strings and numbers ----
-struct Row {
-  std::vector<std::pair<std::string, std::string>> fields;
-  Row& s(const std::string& k, const std::string& v) {
-    fields.emplace_back(k, "\"" + v + "\"");
-    return *this;
-  }
-  Row& n(const std::string& k, double v) {
-    std::ostringstream o;
-    o.precision(6);
-    o << v;
-    fields.emplace_back(k, o.str());
-    return *this;
-  }
-};
-
-std::string to_json(const std::vector<Row>& rows, const std::string& meta) {
-  std::ostringstream o;
-  o << "{" << meta << ",\n \"rows\": [\n";
-  for (size_t i = 0; i < rows.size(); ++i) {
-    o << "  {";
-    for (size_t j = 0; j < rows[i].fields.size(); ++j) {
-      o << (j ? ", " : "") << "\"" << rows[i].fields[j].first << "\": " << rows[i].fields[j].second;
-    }
-    o << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
-  }
-  o << " ]}\n";
-  return o.str();
-}
-
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
   return (a - b).abs().max().item<double>();
 }
@@ -176,11 +151,21 @@ int main(int argc, char** argv) {
   std::string json_path;
   bool quick = false;
   int64_t max_T = 16384;
-  app.add_option("--threads", threads, "intra-op threads");
+  std::string device = "cpu";
+  app.add_option("--device", device, "cpu (default), or cuda: the GPU benchmark (docs/benchmarks-cuda.md)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--threads", threads, "intra-op threads (cpu)");
   app.add_option("--json", json_path, "write the results here as JSON");
-  app.add_option("--max-T", max_T, "largest T of the sweep");
+  auto* max_T_option = app.add_option("--max-T", max_T, "largest T of the sweep (default: cpu 16384, cuda 32768)");
   app.add_flag("--quick", quick, "fewer repetitions and a shorter sweep (a smoke run)");
   CLI11_PARSE(app, argc, argv);
+  if (device == "cuda") {
+    bench::CudaBenchOptions options;
+    options.json_path = json_path;
+    options.quick = quick;
+    if (max_T_option->count() > 0) options.max_T = max_T;
+    return bench::run_cuda_bench(options);
+  }
   at::set_num_threads(threads);
   const int reps = quick ? 2 : 5;
   std::vector<Row> rows;
@@ -316,7 +301,7 @@ int main(int argc, char** argv) {
     std::ostringstream meta;
     meta << "\"tool\": \"torchattn_bench\", \"torchattn\": \"" << TORCHATTN_VERSION << "\", \"threads\": " << threads
          << ", \"quick\": " << (quick ? "true" : "false");
-    std::ofstream(json_path) << to_json(rows, meta.str());
+    std::ofstream(json_path) << bench::to_json(rows, meta.str());
     std::printf("\nwrote %s\n", json_path.c_str());
   }
   return 0;

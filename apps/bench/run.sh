@@ -1,14 +1,80 @@
 #!/usr/bin/env bash
 # `make bench`: the C++ and Python benchmarks, one after the other on the same
 # machine, then docs/benchmarks.md and docs/benchmarks.png. Pass --quick for a smoke run.
+#
+#   bash apps/bench/run.sh [--device cpu|cuda] [--quick]
+#
+# --device cuda (`make bench DEVICE=cuda`): the GPU benchmark from a CUDA build,
+# $BUILD (default build-gpu, see `make test-gpu`), and the Python of $PYTHON (default
+# python3, whose torch must have CUDA): torchattn_bench --device cuda,
+# bench_python_cuda.py and profile_cuda.py, then docs/benchmarks-cuda.md and .png.
+# The report draws its PNG with matplotlib: $PYTHON's, else .venv's (or REPORT_PYTHON);
+# without it the markdown is written alone.
+# With --quick, both flows write into bench-out/ instead of docs/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+
+device=cpu
+quick=0
+args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --device) device="${2:?--device needs cpu or cuda}"; shift 2 ;;
+    --device=*) device="${1#--device=}"; shift ;;
+    --quick) quick=1; args+=("$1"); shift ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+
 out=bench-out
 mkdir -p "$out"
-export OMP_NUM_THREADS=2
-./build/apps/bench/torchattn_bench --threads 2 --json "$out/cpp.json" "$@"
-.venv/bin/python apps/bench/bench_python.py --threads 2 --json "$out/py.json" "$@"
 docs=docs
-[ "${1:-}" = "--quick" ] && docs="$out"
-.venv/bin/python apps/bench/report.py --cpp "$out/cpp.json" --py "$out/py.json" --out "$docs" >/dev/null
-echo "bench: wrote $docs/benchmarks.md and $docs/benchmarks.png"
+[ "$quick" = 1 ] && docs="$out"
+
+case "$device" in
+  cpu)
+    export OMP_NUM_THREADS=2
+    ./build/apps/bench/torchattn_bench --threads 2 --json "$out/cpp.json" ${args[@]+"${args[@]}"}
+    .venv/bin/python apps/bench/bench_python.py --threads 2 --json "$out/py.json" ${args[@]+"${args[@]}"}
+    .venv/bin/python apps/bench/report.py --cpp "$out/cpp.json" --py "$out/py.json" --out "$docs" >/dev/null
+    echo "bench: wrote $docs/benchmarks.md and $docs/benchmarks.png"
+    ;;
+  cuda)
+    BUILD=${BUILD:-build-gpu}
+    PYTHON=${PYTHON:-python3}
+    bin="$BUILD/apps/bench/torchattn_bench"
+    if [ ! -x "$bin" ]; then
+      echo "bench: $bin not found; build a CUDA build first (make test-gpu builds build-gpu/), or set BUILD" >&2
+      exit 1
+    fi
+    # The report needs no torch: any Python with matplotlib draws the PNG. A GPU
+    # machine's python3 may have torch only; then .venv's, else the markdown alone.
+    report_py=${REPORT_PYTHON:-}
+    if [ -z "$report_py" ]; then
+      report_py="$PYTHON"
+      for py in "$PYTHON" .venv/bin/python; do
+        if command -v "$py" >/dev/null && "$py" -c 'import matplotlib' 2>/dev/null; then report_py="$py"; break; fi
+      done
+    fi
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/nvidia-smi-cuda.txt" \
+      2>/dev/null || echo "nvidia-smi not found" >"$out/nvidia-smi-cuda.txt"
+    echo "bench: $(cat "$out/nvidia-smi-cuda.txt"); $BUILD; $PYTHON"
+    "$bin" --device cuda --json "$out/cpp-cuda.json" ${args[@]+"${args[@]}"}
+    # The Python scripts take --quick only; other options are torchattn_bench's.
+    pyargs=()
+    [ "$quick" = 1 ] && pyargs=(--quick)
+    "$PYTHON" apps/bench/bench_python_cuda.py --device cuda --json "$out/py-cuda.json" ${pyargs[@]+"${pyargs[@]}"}
+    "$PYTHON" apps/bench/profile_cuda.py --json "$out/profile-cuda.json" ${pyargs[@]+"${pyargs[@]}"}
+    "$report_py" apps/bench/report_cuda.py --cpp "$out/cpp-cuda.json" --py "$out/py-cuda.json" \
+      --profile "$out/profile-cuda.json" --smi "$out/nvidia-smi-cuda.txt" --out "$docs" >/dev/null
+    if [ "$docs/benchmarks-cuda.png" -nt "$out/cpp-cuda.json" ]; then
+      echo "bench: wrote $docs/benchmarks-cuda.md and $docs/benchmarks-cuda.png"
+    else
+      echo "bench: wrote $docs/benchmarks-cuda.md (no matplotlib: no PNG; the JSON is in $out/)"
+    fi
+    ;;
+  *)
+    echo "bench: --device must be cpu or cuda, got '$device'" >&2
+    exit 1
+    ;;
+esac
