@@ -4,6 +4,7 @@
 #include "../src/detail/causal_buffer.h"
 
 #include "devices.h"
+#include "expect_error.h"
 #include "tolerances.h"
 
 #include <torchattn/torchattn.h>
@@ -25,14 +26,6 @@ std::string temp_path(const std::string& name) {
       .string();
 }
 
-void expect_error(const std::function<void()>& fn, const std::string& needle) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected a c10::Error containing: " << needle;
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what_without_backtrace()).find(needle), std::string::npos) << e.what_without_backtrace();
-  }
-}
 
 using SameParam = std::tuple<bool /*multi-head*/, Backend, torch::Device>;
 class MaskBufferOff : public ::testing::TestWithParam<SameParam> {};

@@ -3,6 +3,7 @@
 // the device, and misuse is a clear error.
 
 #include "devices.h"
+#include "expect_error.h"
 #include "tolerances.h"
 
 #include <torchattn/torchattn.h>
@@ -112,14 +113,6 @@ INSTANTIATE_TEST_SUITE_P(Devices, DecodeGraphModel, ::testing::ValuesIn(devices:
 
 // ---- misuse ----
 
-void expect_error(const std::function<void()>& fn, const std::string& needle) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected a c10::Error containing: " << needle;
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what_without_backtrace()).find(needle), std::string::npos) << e.what_without_backtrace();
-  }
-}
 
 TEST(DecodeGraphErrors, AreClearAndLeaveTheCachesUsable) {
   torch::manual_seed(43);

@@ -187,23 +187,22 @@ std::vector<Timing> interleaved(DeviceTimer& timer, const std::vector<std::funct
 #ifdef TORCHATTN_BENCH_CUDA
 constexpr size_t kAggregate = static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE);
 #endif
-int64_t allocated_bytes(const c10::Device& device) {
+// peak: the high-water mark since reset_peak; else what is allocated now.
+int64_t allocator_bytes(const c10::Device& device, bool peak) {
   synchronize(device);
 #ifdef TORCHATTN_BENCH_CUDA
   if (device.is_cuda()) {
-    return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[kAggregate].current;
+    const auto& stat = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[kAggregate];
+    return peak ? stat.peak : stat.current;
   }
 #endif
   return 0;
 }
+int64_t allocated_bytes(const c10::Device& device) {
+  return allocator_bytes(device, false);
+}
 int64_t peak_allocated_bytes(const c10::Device& device) {
-  synchronize(device);
-#ifdef TORCHATTN_BENCH_CUDA
-  if (device.is_cuda()) {
-    return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[kAggregate].peak;
-  }
-#endif
-  return 0;
+  return allocator_bytes(device, true);
 }
 void reset_peak(const c10::Device& device) {
   synchronize(device);

@@ -32,9 +32,9 @@ class SDPAAttention(nn.Module):
     def forward(self, x):
         b, t, _ = x.shape
         r = self.ref
-        q, k, v = (m(x).view(b, t, H, D // H).transpose(1, 2) for m in (r.W_query, r.W_key, r.W_value))
+        q, k, v = (m(x).view(b, t, r.num_heads, r.head_dim).transpose(1, 2) for m in (r.W_query, r.W_key, r.W_value))
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return r.out_proj(o.transpose(1, 2).reshape(b, t, D))
+        return r.out_proj(o.transpose(1, 2).reshape(b, t, r.d_out))
 
 
 def models(T):

@@ -24,27 +24,13 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 import notebook_reference as nr  # noqa: E402
+from bench_python import SDPAAttention  # noqa: E402  (this folder)
 
 # (B, T, d, heads): torchattn_bench's main points (sizes_for in bench_cuda.cpp).
 MAIN_POINTS = [(8, 2048, 1024, 16), (4, 4096, 2048, 16)]
 QUICK_POINTS = [(2, 256, 256, 4), (1, 512, 512, 8)]
 # Two computations of the same bf16 result agree within this, relative (as the C++ side).
 TOLERANCE = 2e-2
-
-
-class SDPAAttention(nn.Module):
-    """The notebook module with its attention core replaced by F.scaled_dot_product_attention."""
-
-    def __init__(self, ref):
-        super().__init__()
-        self.ref = ref
-
-    def forward(self, x):
-        b, t, _ = x.shape
-        r = self.ref
-        q, k, v = (m(x).view(b, t, r.num_heads, r.head_dim).transpose(1, 2) for m in (r.W_query, r.W_key, r.W_value))
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return r.out_proj(o.transpose(1, 2).reshape(b, t, r.d_out))
 
 
 def peers(T, d, H, device, dtype):
