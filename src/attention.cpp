@@ -96,8 +96,7 @@ at::Tensor padded_attention(const at::Tensor& q, const at::Tensor& k, const at::
     if (additive.defined()) {
       mask = mask + additive;
     }
-    // A float mask goes to ATen as it is (the fused kernels take bool keep-masks here).
-    out = at::scaled_dot_product_attention(q, k, v, mask, dropout_p(config), /*is_causal=*/false, config.scale);
+    out = sdpa(q, k, v, mask, /*is_causal=*/false, config, /*static_shapes=*/false);
   }
   return out.masked_fill(dead, 0);
 }

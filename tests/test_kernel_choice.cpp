@@ -93,6 +93,14 @@ TEST(EfficientBias, IsTheBoolMaskAsZeroOrMinusInfWithAlignedRows) {
     auto expected = torch::zeros({2, 1, 5, Tk}).masked_fill(keep.logical_not(), -std::numeric_limits<float>::infinity());
     EXPECT_TRUE(torch::equal(bias.to(torch::kFloat32), expected.expand({2, 3, 5, Tk})));
   }
+  // A floating mask is already additive: copied as it is.
+  {
+    auto q = torch::randn({2, 3, 4, 8});
+    auto additive = torch::randn({2, 1, 4, 6});
+    auto bias = torchattn::detail::efficient_bias(additive, q, 6);
+    EXPECT_EQ(bias.stride(-2) % 16, 0);
+    EXPECT_TRUE(torch::equal(bias, additive.expand({2, 3, 4, 6})));
+  }
   // A [Tq, Tk] mask broadcasts over batch and heads.
   auto q = torch::randn({2, 3, 4, 8});
   auto keep = torch::tril(torch::ones({4, 6}, torch::kBool), 2);

@@ -34,7 +34,11 @@ at::Tensor efficient_bias(const at::Tensor& attn_mask, const at::Tensor& q, int6
   const int64_t Tq = q.size(-2), padded = (Tk + 15) / 16 * 16;
   // Batch and head dimensions stay broadcast where the mask's are.
   at::Tensor b = at::zeros({m.size(0), m.size(1), Tq, padded}, q.options()).narrow(-1, 0, Tk);
-  b.masked_fill_(m.logical_not().expand({m.size(0), m.size(1), Tq, Tk}), -std::numeric_limits<double>::infinity());
+  if (m.scalar_type() == at::kBool) {
+    b.masked_fill_(m.logical_not().expand({m.size(0), m.size(1), Tq, Tk}), -std::numeric_limits<double>::infinity());
+  } else {
+    b.copy_(m.expand({m.size(0), m.size(1), Tq, Tk}));  // already additive
+  }
   return b.expand({q.size(0), q.size(1), Tq, Tk});
 }
 

@@ -45,14 +45,16 @@ struct KernelQuery {
 /// memory-efficient kernel (fp32/fp16/bf16, head_dim a multiple of 8), else ATen.
 FusedKernel choose_fused_kernel(const KernelQuery& query);
 
-/// The memory-efficient kernel's form of a bool mask (true = attend) broadcastable
-/// to [B, H, Tq, Tk]: an additive bias of q's dtype (0 or -inf) expanded to
-/// [B, H, Tq, Tk], its rows padded in memory to a multiple of 16 elements.
+/// The memory-efficient kernel's form of a mask broadcastable to [B, H, Tq, Tk], bool
+/// (true = attend: 0 or -inf) or floating (added to the scores, as it is): an additive
+/// bias of q's dtype expanded to [B, H, Tq, Tk], its rows padded in memory to a
+/// multiple of 16 elements.
 at::Tensor efficient_bias(const at::Tensor& attn_mask, const at::Tensor& q, int64_t Tk);
 
 /// softmax(q k^T * scale + mask) v by the kernel choose_fused_kernel picks.
 /// q: [B, H, Tq, d], k: [B, H, Tk, d], v: [B, H, Tk, dv] (3-D inputs go to ATen).
-/// attn_mask: bool (true = attend) broadcastable to [B, H, Tq, Tk], or none.
+/// attn_mask: bool (true = attend) or additive floating of q's dtype, broadcastable
+/// to [B, H, Tq, Tk], or none.
 at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                            std::optional<double> scale, bool allow_cudnn);
