@@ -1,5 +1,6 @@
 #include <torchattn/decode_graph.h>
 
+#include <ATen/Context.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
@@ -97,16 +98,20 @@ at::Tensor DecodeGraph::operator()(const at::Tensor& input) {
 
 void DecodeGraph::capture(const at::Tensor& input) {
 #ifdef TORCHATTN_WITH_CUDA
+  // Deterministic index_copy_ may synchronise with the host, which capture forbids.
+  TORCH_CHECK(!at::globalContext().deterministicAlgorithms(), "DecodeGraph: cannot capture with "
+              "at::globalContext().setDeterministicAlgorithms(true): the caches' index_copy_ may then synchronise");
+  const c10::cuda::CUDAGuard device_guard(input.device());
   std::vector<int64_t> lengths;
   for (KVCache* c : caches_) lengths.push_back(c->length());
   auto rewind = [&] {
     for (size_t i = 0; i < caches_.size(); ++i) caches_[i]->truncate(lengths[i]);
   };
+  static_input_ = input.clone();  // on the user's stream, where replays read it
   c10::cuda::device_synchronize();
   {
     // Capture needs a stream other than the default one; warm up on it too.
     c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool(false, input.device().index()));
-    static_input_ = input.clone();
     static_output_ = step_(static_input_);
     for (size_t i = 0; i < caches_.size(); ++i) {
       const int64_t added = caches_[i]->length() - lengths[i];
@@ -123,7 +128,17 @@ void DecodeGraph::capture(const at::Tensor& input) {
     c10::cuda::device_synchronize();
     auto captured = std::make_unique<detail::CapturedGraph>();
     captured->graph.capture_begin();
-    static_output_ = step_(static_input_);
+    try {
+      static_output_ = step_(static_input_);
+    } catch (...) {
+      // End the capture whatever happened, or the stream stays capturing.
+      try {
+        captured->graph.capture_end();
+      } catch (...) {
+      }
+      rewind();
+      throw;
+    }
     captured->graph.capture_end();
     graph_ = std::move(captured);
     rewind();  // the captured step ran nothing; the host lengths it advanced go back

@@ -39,7 +39,9 @@ struct CapturedGraph;
 ///   next call: clone() what you keep. Host values the step reads are frozen at
 ///   capture; what changes between steps must live in tensors (the input, the
 ///   caches' position()).
-/// - Run under NoGradGuard or InferenceMode, with dropout off (eval mode).
+/// - Run under NoGradGuard or InferenceMode, with dropout off (eval mode): random
+///   numbers drawn inside a captured step would repeat at every replay. Not with
+///   deterministic algorithms switched on (the cache writes could then synchronise).
 /// - Capture runs the step once or twice to warm up (cuBLAS, cuDNN plans) and then
 ///   rewinds the caches; so it needs room for those tokens in every cache.
 /// - cache.reset() or truncate() between sequences is fine: the graph reads the

@@ -24,6 +24,20 @@ bool aligned_head(int64_t d) {
   return d > 0 && d % 8 == 0;
 }
 
+// What the memory-efficient kernel checks and ATen checks before choosing it (cuDNN
+// does not): 16-byte aligned data and rows. Views that are not stay with ATen.
+bool aligned_for_fused(const at::Tensor& t) {
+  if (t.stride(-1) != 1 || (t.storage_offset() * t.element_size()) % 16 != 0) {
+    return false;
+  }
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) {
+    if (t.size(d) > 1 && (t.stride(d) * t.element_size()) % 16 != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
 } // namespace
 
 at::Tensor efficient_bias(const at::Tensor& attn_mask, const at::Tensor& q, int64_t Tk) {
@@ -62,7 +76,8 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::T
                            const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                            std::optional<double> scale, bool allow_cudnn) {
   FusedKernel kernel = FusedKernel::ATen;
-  if (q.is_cuda() && q.dim() == 4 && !allow_cudnn) {
+  if (q.is_cuda() && q.dim() == 4 && !allow_cudnn && q.numel() > 0 && k.numel() > 0 && aligned_for_fused(q) &&
+      aligned_for_fused(k) && aligned_for_fused(v)) {
     const auto& ctx = at::globalContext();
     KernelQuery query;
     query.cuda = true;
