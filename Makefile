@@ -1,5 +1,5 @@
 # The two commands of the quick start, `make demo` and `make test`, each set up a
-# fresh machine (scripts/setup.sh), configure, build and run.
+# fresh machine (tools/setup.sh), configure, build and run.
 
 BUILD   ?= build
 JOBS    ?= 2
@@ -11,7 +11,7 @@ CMAKE_PREFIX = $(shell $(PY) -c 'import torch; print(torch.utils.cmake_prefix_pa
 all: build
 
 setup:
-	@bash scripts/setup.sh
+	@bash tools/setup.sh
 
 $(BUILD)/build.ninja: CMakeLists.txt | setup
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -29,16 +29,16 @@ demo: configure
 test: build
 	cd $(BUILD) && OMP_NUM_THREADS=2 ctest --output-on-failure --timeout 1200
 
-# `make bench` measures the CPU (docs/benchmarks.md); `make bench DEVICE=cuda` the GPU
-# (docs/benchmarks-cuda.md), from a CUDA build (make test-gpu builds one).
+# `make bench` measures the CPU (apps/bench/results/benchmarks.md); `make bench DEVICE=cuda` the GPU
+# (apps/bench/results/benchmarks-cuda.md), from a CUDA build (make test-gpu builds one).
 DEVICE ?= cpu
 bench: $(if $(filter cuda,$(DEVICE)),,build)
 	bash apps/bench/run.sh --device $(DEVICE)
 
 # The GPU suite, benchmark and memcheck against a CUDA LibTorch already installed
-# (scripts/test_gpu.sh says how to point it at one and at GoogleTest, CLI11, Gloo).
+# (tools/test_gpu.sh says how to point it at one and at GoogleTest, CLI11, Gloo).
 test-gpu:
-	bash scripts/test_gpu.sh
+	bash tools/test_gpu.sh
 
 # The unit tests built with AddressSanitizer and UndefinedBehaviorSanitizer.
 # Leaks are checked; tests/lsan.supp lists the ones inside LibTorch.
@@ -53,12 +53,12 @@ sanitize: setup
 # libFuzzer on the public API for FUZZ_SECONDS, built with clang.
 FUZZ_SECONDS ?= 120
 fuzz: setup
-	@bash scripts/setup.sh fuzz
+	@bash tools/setup.sh fuzz
 	CC=clang-16 CXX=clang++-16 cmake -S . -B $(BUILD)-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Release \
 	  -DCMAKE_PREFIX_PATH="$(CMAKE_PREFIX)" -DTORCHATTN_FUZZ=ON -DTORCHATTN_BUILD_TESTS=OFF -DTORCHATTN_BUILD_APPS=OFF
 	cmake --build $(BUILD)-fuzz -j $(JOBS) --target fuzz_api
 	mkdir -p $(BUILD)-fuzz/corpus
-	ASAN_OPTIONS=$(ASAN_OPTIONS_CI) LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp ./$(BUILD)-fuzz/fuzz/fuzz_api -max_total_time=$(FUZZ_SECONDS) \
+	ASAN_OPTIONS=$(ASAN_OPTIONS_CI) LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp ./$(BUILD)-fuzz/tests/fuzz/fuzz_api -max_total_time=$(FUZZ_SECONDS) \
 	  -rss_limit_mb=4096 -timeout=30 -print_final_stats=1 $(BUILD)-fuzz/corpus
 
 # What CI runs: the tests, the sanitizer build, the fuzzer.

@@ -29,6 +29,7 @@ void CausalAttentionImpl::reset() {
   W_key = register_module("W_key", torch::nn::Linear(linear));
   W_value = register_module("W_value", torch::nn::Linear(linear));
   dropout = register_module("dropout", torch::nn::Dropout(options.dropout()));
+  cache_owner_ = detail::new_cache_owner();
   if (options.mask_buffer()) {
     mask = register_buffer("mask", functional::causal_mask_buffer(options.context_length()));
   } else {
@@ -36,8 +37,12 @@ void CausalAttentionImpl::reset() {
   }
 }
 
+void CausalAttentionImpl::save(torch::serialize::OutputArchive& archive) const {
+  detail::save_with_options(*this, archive);
+}
+
 void CausalAttentionImpl::load(torch::serialize::InputArchive& archive) {
-  detail::strict_load(*this, archive, kName, options.mask_buffer() ? 0 : options.context_length());
+  detail::strict_load(*this, archive, kName, detail::archive_path(archive));
 }
 
 void CausalAttentionImpl::pretty_print(std::ostream& stream) const {
@@ -50,28 +55,37 @@ void CausalAttentionImpl::pretty_print(std::ostream& stream) const {
   stream << ")";
 }
 
-at::Tensor CausalAttentionImpl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask) {
+at::Tensor CausalAttentionImpl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask,
+                                        const at::Tensor& key_bias) {
   detail::check_input(kName, x, options.d_in(), options.context_length(), W_query->weight);
   detail::check_key_padding_mask(kName, key_padding_mask, x);
-  return attend(x, key_padding_mask, nullptr);
+  detail::check_key_bias(kName, key_bias, x);
+  detail::check_some_key_kept(kName, key_padding_mask);
+  return attend(x, key_padding_mask, key_bias, nullptr);
 }
 
 KVCache CausalAttentionImpl::make_kv_cache(int64_t batch_size, bool static_shapes) const {
   detail::check_positive(kName, "batch_size", batch_size);
-  return KVCache({batch_size, options.context_length(), options.d_out()}, W_key->weight.options(), static_shapes);
+  return KVCache({batch_size, options.context_length(), options.d_out()}, W_key->weight.options(),
+                 static_shapes, cache_owner_);
 }
 
-at::Tensor CausalAttentionImpl::forward_cached(const at::Tensor& x_new, KVCache& cache) {
+at::Tensor CausalAttentionImpl::forward_cached(const at::Tensor& x_new, KVCache& cache,
+                                               const at::Tensor& key_padding_mask) {
   detail::check_input(kName, x_new, options.d_in(), options.context_length(), W_query->weight);
-  detail::check_cache(kName, cache, x_new, options.context_length());
-  return attend(x_new, at::Tensor(), &cache);
+  detail::check_cache(kName, cache, x_new, options.context_length(), cache_owner_, is_training(), options.dropout());
+  detail::check_key_padding_mask(kName, key_padding_mask, x_new);
+  detail::check_some_key_kept(kName, key_padding_mask, &cache);
+  return attend(x_new, key_padding_mask, at::Tensor(), &cache);
 }
 
-at::Tensor CausalAttentionImpl::attend(const at::Tensor& x, const at::Tensor& key_padding_mask, KVCache* cache) {
+at::Tensor CausalAttentionImpl::attend(const at::Tensor& x, const at::Tensor& key_padding_mask,
+                                       const at::Tensor& key_bias, KVCache* cache) {
   detail::AttentionBlock block{W_query, W_key, W_value, /*num_heads=*/0, /*causal=*/true, mask};
   const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend()};
-  return detail::with_batch_dim(x, key_padding_mask, [&](const at::Tensor& xb, const at::Tensor& mb) {
-    return detail::attention_block_forward(block, xb, cache, config, mb);
+  return detail::with_batch_dim(x, key_padding_mask, key_bias,
+                                [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {
+    return detail::attention_block_forward(block, xb, cache, config, mb, bb);
   });
 }
 

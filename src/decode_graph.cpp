@@ -85,6 +85,11 @@ at::Tensor DecodeGraph::operator()(const at::Tensor& input) {
     capture(input);
   }
   check_room(tokens_per_step_);
+  for (size_t i = 0; i < caches_.size(); ++i) {
+    TORCH_CHECK(caches_[i]->has_padding() == captured_padding_[i], "DecodeGraph: cache ", i,
+                (captured_padding_[i] ? " had" : " had no"), " key padding when the step was captured and ",
+                (captured_padding_[i] ? "has none" : "has some"), " now; make a new DecodeGraph for this sequence");
+  }
   static_input_.copy_(input);
   graph_->graph.replay();
   for (KVCache* c : caches_) {
@@ -141,6 +146,8 @@ void DecodeGraph::capture(const at::Tensor& input) {
     }
     captured->graph.capture_end();
     graph_ = std::move(captured);
+    captured_padding_.clear();
+    for (KVCache* c : caches_) captured_padding_.push_back(c->has_padding());
     rewind();  // the captured step ran nothing; the host lengths it advanced go back
   }
   c10::cuda::device_synchronize();

@@ -69,11 +69,4 @@ at::Tensor softmax_mask_renormalize(const at::Tensor& scores, const at::Tensor& 
   return masked / masked.sum(-1, /*keepdim=*/true);
 }
 
-Backend resolve_backend(const AttentionConfig& config) {
-  if (config.backend != Backend::Auto) {
-    return config.backend;
-  }
-  return (config.training && config.dropout > 0.0) ? Backend::Reference : Backend::SDPA;
-}
-
 } // namespace torchattn::functional

@@ -1,20 +1,23 @@
 #include <torchattn/interop.h>
 
-#include <torchattn/causal_attention.h>
-#include <torchattn/multi_head_attention.h>
-
 #include "detail/causal_buffer.h"
+#include "detail/checkpoint_options.h"
+#include "detail/strict_load.h"
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
+#include <caffe2/serialize/in_memory_adapter.h>
+#include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/serialize.h>
+#include <torch/serialize/input-archive.h>
 
 #include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <vector>
 
 namespace torchattn {
@@ -29,25 +32,40 @@ std::vector<std::pair<std::string, at::Tensor>> named_tensors(const torch::nn::M
   return out;
 }
 
-// The context length whose causal mask the (sub)module at `path` ("" for `module`)
-// applies without a buffer (mask_buffer(false)), or 0.
-int64_t implied_causal_mask(const torch::nn::Module& module, const std::string& path) {
-  const torch::nn::Module* m = &module;
-  if (!path.empty()) {
-    m = nullptr;
-    for (const auto& child : module.named_modules()) {
-      if (child.key() == path) {
-        m = child.value().get();
-      }
+// The submodule at `path` ("" for `module` itself), or null.
+const torch::nn::Module* submodule(const torch::nn::Module& module, const std::string& path) {
+  if (path.empty()) {
+    return &module;
+  }
+  for (const auto& child : module.named_modules()) {
+    if (child.key() == path) {
+      return child.value().get();
     }
   }
-  if (const auto* ca = dynamic_cast<const CausalAttentionImpl*>(m); ca != nullptr && !ca->options.mask_buffer()) {
-    return ca->options.context_length();
+  return nullptr;
+}
+
+// A torch::save archive (TorchScript's zip with constants.pkl), not a pickled dict.
+bool is_torch_save_archive(const std::vector<char>& bytes) {
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(
+        std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), static_cast<off_t>(bytes.size())));
+    return reader.hasRecord("constants.pkl");
+  } catch (const std::exception&) {
+    return false;
   }
-  if (const auto* mha = dynamic_cast<const MultiHeadAttentionImpl*>(m); mha != nullptr && !mha->options.mask_buffer()) {
-    return mha->options.context_length();
+}
+
+void load_archive(torch::nn::Module& module, const std::vector<char>& bytes, const std::string& path) {
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(bytes.data(), bytes.size());
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    TORCH_CHECK(false, "load_state_dict: cannot read '", path, "' as a torch::save archive (",
+                what.substr(0, what.find('\n')), ")");
   }
-  return 0;
+  detail::strict_load(module, archive, "load_state_dict");
 }
 
 } // namespace
@@ -56,6 +74,10 @@ void load_state_dict(torch::nn::Module& module, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in, "load_state_dict: cannot open '", path, "'");
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (is_torch_save_archive(bytes)) {
+    load_archive(module, bytes, path);
+    return;
+  }
   c10::IValue value;
   try {
     value = torch::pickle_load(bytes);
@@ -93,7 +115,8 @@ void load_state_dict(torch::nn::Module& module, const std::string& path) {
     // when it is the causal mask the module applies anyway.
     const bool is_mask = key == "mask" || key.ends_with(".mask");
     const std::string owner = key == "mask" ? "" : key.substr(0, key.size() - 5);
-    const int64_t C = is_mask ? implied_causal_mask(module, owner) : 0;
+    const torch::nn::Module* m = is_mask ? submodule(module, owner) : nullptr;
+    const int64_t C = m != nullptr ? detail::implied_causal_mask(*m) : 0;
     TORCH_CHECK(C > 0, "load_state_dict: '", path, "' has unexpected key '", key, "'");
     detail::check_causal_mask("load_state_dict", key, tensor, C);
   }

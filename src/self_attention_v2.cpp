@@ -27,8 +27,12 @@ void SelfAttentionV2Impl::reset() {
   W_value = register_module("W_value", torch::nn::Linear(linear));
 }
 
+void SelfAttentionV2Impl::save(torch::serialize::OutputArchive& archive) const {
+  detail::save_with_options(*this, archive);
+}
+
 void SelfAttentionV2Impl::load(torch::serialize::InputArchive& archive) {
-  detail::strict_load(*this, archive, kName);
+  detail::strict_load(*this, archive, kName, detail::archive_path(archive));
 }
 
 void SelfAttentionV2Impl::pretty_print(std::ostream& stream) const {
@@ -36,9 +40,12 @@ void SelfAttentionV2Impl::pretty_print(std::ostream& stream) const {
          << ", qkv_bias=" << std::boolalpha << options.qkv_bias() << ", backend=" << options.backend() << ")";
 }
 
-at::Tensor SelfAttentionV2Impl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask) {
+at::Tensor SelfAttentionV2Impl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask,
+                                        const at::Tensor& key_bias) {
   detail::check_input(kName, x, options.d_in(), /*context_length=*/0, W_query->weight);
   detail::check_key_padding_mask(kName, key_padding_mask, x);
+  detail::check_key_bias(kName, key_bias, x);
+  detail::check_some_key_kept(kName, key_padding_mask);
   const at::Tensor no_mask;
   detail::AttentionBlock block{W_query, W_key, W_value, /*num_heads=*/0, /*causal=*/false, no_mask};
   // The notebook divides by torch.sqrt(torch.tensor(d_out)): a float32 square root,
@@ -46,8 +53,9 @@ at::Tensor SelfAttentionV2Impl::forward(const at::Tensor& x, const at::Tensor& k
   const double default_scale = 1.0 / static_cast<double>(std::sqrt(static_cast<float>(options.d_out())));
   const functional::AttentionConfig config{options.scale().value_or(default_scale), /*dropout=*/0.0, is_training(),
                                            options.backend()};
-  return detail::with_batch_dim(x, key_padding_mask, [&](const at::Tensor& xb, const at::Tensor& mb) {
-    return detail::attention_block_forward(block, xb, nullptr, config, mb);
+  return detail::with_batch_dim(x, key_padding_mask, key_bias,
+                                [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {
+    return detail::attention_block_forward(block, xb, nullptr, config, mb, bb);
   });
 }
 

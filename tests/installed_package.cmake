@@ -1,7 +1,7 @@
 # ctest -R installed_package: install torchattn to a fresh prefix, build
-# examples/consumer against it with find_package(torchattn), then compare the
+# tests/consumer against it with find_package(torchattn), then compare the
 # consumer's output with the notebooks' Python code on seeds and shapes that the
-# unit tests do not use.
+# unit tests do not use; and import the installed torchattn_interop.py.
 
 foreach(var SOURCE_DIR BUILD_DIR WORK_DIR TORCH_DIR PYTHON GENERATOR)
   if(NOT DEFINED ${var})
@@ -14,7 +14,10 @@ include(${CMAKE_CURRENT_LIST_DIR}/run_command.cmake)
 file(REMOVE_RECURSE "${WORK_DIR}")
 set(prefix "${WORK_DIR}/prefix")
 run(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}")
-run(${CMAKE_COMMAND} -S "${SOURCE_DIR}/examples/consumer" -B "${WORK_DIR}/build" -G "${GENERATOR}"
+run(${CMAKE_COMMAND} -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build" -G "${GENERATOR}"
     -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=${prefix}" "-DTorch_DIR=${TORCH_DIR}")
 run(${CMAKE_COMMAND} --build "${WORK_DIR}/build")
 run("${PYTHON}" "${SOURCE_DIR}/tools/check_consumer.py" --exe "${WORK_DIR}/build/consumer")
+# The installed torchattn_interop.py imports from where find_package says it is.
+file(READ "${WORK_DIR}/build/torchattn_python_dir.txt" python_dir)
+run("${PYTHON}" -c "import sys\nsys.path.insert(0, sys.argv[1])\nimport torchattn_interop\nprint('torchattn_interop from', torchattn_interop.__file__)" "${python_dir}")

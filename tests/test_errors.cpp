@@ -114,7 +114,76 @@ std::vector<ErrorCase> error_cases() {
          auto cache = other->make_kv_cache(1);
          m->forward_cached(x3(1, 1, 3), cache);
        },
+       "MultiHeadAttention: this KV cache was made by another module"},
+      {"CacheFromAnotherLayerOfTheSameShape",
+       [] {
+         torch::NoGradGuard g;
+         MultiHeadAttention layer0(3, 2, 6, 0.0, 2), layer1(3, 2, 6, 0.0, 2);
+         auto cache = layer0->make_kv_cache(1);
+         layer1->forward_cached(x3(1, 1, 3), cache);
+       },
+       "MultiHeadAttention: this KV cache was made by another module (each attention layer needs its own cache"},
+      {"CacheOfACloneIsAnotherModules",
+       [] {
+         torch::NoGradGuard g;
+         CausalAttention m(3, 2, 6, 0.0);
+         auto copy = std::dynamic_pointer_cast<torchattn::CausalAttentionImpl>(m->clone());
+         auto cache = m->make_kv_cache(1);
+         copy->forward_cached(x3(1, 1, 3), cache);
+       },
+       "CausalAttention: this KV cache was made by another module"},
+      {"CacheMadeDirectlyHasAnotherContext",
+       [] {
+         torch::NoGradGuard g;
+         MultiHeadAttention m(3, 2, 6, 0.0, 2);
+         torchattn::KVCache cache({1, 2, 8, 1}, torch::kFloat);
+         m->forward_cached(x3(1, 1, 3), cache);
+       },
        "MultiHeadAttention: expected a cache of context_length=6, got one of 8"},
+      {"InferenceCacheOutsideInferenceMode",
+       [] {
+         MultiHeadAttention m(3, 2, 6, 0.0, 2);
+         auto cache = [&] {
+           c10::InferenceMode guard;
+           return m->make_kv_cache(1);
+         }();
+         torch::NoGradGuard g;
+         m->forward_cached(x3(1, 1, 3), cache);
+       },
+       "MultiHeadAttention: this KV cache was made under c10::InferenceMode, so it holds inference tensors"},
+      {"CacheInTrainingModeWithDropout",
+       [] {
+         torch::NoGradGuard g;
+         MultiHeadAttention m(3, 2, 6, 0.1, 2);
+         auto cache = m->make_kv_cache(1);
+         m->forward_cached(x3(1, 1, 3), cache);
+       },
+       "MultiHeadAttention: forward_cached in training mode would apply dropout=0.1 to the attention weights; call "
+       "module->eval()"},
+      {"CachePaddingMaskShape",
+       [] {
+         torch::NoGradGuard g;
+         MultiHeadAttention m(3, 2, 6, 0.0, 2);
+         auto cache = m->make_kv_cache(2);
+         m->forward_cached(x3(2, 3, 3), cache, torch::zeros({2, 2}, torch::kBool));
+       },
+       "MultiHeadAttention: expected key_padding_mask of shape [B, T] = [2, 3] (or [1, 3]), got [2, 2]"},
+      {"CachePaddingMaskFloat",
+       [] {
+         torch::NoGradGuard g;
+         CausalAttention m(3, 2, 6, 0.0);
+         auto cache = m->make_kv_cache(1);
+         m->forward_cached(x3(1, 3, 3), cache, torch::ones({1, 3}));
+       },
+       "CausalAttention: expected a bool key_padding_mask (true = ignore that key"},
+      {"CachePaddingIgnoresEveryKey",
+       [] {
+         torch::NoGradGuard g;
+         MultiHeadAttention m(3, 2, 6, 0.0, 2);
+         auto cache = m->make_kv_cache(2);
+         m->forward_cached(x3(2, 3, 3), cache, torch::tensor({{true, false, false}, {true, true, true}}));
+       },
+       "MultiHeadAttention: key_padding_mask ignores every key of sequence 1"},
       {"EmptyCache",
        [] {
          CausalAttention m(3, 2, 6, 0.0);
@@ -123,11 +192,36 @@ std::vector<ErrorCase> error_cases() {
        },
        "CausalAttention: expected a cache from make_kv_cache(batch_size), got an empty KVCache"},
       {"PaddingMaskShape", [] { MultiHeadAttention(3, 2, 6, 0.0, 2)(x3(2, 5, 3), torch::zeros({2, 4}, torch::kBool)); },
-       "MultiHeadAttention: expected key_padding_mask of shape [2, 5] (input without its feature dimension), got [2, 4]"},
+       "MultiHeadAttention: expected key_padding_mask of shape [B, T] = [2, 5] (or [1, 5]), got [2, 4]"},
       {"PaddingMaskDtype", [] { CausalAttention(3, 2, 6, 0.0)(x3(2, 5, 3), torch::zeros({2, 5}, torch::kLong)); },
-       "CausalAttention: expected key_padding_mask of dtype Bool (true = ignore the key) or Float (added to the scores), got Long"},
+       "CausalAttention: expected a bool key_padding_mask (true = ignore that key, as in torch.nn.MultiheadAttention), "
+       "got Long; an additive mask (0 keeps, -inf hides) goes in key_bias, forward's third argument"},
+      // A float keep-mask (1 = keep, as functional::dot_product_attention takes) is not silently added.
+      {"FloatKeepMaskAsPaddingMask",
+       [] { MultiHeadAttention(3, 2, 6, 0.0, 2)(x3(2, 5, 3), torch::ones({2, 5})); },
+       "MultiHeadAttention: expected a bool key_padding_mask (true = ignore that key, as in torch.nn.MultiheadAttention), "
+       "got Float; an additive mask (0 keeps, -inf hides) goes in key_bias"},
+      // at::scaled_dot_product_attention's bool convention (true = attend) hides everything.
+      {"SdpaConventionPaddingMask",
+       [] { MultiHeadAttention(3, 2, 6, 0.0, 2)(x3(2, 5, 3), torch::ones({2, 5}, torch::kBool)); },
+       "MultiHeadAttention: key_padding_mask ignores every key of sequence 0; true marks a padding key to ignore (as "
+       "in torch.nn.MultiheadAttention), the opposite of at::scaled_dot_product_attention's attn_mask (true = "
+       "attend): pass mask.logical_not()"},
+      {"SdpaConventionPaddingMaskSA",
+       [] { SelfAttentionV2(3, 2)(x3(1, 4, 3), torch::ones({1, 4}, torch::kBool)); },
+       "SelfAttentionV2: key_padding_mask ignores every key of sequence 0"},
       {"PaddingMaskUnbatched", [] { SelfAttentionV2(3, 2)(torch::randn({5, 3}), torch::zeros({1, 5}, torch::kBool)); },
-       "SelfAttentionV2: expected key_padding_mask of shape [5]"},
+       "SelfAttentionV2: expected key_padding_mask of shape [T] = [5], got [1, 5]"},
+      {"PaddingMaskDevice",
+       [] { CausalAttention(3, 2, 6, 0.0)(x3(1, 5, 3), torch::zeros({1, 5}, torch::TensorOptions(torch::kBool).device(torch::kMeta))); },
+       "CausalAttention: expected key_padding_mask on cpu, got meta"},
+      {"KeyBiasBool", [] { CausalAttention(3, 2, 6, 0.0)->forward(x3(2, 5, 3), {}, torch::zeros({2, 5}, torch::kBool)); },
+       "CausalAttention: expected key_bias of the input's dtype Float (added to the scores: 0 keeps, -inf hides), got "
+       "Bool; a bool mask of keys to ignore is key_padding_mask"},
+      {"KeyBiasDtype", [] { MultiHeadAttention(3, 2, 6, 0.0, 2)->forward(x3(2, 5, 3), {}, torch::zeros({2, 5}, torch::kDouble)); },
+       "MultiHeadAttention: expected key_bias of the input's dtype Float"},
+      {"KeyBiasShape", [] { SelfAttentionV2(3, 2)->forward(x3(2, 5, 3), {}, torch::zeros({3, 5})); },
+       "SelfAttentionV2: expected key_bias of shape [B, T] = [2, 5] (or [1, 5]), got [3, 5]"},
       {"CacheInGradMode",
        [] {
          CausalAttention m(3, 2, 6, 0.0);
@@ -140,7 +234,20 @@ std::vector<ErrorCase> error_cases() {
          F::attention(torch::randn({4, 3}), torch::randn({5, 3}), torch::randn({5, 3}), {}, 0, {},
                       torch::zeros({4, 5}, torch::kBool));
        },
-       "attention: a key_padding_mask needs batched q [B, ..., Tq, d], got q [4, 3]"},
+       "attention: a key_padding_mask or key_bias needs batched q [B, ..., Tq, d], got q [4, 3]"},
+      {"FunctionalFloatPaddingMask",
+       [] {
+         F::attention(torch::randn({1, 4, 3}), torch::randn({1, 4, 3}), torch::randn({1, 4, 3}), {}, 0, {},
+                      torch::zeros({1, 4}));
+       },
+       "attention: expected a bool key_padding_mask (true = ignore the key), got Float; pass an additive mask (0 "
+       "keeps, -inf hides) as key_bias"},
+      {"FunctionalKeyBiasShape",
+       [] {
+         F::attention(torch::randn({2, 4, 3}), torch::randn({2, 4, 3}), torch::randn({2, 4, 3}), {}, 0, {}, {},
+                      torch::zeros({2, 5}));
+       },
+       "attention: expected key_bias of shape [B, Tk] = [2, 4] (or [1, 4]), got [2, 5]"},
       {"CacheBatchSizeZero", [] { CausalAttention(3, 2, 6, 0.0)->make_kv_cache(0); },
        "CausalAttention: expected batch_size > 0, got 0"},
   };

@@ -2,7 +2,7 @@
 // host values, checked here on every machine; the CUDA kernels themselves run in
 // the device-parametrized tests when a GPU is present.
 
-#include "../src/detail/sdpa_kernel.h"
+#include "../src/backends/sdpa.h"
 
 #include "tolerances.h"
 

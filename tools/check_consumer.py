@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks a program built against the installed torchattn package (examples/consumer)
+"""Checks a program built against the installed torchattn package (tests/consumer)
 against the notebooks' Python code, on seeds and shapes the unit tests do not use.
 Exits non-zero on any mismatch beyond 1e-5 relative (float32)."""
 
@@ -10,7 +10,6 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 import notebook_reference as nr  # noqa: E402
 
 # (module, seed, B, T, d_in, d_out, context_length, num_heads)

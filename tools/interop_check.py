@@ -13,7 +13,6 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 import notebook_reference as nr  # noqa: E402
 import torchattn_interop  # noqa: E402
 

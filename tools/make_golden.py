@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes tests/golden/*.txt: the golden values the C++ tests compare against.
 
-Every value comes from running the notebooks' own code (python/notebook_reference.py).
+Every value comes from running the notebooks' own code (tools/notebook_reference.py).
 Run `make golden` (or `.venv/bin/python tools/make_golden.py`) to regenerate; the files
 are committed so that the tests need no Python at run time.
 
@@ -17,12 +17,10 @@ Format, one record after another:
 
 import argparse
 import os
-import sys
 
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 import notebook_reference as nr  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(__file__), "..", "tests", "golden")

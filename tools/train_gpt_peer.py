@@ -30,7 +30,7 @@ torch.set_num_threads; --sample-tokens is accepted and ignored.
 
 Output: --out/loss.csv (step,train_loss,eval_loss,lr,tokens_per_s, as train_gpt's),
 --out/final.pt (the state dict; compare with train_gpt's final_rank0.pt through
-python/torchattn_interop.load), a JSON summary (--json, default --out/peer.json) and
+tools/torchattn_interop.load), a JSON summary (--json, default --out/peer.json) and
 a last stdout line `peer: tokens/s N final train X eval Y`. The summary's tokens/s
 counts the training steps after the first --timing-warmup ones (batch, forward,
 backward, clip, AdamW, each timed to its loss.item(), after torch.cuda.synchronize on

@@ -6,7 +6,7 @@ and the ways to run one decoding step over a fixed-size cache (eager and graph-r
 
     python3 apps/bench/profile_cuda.py [--quick] [--json out.json]
 
-It is the evidence behind torchattn's CUDA kernel choice (docs/benchmarks-cuda.md)."""
+It is the evidence behind torchattn's CUDA kernel choice (apps/bench/results/benchmarks-cuda.md)."""
 
 import argparse
 import json

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Turns the JSON of torchattn_bench and bench_python.py into docs/benchmarks.md and
-docs/benchmarks.png, with the machine they ran on and the issue's targets checked."""
+"""Turns the JSON of torchattn_bench and bench_python.py into apps/bench/results/benchmarks.md and
+apps/bench/results/benchmarks.png, with the machine they ran on and the issue's targets checked."""
 
 import argparse
 import datetime
@@ -38,7 +38,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cpp", required=True)
     ap.add_argument("--py", required=True)
-    ap.add_argument("--out", default="docs")
+    ap.add_argument("--out", default="apps/bench/results")
     args = ap.parse_args()
     cpp = json.load(open(args.cpp))
     py = json.load(open(args.py))

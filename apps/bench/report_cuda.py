@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Turns the JSON of `torchattn_bench --device cuda`, bench_python_cuda.py and (optionally)
-profile_cuda.py into docs/benchmarks-cuda.md and docs/benchmarks-cuda.png: the GPU and
+profile_cuda.py into apps/bench/results/benchmarks-cuda.md and apps/bench/results/benchmarks-cuda.png: the GPU and
 versions they ran on, the issue's targets with PASS/FAIL, and the tables behind them.
 
     python3 apps/bench/report_cuda.py --cpp cpp-cuda.json --py py-cuda.json \\
-        [--profile profile-cuda.json] [--smi nvidia-smi.txt] [--out docs]
+        [--profile profile-cuda.json] [--smi nvidia-smi.txt] [--out apps/bench/results]
 
 Needs no torch. Draws the PNG with matplotlib; where it is missing (a GPU machine's
 python3 may have torch only) it writes the markdown alone and says how to draw it later
@@ -327,7 +327,7 @@ def main():
     ap.add_argument("--py", required=True, help="bench_python_cuda.py --json")
     ap.add_argument("--profile", help="profile_cuda.py --json")
     ap.add_argument("--smi", help="a file holding nvidia-smi's line for the GPU")
-    ap.add_argument("--out", default="docs")
+    ap.add_argument("--out", default="apps/bench/results")
     args = ap.parse_args()
     cpp = json.load(open(args.cpp))
     py = json.load(open(args.py))

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # `make bench`: the C++ and Python benchmarks, one after the other on the same
-# machine, then docs/benchmarks.md and docs/benchmarks.png. Pass --quick for a smoke run.
+# machine, then apps/bench/results/benchmarks.md and apps/bench/results/benchmarks.png. Pass --quick for a smoke run.
 #
 #   bash apps/bench/run.sh [--device cpu|cuda] [--quick]
 #
 # --device cuda (`make bench DEVICE=cuda`): the GPU benchmark from a CUDA build,
 # $BUILD (default build-gpu, see `make test-gpu`), and the Python of $PYTHON (default
 # python3, whose torch must have CUDA): torchattn_bench --device cuda,
-# bench_python_cuda.py and profile_cuda.py, then docs/benchmarks-cuda.md and .png.
+# bench_python_cuda.py and profile_cuda.py, then apps/bench/results/benchmarks-cuda.md and .png.
 # The report draws its PNG with matplotlib: $PYTHON's, else .venv's (or REPORT_PYTHON);
 # without it the markdown is written alone.
-# With --quick, both flows write into bench-out/ instead of docs/.
+# With --quick, both flows write into bench-out/ instead of apps/bench/results/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -28,7 +28,7 @@ done
 
 out=bench-out
 mkdir -p "$out"
-docs=docs
+docs=apps/bench/results
 [ "$quick" = 1 ] && docs="$out"
 
 case "$device" in
@@ -37,7 +37,7 @@ case "$device" in
     ./build/apps/bench/torchattn_bench --threads 2 --json "$out/cpp.json" ${args[@]+"${args[@]}"}
     .venv/bin/python apps/bench/bench_python.py --threads 2 --json "$out/py.json" ${args[@]+"${args[@]}"}
     .venv/bin/python apps/bench/report.py --cpp "$out/cpp.json" --py "$out/py.json" --out "$docs" >/dev/null
-    echo "bench: wrote $docs/benchmarks.md and $docs/benchmarks.png"
+    echo "bench: wrote $apps/bench/results/benchmarks.md and $apps/bench/results/benchmarks.png"
     ;;
   cuda)
     BUILD=${BUILD:-build-gpu}
@@ -67,10 +67,10 @@ case "$device" in
     "$PYTHON" apps/bench/profile_cuda.py --json "$out/profile-cuda.json" ${pyargs[@]+"${pyargs[@]}"}
     "$report_py" apps/bench/report_cuda.py --cpp "$out/cpp-cuda.json" --py "$out/py-cuda.json" \
       --profile "$out/profile-cuda.json" --smi "$out/nvidia-smi-cuda.txt" --out "$docs" >/dev/null
-    if [ "$docs/benchmarks-cuda.png" -nt "$out/cpp-cuda.json" ]; then
-      echo "bench: wrote $docs/benchmarks-cuda.md and $docs/benchmarks-cuda.png"
+    if [ "$apps/bench/results/benchmarks-cuda.png" -nt "$out/cpp-cuda.json" ]; then
+      echo "bench: wrote $apps/bench/results/benchmarks-cuda.md and $apps/bench/results/benchmarks-cuda.png"
     else
-      echo "bench: wrote $docs/benchmarks-cuda.md (no matplotlib: no PNG; the JSON is in $out/)"
+      echo "bench: wrote $apps/bench/results/benchmarks-cuda.md (no matplotlib: no PNG; the JSON is in $out/)"
     fi
     ;;
   *)

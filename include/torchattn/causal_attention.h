@@ -11,6 +11,7 @@
 #include <torch/nn/modules/container/any_module_holder.h>
 #include <torch/nn/pimpl.h>
 #include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 
 #include <cstdint>
 #include <optional>
@@ -64,20 +65,31 @@ class CausalAttentionImpl : public torch::nn::Cloneable<CausalAttentionImpl> {
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
 
-  /// Loads a checkpoint strictly: a missing key, an extra key or a shape, dtype or
-  /// rank that differs is a c10::Error naming the key, and the module is left
-  /// unchanged. (LibTorch's default silently replaces tensors of other shapes.)
+  /// Saves the parameters and buffers as LibTorch does, and the options that change
+  /// the numbers without changing a tensor's shape (see `load`).
+  void save(torch::serialize::OutputArchive& archive) const override;
+
+  /// Loads a checkpoint strictly: a missing key, an extra key, a shape, dtype or
+  /// rank that differs, or a saved option that differs from this module's (such as
+  /// num_heads or scale) is a c10::Error naming the key with its path in the saved
+  /// model, and the module is left unchanged. (LibTorch's default silently replaces
+  /// tensors of other shapes.) Checkpoints without options load as before.
   void load(torch::serialize::InputArchive& archive) override;
 
   /// x: [B, T, d_in] or [T, d_in] with T <= context_length
   ///   ->  [B, T, d_out] or [T, d_out].
   ///
-  /// key_padding_mask: optional [B, T] (or [T] for an unbatched x). Bool: true marks
-  /// a padding key that no query may attend to, as in torch.nn.MultiheadAttention.
-  /// Floating, of x's dtype: added to the scaled scores (0 keeps, -inf hides). A query
-  /// that is left with no key to see outputs zeros, not NaN. Empty by default, so
-  /// the module still works in Sequential and AnyModule with one argument.
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& key_padding_mask = {});
+  /// key_padding_mask: optional bool [B, T] (or [1, T], the same for every sequence;
+  /// [T] for an unbatched x); true marks a padding key that no query attends to, as
+  /// torch.nn.MultiheadAttention's key_padding_mask. (at::scaled_dot_product_attention's
+  /// bool attn_mask means the opposite, true = attend.) A floating mask is an error.
+  /// On the CPU, a mask that ignores every key of a sequence is an error too.
+  /// key_bias: optional, the same shapes, of x's dtype: added to the scaled scores of
+  /// each key (0 keeps, -inf hides, other values weigh it).
+  /// A query left with no key to see (every key it may see ignored or -inf) outputs
+  /// a row of zeros, never NaN. Both masks are empty by default, so the module works
+  /// in Sequential and AnyModule with one argument.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& key_padding_mask = {}, const at::Tensor& key_bias = {});
 
   /// An empty cache for `batch_size` sequences: [batch_size, context_length, d_out],
   /// of the module's dtype and device.
@@ -88,7 +100,16 @@ class CausalAttentionImpl : public torch::nn::Cloneable<CausalAttentionImpl> {
   /// x_new: [B, T_new, d_in] or [T_new, d_in], the tokens after those in `cache`.
   /// Returns their outputs, [B, T_new, d_out] or [T_new, d_out]: the same rows a
   /// full forward over the whole sequence gives.
-  at::Tensor forward_cached(const at::Tensor& x_new, KVCache& cache);
+  ///
+  /// key_padding_mask: optional bool [B, T_new] (or [1, T_new]; [T_new] unbatched),
+  /// true = that new token is padding. The cache remembers it: later tokens never
+  /// attend to it. A left-padded batch of prompts of different lengths so decodes
+  /// together, each sequence as it would alone.
+  ///
+  /// Errors: autograd on (use NoGradGuard or InferenceMode), training mode with
+  /// dropout > 0 (call eval()), a cache made by another module, or made under
+  /// InferenceMode and used outside it.
+  at::Tensor forward_cached(const at::Tensor& x_new, KVCache& cache, const at::Tensor& key_padding_mask = {});
 
   CausalAttentionOptions options;
   torch::nn::Linear W_query{nullptr};
@@ -99,11 +120,14 @@ class CausalAttentionImpl : public torch::nn::Cloneable<CausalAttentionImpl> {
   at::Tensor mask;
 
  protected:
-  FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(at::Tensor())})
+  FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(at::Tensor())}, {2, torch::nn::AnyValue(at::Tensor())})
 
  private:
   // forward and forward_cached after their checks: x [B, T, d_in] or [T, d_in].
-  at::Tensor attend(const at::Tensor& x, const at::Tensor& key_padding_mask, KVCache* cache);
+  at::Tensor attend(const at::Tensor& x, const at::Tensor& key_padding_mask, const at::Tensor& key_bias,
+                    KVCache* cache);
+  // Identifies this module's caches (a new id at every reset(), so clones differ).
+  uint64_t cache_owner_ = 0;
 };
 
 TORCH_MODULE(CausalAttention);

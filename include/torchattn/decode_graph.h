@@ -46,6 +46,9 @@ struct CapturedGraph;
 ///   rewinds the caches; so it needs room for those tokens in every cache.
 /// - cache.reset() or truncate() between sequences is fine: the graph reads the
 ///   position from the device. The caches and the captured model must outlive this.
+/// - A graph captured while the caches had key padding (a left-padded prompt)
+///   attends through their padding; one captured without cannot, and replaying it
+///   after a padded prompt is an error (make a new DecodeGraph).
 class DecodeGraph {
  public:
   using Step = std::function<at::Tensor(const at::Tensor& input)>;
@@ -75,6 +78,8 @@ class DecodeGraph {
   at::Tensor static_output_;
   int64_t tokens_per_step_ = 0;
   std::unique_ptr<detail::CapturedGraph> graph_;
+  // Whether each cache had key padding at capture: the graph reads it, or not.
+  std::vector<bool> captured_padding_;
 };
 
 } // namespace torchattn

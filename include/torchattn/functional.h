@@ -104,9 +104,12 @@ at::Tensor attention_weights(
 ///
 /// q: [B, ..., Tq, d], k: [B, ..., Tk, d], v: [B, ..., Tk, dv]; causal_mask and past
 /// as in `attention_weights`.
-/// key_padding_mask: optional [B, Tk], one meaning per dtype:
-///   - bool: true marks a padding key to ignore (as torch.nn.MultiheadAttention);
-///   - floating: added to the scaled scores (0 keeps a key, -inf hides it).
+/// key_padding_mask: optional bool [B, Tk] (or [1, Tk], broadcast over the batch);
+///   true marks a padding key that no query sees, as torch.nn.MultiheadAttention's
+///   key_padding_mask (the opposite of at::scaled_dot_product_attention's bool
+///   attn_mask, where true = attend). A floating tensor here is an error.
+/// key_bias: optional [B, Tk] (or [1, Tk]) of q's dtype, added to the scaled scores
+///   of each key: 0 keeps a key, -inf hides it, other values weigh it.
 /// A query row that sees no key at all (every key it may see is hidden) comes out
 /// as zeros on every backend, with zero, finite gradients; never NaN.
 /// Returns [B, ..., Tq, dv].
@@ -117,6 +120,7 @@ at::Tensor attention(
     const at::Tensor& causal_mask,
     int64_t past,
     const AttentionConfig& config,
-    const at::Tensor& key_padding_mask = {});
+    const at::Tensor& key_padding_mask = {},
+    const at::Tensor& key_bias = {});
 
 } // namespace torchattn::functional

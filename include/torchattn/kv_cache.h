@@ -22,8 +22,17 @@ namespace torchattn {
 ///   cache.length();                                     // T0 + 1
 ///   cache.reset();                                      // start a new sequence
 ///
+/// A cache belongs to the module that made it (another module's cache is an error)
+/// and to one sequence batch. It cannot be copied: `auto branch = cache.clone();`
+/// is a deep copy (a beam search branch); moving is cheap.
+///
 /// The cache is for inference: forward_cached refuses to run with autograd on (use
-/// NoGradGuard or InferenceMode). It takes no key padding mask.
+/// NoGradGuard or InferenceMode) and in training mode with dropout. A cache made
+/// under InferenceMode holds inference tensors and is used under InferenceMode.
+///
+/// Padding: forward_cached(x_new, cache, key_padding_mask) records which of the new
+/// tokens are padding ([B, T_new] bool, true = ignore); later calls keep ignoring
+/// them. A left-padded batch of prompts of different lengths so decodes together.
 ///
 /// Static shapes (`module->make_kv_cache(B, /*static_shapes=*/true)`): new keys and
 /// values are written at the device-side `position()` and attention runs over the
@@ -38,7 +47,19 @@ class KVCache {
   KVCache() = default;
 
   /// shape: the full storage shape, the token dimension (-2) holding `capacity`.
-  KVCache(c10::IntArrayRef shape, at::TensorOptions options, bool static_shapes = false);
+  /// owner: an id of the module whose keys it holds (0: any), checked by that module.
+  KVCache(c10::IntArrayRef shape, at::TensorOptions options, bool static_shapes = false, uint64_t owner = 0);
+
+  /// Copying would share the storage: two sequences would overwrite each other's
+  /// keys. clone() makes the deep copy; moves are cheap.
+  KVCache(const KVCache&) = delete;
+  KVCache& operator=(const KVCache&) = delete;
+  KVCache(KVCache&&) noexcept = default;
+  KVCache& operator=(KVCache&&) noexcept = default;
+
+  /// A deep copy: its own storage, padding, position and length, the same owner.
+  /// The branches of a beam search each continue from their own clone.
+  KVCache clone() const;
 
   /// Tokens cached so far.
   int64_t length() const { return length_; }
@@ -46,8 +67,10 @@ class KVCache {
   int64_t capacity() const;
   int64_t batch_size() const;
   bool defined() const { return keys_.defined(); }
+  /// The id of the module that made it (0 for a cache built directly).
+  uint64_t owner() const { return owner_; }
 
-  /// Forgets every cached token; the storage is kept.
+  /// Forgets every cached token (and their padding); the storage is kept.
   void reset() { truncate(0); }
 
   /// Keeps the first `length` tokens (0 <= length <= length()) and forgets the rest.
@@ -66,11 +89,22 @@ class KVCache {
   at::Tensor keys() const;
   at::Tensor values() const;
 
+  /// True once any appended token came with a key padding mask (until reset()).
+  bool has_padding() const { return padding_.defined(); }
+  /// [B, length()] bool, true = a padding token that no query attends to;
+  /// undefined when has_padding() is false.
+  at::Tensor padding() const;
+  /// [B, capacity] bool over the whole storage (static shapes attend over it);
+  /// undefined when has_padding() is false.
+  const at::Tensor& padding_storage() const { return padding_; }
+
   /// Appends k, v of shape [..., T_new, d] after the cached tokens and returns the
   /// number of tokens cached before them. Checks shape, dtype, device and capacity
   /// (against the host length). A static-shape cache writes at position() with
   /// index_copy_, a dynamic one at length() with copy_; both advance position().
-  int64_t append(const at::Tensor& k, const at::Tensor& v);
+  /// key_padding_mask: optional [B, T_new] (or [1, T_new]) bool, true = the new token
+  /// is padding; undefined = none of them is.
+  int64_t append(const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_padding_mask = {});
 
   /// The full storage (capacity tokens), for moving or inspecting.
   const at::Tensor& key_storage() const { return keys_; }
@@ -79,11 +113,15 @@ class KVCache {
  private:
   friend class DecodeGraph;  // advances the host length after a graph replay
 
+  void write_padding(const at::Tensor& index, int64_t t_new, const at::Tensor& key_padding_mask);
+
   at::Tensor keys_;
   at::Tensor values_;
   at::Tensor position_;
+  at::Tensor padding_;  // [B, capacity] bool, allocated at the first padded append
   int64_t length_ = 0;
   bool static_shapes_ = false;
+  uint64_t owner_ = 0;
 };
 
 } // namespace torchattn

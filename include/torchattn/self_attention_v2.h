@@ -9,6 +9,7 @@
 #include <torch/nn/modules/container/any_module_holder.h>
 #include <torch/nn/pimpl.h>
 #include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 
 #include <cstdint>
 #include <optional>
@@ -50,19 +51,30 @@ class SelfAttentionV2Impl : public torch::nn::Cloneable<SelfAttentionV2Impl> {
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
 
-  /// Loads a checkpoint strictly: a missing key, an extra key or a shape, dtype or
-  /// rank that differs is a c10::Error naming the key, and the module is left
-  /// unchanged. (LibTorch's default silently replaces tensors of other shapes.)
+  /// Saves the parameters and buffers as LibTorch does, and the options that change
+  /// the numbers without changing a tensor's shape (see `load`).
+  void save(torch::serialize::OutputArchive& archive) const override;
+
+  /// Loads a checkpoint strictly: a missing key, an extra key, a shape, dtype or
+  /// rank that differs, or a saved option that differs from this module's (such as
+  /// num_heads or scale) is a c10::Error naming the key with its path in the saved
+  /// model, and the module is left unchanged. (LibTorch's default silently replaces
+  /// tensors of other shapes.) Checkpoints without options load as before.
   void load(torch::serialize::InputArchive& archive) override;
 
   /// x: [B, T, d_in] or [T, d_in]  ->  [B, T, d_out] or [T, d_out].
   ///
-  /// key_padding_mask: optional [B, T] (or [T] for an unbatched x). Bool: true marks
-  /// a padding key that no query may attend to, as in torch.nn.MultiheadAttention.
-  /// Floating, of x's dtype: added to the scaled scores (0 keeps, -inf hides). A query
-  /// that is left with no key to see outputs zeros, not NaN. Empty by default, so
-  /// the module still works in Sequential and AnyModule with one argument.
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& key_padding_mask = {});
+  /// key_padding_mask: optional bool [B, T] (or [1, T], the same for every sequence;
+  /// [T] for an unbatched x); true marks a padding key that no query attends to, as
+  /// torch.nn.MultiheadAttention's key_padding_mask. (at::scaled_dot_product_attention's
+  /// bool attn_mask means the opposite, true = attend.) A floating mask is an error.
+  /// On the CPU, a mask that ignores every key of a sequence is an error too.
+  /// key_bias: optional, the same shapes, of x's dtype: added to the scaled scores of
+  /// each key (0 keeps, -inf hides, other values weigh it).
+  /// A query left with no key to see (every key it may see ignored or -inf) outputs
+  /// a row of zeros, never NaN. Both masks are empty by default, so the module works
+  /// in Sequential and AnyModule with one argument.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& key_padding_mask = {}, const at::Tensor& key_bias = {});
 
   SelfAttentionV2Options options;
   torch::nn::Linear W_query{nullptr};
@@ -70,7 +82,7 @@ class SelfAttentionV2Impl : public torch::nn::Cloneable<SelfAttentionV2Impl> {
   torch::nn::Linear W_value{nullptr};
 
  protected:
-  FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(at::Tensor())})
+  FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(at::Tensor())}, {2, torch::nn::AnyValue(at::Tensor())})
 };
 
 TORCH_MODULE(SelfAttentionV2);

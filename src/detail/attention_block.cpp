@@ -7,7 +7,8 @@
 namespace torchattn::detail {
 
 at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, KVCache* cache,
-                                   const functional::AttentionConfig& config, const at::Tensor& key_padding_mask) {
+                                   const functional::AttentionConfig& config, const at::Tensor& key_padding_mask,
+                                   const at::Tensor& key_bias) {
   const int64_t B = x.size(0);
   const int64_t T = x.size(1);
   at::Tensor keys = block.W_key->forward(x);  // [B, T, d_out]
@@ -27,19 +28,23 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
   MaskSpec spec;
   spec.causal = block.causal;
   spec.buffer = block.mask.defined() ? &block.mask : nullptr;
+  spec.key_padding = key_padding_mask;
+  spec.key_bias = key_bias;
   if (cache != nullptr) {
-    spec.past = cache->append(keys, values);
+    spec.past = cache->append(keys, values, key_padding_mask);
     if (cache->static_shapes()) {
       spec.positions = cache->position() - T;  // where the new tokens went
       keys = cache->key_storage();
       values = cache->value_storage();
+      spec.key_padding = cache->padding_storage();
     } else {
       keys = cache->keys();
       values = cache->values();
+      spec.key_padding = cache->padding();
     }
   }
 
-  at::Tensor context = attend(queries, keys, values, spec, config, key_padding_mask);
+  at::Tensor context = attend(queries, keys, values, spec, config);
 
   if (block.num_heads > 0) {
     // [B, H, T, head_dim] -> [B, T, H, head_dim] -> [B, T, d_out]; no copy when the

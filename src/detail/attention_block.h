@@ -7,6 +7,7 @@
 
 #include <torch/nn/modules/linear.h>
 
+#include <atomic>
 #include <cstdint>
 
 namespace torchattn::detail {
@@ -23,23 +24,34 @@ struct AttentionBlock {
   const at::Tensor& mask;
 };
 
+// A process-wide unique id for a module's KV caches (never 0, which means "any").
+inline uint64_t new_cache_owner() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 // x: [B, T, d_in] -> context before out_proj: [B, T, d_out].
 // With a cache, the new keys and values are appended first and the queries attend
 // over every cached position (a static-shape cache: over its whole storage, with
 // positions on the device).
-// key_padding_mask: [B, T] or undefined (see functional::attention).
+// key_padding_mask: [B, T] or [1, T] bool or undefined; key_bias: the same shapes,
+// additive, or undefined (see functional::attention). With a cache, the padding
+// mask is recorded in it with the new tokens, and the cache's whole padding applies.
 at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, KVCache* cache,
-                                   const functional::AttentionConfig& config, const at::Tensor& key_padding_mask = {});
+                                   const functional::AttentionConfig& config, const at::Tensor& key_padding_mask = {},
+                                   const at::Tensor& key_bias = {});
 
-// Runs `fn(x, key_padding_mask)` on x as [B, T, d_in] (mask [B, T]), adding and
-// removing the batch dimension for an unbatched [T, d_in] input (mask [T]).
+// Runs `fn(x, key_padding_mask, key_bias)` on x as [B, T, d_in] (masks [B, T] or
+// [1, T]), adding and removing the batch dimension for an unbatched [T, d_in] input
+// (masks [T]).
 template <typename Fn>
-at::Tensor with_batch_dim(const at::Tensor& x, const at::Tensor& key_padding_mask, Fn&& fn) {
+at::Tensor with_batch_dim(const at::Tensor& x, const at::Tensor& key_padding_mask, const at::Tensor& key_bias,
+                          Fn&& fn) {
   if (x.dim() == 2) {
-    return fn(x.unsqueeze(0), key_padding_mask.defined() ? key_padding_mask.unsqueeze(0) : key_padding_mask)
-        .squeeze(0);
+    auto batch = [](const at::Tensor& m) { return m.defined() ? m.unsqueeze(0) : m; };
+    return fn(x.unsqueeze(0), batch(key_padding_mask), batch(key_bias)).squeeze(0);
   }
-  return fn(x, key_padding_mask);
+  return fn(x, key_padding_mask, key_bias);
 }
 
 } // namespace torchattn::detail

@@ -7,11 +7,13 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 namespace torchattn::detail {
 
@@ -84,10 +86,15 @@ inline void check_input(const char* module, const at::Tensor& x, int64_t d_in, i
               ", got ", x.device());
 }
 
-// The cache passed to forward_cached: made by this module for x's batch, with room
-// for x's tokens.
-inline void check_cache(const char* module, const KVCache& cache, const at::Tensor& x, int64_t context_length) {
+// The cache passed to forward_cached: made by this module (`owner`) for x's batch,
+// with room for x's tokens, usable in the current inference mode; and the module in
+// eval mode unless it has no dropout.
+inline void check_cache(const char* module, const KVCache& cache, const at::Tensor& x, int64_t context_length,
+                        uint64_t owner, bool training, double dropout) {
   TORCH_CHECK(cache.defined(), module, ": expected a cache from make_kv_cache(batch_size), got an empty KVCache");
+  TORCH_CHECK(cache.owner() == 0 || cache.owner() == owner, module,
+              ": this KV cache was made by another module (each attention layer needs its own cache, from its own "
+              "make_kv_cache)");
   TORCH_CHECK(cache.capacity() == context_length, module, ": expected a cache of context_length=", context_length,
               ", got one of ", cache.capacity());
   const int64_t B = x.dim() == 3 ? x.size(0) : 1;
@@ -100,22 +107,74 @@ inline void check_cache(const char* module, const KVCache& cache, const at::Tens
   // overwritten by the next call.
   TORCH_CHECK(!c10::GradMode::is_enabled(), module,
               ": forward_cached is for inference: call it under torch::NoGradGuard or c10::InferenceMode");
+  TORCH_CHECK(!cache.key_storage().is_inference() || c10::InferenceMode::is_enabled(), module,
+              ": this KV cache was made under c10::InferenceMode, so it holds inference tensors, which can only be "
+              "written under InferenceMode; call forward_cached under c10::InferenceMode too, or make the cache under "
+              "torch::NoGradGuard");
+  TORCH_CHECK(!training || dropout == 0.0, module, ": forward_cached in training mode would apply dropout=", dropout,
+              " to the attention weights; call module->eval() before generating");
 }
 
-// key_padding_mask: undefined, or [T] / [B, T] like x's leading dimensions; bool
-// (true = ignore) or floating of x's dtype (additive), on x's device.
+// A key mask of a module's forward: undefined, or [B, T] / [1, T] for a batched x
+// ([T] for an unbatched one), on x's device.
+inline void check_key_mask_shape(const char* module, const char* arg, const at::Tensor& mask, const at::Tensor& x) {
+  const int64_t T = x.size(-2);
+  const bool batched = x.dim() == 3;
+  const bool ok = batched ? mask.dim() == 2 && (mask.size(0) == x.size(0) || mask.size(0) == 1) && mask.size(1) == T
+                          : mask.dim() == 1 && mask.size(0) == T;
+  TORCH_CHECK(ok, module, ": expected ", arg, " of shape ",
+              (batched ? "[B, T] = [" + std::to_string(x.size(0)) + ", " + std::to_string(T) + "] (or [1, " +
+                             std::to_string(T) + "])"
+                       : "[T] = [" + std::to_string(T) + "]"),
+              ", got ", mask.sizes());
+  TORCH_CHECK(mask.device() == x.device(), module, ": expected ", arg, " on ", x.device(), ", got ", mask.device());
+}
+
+// key_padding_mask: bool, true = ignore the key (torch.nn.MultiheadAttention's meaning).
+// A floating tensor here is someone's keep-mask or additive mask: neither is this.
 inline void check_key_padding_mask(const char* module, const at::Tensor& mask, const at::Tensor& x) {
   if (!mask.defined()) {
     return;
   }
-  const auto expected = x.sizes().slice(0, x.dim() - 1);
-  TORCH_CHECK(mask.sizes() == expected, module, ": expected key_padding_mask of shape ", expected,
-              " (input without its feature dimension), got ", mask.sizes());
-  TORCH_CHECK(mask.scalar_type() == at::kBool || mask.scalar_type() == x.scalar_type(), module,
-              ": expected key_padding_mask of dtype Bool (true = ignore the key) or ", x.scalar_type(),
-              " (added to the scores), got ", mask.scalar_type());
-  TORCH_CHECK(mask.device() == x.device(), module, ": expected key_padding_mask on ", x.device(), ", got ",
-              mask.device());
+  TORCH_CHECK(mask.scalar_type() == at::kBool, module,
+              ": expected a bool key_padding_mask (true = ignore that key, as in torch.nn.MultiheadAttention), got ",
+              mask.scalar_type(), "; an additive mask (0 keeps, -inf hides) goes in key_bias, forward's third "
+              "argument: forward(x, {}, bias)");
+  check_key_mask_shape(module, "key_padding_mask", mask, x);
+}
+
+// key_bias: of x's dtype, added to the scores of each key.
+inline void check_key_bias(const char* module, const at::Tensor& bias, const at::Tensor& x) {
+  if (!bias.defined()) {
+    return;
+  }
+  TORCH_CHECK(bias.scalar_type() == x.scalar_type(), module, ": expected key_bias of the input's dtype ",
+              x.scalar_type(), " (added to the scores: 0 keeps, -inf hides), got ", bias.scalar_type(),
+              (bias.scalar_type() == at::kBool ? "; a bool mask of keys to ignore is key_padding_mask" : ""));
+  check_key_mask_shape(module, "key_bias", bias, x);
+}
+
+// A sequence whose every key is ignored (the new tokens' mask, and with a cache the
+// tokens before them) is an error. Checked on the CPU only, where it costs no
+// synchronisation: such a mask is almost always at::scaled_dot_product_attention's
+// convention (true = attend) passed here.
+inline void check_some_key_kept(const char* module, const at::Tensor& key_padding_mask, const KVCache* cache = nullptr) {
+  if (!key_padding_mask.defined() || !key_padding_mask.is_cpu()) {
+    return;
+  }
+  at::Tensor ignored = (key_padding_mask.dim() == 1 ? key_padding_mask.unsqueeze(0) : key_padding_mask).all(-1);
+  if (cache != nullptr && cache->length() > 0) {
+    if (!cache->has_padding()) {
+      return;  // the cached tokens are all seen
+    }
+    ignored = ignored.logical_and(cache->padding().all(-1));
+  }
+  if (!ignored.any().item<bool>()) {
+    return;
+  }
+  TORCH_CHECK(false, module, ": key_padding_mask ignores every key of sequence ", ignored.nonzero().min().item<int64_t>(),
+              "; true marks a padding key to ignore (as in torch.nn.MultiheadAttention), the opposite of "
+              "at::scaled_dot_product_attention's attn_mask (true = attend): pass mask.logical_not()");
 }
 
 } // namespace torchattn::detail

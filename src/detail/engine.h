@@ -11,9 +11,10 @@
 namespace torchattn::detail {
 
 /// q: [B, ..., Tq, d], k: [B, ..., Tk, d], v: [B, ..., Tk, dv]; which keys each
-/// query sees: `mask` (see MaskSpec) and the optional key_padding_mask [B, Tk]
-/// (see functional::attention). Returns [B, ..., Tq, dv].
+/// query sees and the bias added to their scores: `mask` (see MaskSpec).
+/// A query that sees no key outputs zeros (see functional::attention).
+/// Returns [B, ..., Tq, dv].
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MaskSpec& mask,
-                  const functional::AttentionConfig& config, const at::Tensor& key_padding_mask = {});
+                  const functional::AttentionConfig& config);
 
 } // namespace torchattn::detail

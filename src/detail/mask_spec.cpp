@@ -8,11 +8,39 @@
 
 namespace torchattn::detail {
 
-void check_mask_spec(const char* fn, const MaskSpec& spec, int64_t Tq, int64_t Tk) {
+namespace {
+
+// [B, Tk] or [1, Tk], on q's device.
+void check_key_mask(const char* fn, const char* arg, const at::Tensor& m, const at::Tensor& q, int64_t Tk) {
+  const int64_t B = q.size(0);
+  TORCH_CHECK(m.dim() == 2 && (m.size(0) == B || m.size(0) == 1) && m.size(1) == Tk, fn, ": expected ", arg,
+              " of shape [B, Tk] = [", B, ", ", Tk, "] (or [1, ", Tk, "]), got ", m.sizes());
+  TORCH_CHECK(m.device() == q.device(), fn, ": expected ", arg, " on ", q.device(), ", got ", m.device());
+}
+
+} // namespace
+
+void check_mask_spec(const char* fn, const MaskSpec& spec, const at::Tensor& q, int64_t Tk) {
+  const int64_t Tq = q.size(-2);
   if (spec.buffer != nullptr) {
     const at::Tensor& b = *spec.buffer;
     TORCH_CHECK(b.dim() == 2 && b.size(0) == b.size(1), fn, ": expected a square [C, C] causal_mask, got ", b.sizes());
     TORCH_CHECK(Tk <= b.size(0), fn, ": expected at most context_length=", b.size(0), " key positions, got ", Tk);
+  }
+  if (spec.has_key_masks()) {
+    TORCH_CHECK(q.dim() >= 3, fn, ": a key_padding_mask or key_bias needs batched q [B, ..., Tq, d], got q ",
+                q.sizes());
+  }
+  if (spec.key_padding.defined()) {
+    check_key_mask(fn, "key_padding_mask", spec.key_padding, q, Tk);
+    TORCH_CHECK(spec.key_padding.scalar_type() == at::kBool, fn,
+                ": expected a bool key_padding_mask (true = ignore the key), got ", spec.key_padding.scalar_type(),
+                "; pass an additive mask (0 keeps, -inf hides) as key_bias");
+  }
+  if (spec.key_bias.defined()) {
+    check_key_mask(fn, "key_bias", spec.key_bias, q, Tk);
+    TORCH_CHECK(spec.key_bias.scalar_type() == q.scalar_type(), fn, ": expected key_bias of q's dtype ",
+                q.scalar_type(), " (added to the scores), got ", spec.key_bias.scalar_type());
   }
   if (spec.is_static()) {
     TORCH_CHECK(spec.causal, fn, ": static-shape positions need a causal mask");

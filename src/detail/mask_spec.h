@@ -1,6 +1,7 @@
 #pragma once
 
-// Which keys each query may see: the one description that every backend reads.
+// Which keys each query may see, and what is added to their scores: the one
+// description of a call that every backend reads.
 
 #include <ATen/core/Tensor.h>
 
@@ -22,18 +23,25 @@ struct MaskSpec {
   int64_t past = 0;
   /// Static shapes: [1] int64 on the queries' device holding the position of query 0.
   at::Tensor positions;
+  /// [B, Tk] or [1, Tk] bool, true = a padding key no query sees; undefined: none.
+  at::Tensor key_padding;
+  /// [B, Tk] or [1, Tk] of q's dtype, added to the scaled scores of each key
+  /// (-inf hides it); undefined: none.
+  at::Tensor key_bias;
 
   bool is_static() const { return positions.defined(); }
+  /// Some query may be left with no key: its output is zeros (see attend).
+  bool has_key_masks() const { return key_padding.defined() || key_bias.defined(); }
 };
 
-// Checks the spec against the shapes of one call (Tq queries, Tk keys) and the
-// buffer's size. `fn` names the caller in errors.
-void check_mask_spec(const char* fn, const MaskSpec& spec, int64_t Tq, int64_t Tk);
+// Checks the spec against the shapes of one call (q: [B, ..., Tq, d], Tk keys) and
+// the buffer's size. `fn` names the caller in errors.
+void check_mask_spec(const char* fn, const MaskSpec& spec, const at::Tensor& q, int64_t Tk);
 
-// bool [Tq, Tk], true = hidden, on `device`; undefined when nothing is hidden.
-// Reads the buffer when there is one (its [past, past + Tq) rows, or the rows at
-// the device positions), else builds the causal pattern from positions. Never
-// allocates more than Tq x Tk.
+// bool [Tq, Tk], true = hidden by the causal pattern, on `device`; undefined when
+// nothing is. Reads the buffer when there is one (its [past, past + Tq) rows, or
+// the rows at the device positions), else builds the pattern from positions. Never
+// allocates more than Tq x Tk. Key masks are not included.
 at::Tensor hidden_keys(const MaskSpec& spec, int64_t Tq, int64_t Tk, const at::Device& device);
 
 } // namespace torchattn::detail

@@ -1,5 +1,5 @@
 // libFuzzer target: drives the public API with random shapes, options, dtypes,
-// masks and cache sequences. The only exception it accepts is c10::Error (a checked
+// padding masks and key biases, cache sequences and cache clones. The only exception it accepts is c10::Error (a checked
 // argument); anything else, a sanitizer report or a crash is a finding.
 
 #include <torchattn/torchattn.h>
@@ -63,15 +63,17 @@ void run(FuzzedDataProvider& in) {
       case 3: F::masked_softmax(q, mask.defined() ? mask : k); break;
       default: {
         auto cm = in.ConsumeBool() ? F::causal_mask_buffer(std::max<int64_t>(C, 1)) : torch::Tensor();
+        auto bias_mask = in.ConsumeBool() ? make_tensor(in, pick_shape(in, 3), pick_dtype(in)) : torch::Tensor();
         F::attention(q, k, v, cm, in.ConsumeIntegralInRange<int64_t>(-1, 4), {scale, dropout, in.ConsumeBool(), backend},
-                     mask);
+                     mask, bias_mask);
       }
     }
     return;
   }
 
   torch::nn::AnyModule any;
-  std::function<torch::Tensor(const torch::Tensor&)> cached;
+  // forward_cached on the module's cache, or (fork = true) on a clone of it.
+  std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, bool)> cached;
   if (kind == 0) {
     torchattn::SelfAttentionV2 m(torchattn::SelfAttentionV2Options(d_in, d_out).qkv_bias(bias).scale(scale).backend(backend));
     any = torch::nn::AnyModule(m);
@@ -80,14 +82,26 @@ void run(FuzzedDataProvider& in) {
     any = torch::nn::AnyModule(m);
     auto cache = std::make_shared<torchattn::KVCache>(
         m->make_kv_cache(in.ConsumeIntegralInRange<int64_t>(-1, 3), static_shapes));
-    cached = [m, cache](const torch::Tensor& x) mutable { return m->forward_cached(x, *cache); };
+    cached = [m, cache](const torch::Tensor& x, const torch::Tensor& pad, bool fork) mutable {
+      if (fork) {
+        auto branch = cache->clone();
+        return m->forward_cached(x, branch, pad);
+      }
+      return m->forward_cached(x, *cache, pad);
+    };
   } else {
     torchattn::MultiHeadAttention m(
         torchattn::MultiHeadAttentionOptions(d_in, d_out, C, H).dropout(dropout).qkv_bias(bias).scale(scale).backend(backend).mask_buffer(mask_buffer));
     any = torch::nn::AnyModule(m);
     auto cache = std::make_shared<torchattn::KVCache>(
         m->make_kv_cache(in.ConsumeIntegralInRange<int64_t>(-1, 3), static_shapes));
-    cached = [m, cache](const torch::Tensor& x) mutable { return m->forward_cached(x, *cache); };
+    cached = [m, cache](const torch::Tensor& x, const torch::Tensor& pad, bool fork) mutable {
+      if (fork) {
+        auto branch = cache->clone();
+        return m->forward_cached(x, branch, pad);
+      }
+      return m->forward_cached(x, *cache, pad);
+    };
   }
   any.ptr()->to(module_dtype);
   any.ptr()->train(in.ConsumeBool());
@@ -97,10 +111,14 @@ void run(FuzzedDataProvider& in) {
     try {
       if (cached && in.ConsumeBool()) {
         torch::NoGradGuard no_grad;
-        cached(x);
+        auto pad = in.ConsumeBool() ? make_tensor(in, pick_shape(in, 3), in.ConsumeBool() ? torch::kBool : pick_dtype(in))
+                                    : torch::Tensor();
+        cached(x, pad, in.ConsumeBool());
       } else if (in.ConsumeBool()) {
         auto mask = make_tensor(in, pick_shape(in, 3), in.ConsumeBool() ? torch::kBool : pick_dtype(in));
-        auto y = any.forward(x, mask);
+        auto bias_mask = in.ConsumeBool() ? make_tensor(in, pick_shape(in, 3), in.ConsumeBool() ? module_dtype : pick_dtype(in))
+                                          : torch::Tensor();
+        auto y = any.forward(x, mask, bias_mask);
         if (y.requires_grad() && in.ConsumeBool()) y.sum().backward();
       } else {
         auto y = any.forward(x);

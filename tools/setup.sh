@@ -26,9 +26,9 @@ if ((${#missing[@]})); then
 fi
 
 stamp=.venv/.torchattn-requirements
-if [ ! -x .venv/bin/python ] || ! cmp -s requirements.txt "$stamp"; then
-  echo "setup: creating .venv with $(grep -E '^torch==' requirements.txt)"
+if [ ! -x .venv/bin/python ] || ! cmp -s tools/requirements.txt "$stamp"; then
+  echo "setup: creating .venv with $(grep -E '^torch==' tools/requirements.txt)"
   [ -x .venv/bin/python ] || python3 -m venv .venv
-  .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
-  cp requirements.txt "$stamp"
+  .venv/bin/pip install -q --disable-pip-version-check -r tools/requirements.txt
+  cp tools/requirements.txt "$stamp"
 fi

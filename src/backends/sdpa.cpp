@@ -1,4 +1,4 @@
-#include "sdpa_kernel.h"
+#include "sdpa.h"
 
 #include <ATen/Context.h>
 #include <ATen/SDPBackend.h>

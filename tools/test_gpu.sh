@@ -6,7 +6,7 @@
 #      torch must have CUDA) or of $Torch_DIR, with -j$(nproc);
 #   2. runs the whole suite (ctest) with TORCHATTN_REQUIRE_CUDA=1: every
 #      device-parametrized test runs on the CPU and on CUDA, and a missing GPU fails;
-#   3. runs the CUDA benchmark (docs/benchmarks-cuda.md and .png); GPU_BENCH=0 skips it;
+#   3. runs the CUDA benchmark (apps/bench/results/benchmarks-cuda.md and .png); GPU_BENCH=0 skips it;
 #   4. runs the CUDA tests under `compute-sanitizer --tool memcheck`.
 #
 # GoogleTest, CLI11 and Gloo's headers: from the system, or from GPU_DEPS, a folder
@@ -15,7 +15,7 @@
 # Without GoogleTest there is nothing to test and this fails; without CLI11 the
 # benchmark and apps are not built and step 3 fails.
 #
-#   make test-gpu GPU_DEPS=/path/to/deps            (or: GPU_DEPS=... bash scripts/test_gpu.sh)
+#   make test-gpu GPU_DEPS=/path/to/deps            (or: GPU_DEPS=... bash tools/test_gpu.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,0 +1,88 @@
+#include "checkpoint_options.h"
+
+#include <torchattn/causal_attention.h>
+#include <torchattn/multi_head_attention.h>
+#include <torchattn/self_attention_v2.h>
+
+#include <c10/util/Exception.h>
+
+#include <iomanip>
+#include <map>
+#include <sstream>
+
+namespace torchattn::detail {
+
+namespace {
+
+std::string text(int64_t v) {
+  return std::to_string(v);
+}
+
+std::string text(const std::optional<double>& v) {
+  if (!v) {
+    return "default";
+  }
+  std::ostringstream s;
+  s << std::setprecision(17) << *v;
+  return s.str();
+}
+
+std::map<std::string, std::string> decode(const char* fn, const std::string& path, const std::string& saved) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(saved);
+  std::string item;
+  while (std::getline(in, item, ';')) {
+    const auto eq = item.find('=');
+    TORCH_CHECK(eq != std::string::npos && eq > 0, fn, ": checkpoint entry '", path, kOptionsKey,
+                "' is malformed: expected name=value pairs, got '", saved, "'");
+    out[item.substr(0, eq)] = item.substr(eq + 1);
+  }
+  return out;
+}
+
+} // namespace
+
+std::optional<OptionValues> checkpoint_options(const torch::nn::Module& module) {
+  if (const auto* m = dynamic_cast<const MultiHeadAttentionImpl*>(&module)) {
+    return OptionValues{{"num_heads", text(m->options.num_heads())}, {"scale", text(m->options.scale())}};
+  }
+  if (const auto* m = dynamic_cast<const CausalAttentionImpl*>(&module)) {
+    return OptionValues{{"scale", text(m->options.scale())}};
+  }
+  if (const auto* m = dynamic_cast<const SelfAttentionV2Impl*>(&module)) {
+    return OptionValues{{"scale", text(m->options.scale())}};
+  }
+  return std::nullopt;
+}
+
+std::string encode_options(const OptionValues& options) {
+  std::string out;
+  for (const auto& [name, value] : options) {
+    out += (out.empty() ? "" : ";") + name + "=" + value;
+  }
+  return out;
+}
+
+void check_saved_options(const char* fn, const std::string& path, const std::string& saved,
+                         const OptionValues& module_options) {
+  const auto values = decode(fn, path, saved);
+  const std::string where = path.empty() ? "the module" : "'" + path.substr(0, path.size() - 1) + "'";
+  for (const auto& [name, value] : module_options) {
+    const auto it = values.find(name);
+    TORCH_CHECK(it == values.end() || it->second == value, fn, ": checkpoint of ", where, " was saved with ", name,
+                "=", it->second, ", this module has ", name, "=", value,
+                " (the tensors have the same shapes, but the numbers would differ)");
+  }
+}
+
+int64_t implied_causal_mask(const torch::nn::Module& module) {
+  if (const auto* m = dynamic_cast<const CausalAttentionImpl*>(&module); m != nullptr && !m->options.mask_buffer()) {
+    return m->options.context_length();
+  }
+  if (const auto* m = dynamic_cast<const MultiHeadAttentionImpl*>(&module); m != nullptr && !m->options.mask_buffer()) {
+    return m->options.context_length();
+  }
+  return 0;
+}
+
+} // namespace torchattn::detail
