@@ -26,13 +26,41 @@ double dropout_p(const functional::AttentionConfig& config) {
   return config.training ? config.dropout : 0.0;
 }
 
+// Grouped-query attention: q has H heads, k and v Hkv, H a multiple of Hkv.
+int64_t query_groups(const at::Tensor& q, const at::Tensor& k) {
+  return q.dim() == 4 ? q.size(1) / k.size(1) : 1;
+}
+
+// [B, Hkv, T, d] -> [B, Hkv * G, T, d]: each key/value head repeated for the G query
+// heads that share it (transformers' repeat_kv).
+at::Tensor repeat_kv(const at::Tensor& t, int64_t G) {
+  if (G == 1) {
+    return t;
+  }
+  const int64_t B = t.size(0), Hkv = t.size(1), T = t.size(2), d = t.size(3);
+  return t.unsqueeze(2).expand({B, Hkv, G, T, d}).reshape({B, Hkv * G, T, d});
+}
+
 // The SDPA backend: Backend::SDPA is ATen's own choice of kernel; Auto avoids
 // cuDNN's per-shape plans unless the shapes are static (a cache of fixed size
-// decoding one token at a time).
+// decoding one token at a time). `mask` has a query dimension of Tq or 1 and a
+// head dimension of 1.
+//
+// Grouped queries: a single query per head (decoding) folds its G heads into G
+// rows over their shared key/value head, [B, H, 1, d] -> [B, Hkv, G, d], so each
+// key and value is read once per group; more queries use ATen's enable_gqa.
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
                 bool is_causal, const functional::AttentionConfig& config, bool static_shapes) {
   const bool allow_cudnn = config.backend == Backend::SDPA || (static_shapes && q.size(-2) == 1);
-  return detail::fused_attention(q, k, v, mask, dropout_p(config), is_causal, config.scale, allow_cudnn);
+  const int64_t G = query_groups(q, k);
+  if (G > 1 && q.size(-2) == 1 && !is_causal) {
+    const int64_t B = q.size(0), H = q.size(1);
+    const at::Tensor folded = q.reshape({B, H / G, G, q.size(-1)});
+    return detail::fused_attention(folded, k, v, mask, dropout_p(config), false, config.scale, allow_cudnn)
+        .reshape({B, H, 1, v.size(-1)});
+  }
+  return detail::fused_attention(q, k, v, mask, dropout_p(config), is_causal, config.scale, allow_cudnn,
+                                 /*enable_gqa=*/G > 1);
 }
 
 // [B or 1, Tk] -> [B or 1, 1, ..., 1, Tk]: broadcasts over heads and queries of q.
@@ -65,7 +93,8 @@ at::Tensor key_masked_attention(const at::Tensor& q, const at::Tensor& k, const 
 
   at::Tensor out;
   if (functional::resolve_backend(config) == Backend::Reference) {
-    out = detail::reference_attention(q, k, v, hide, bias, config.scale, dropout_p(config));
+    const int64_t G = query_groups(q, k);
+    out = detail::reference_attention(q, repeat_kv(k, G), repeat_kv(v, G), hide, bias, config.scale, dropout_p(config));
   } else {
     at::Tensor mask = at::zeros(hide.sizes(), q.options()).masked_fill_(hide, -std::numeric_limits<double>::infinity());
     if (bias.defined()) {
@@ -86,6 +115,9 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   check_qkv(fn, q, k, &v);
   check_scale(fn, config.scale);
   check_mask_spec(fn, spec, q, k.size(-2));
+  TORCH_CHECK(q.dim() == k.dim() && (q.dim() != 4 || (k.size(1) > 0 && q.size(1) % k.size(1) == 0)), fn,
+              ": expected q's heads a multiple of k's (grouped-query attention), got q ", q.sizes(), " and k ",
+              k.sizes());
   const int64_t Tq = q.size(-2), Tk = k.size(-2);
   const Backend backend = functional::resolve_backend(config);
   if (q.dim() == 3 && backend == Backend::SDPA) {
@@ -97,10 +129,14 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     return key_masked_attention(q, k, v, spec, config);
   }
   if (backend == Backend::Reference) {
-    return reference_attention(q, k, v, hidden_keys(spec, Tq, Tk, q.device()), {}, config.scale, dropout_p(config));
+    const int64_t G = query_groups(q, k);
+    return reference_attention(q, repeat_kv(k, G), repeat_kv(v, G), hidden_keys(spec, Tq, Tk, q.device()), {},
+                               config.scale, dropout_p(config));
   }
-  if (spec.is_static()) {
-    return sdpa(q, k, v, hidden_keys(spec, Tq, Tk, q.device()).logical_not(), /*is_causal=*/false, config, true);
+  if (spec.is_static() || spec.window) {
+    const at::Tensor hide = hidden_keys(spec, Tq, Tk, q.device());
+    return sdpa(q, k, v, hide.defined() ? std::optional<at::Tensor>(hide.logical_not()) : std::nullopt,
+                /*is_causal=*/false, config, spec.is_static());
   }
   // SDPA's is_causal aligns top-left, which is our mask only when Tq == Tk. A single
   // new token sees every cached key, so it needs no mask. Other cached chunks pass

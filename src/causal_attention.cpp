@@ -24,13 +24,20 @@ void CausalAttentionImpl::reset() {
   detail::check_positive(kName, "context_length", options.context_length());
   detail::check_dropout(kName, options.dropout());
   detail::check_scale(kName, options.scale());
+  detail::check_window(kName, options.window(), options.causal());
+  if (options.rope()) {
+    detail::check_rope(kName, *options.rope(), options.d_out());
+  }
   const auto linear = torch::nn::LinearOptions(options.d_in(), options.d_out()).bias(options.qkv_bias());
   W_query = register_module("W_query", torch::nn::Linear(linear));
   W_key = register_module("W_key", torch::nn::Linear(linear));
   W_value = register_module("W_value", torch::nn::Linear(linear));
   dropout = register_module("dropout", torch::nn::Dropout(options.dropout()));
   cache_owner_ = detail::new_cache_owner();
-  if (options.mask_buffer()) {
+  rotary_ = options.rope() ? std::make_shared<const detail::RotaryCache>(*options.rope(), options.d_out(),
+                                                                          options.context_length())
+                           : nullptr;
+  if (options.causal() && options.mask_buffer()) {
     mask = register_buffer("mask", functional::causal_mask_buffer(options.context_length()));
   } else {
     mask = at::Tensor();
@@ -49,9 +56,8 @@ void CausalAttentionImpl::pretty_print(std::ostream& stream) const {
   stream << "torchattn::CausalAttention(d_in=" << options.d_in() << ", d_out=" << options.d_out()
          << ", context_length=" << options.context_length() << ", dropout=" << options.dropout()
          << ", qkv_bias=" << std::boolalpha << options.qkv_bias() << ", backend=" << options.backend();
-  if (!options.mask_buffer()) {
-    stream << ", mask_buffer=false";
-  }
+  detail::print_attention_extras(stream, options.causal(), options.window(), options.rope(),
+                                 options.mask_buffer() || !options.causal());
   stream << ")";
 }
 
@@ -75,13 +81,13 @@ at::Tensor CausalAttentionImpl::forward_cached(const at::Tensor& x_new, KVCache&
   detail::check_input(kName, x_new, options.d_in(), options.context_length(), W_query->weight);
   detail::check_cache(kName, cache, x_new, options.context_length(), cache_owner_, is_training(), options.dropout());
   detail::check_key_padding_mask(kName, key_padding_mask, x_new);
-  detail::check_some_key_kept(kName, key_padding_mask, &cache);
   return attend(x_new, key_padding_mask, at::Tensor(), &cache);
 }
 
 at::Tensor CausalAttentionImpl::attend(const at::Tensor& x, const at::Tensor& key_padding_mask,
                                        const at::Tensor& key_bias, KVCache* cache) {
-  detail::AttentionBlock block{W_query, W_key, W_value, /*num_heads=*/0, /*causal=*/true, mask};
+  detail::AttentionBlock block{W_query, W_key, W_value, /*num_heads=*/0, /*num_kv_heads=*/0, options.causal(),
+                               mask, options.window(), rotary_.get()};
   const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend()};
   return detail::with_batch_dim(x, key_padding_mask, key_bias,
                                 [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {

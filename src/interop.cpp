@@ -45,6 +45,19 @@ const torch::nn::Module* submodule(const torch::nn::Module& module, const std::s
   return nullptr;
 }
 
+// What explains the shape of the tensor at `key` ("blocks.0.attn.W_key.weight"): the
+// hint of the module that owns its parent ("blocks.0.attn"), or "".
+std::string shape_hint(const torch::nn::Module& module, const std::string& key) {
+  const auto leaf = key.rfind('.');
+  if (leaf == std::string::npos) {
+    return "";
+  }
+  const auto parent = key.rfind('.', leaf - 1);
+  const std::string owner = parent == std::string::npos ? "" : key.substr(0, parent);
+  const torch::nn::Module* m = submodule(module, owner);
+  return m == nullptr ? "" : detail::shape_hint(*m, parent == std::string::npos ? key : key.substr(parent + 1));
+}
+
 // A torch::save archive (TorchScript's zip with constants.pkl), not a pickled dict.
 bool is_torch_save_archive(const std::vector<char>& bytes) {
   try {
@@ -102,7 +115,7 @@ void load_state_dict(torch::nn::Module& module, const std::string& path) {
     auto it = loaded.find(key);
     TORCH_CHECK(it != loaded.end(), "load_state_dict: '", path, "' is missing key '", key, "'");
     TORCH_CHECK(it->second.sizes() == target.sizes(), "load_state_dict: key '", key, "' has shape ",
-                it->second.sizes(), " in '", path, "', expected ", target.sizes());
+                it->second.sizes(), " in '", path, "', expected ", target.sizes(), shape_hint(module, key));
     TORCH_CHECK(it->second.scalar_type() == target.scalar_type(), "load_state_dict: key '", key, "' has dtype ",
                 it->second.scalar_type(), " in '", path, "', expected ", target.scalar_type());
   }

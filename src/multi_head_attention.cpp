@@ -25,16 +25,28 @@ void MultiHeadAttentionImpl::reset() {
   detail::check_positive(kName, "num_heads", options.num_heads());
   TORCH_CHECK(options.d_out() % options.num_heads() == 0, kName, ": expected d_out divisible by num_heads, got d_out=",
               options.d_out(), " and num_heads=", options.num_heads());
+  TORCH_CHECK(num_kv_heads() >= 1 && options.num_heads() % num_kv_heads() == 0, kName,
+              ": expected num_kv_heads >= 1 dividing num_heads=", options.num_heads(), ", got num_kv_heads=",
+              num_kv_heads());
   detail::check_dropout(kName, options.dropout());
   detail::check_scale(kName, options.scale());
-  const auto linear = torch::nn::LinearOptions(options.d_in(), options.d_out()).bias(options.qkv_bias());
-  W_query = register_module("W_query", torch::nn::Linear(linear));
-  W_key = register_module("W_key", torch::nn::Linear(linear));
-  W_value = register_module("W_value", torch::nn::Linear(linear));
-  out_proj = register_module("out_proj", torch::nn::Linear(options.d_out(), options.d_out()));
+  detail::check_window(kName, options.window(), options.causal());
+  if (options.rope()) {
+    detail::check_rope(kName, *options.rope(), head_dim());
+  }
+  const auto qkv = [&](int64_t out) { return torch::nn::LinearOptions(options.d_in(), out).bias(options.qkv_bias()); };
+  const int64_t kv_features = num_kv_heads() * head_dim();
+  W_query = register_module("W_query", torch::nn::Linear(qkv(options.d_out())));
+  W_key = register_module("W_key", torch::nn::Linear(qkv(kv_features)));
+  W_value = register_module("W_value", torch::nn::Linear(qkv(kv_features)));
+  out_proj = register_module(
+      "out_proj", torch::nn::Linear(torch::nn::LinearOptions(options.d_out(), options.d_out()).bias(options.out_bias())));
   dropout = register_module("dropout", torch::nn::Dropout(options.dropout()));
   cache_owner_ = detail::new_cache_owner();
-  if (options.mask_buffer()) {
+  rotary_ = options.rope()
+                ? std::make_shared<const detail::RotaryCache>(*options.rope(), head_dim(), options.context_length())
+                : nullptr;
+  if (options.causal() && options.mask_buffer()) {
     mask = register_buffer("mask", functional::causal_mask_buffer(options.context_length()));
   } else {
     mask = at::Tensor();
@@ -54,9 +66,14 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
          << ", context_length=" << options.context_length() << ", num_heads=" << options.num_heads()
          << ", dropout=" << options.dropout() << ", qkv_bias=" << std::boolalpha << options.qkv_bias()
          << ", backend=" << options.backend();
-  if (!options.mask_buffer()) {
-    stream << ", mask_buffer=false";
+  if (num_kv_heads() != options.num_heads()) {
+    stream << ", num_kv_heads=" << num_kv_heads();
   }
+  if (!options.out_bias()) {
+    stream << ", out_bias=false";
+  }
+  detail::print_attention_extras(stream, options.causal(), options.window(), options.rope(),
+                                 options.mask_buffer() || !options.causal());
   stream << ")";
 }
 
@@ -71,7 +88,7 @@ at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x, const at::Tensor
 
 KVCache MultiHeadAttentionImpl::make_kv_cache(int64_t batch_size, bool static_shapes) const {
   detail::check_positive(kName, "batch_size", batch_size);
-  return KVCache({batch_size, options.num_heads(), options.context_length(), head_dim()}, W_key->weight.options(),
+  return KVCache({batch_size, num_kv_heads(), options.context_length(), head_dim()}, W_key->weight.options(),
                  static_shapes, cache_owner_);
 }
 
@@ -80,13 +97,13 @@ at::Tensor MultiHeadAttentionImpl::forward_cached(const at::Tensor& x_new, KVCac
   detail::check_input(kName, x_new, options.d_in(), options.context_length(), W_query->weight);
   detail::check_cache(kName, cache, x_new, options.context_length(), cache_owner_, is_training(), options.dropout());
   detail::check_key_padding_mask(kName, key_padding_mask, x_new);
-  detail::check_some_key_kept(kName, key_padding_mask, &cache);
   return attend(x_new, key_padding_mask, at::Tensor(), &cache);
 }
 
 at::Tensor MultiHeadAttentionImpl::attend(const at::Tensor& x, const at::Tensor& key_padding_mask,
                                           const at::Tensor& key_bias, KVCache* cache) {
-  detail::AttentionBlock block{W_query, W_key, W_value, options.num_heads(), /*causal=*/true, mask};
+  detail::AttentionBlock block{W_query, W_key, W_value, options.num_heads(), num_kv_heads(), options.causal(),
+                               mask, options.window(), rotary_.get()};
   const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend()};
   return detail::with_batch_dim(x, key_padding_mask, key_bias,
                                 [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {

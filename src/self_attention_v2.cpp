@@ -47,7 +47,7 @@ at::Tensor SelfAttentionV2Impl::forward(const at::Tensor& x, const at::Tensor& k
   detail::check_key_bias(kName, key_bias, x);
   detail::check_some_key_kept(kName, key_padding_mask);
   const at::Tensor no_mask;
-  detail::AttentionBlock block{W_query, W_key, W_value, /*num_heads=*/0, /*causal=*/false, no_mask};
+  detail::AttentionBlock block{W_query, W_key, W_value, /*num_heads=*/0, /*num_kv_heads=*/0, /*causal=*/false, no_mask};
   // The notebook divides by torch.sqrt(torch.tensor(d_out)): a float32 square root,
   // even for float64 inputs. Mirror it so float64 matches the Python code too.
   const double default_scale = 1.0 / static_cast<double>(std::sqrt(static_cast<float>(options.d_out())));

@@ -176,21 +176,6 @@ std::vector<ErrorCase> error_cases() {
          m->forward_cached(x3(1, 3, 3), cache, torch::ones({1, 3}));
        },
        "CausalAttention: expected a bool key_padding_mask (true = ignore that key"},
-      {"CachePaddingIgnoresEveryKey",
-       [] {
-         torch::NoGradGuard g;
-         MultiHeadAttention m(3, 2, 6, 0.0, 2);
-         auto cache = m->make_kv_cache(2);
-         m->forward_cached(x3(2, 3, 3), cache, torch::tensor({{true, false, false}, {true, true, true}}));
-       },
-       "MultiHeadAttention: key_padding_mask ignores every key of sequence 1"},
-      {"EmptyCache",
-       [] {
-         CausalAttention m(3, 2, 6, 0.0);
-         torchattn::KVCache cache;
-         m->forward_cached(x3(1, 1, 3), cache);
-       },
-       "CausalAttention: expected a cache from make_kv_cache(batch_size), got an empty KVCache"},
       {"PaddingMaskShape", [] { MultiHeadAttention(3, 2, 6, 0.0, 2)(x3(2, 5, 3), torch::zeros({2, 4}, torch::kBool)); },
        "MultiHeadAttention: expected key_padding_mask of shape [B, T] = [2, 5] (or [1, 5]), got [2, 4]"},
       {"PaddingMaskDtype", [] { CausalAttention(3, 2, 6, 0.0)(x3(2, 5, 3), torch::zeros({2, 5}, torch::kLong)); },

@@ -2,6 +2,7 @@
 
 #include <torchattn/backend.h>
 #include <torchattn/kv_cache.h>
+#include <torchattn/rope.h>
 
 #include <torch/arg.h>
 #include <torch/nn/cloneable.h>
@@ -14,9 +15,14 @@
 #include <torch/serialize/output-archive.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 
 namespace torchattn {
+
+namespace detail {
+class RotaryCache;
+}
 
 /// Options for `CausalAttention` (notebooks 000, 001, 003).
 ///
@@ -35,6 +41,15 @@ struct CausalAttentionOptions {
   TORCH_ARG(double, dropout) = 0.0;
   /// Bias in W_query, W_key and W_value. Default: false.
   TORCH_ARG(bool, qkv_bias) = false;
+  /// true (default): token t sees tokens 0..t. false: every token sees every token;
+  /// no `mask` buffer is registered. Key padding masks apply either way.
+  TORCH_ARG(bool, causal) = true;
+  /// A sliding window: the query at position i sees keys j with i - window < j <= i.
+  /// Needs causal(true). Default: unset, every earlier key.
+  TORCH_ARG(std::optional<int64_t>, window) = std::nullopt;
+  /// Rotary position embeddings of queries and keys (the whole d_out is one head).
+  /// Default: unset, no rotation (the notebooks). See MultiHeadAttentionOptions::rope.
+  TORCH_ARG(std::optional<RoPEOptions>, rope) = std::nullopt;
   /// Multiplies the scores (> 0). Default: unset, meaning divide by sqrt(d_out);
   /// `.scale(1.0)` is notebook 000's unscaled attention.
   TORCH_ARG(std::optional<double>, scale) = std::nullopt;
@@ -104,7 +119,9 @@ class CausalAttentionImpl : public torch::nn::Cloneable<CausalAttentionImpl> {
   /// key_padding_mask: optional bool [B, T_new] (or [1, T_new]; [T_new] unbatched),
   /// true = that new token is padding. The cache remembers it: later tokens never
   /// attend to it. A left-padded batch of prompts of different lengths so decodes
-  /// together, each sequence as it would alone.
+  /// together, each sequence as it would alone. (A chunk of a left-padded prompt may
+  /// hold only padding, so unlike forward this does not reject a mask that ignores
+  /// every key of a sequence: outputs for padding tokens are rows of no meaning.)
   ///
   /// Errors: autograd on (use NoGradGuard or InferenceMode), training mode with
   /// dropout > 0 (call eval()), a cache made by another module, or made under
@@ -128,6 +145,8 @@ class CausalAttentionImpl : public torch::nn::Cloneable<CausalAttentionImpl> {
                     KVCache* cache);
   // Identifies this module's caches (a new id at every reset(), so clones differ).
   uint64_t cache_owner_ = 0;
+  // The RoPE cos/sin tables per device, or null without rope.
+  std::shared_ptr<const detail::RotaryCache> rotary_;
 };
 
 TORCH_MODULE(CausalAttention);

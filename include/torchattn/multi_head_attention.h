@@ -2,6 +2,7 @@
 
 #include <torchattn/backend.h>
 #include <torchattn/kv_cache.h>
+#include <torchattn/rope.h>
 
 #include <torch/arg.h>
 #include <torch/nn/cloneable.h>
@@ -14,14 +15,25 @@
 #include <torch/serialize/output-archive.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 
 namespace torchattn {
 
-/// Options for `MultiHeadAttention` (notebook 003).
+namespace detail {
+class RotaryCache;
+}
+
+/// Options for `MultiHeadAttention` (notebook 003), and the attention of today's
+/// models on top of it:
 ///
 ///   torchattn::MultiHeadAttention mha(
 ///       torchattn::MultiHeadAttentionOptions(768, 768, 1024, 12).dropout(0.1));
+///   // Llama-style: grouped-query heads, rotary positions, no biases.
+///   torchattn::MultiHeadAttentionOptions(576, 576, 8192, 9)
+///       .num_kv_heads(3).rope(torchattn::RoPEOptions(100000.0)).out_bias(false);
+///   // BERT-style: every token sees every token.
+///   torchattn::MultiHeadAttentionOptions(384, 384, 512, 12).causal(false).qkv_bias(true);
 struct MultiHeadAttentionOptions {
   MultiHeadAttentionOptions(int64_t d_in, int64_t d_out, int64_t context_length, int64_t num_heads)
       : d_in_(d_in), d_out_(d_out), context_length_(context_length), num_heads_(num_heads) {}
@@ -32,12 +44,30 @@ struct MultiHeadAttentionOptions {
   TORCH_ARG(int64_t, d_out);
   /// Most tokens a sequence may have; the size of the `mask` buffer and of a KV cache.
   TORCH_ARG(int64_t, context_length);
-  /// Heads; each sees head_dim = d_out / num_heads features.
+  /// Query heads; each sees head_dim = d_out / num_heads features.
   TORCH_ARG(int64_t, num_heads);
+  /// Key/value heads (grouped-query attention, as Llama, Qwen2, Mistral): each is
+  /// shared by num_heads / num_kv_heads query heads, W_key and W_value give
+  /// num_kv_heads * head_dim features and a KV cache holds num_kv_heads heads (1 is
+  /// multi-query attention). A divisor of num_heads. Default: unset, num_heads.
+  TORCH_ARG(std::optional<int64_t>, num_kv_heads) = std::nullopt;
   /// Dropout on the attention weights in training mode, in [0, 1). Default: 0.0.
   TORCH_ARG(double, dropout) = 0.0;
-  /// Bias in W_query, W_key and W_value (out_proj always has one). Default: false.
+  /// Bias in W_query, W_key and W_value. Default: false.
   TORCH_ARG(bool, qkv_bias) = false;
+  /// Bias in out_proj. Default: true, the notebooks' out_proj (Llama's o_proj has none).
+  TORCH_ARG(bool, out_bias) = true;
+  /// true (default): query i sees keys 0..i. false: every query sees every key (an
+  /// encoder, as BERT); no `mask` buffer is registered. Key padding masks apply either way.
+  TORCH_ARG(bool, causal) = true;
+  /// A sliding window, as Mistral's: the query at position i sees keys j with
+  /// i - window < j <= i. Needs causal(true). Default: unset, every earlier key.
+  TORCH_ARG(std::optional<int64_t>, window) = std::nullopt;
+  /// Rotary position embeddings of queries and keys (after the projections, before
+  /// the scores; cached keys are stored rotated). Positions count from 0, continue
+  /// from the cache in forward_cached, and in a padded batch count each sequence's
+  /// real tokens only. Default: unset, no rotation (the notebooks).
+  TORCH_ARG(std::optional<RoPEOptions>, rope) = std::nullopt;
   /// Multiplies the scores (> 0). Default: unset, meaning divide by sqrt(head_dim).
   TORCH_ARG(std::optional<double>, scale) = std::nullopt;
   /// Which implementation computes attention. Default: Backend::Auto.
@@ -55,8 +85,9 @@ struct MultiHeadAttentionOptions {
 /// causally, the heads are merged and passed through `out_proj`.
 ///
 /// Submodules `W_query`, `W_key`, `W_value`, `out_proj` (nn::Linear), `dropout`
-/// (nn::Dropout) and the buffer `mask` = triu(ones(context_length, context_length), 1),
-/// in the notebook's order: same seed, same weights, same state-dict keys.
+/// (nn::Dropout) and the buffer `mask` = triu(ones(context_length, context_length), 1)
+/// (causal, mask_buffer(true)), in the notebook's order: same seed, same weights,
+/// same state-dict keys.
 class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImpl> {
  public:
   explicit MultiHeadAttentionImpl(const MultiHeadAttentionOptions& options);
@@ -99,7 +130,7 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   at::Tensor forward(const at::Tensor& x, const at::Tensor& key_padding_mask = {}, const at::Tensor& key_bias = {});
 
   /// An empty cache for `batch_size` sequences:
-  /// [batch_size, num_heads, context_length, head_dim], of the module's dtype and device.
+  /// [batch_size, num_kv_heads, context_length, head_dim], of the module's dtype and device.
   /// static_shapes: a cache whose steps have fixed shapes and no host
   /// synchronisation, for CUDA graphs (see KVCache and DecodeGraph).
   KVCache make_kv_cache(int64_t batch_size, bool static_shapes = false) const;
@@ -111,7 +142,9 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   /// key_padding_mask: optional bool [B, T_new] (or [1, T_new]; [T_new] unbatched),
   /// true = that new token is padding. The cache remembers it: later tokens never
   /// attend to it. A left-padded batch of prompts of different lengths so decodes
-  /// together, each sequence as it would alone.
+  /// together, each sequence as it would alone. (A chunk of a left-padded prompt may
+  /// hold only padding, so unlike forward this does not reject a mask that ignores
+  /// every key of a sequence: outputs for padding tokens are rows of no meaning.)
   ///
   /// Errors: autograd on (use NoGradGuard or InferenceMode), training mode with
   /// dropout > 0 (call eval()), a cache made by another module, or made under
@@ -119,6 +152,7 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   at::Tensor forward_cached(const at::Tensor& x_new, KVCache& cache, const at::Tensor& key_padding_mask = {});
 
   int64_t head_dim() const { return options.d_out() / options.num_heads(); }
+  int64_t num_kv_heads() const { return options.num_kv_heads().value_or(options.num_heads()); }
 
   MultiHeadAttentionOptions options;
   torch::nn::Linear W_query{nullptr};
@@ -138,6 +172,8 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
                     KVCache* cache);
   // Identifies this module's caches (a new id at every reset(), so clones differ).
   uint64_t cache_owner_ = 0;
+  // The RoPE cos/sin tables per device, or null without rope.
+  std::shared_ptr<const detail::RotaryCache> rotary_;
 };
 
 TORCH_MODULE(MultiHeadAttention);

@@ -5,6 +5,7 @@
 #include <ATen/ops/_fused_sdp_choice.h>
 #include <ATen/ops/_scaled_dot_product_efficient_attention.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention.h>
+#include <ATen/ops/repeat_interleave.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
@@ -72,16 +73,17 @@ FusedKernel choose_fused_kernel(const KernelQuery& q) {
   return FusedKernel::ATen;
 }
 
-at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in,
                            const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
-                           std::optional<double> scale, bool allow_cudnn) {
+                           std::optional<double> scale, bool allow_cudnn, bool enable_gqa) {
+  at::Tensor k = k_in, v = v_in;
   FusedKernel kernel = FusedKernel::ATen;
   if (q.is_cuda() && q.dim() == 4 && !allow_cudnn && q.numel() > 0 && k.numel() > 0 && aligned_for_fused(q) &&
       aligned_for_fused(k) && aligned_for_fused(v)) {
     const auto& ctx = at::globalContext();
     KernelQuery query;
     query.cuda = true;
-    query.aten_choice = at::_fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, scale);
+    query.aten_choice = at::_fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa);
     query.dtype = q.scalar_type();
     query.has_mask = attn_mask.has_value();
     query.is_causal = is_causal;
@@ -92,6 +94,12 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::T
     query.flash_enabled = ctx.userEnabledFlashSDP();
     query.efficient_enabled = ctx.userEnabledMemEfficientSDP();
     kernel = choose_fused_kernel(query);
+  }
+  if (kernel != FusedKernel::ATen && enable_gqa && k.size(1) != q.size(1)) {
+    // The direct calls take as many key/value heads as query heads.
+    const int64_t G = q.size(1) / k.size(1);
+    k = k.repeat_interleave(G, 1);
+    v = v.repeat_interleave(G, 1);
   }
   switch (kernel) {
     case FusedKernel::Flash:
@@ -109,7 +117,7 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::T
     case FusedKernel::ATen:
       break;
   }
-  return at::scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale);
+  return at::scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa);
 }
 
 } // namespace torchattn::detail

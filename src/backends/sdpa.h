@@ -52,11 +52,14 @@ FusedKernel choose_fused_kernel(const KernelQuery& query);
 at::Tensor efficient_bias(const at::Tensor& attn_mask, const at::Tensor& q, int64_t Tk);
 
 /// softmax(q k^T * scale + mask) v by the kernel choose_fused_kernel picks.
-/// q: [B, H, Tq, d], k: [B, H, Tk, d], v: [B, H, Tk, dv] (3-D inputs go to ATen).
+/// q: [B, H, Tq, d], k: [B, Hkv, Tk, d], v: [B, Hkv, Tk, dv] (3-D inputs go to ATen).
+/// Hkv == H, or with enable_gqa a divisor of H (query heads h * H/Hkv .. share key
+/// head h): ATen's grouped path; the flash and efficient calls get the key and
+/// value heads repeated.
 /// attn_mask: bool (true = attend) or additive floating of q's dtype, broadcastable
 /// to [B, H, Tq, Tk], or none.
 at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
-                           std::optional<double> scale, bool allow_cudnn);
+                           std::optional<double> scale, bool allow_cudnn, bool enable_gqa = false);
 
 } // namespace torchattn::detail

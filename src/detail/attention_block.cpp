@@ -1,6 +1,7 @@
 #include "attention_block.h"
 
 #include "engine.h"
+#include "positions.h"
 
 #include <ATen/TensorOperators.h>
 
@@ -11,7 +12,7 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
                                    const at::Tensor& key_bias) {
   const int64_t B = x.size(0);
   const int64_t T = x.size(1);
-  at::Tensor keys = block.W_key->forward(x);  // [B, T, d_out]
+  at::Tensor keys = block.W_key->forward(x);  // [B, T, num_kv_heads * head_dim]
   at::Tensor queries = block.W_query->forward(x);
   at::Tensor values = block.W_value->forward(x);
   const int64_t d_out = queries.size(-1);
@@ -20,14 +21,20 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
     // Unroll the last dimension into heads, then move heads before tokens:
     // [B, T, d_out] -> [B, T, H, head_dim] -> [B, H, T, head_dim].
     const int64_t head_dim = d_out / block.num_heads;
-    keys = keys.view({B, T, block.num_heads, head_dim}).transpose(1, 2);
     queries = queries.view({B, T, block.num_heads, head_dim}).transpose(1, 2);
-    values = values.view({B, T, block.num_heads, head_dim}).transpose(1, 2);
+    keys = keys.view({B, T, block.num_kv_heads, head_dim}).transpose(1, 2);
+    values = values.view({B, T, block.num_kv_heads, head_dim}).transpose(1, 2);
+  }
+  if (block.rope != nullptr) {
+    const at::Tensor positions = token_positions(T, cache, key_padding_mask, x.device());
+    queries = block.rope->apply(queries, positions);
+    keys = block.rope->apply(keys, positions);
   }
 
   MaskSpec spec;
   spec.causal = block.causal;
   spec.buffer = block.mask.defined() ? &block.mask : nullptr;
+  spec.window = block.window;
   spec.key_padding = key_padding_mask;
   spec.key_bias = key_bias;
   if (cache != nullptr) {

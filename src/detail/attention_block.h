@@ -5,24 +5,61 @@
 #include <torchattn/functional.h>
 #include <torchattn/kv_cache.h>
 
+#include "rotary_cache.h"
+
 #include <torch/nn/modules/linear.h>
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
+#include <ostream>
 
 namespace torchattn::detail {
 
+// What a module attends: its projections and the description of its attention.
 struct AttentionBlock {
   torch::nn::Linear W_query;
   torch::nn::Linear W_key;
   torch::nn::Linear W_value;
-  /// 0: keep [B, T, d_out] (single-head modules); > 0: split into [B, H, T, d_out / H].
+  /// 0: keep [B, T, d_out] (single-head modules); > 0: split queries into
+  /// [B, H, T, head_dim].
   int64_t num_heads;
-  /// Causal masking (CausalAttention, MultiHeadAttention) or none (SelfAttentionV2).
+  /// Key/value heads (grouped-query attention): W_key and W_value give
+  /// num_kv_heads * head_dim features. Equal to num_heads without grouping.
+  int64_t num_kv_heads;
+  /// Causal masking (CausalAttention, MultiHeadAttention) or none (SelfAttentionV2,
+  /// causal(false)).
   bool causal;
   /// The module's triu buffer, or undefined: then causal masking comes from positions.
   const at::Tensor& mask;
+  /// Sliding window (see MaskSpec::window).
+  std::optional<int64_t> window = std::nullopt;
+  /// Rotary embeddings of queries and keys, or null.
+  const RotaryCache* rope = nullptr;
 };
+
+// ", causal=false, window=4, rope=(theta=10000, interleaved=false, rotary_dim=8)":
+// the options of today's models where they differ from the notebooks', for
+// pretty_print.
+inline void print_attention_extras(std::ostream& stream, bool causal, const std::optional<int64_t>& window,
+                                   const std::optional<RoPEOptions>& rope, bool mask_buffer) {
+  if (!causal) {
+    stream << ", causal=false";
+  }
+  if (window) {
+    stream << ", window=" << *window;
+  }
+  if (rope) {
+    stream << ", rope=(theta=" << rope->theta() << ", interleaved=" << std::boolalpha << rope->interleaved();
+    if (rope->rotary_dim()) {
+      stream << ", rotary_dim=" << *rope->rotary_dim();
+    }
+    stream << ")";
+  }
+  if (!mask_buffer) {
+    stream << ", mask_buffer=false";
+  }
+}
 
 // A process-wide unique id for a module's KV caches (never 0, which means "any").
 inline uint64_t new_cache_owner() {
@@ -30,8 +67,9 @@ inline uint64_t new_cache_owner() {
   return next.fetch_add(1, std::memory_order_relaxed);
 }
 
-// x: [B, T, d_in] -> context before out_proj: [B, T, d_out].
-// With a cache, the new keys and values are appended first and the queries attend
+// x: [B, T, d_in] -> context before out_proj: [B, T, num_heads * head_dim].
+// Queries and keys are rotated (RoPE) at their tokens' positions before anything
+// else. With a cache, the new keys and values are appended first and the queries attend
 // over every cached position (a static-shape cache: over its whole storage, with
 // positions on the device).
 // key_padding_mask: [B, T] or [1, T] bool or undefined; key_bias: the same shapes,

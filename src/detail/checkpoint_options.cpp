@@ -18,13 +18,32 @@ std::string text(int64_t v) {
   return std::to_string(v);
 }
 
-std::string text(const std::optional<double>& v) {
-  if (!v) {
-    return "default";
-  }
+std::string text(const std::optional<int64_t>& v) {
+  return v ? std::to_string(*v) : "none";
+}
+
+std::string text(bool v) {
+  return v ? "true" : "false";
+}
+
+std::string text(double v) {
   std::ostringstream s;
-  s << std::setprecision(17) << *v;
+  s << std::setprecision(17) << v;
   return s.str();
+}
+
+std::string text(const std::optional<double>& v) {
+  return v ? text(*v) : "default";
+}
+
+// causal, window and rope, as the modules that have them record them.
+void add_attention_options(OptionValues& out, bool causal, const std::optional<int64_t>& window,
+                           const std::optional<RoPEOptions>& rope) {
+  out.emplace_back("causal", text(causal));
+  out.emplace_back("window", text(window));
+  out.emplace_back("rope_theta", rope ? text(rope->theta()) : "none");
+  out.emplace_back("rope_interleaved", rope ? text(rope->interleaved()) : "none");
+  out.emplace_back("rope_rotary_dim", rope ? text(rope->rotary_dim()) : "none");
 }
 
 std::map<std::string, std::string> decode(const char* fn, const std::string& path, const std::string& saved) {
@@ -44,10 +63,18 @@ std::map<std::string, std::string> decode(const char* fn, const std::string& pat
 
 std::optional<OptionValues> checkpoint_options(const torch::nn::Module& module) {
   if (const auto* m = dynamic_cast<const MultiHeadAttentionImpl*>(&module)) {
-    return OptionValues{{"num_heads", text(m->options.num_heads())}, {"scale", text(m->options.scale())}};
+    const auto& o = m->options;
+    OptionValues out{{"num_heads", text(o.num_heads())},
+                     {"num_kv_heads", text(m->num_kv_heads())},
+                     {"scale", text(o.scale())}};
+    add_attention_options(out, o.causal(), o.window(), o.rope());
+    return out;
   }
   if (const auto* m = dynamic_cast<const CausalAttentionImpl*>(&module)) {
-    return OptionValues{{"scale", text(m->options.scale())}};
+    const auto& o = m->options;
+    OptionValues out{{"scale", text(o.scale())}};
+    add_attention_options(out, o.causal(), o.window(), o.rope());
+    return out;
   }
   if (const auto* m = dynamic_cast<const SelfAttentionV2Impl*>(&module)) {
     return OptionValues{{"scale", text(m->options.scale())}};
@@ -76,13 +103,24 @@ void check_saved_options(const char* fn, const std::string& path, const std::str
 }
 
 int64_t implied_causal_mask(const torch::nn::Module& module) {
-  if (const auto* m = dynamic_cast<const CausalAttentionImpl*>(&module); m != nullptr && !m->options.mask_buffer()) {
+  if (const auto* m = dynamic_cast<const CausalAttentionImpl*>(&module);
+      m != nullptr && m->options.causal() && !m->options.mask_buffer()) {
     return m->options.context_length();
   }
-  if (const auto* m = dynamic_cast<const MultiHeadAttentionImpl*>(&module); m != nullptr && !m->options.mask_buffer()) {
+  if (const auto* m = dynamic_cast<const MultiHeadAttentionImpl*>(&module);
+      m != nullptr && m->options.causal() && !m->options.mask_buffer()) {
     return m->options.context_length();
   }
   return 0;
+}
+
+std::string shape_hint(const torch::nn::Module& module, const std::string& key) {
+  const auto* m = dynamic_cast<const MultiHeadAttentionImpl*>(&module);
+  if (m == nullptr || !(key.starts_with("W_key.") || key.starts_with("W_value."))) {
+    return "";
+  }
+  return " (" + key.substr(0, key.find('.')) + " projects to num_kv_heads * head_dim = " +
+         std::to_string(m->num_kv_heads()) + " * " + std::to_string(m->head_dim()) + " features)";
 }
 
 } // namespace torchattn::detail

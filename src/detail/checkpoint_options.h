@@ -34,7 +34,11 @@ void check_saved_options(const char* fn, const std::string& path, const std::str
                          const OptionValues& module_options);
 
 /// The context length whose causal mask `module` applies without a buffer
-/// (a CausalAttention or MultiHeadAttention with mask_buffer(false)), or 0.
+/// (a causal CausalAttention or MultiHeadAttention with mask_buffer(false)), or 0.
 int64_t implied_causal_mask(const torch::nn::Module& module);
+
+/// What explains the shape of `module`'s tensor `key` (its name inside the module),
+/// for errors: " (W_key projects to num_kv_heads * head_dim = 3 * 64 features)", or "".
+std::string shape_hint(const torch::nn::Module& module, const std::string& key);
 
 } // namespace torchattn::detail

@@ -4,6 +4,7 @@
 // the function, the argument, what was expected and what came.
 
 #include <torchattn/kv_cache.h>
+#include <torchattn/rope.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/GradMode.h>
@@ -51,6 +52,25 @@ inline void check_qkv(const char* fn, const at::Tensor& q, const at::Tensor& k, 
     TORCH_CHECK(v->scalar_type() == q.scalar_type(), fn, ": expected v of q's dtype ", q.scalar_type(),
                 ", got ", v->scalar_type());
   }
+}
+
+// theta > 0 and finite; rotary_dim (default head_dim) even, in [2, head_dim].
+inline void check_rope(const char* fn, const RoPEOptions& rope, int64_t head_dim) {
+  TORCH_CHECK(std::isfinite(rope.theta()) && rope.theta() > 0.0, fn, ": expected rope theta > 0, got ", rope.theta());
+  const int64_t rot = rope.rotary_dim().value_or(head_dim);
+  TORCH_CHECK(rot >= 2 && rot % 2 == 0 && rot <= head_dim, fn, ": expected an even rope rotary_dim in [2, head_dim=",
+              head_dim, "], got ", rot);
+}
+
+// window >= 1, and only for causal attention.
+inline void check_window(const char* module, const std::optional<int64_t>& window, bool causal) {
+  if (!window) {
+    return;
+  }
+  TORCH_CHECK(*window >= 1, module, ": expected window >= 1, got ", *window);
+  TORCH_CHECK(causal, module, ": window=", *window,
+              " needs causal(true): a sliding window limits how far back a query sees, and causal(false) sees "
+              "every key");
 }
 
 inline void check_positive(const char* module, const char* arg, int64_t value) {
@@ -154,21 +174,17 @@ inline void check_key_bias(const char* module, const at::Tensor& bias, const at:
   check_key_mask_shape(module, "key_bias", bias, x);
 }
 
-// A sequence whose every key is ignored (the new tokens' mask, and with a cache the
-// tokens before them) is an error. Checked on the CPU only, where it costs no
-// synchronisation: such a mask is almost always at::scaled_dot_product_attention's
-// convention (true = attend) passed here.
-inline void check_some_key_kept(const char* module, const at::Tensor& key_padding_mask, const KVCache* cache = nullptr) {
+// A key_padding_mask of forward that ignores every key of a sequence is an error:
+// such a mask is almost always at::scaled_dot_product_attention's convention
+// (true = attend) passed here. (forward_cached does not check: one chunk of a
+// left-padded prompt may hold only padding.) Checked on the CPU only, where it
+// costs no synchronisation.
+inline void check_some_key_kept(const char* module, const at::Tensor& key_padding_mask) {
   if (!key_padding_mask.defined() || !key_padding_mask.is_cpu()) {
     return;
   }
-  at::Tensor ignored = (key_padding_mask.dim() == 1 ? key_padding_mask.unsqueeze(0) : key_padding_mask).all(-1);
-  if (cache != nullptr && cache->length() > 0) {
-    if (!cache->has_padding()) {
-      return;  // the cached tokens are all seen
-    }
-    ignored = ignored.logical_and(cache->padding().all(-1));
-  }
+  const at::Tensor ignored =
+      (key_padding_mask.dim() == 1 ? key_padding_mask.unsqueeze(0) : key_padding_mask).all(-1);
   if (!ignored.any().item<bool>()) {
     return;
   }

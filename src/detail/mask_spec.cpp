@@ -42,8 +42,9 @@ void check_mask_spec(const char* fn, const MaskSpec& spec, const at::Tensor& q, 
     TORCH_CHECK(spec.key_bias.scalar_type() == q.scalar_type(), fn, ": expected key_bias of q's dtype ",
                 q.scalar_type(), " (added to the scores), got ", spec.key_bias.scalar_type());
   }
+  TORCH_CHECK(!spec.window || *spec.window >= 1, fn, ": expected window >= 1, got ", spec.window.value_or(0));
+  TORCH_CHECK(!spec.window || spec.causal, fn, ": a sliding window needs causal attention");
   if (spec.is_static()) {
-    TORCH_CHECK(spec.causal, fn, ": static-shape positions need a causal mask");
     TORCH_CHECK(spec.positions.numel() == 1 && spec.positions.scalar_type() == at::kLong, fn,
                 ": expected positions as a [1] int64 tensor, got ", spec.positions.sizes(), " of ",
                 spec.positions.scalar_type());
@@ -56,22 +57,32 @@ void check_mask_spec(const char* fn, const MaskSpec& spec, const at::Tensor& q, 
 }
 
 at::Tensor hidden_keys(const MaskSpec& spec, int64_t Tq, int64_t Tk, const at::Device& device) {
-  if (!spec.causal) {
+  if (!spec.causal && !spec.is_static()) {
     return {};
   }
-  if (spec.is_static()) {
-    // Rows start .. start + Tq - 1, computed on the device: no host synchronisation.
-    const at::Tensor rows = spec.positions.to(device) + at::arange(Tq, spec.positions.options().device(device));
-    if (spec.buffer != nullptr) {
-      return spec.buffer->index_select(0, rows).narrow(1, 0, Tk).ne(0);
-    }
-    return at::arange(Tk, rows.options()).unsqueeze(0) > rows.unsqueeze(1);
+  const auto long_options = at::TensorOptions().dtype(at::kLong).device(device);
+  // The queries' absolute positions: from the device (static shapes: no host
+  // synchronisation) or the host offset.
+  const at::Tensor rows = spec.is_static() ? spec.positions.to(device) + at::arange(Tq, long_options)
+                                           : at::arange(spec.past, spec.past + Tq, long_options);
+  const at::Tensor cols = at::arange(Tk, long_options).unsqueeze(0);
+  if (!spec.causal) {
+    return cols >= rows.narrow(0, Tq - 1, 1) + 1;  // a static cache's slots not yet written: [1, Tk]
   }
+  at::Tensor hide;
   if (spec.buffer != nullptr) {
-    return spec.buffer->slice(0, spec.past, spec.past + Tq).slice(1, 0, Tk).to(at::kBool);
+    hide = spec.is_static() ? spec.buffer->index_select(0, rows).narrow(1, 0, Tk).ne(0)
+                            : spec.buffer->slice(0, spec.past, spec.past + Tq).slice(1, 0, Tk).to(at::kBool);
+  } else if (spec.is_static()) {
+    hide = cols > rows.unsqueeze(1);
+  } else {
+    // Key j is hidden from query i when j > past + i.
+    hide = at::triu(at::ones({Tq, Tk}, at::TensorOptions().dtype(at::kBool).device(device)), spec.past + 1);
   }
-  // Key j is hidden from query i when j > past + i.
-  return at::triu(at::ones({Tq, Tk}, at::TensorOptions().dtype(at::kBool).device(device)), spec.past + 1);
+  if (spec.window) {
+    hide = hide.logical_or(cols <= rows.unsqueeze(1) - *spec.window);
+  }
+  return hide;
 }
 
 } // namespace torchattn::detail

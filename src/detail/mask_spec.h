@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 
 namespace torchattn::detail {
 
@@ -14,7 +15,8 @@ namespace torchattn::detail {
 /// so far) or a device tensor (`positions`, static shapes: the keys are a whole
 /// cache of capacity Tk, of which only positions 0 .. start + i are visible).
 struct MaskSpec {
-  /// false: every query sees every key (SelfAttentionV2). true: causal.
+  /// false: every query sees every key (SelfAttentionV2, encoders; a static-shape
+  /// cache's unwritten slots stay hidden). true: causal.
   bool causal = false;
   /// The module's [C, C] buffer triu(ones, 1) (nonzero = hidden), read as the
   /// notebooks do; null: causal masking comes from positions alone.
@@ -23,6 +25,9 @@ struct MaskSpec {
   int64_t past = 0;
   /// Static shapes: [1] int64 on the queries' device holding the position of query 0.
   at::Tensor positions;
+  /// Sliding window (causal only): the query at position i sees keys j with
+  /// i - window < j <= i. Unset: every earlier key.
+  std::optional<int64_t> window;
   /// [B, Tk] or [1, Tk] bool, true = a padding key no query sees; undefined: none.
   at::Tensor key_padding;
   /// [B, Tk] or [1, Tk] of q's dtype, added to the scaled scores of each key
@@ -38,10 +43,11 @@ struct MaskSpec {
 // the buffer's size. `fn` names the caller in errors.
 void check_mask_spec(const char* fn, const MaskSpec& spec, const at::Tensor& q, int64_t Tk);
 
-// bool [Tq, Tk], true = hidden by the causal pattern, on `device`; undefined when
-// nothing is. Reads the buffer when there is one (its [past, past + Tq) rows, or
-// the rows at the device positions), else builds the pattern from positions. Never
-// allocates more than Tq x Tk. Key masks are not included.
+// bool [Tq, Tk] (or [1, Tk]), true = hidden by position: the causal pattern, the
+// window, a static cache's unwritten slots; on `device`; undefined when nothing is.
+// Reads the buffer when there is one (its [past, past + Tq) rows, or the rows at
+// the device positions), else compares positions. Never allocates more than
+// Tq x Tk. Key masks are not included.
 at::Tensor hidden_keys(const MaskSpec& spec, int64_t Tq, int64_t Tk, const at::Device& device);
 
 } // namespace torchattn::detail

@@ -21,8 +21,9 @@ struct Staged {
   at::Tensor value;
 };
 
+// `hint` explains this module's tensor shapes in errors (see shape_hint).
 void stage(torch::nn::Module& module, torch::serialize::InputArchive& archive, const std::string& prefix,
-           const char* fn, std::vector<Staged>& staged) {
+           const char* fn, std::vector<Staged>& staged, const std::string& hint = "") {
   std::vector<std::string> expected;
   if (const auto options = checkpoint_options(module)) {
     expected.push_back(kOptionsKey);
@@ -44,7 +45,7 @@ void stage(torch::nn::Module& module, torch::serialize::InputArchive& archive, c
     at::Tensor value;
     TORCH_CHECK(archive.try_read(key, value, is_buffer), fn, ": checkpoint is missing key '", prefix + key, "'");
     TORCH_CHECK(value.sizes() == target.sizes(), fn, ": checkpoint key '", prefix + key, "' has shape ",
-                value.sizes(), ", expected ", target.sizes());
+                value.sizes(), ", expected ", target.sizes(), hint);
     TORCH_CHECK(value.scalar_type() == target.scalar_type(), fn, ": checkpoint key '", prefix + key, "' has dtype ",
                 value.scalar_type(), ", expected ", target.scalar_type());
     staged.push_back({target, value});
@@ -59,7 +60,7 @@ void stage(torch::nn::Module& module, torch::serialize::InputArchive& archive, c
       TORCH_CHECK(!has_tensors, fn, ": checkpoint is missing submodule '", prefix + child.key(), "'");
       continue;
     }
-    stage(*child.value(), sub, prefix + child.key() + ".", fn, staged);
+    stage(*child.value(), sub, prefix + child.key() + ".", fn, staged, shape_hint(module, child.key() + "."));
   }
   for (const auto& key : archive.keys()) {
     TORCH_CHECK(std::find(expected.begin(), expected.end(), key) != expected.end(), fn,

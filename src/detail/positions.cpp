@@ -1,0 +1,45 @@
+#include "positions.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
+
+namespace torchattn::detail {
+
+at::Tensor token_positions(int64_t T, const KVCache* cache, const at::Tensor& key_padding_mask,
+                           const at::Device& device) {
+  const auto long_options = at::TensorOptions().dtype(at::kLong).device(device);
+  const bool padded = key_padding_mask.defined() || (cache != nullptr && cache->has_padding());
+  if (!padded) {
+    if (cache == nullptr) {
+      return at::arange(T, long_options);
+    }
+    if (cache->static_shapes()) {
+      return cache->position() + at::arange(T, long_options);
+    }
+    return at::arange(cache->length(), cache->length() + T, long_options);
+  }
+  // Real tokens before the new ones, per sequence: [B, 1] (or a [1] count for all).
+  at::Tensor before = at::zeros({1}, long_options);
+  if (cache != nullptr) {
+    if (!cache->has_padding()) {
+      before = cache->static_shapes() ? cache->position() : at::full({1}, cache->length(), long_options);
+    } else if (cache->static_shapes()) {
+      // The written slots are those before position(), on the device.
+      const at::Tensor& pad = cache->padding_storage();
+      const at::Tensor written = at::arange(pad.size(1), long_options) < cache->position();
+      before = written.logical_and(pad.logical_not()).sum(-1);
+    } else {
+      before = cache->padding().logical_not().sum(-1);
+    }
+  }
+  const at::Tensor real = key_padding_mask.defined() ? key_padding_mask.logical_not().to(at::kLong)
+                                                     : at::ones({1, T}, long_options);
+  // cumsum - 1 is the position of each real token; a padding token gets the one of
+  // the last real token before it, clamped at 0.
+  return (before.view({-1, 1}) + real.cumsum(-1) - 1).clamp_min(0);
+}
+
+} // namespace torchattn::detail

@@ -1,0 +1,39 @@
+#pragma once
+
+// A module's RoPE cos/sin tables, computed once per device (at the first forward on
+// it) and kept: not state-dict entries, not recomputed on every call.
+
+#include <torchattn/rope.h>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+namespace torchattn::detail {
+
+class RotaryCache {
+ public:
+  /// Tables for positions 0 .. length - 1 of heads of head_dim features.
+  RotaryCache(const RoPEOptions& options, int64_t head_dim, int64_t length);
+
+  /// x: [B, ..., T, head_dim] rotated at positions ([T] or [B, T] int64, < length),
+  /// with the tables of x's device (see functional::apply_rotary). Thread-safe.
+  at::Tensor apply(const at::Tensor& x, const at::Tensor& positions) const;
+
+  const RoPEOptions& options() const { return options_; }
+
+ private:
+  std::pair<at::Tensor, at::Tensor> tables(const at::Device& device) const;
+
+  RoPEOptions options_;
+  int64_t head_dim_;
+  int64_t length_;
+  mutable std::mutex mutex_;
+  mutable std::vector<std::pair<at::Device, std::pair<at::Tensor, at::Tensor>>> by_device_;
+};
+
+} // namespace torchattn::detail

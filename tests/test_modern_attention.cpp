@@ -1,0 +1,407 @@
+// The attention of today's models (grouped-query heads, RoPE, sliding windows,
+// non-causal encoders, out_proj without bias) against a float64 reference written
+// out here, independently of the library: random configurations over every
+// backend, dtype, padding, dynamic and static caches and the mask buffer, on every
+// device present. Also: the defaults build what the notebooks build, the new
+// options' errors, checkpoints that record them, and GQA's smaller cache.
+
+#include "devices.h"
+#include "tolerances.h"
+
+#include <torchattn/torchattn.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+
+#include <unistd.h>
+
+using torchattn::Backend;
+using torchattn::RoPEOptions;
+
+namespace {
+
+struct Config {
+  int index;
+  int64_t B, T, C, d_in, heads, kv_heads, head_dim;
+  bool causal, qkv_bias, out_bias;
+  std::optional<int64_t> window;
+  std::optional<RoPEOptions> rope;
+  torch::Dtype dtype;
+  Backend backend;
+  bool padding, cache, static_cache, mask_buffer;
+  torch::Device device = torch::kCPU;
+};
+
+std::string describe(const Config& c) {
+  std::ostringstream s;
+  s << "config #" << c.index << ": B=" << c.B << " T=" << c.T << " C=" << c.C << " d_in=" << c.d_in
+    << " heads=" << c.heads << " kv_heads=" << c.kv_heads << " head_dim=" << c.head_dim << " causal=" << c.causal
+    << " qkv_bias=" << c.qkv_bias << " out_bias=" << c.out_bias << " window=" << c.window.value_or(0);
+  if (c.rope) {
+    s << " rope(theta=" << c.rope->theta() << ", interleaved=" << c.rope->interleaved()
+      << ", rotary_dim=" << c.rope->rotary_dim().value_or(0) << ")";
+  }
+  s << " dtype=" << c10::toString(c.dtype) << " backend=" << c.backend << " padding=" << c.padding
+    << " cache=" << c.cache << " static=" << c.static_cache << " mask_buffer=" << c.mask_buffer
+    << " device=" << c.device;
+  return s.str();
+}
+
+std::vector<Config> configs() {
+  std::mt19937 rng(20261123);
+  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  const torch::Dtype dtypes[] = {torch::kFloat32, torch::kFloat64, torch::kBFloat16, torch::kFloat16};
+  const Backend backends[] = {Backend::Reference, Backend::SDPA, Backend::Auto};
+  std::vector<Config> out;
+  for (int i = 0; i < 360; ++i) {
+    Config c{};
+    c.index = i;
+    c.B = pick(1, 3);
+    c.C = pick(2, 24);
+    c.T = pick(0, 2) == 0 ? c.C : pick(1, c.C);
+    c.d_in = pick(1, 10);
+    c.kv_heads = pick(1, 3);
+    c.heads = c.kv_heads * pick(1, 3);
+    c.head_dim = 2 * pick(1, 4);
+    c.causal = pick(0, 4) != 0;
+    c.qkv_bias = pick(0, 1) == 1;
+    c.out_bias = pick(0, 1) == 1;
+    if (c.causal && pick(0, 2) == 0) c.window = pick(1, 6);
+    if (pick(0, 3) != 0) {
+      RoPEOptions rope(std::pow(10.0, static_cast<double>(pick(2, 6))));
+      rope.interleaved(pick(0, 2) == 0);
+      if (pick(0, 2) == 0) rope.rotary_dim(2 * pick(1, c.head_dim / 2));
+      c.rope = rope;
+    }
+    c.dtype = dtypes[i % 4];
+    c.backend = backends[i / 4 % 3];
+    c.cache = c.causal && pick(0, 2) == 0;
+    c.padding = pick(0, 2) == 0;
+    c.static_cache = c.cache && pick(0, 1) == 1;
+    c.mask_buffer = pick(0, 1) == 1;
+    out.push_back(c);
+  }
+  const size_t n = out.size();
+  for (const auto& device : devices::all()) {
+    if (device.is_cpu()) continue;
+    for (size_t i = 0; i < n; ++i) {
+      Config c = out[i];
+      c.device = device;
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+torchattn::MultiHeadAttentionOptions options_of(const Config& c) {
+  auto o = torchattn::MultiHeadAttentionOptions(c.d_in, c.heads * c.head_dim, c.C, c.heads)
+               .num_kv_heads(c.kv_heads)
+               .causal(c.causal)
+               .qkv_bias(c.qkv_bias)
+               .out_bias(c.out_bias)
+               .backend(c.backend)
+               .mask_buffer(c.mask_buffer);
+  o.window(c.window);
+  o.rope(c.rope);
+  return o;
+}
+
+// RoPE written out as transformers does: cos and sin in float32, then
+// x * cos + rotate(x) * sin over the rotated features, in float64.
+torch::Tensor rotate(const torch::Tensor& x /*[B, H, T, hd] f64*/, const torch::Tensor& pos /*[B, T] i64*/,
+                     const RoPEOptions& rope) {
+  const int64_t hd = x.size(-1), rot = rope.rotary_dim().value_or(hd);
+  const auto inv_freq =
+      1.0 / torch::pow(rope.theta(), torch::arange(0, rot, 2, torch::kFloat32) / static_cast<double>(rot));
+  const auto angle = pos.to(torch::kFloat32).unsqueeze(-1) * inv_freq;  // [B, T, rot/2], float32
+  auto c = angle.cos().to(torch::kFloat64).unsqueeze(1), s = angle.sin().to(torch::kFloat64).unsqueeze(1);
+  auto xr = x.narrow(-1, 0, rot);
+  torch::Tensor turned;
+  if (rope.interleaved()) {  // GPT-J: pairs (0,1), (2,3), ...: rotate_every_two
+    c = c.repeat_interleave(2, -1);
+    s = s.repeat_interleave(2, -1);
+    auto x1 = xr.slice(-1, 0, rot, 2), x2 = xr.slice(-1, 1, rot, 2);
+    turned = xr * c + torch::stack({-x2, x1}, -1).flatten(-2) * s;
+  } else {  // Llama: rotate_half
+    c = torch::cat({c, c}, -1);
+    s = torch::cat({s, s}, -1);
+    auto x1 = xr.narrow(-1, 0, rot / 2), x2 = xr.narrow(-1, rot / 2, rot / 2);
+    turned = xr * c + torch::cat({-x2, x1}, -1) * s;
+  }
+  return rot == hd ? turned : torch::cat({turned, x.narrow(-1, rot, hd - rot)}, -1);
+}
+
+// The whole layer in float64 from the module's weights.
+torch::Tensor reference(const Config& c, torchattn::MultiHeadAttentionImpl& m, const torch::Tensor& x /*f64*/,
+                        const torch::Tensor& pad /*[B,T] bool or undefined*/) {
+  auto w = [&](const torch::nn::Linear& l, const torch::Tensor& in) {
+    auto y = in.matmul(l->weight.detach().cpu().to(torch::kFloat64).t());
+    return l->bias.defined() ? y + l->bias.detach().cpu().to(torch::kFloat64) : y;
+  };
+  const int64_t B = c.B, T = c.T, H = c.heads, Hkv = c.kv_heads, hd = c.head_dim;
+  auto q = w(m.W_query, x).view({B, T, H, hd}).transpose(1, 2);
+  auto k = w(m.W_key, x).view({B, T, Hkv, hd}).transpose(1, 2);
+  auto v = w(m.W_value, x).view({B, T, Hkv, hd}).transpose(1, 2);
+  const auto keep = pad.defined() ? pad.logical_not() : torch::ones({B, T}, torch::kBool);
+  if (c.rope) {
+    const auto pos = (keep.to(torch::kLong).cumsum(-1) - 1).clamp_min(0);  // real tokens before each
+    q = rotate(q, pos, *c.rope);
+    k = rotate(k, pos, *c.rope);
+  }
+  k = k.repeat_interleave(H / Hkv, 1);
+  v = v.repeat_interleave(H / Hkv, 1);
+  auto hide = keep.logical_not().view({B, 1, 1, T}).expand({B, 1, T, T});
+  const auto i = torch::arange(T).unsqueeze(1), j = torch::arange(T).unsqueeze(0);
+  if (c.causal) hide = hide | (j > i);
+  if (c.window) hide = hide | (j <= i - *c.window);
+  auto scores = q.matmul(k.transpose(2, 3)) / std::sqrt(static_cast<double>(hd));
+  auto weights = torch::softmax(scores.masked_fill(hide, -std::numeric_limits<double>::infinity()), -1);
+  weights = weights.masked_fill(hide.all(-1, true), 0.0);
+  return w(m.out_proj, weights.matmul(v).transpose(1, 2).reshape({B, T, H * hd}));
+}
+
+class Modern : public ::testing::TestWithParam<Config> {};
+
+TEST_P(Modern, MatchesTheLayerWrittenOutInFloat64) {
+  const Config c = GetParam();
+  SCOPED_TRACE(describe(c));
+  torch::manual_seed(c.index);
+  torchattn::MultiHeadAttention m(options_of(c));
+  m->to(c.dtype);
+  m->eval();
+  const auto x = torch::randn({c.B, c.T, c.d_in}, torch::kFloat64).to(c.dtype);  // rounded once
+  torch::Tensor pad;
+  if (c.padding) {
+    // Left padding (the generation case) or scattered: each sequence keeps its last token.
+    pad = c.index % 2 == 0 ? torch::arange(c.T).unsqueeze(0) < torch::randint(0, c.T, {c.B, 1})
+                           : torch::rand({c.B, c.T}) < 0.3;
+    pad.select(1, c.T - 1).fill_(false);
+  }
+  const auto expected = reference(c, *m, x.to(torch::kFloat64), pad);
+  m->to(c.device);
+  const auto on = [&](const torch::Tensor& t) { return t.defined() ? t.to(c.device) : t; };
+
+  torch::NoGradGuard no_grad;
+  torch::Tensor y;
+  if (c.cache) {
+    auto cache = m->make_kv_cache(c.B, c.static_cache);
+    EXPECT_EQ(cache.key_storage().size(1), c.kv_heads);
+    const int64_t first = std::max<int64_t>(1, c.T / 2);
+    std::vector<torch::Tensor> parts{m->forward_cached(on(x.narrow(1, 0, first)), cache,
+                                                       pad.defined() ? on(pad.narrow(1, 0, first)) : pad)};
+    for (int64_t t = first; t < c.T; ++t) {
+      parts.push_back(m->forward_cached(on(x.narrow(1, t, 1)), cache, pad.defined() ? on(pad.narrow(1, t, 1)) : pad));
+    }
+    y = torch::cat(parts, 1);
+  } else {
+    y = m(on(x), on(pad));
+  }
+  y = y.cpu();
+  ASSERT_FALSE(y.isnan().any().item<bool>());
+  // Rows of padding tokens see only padding in a causal layer: compare the real ones.
+  const auto rows = pad.defined() ? pad.logical_not() : torch::ones({c.B, c.T}, torch::kBool);
+  const auto got = y.index({rows}).to(torch::kFloat64), want = expected.index({rows});
+  if (c.dtype == torch::kFloat32 || c.dtype == torch::kFloat64) {
+    EXPECT_TRUE(tol::close(got, want, tol::for_dtype(c.dtype)));
+  } else {
+    // Half precision: within the rounding of its inputs, weights and output.
+    const double eps = c.dtype == torch::kBFloat16 ? 7.8e-3 : 9.8e-4;
+    EXPECT_LE((got - want).abs().max().item<double>(), 20 * eps * (want.abs().max().item<double>() + 1));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Random, Modern, ::testing::ValuesIn(configs()),
+                         [](const ::testing::TestParamInfo<Config>& info) {
+                           return devices::prefix(info.param.device) + "n" + std::to_string(info.param.index);
+                         });
+
+// Gradients flow through every new option; in training with dropout every backend runs.
+TEST(ModernAttention, GradientsAndDropoutInTraining) {
+  for (const auto backend : {Backend::Reference, Backend::SDPA, Backend::Auto}) {
+    torch::manual_seed(5);
+    torchattn::MultiHeadAttention m(torchattn::MultiHeadAttentionOptions(12, 12, 16, 6)
+                                        .num_kv_heads(2)
+                                        .rope(RoPEOptions(500000.0).rotary_dim(2))
+                                        .window(4)
+                                        .dropout(0.2)
+                                        .out_bias(false)
+                                        .backend(backend));
+    m->to(torch::kFloat64);
+    auto x = torch::randn({2, 16, 12}, torch::kFloat64).requires_grad_(true);
+    auto pad = torch::zeros({2, 16}, torch::kBool);
+    pad.narrow(1, 0, 3)[0].fill_(true);
+    m(x, pad).sum().backward();
+    EXPECT_TRUE(torch::isfinite(x.grad()).all().item<bool>()) << backend;
+    for (auto& p : m->parameters()) EXPECT_TRUE(torch::isfinite(p.grad()).all().item<bool>()) << backend;
+    // Eval: no dropout, and central differences for the input gradient.
+    m->eval();
+    auto xs = torch::randn({1, 5, 12}, torch::kFloat64).requires_grad_(true);
+    const auto g = torch::randn({1, 5, 12}, torch::kFloat64);
+    (m(xs) * g).sum().backward();
+    torch::NoGradGuard no_grad;
+    const double h = 1e-6;
+    for (int64_t i = 0; i < xs.numel(); i += 7) {
+      auto up = xs.detach().clone(), down = xs.detach().clone();
+      up.view(-1)[i] += h;
+      down.view(-1)[i] -= h;
+      const double numeric = ((m(up) * g).sum().item<double>() - (m(down) * g).sum().item<double>()) / (2 * h);
+      EXPECT_NEAR(xs.grad().view(-1)[i].item<double>(), numeric, 1e-6) << backend << " element " << i;
+    }
+  }
+}
+
+TEST(ModernAttention, DefaultsAreTheNotebooks) {
+  torch::manual_seed(3);
+  torchattn::MultiHeadAttention plain(torchattn::MultiHeadAttentionOptions(6, 6, 8, 3));
+  torch::manual_seed(3);
+  torchattn::MultiHeadAttention spelled(torchattn::MultiHeadAttentionOptions(6, 6, 8, 3)
+                                            .num_kv_heads(3)
+                                            .causal(true)
+                                            .out_bias(true)
+                                            .window(std::nullopt)
+                                            .rope(std::nullopt));
+  auto x = torch::randn({2, 8, 6});
+  EXPECT_TRUE(torch::equal(plain(x), spelled(x)));
+  std::vector<std::string> keys;
+  for (const auto& p : plain->named_parameters()) keys.push_back(p.key());
+  for (const auto& b : plain->named_buffers()) keys.push_back(b.key());
+  EXPECT_EQ(keys, (std::vector<std::string>{"W_query.weight", "W_key.weight", "W_value.weight", "out_proj.weight",
+                                            "out_proj.bias", "mask"}));
+}
+
+TEST(ModernAttention, StateDictKeysOfLlamaAndBertStyles) {
+  torchattn::MultiHeadAttention llama(
+      torchattn::MultiHeadAttentionOptions(48, 48, 64, 6).num_kv_heads(2).rope(RoPEOptions(1e5)).out_bias(false));
+  EXPECT_EQ(llama->W_key->weight.sizes(), (std::vector<int64_t>{16, 48}));  // 2 heads of 8
+  EXPECT_EQ(llama->W_value->weight.sizes(), (std::vector<int64_t>{16, 48}));
+  EXPECT_FALSE(llama->out_proj->bias.defined());
+  EXPECT_TRUE(llama->named_buffers().contains("mask"));
+  torchattn::MultiHeadAttention bert(torchattn::MultiHeadAttentionOptions(48, 48, 64, 6).causal(false).qkv_bias(true));
+  EXPECT_FALSE(bert->named_buffers().contains("mask"));  // nothing to mask
+  EXPECT_TRUE(bert->W_key->bias.defined());
+  std::ostringstream s;
+  llama->pretty_print(s);
+  EXPECT_EQ(s.str(),
+            "torchattn::MultiHeadAttention(d_in=48, d_out=48, context_length=64, num_heads=6, dropout=0, qkv_bias=false, "
+            "backend=auto, num_kv_heads=2, out_bias=false, rope=(theta=100000, interleaved=false))");
+  std::ostringstream t;
+  bert->pretty_print(t);
+  EXPECT_EQ(t.str(),
+            "torchattn::MultiHeadAttention(d_in=48, d_out=48, context_length=64, num_heads=6, dropout=0, qkv_bias=true, "
+            "backend=auto, causal=false)");
+}
+
+// The point of GQA: a cache num_heads / num_kv_heads times smaller.
+TEST(ModernAttention, GroupedCachesAreSmallerByTheGroupFactor) {
+  torchattn::MultiHeadAttention mha(torchattn::MultiHeadAttentionOptions(64, 64, 128, 8));
+  torchattn::MultiHeadAttention gqa(torchattn::MultiHeadAttentionOptions(64, 64, 128, 8).num_kv_heads(2));
+  auto a = mha->make_kv_cache(2), b = gqa->make_kv_cache(2);
+  EXPECT_EQ(a.key_storage().numel(), 4 * b.key_storage().numel());
+  EXPECT_EQ(b.key_storage().sizes(), (std::vector<int64_t>{2, 2, 128, 8}));
+}
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("torchattn_modern_" + std::to_string(::getpid()) + "_" + name))
+      .string();
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "(no error)";
+}
+
+// Each new option is recorded and checked; W_key of the wrong number of kv heads is
+// named with the option that explains its shape.
+TEST(ModernAttention, CheckpointsRecordTheNewOptions) {
+  const auto path = temp_path("options.pt");
+  const auto base = torchattn::MultiHeadAttentionOptions(16, 16, 12, 4).num_kv_heads(2).rope(RoPEOptions(1e4)).window(4);
+  torch::save(torchattn::MultiHeadAttention(base), path);
+  torchattn::MultiHeadAttention same(base);
+  torch::load(same, path);
+  struct Case {
+    torchattn::MultiHeadAttentionOptions options;
+    std::string message;
+  };
+  const std::vector<Case> cases{
+      {torchattn::MultiHeadAttentionOptions(base).window(6), "saved with window=4, this module has window=6"},
+      {torchattn::MultiHeadAttentionOptions(base).window(std::nullopt), "saved with window=4, this module has window=none"},
+      {torchattn::MultiHeadAttentionOptions(base).rope(RoPEOptions(1e5)),
+       "saved with rope_theta=10000, this module has rope_theta=100000"},
+      {torchattn::MultiHeadAttentionOptions(base).rope(RoPEOptions(1e4).interleaved(true)),
+       "saved with rope_interleaved=false, this module has rope_interleaved=true"},
+      {torchattn::MultiHeadAttentionOptions(base).rope(RoPEOptions(1e4).rotary_dim(2)),
+       "saved with rope_rotary_dim=none, this module has rope_rotary_dim=2"},
+      {torchattn::MultiHeadAttentionOptions(base).rope(std::nullopt), "saved with rope_theta=10000, this module has rope_theta=none"},
+      {torchattn::MultiHeadAttentionOptions(base).window(std::nullopt).causal(false),
+       "saved with causal=true, this module has causal=false"},
+  };
+  for (const auto& c : cases) {
+    torchattn::MultiHeadAttention m(c.options);
+    EXPECT_NE(error_of([&] { torch::load(m, path); }).find("MultiHeadAttention: checkpoint of the module was " + c.message),
+              std::string::npos)
+        << c.message << "\n got: " << error_of([&] { torch::load(m, path); });
+  }
+  // num_kv_heads changes W_key's shape: the recorded option names it first, and a file
+  // without options (LibTorch's own Module::save; a Python state dict) explains the shape.
+  torchattn::MultiHeadAttention one_kv_head(torchattn::MultiHeadAttentionOptions(base).num_kv_heads(1));
+  EXPECT_NE(error_of([&] { torch::load(one_kv_head, path); })
+                .find("MultiHeadAttention: checkpoint of the module was saved with num_kv_heads=2, this module has "
+                      "num_kv_heads=1"),
+            std::string::npos);
+  torch::serialize::OutputArchive archive;
+  torchattn::MultiHeadAttention(base)->torch::nn::Module::save(archive);
+  archive.save_to(path);
+  EXPECT_EQ(error_of([&] { torch::load(one_kv_head, path); }),
+            "MultiHeadAttention: checkpoint key 'W_key.weight' has shape [8, 16], expected [4, 16] (W_key projects to "
+            "num_kv_heads * head_dim = 1 * 4 features)");
+  torchattn::save_state_dict(*torchattn::MultiHeadAttention(base), path);  // a Python-style dict: no options
+  EXPECT_EQ(error_of([&] { torchattn::load_state_dict(*one_kv_head, path); }),
+            "load_state_dict: key 'W_key.weight' has shape [8, 16] in '" + path +
+                "', expected [4, 16] (W_key projects to num_kv_heads * head_dim = 1 * 4 features)");
+  std::filesystem::remove(path);
+}
+
+// Left-padded prompts with RoPE: positions count each sequence's real tokens, so every
+// sequence decodes as it would alone (what transformers' generate does).
+TEST(ModernAttention, RotaryPositionsSkipLeftPadding) {
+  torch::manual_seed(8);
+  torchattn::MultiHeadAttention m(
+      torchattn::MultiHeadAttentionOptions(8, 8, 16, 4).num_kv_heads(2).rope(RoPEOptions(1e4)).out_bias(false));
+  m->eval();
+  torch::NoGradGuard no_grad;
+  auto alone = torch::randn({1, 6, 8});
+  auto padded = torch::cat({torch::randn({1, 3, 8}), alone.narrow(1, 0, 4)}, 1);  // 3 padding tokens
+  auto pad = torch::tensor({{true, true, true, false, false, false, false}});
+  auto cache = m->make_kv_cache(1);
+  auto first = m->forward_cached(padded, cache, pad);
+  auto next = m->forward_cached(alone.narrow(1, 4, 2), cache);
+  auto expected = m(alone);
+  EXPECT_TRUE(tol::close(first.narrow(1, 3, 4), expected.narrow(1, 0, 4)));
+  EXPECT_TRUE(tol::close(next, expected.narrow(1, 4, 2)));
+  // And a forward with the same mask agrees with the cache.
+  EXPECT_TRUE(tol::close(m(padded, pad).narrow(1, 3, 4), expected.narrow(1, 0, 4)));
+}
+
+// The tables are built once per device: a second forward does not recompute them,
+// and functional::rotary_tables gives transformers' float32 values.
+TEST(ModernAttention, RotaryTablesAreFloat32AndReused) {
+  const auto [cos, sin] = torchattn::functional::rotary_tables(RoPEOptions(1e4), 8, 5);
+  EXPECT_EQ(cos.scalar_type(), torch::kFloat32);
+  EXPECT_EQ(cos.sizes(), (std::vector<int64_t>{5, 4}));
+  const auto inv = 1.0 / torch::pow(1e4, torch::arange(0, 8, 2, torch::kFloat32) / 8.0);
+  EXPECT_TRUE(torch::equal(cos, (torch::arange(5, torch::kFloat32).unsqueeze(1) * inv).cos()));
+  EXPECT_TRUE(torch::equal(sin.select(0, 0), torch::zeros({4})));
+}
+
+} // namespace
