@@ -5,6 +5,8 @@
 
 #include <ATen/TensorOperators.h>
 
+#include <algorithm>
+
 namespace torchattn::detail {
 
 at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, KVCache* cache,
@@ -17,18 +19,25 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
   at::Tensor values = block.W_value->forward(x);
   const int64_t d_out = queries.size(-1);
 
-  if (block.num_heads > 0) {
-    // Unroll the last dimension into heads, then move heads before tokens:
-    // [B, T, d_out] -> [B, T, H, head_dim] -> [B, H, T, head_dim].
-    const int64_t head_dim = d_out / block.num_heads;
-    queries = queries.view({B, T, block.num_heads, head_dim}).transpose(1, 2);
-    keys = keys.view({B, T, block.num_kv_heads, head_dim}).transpose(1, 2);
-    values = values.view({B, T, block.num_kv_heads, head_dim}).transpose(1, 2);
-  }
+  // Tokens before heads, [B, T, G, head_dim] (G = 1 for a single-head module): the
+  // projections' own layout, where the rotary embedding runs in one pass.
+  const int64_t H = std::max<int64_t>(block.num_heads, 1), Hkv = std::max<int64_t>(block.num_kv_heads, 1);
+  const int64_t head_dim = d_out / H;
+  queries = queries.view({B, T, H, head_dim});
+  keys = keys.view({B, T, Hkv, head_dim});
   if (block.rope != nullptr) {
     const at::Tensor positions = token_positions(T, cache, key_padding_mask, x.device());
     queries = block.rope->apply(queries, positions);
     keys = block.rope->apply(keys, positions);
+  }
+  if (block.num_heads > 0) {
+    // Heads before tokens: [B, T, H, head_dim] -> [B, H, T, head_dim].
+    queries = queries.transpose(1, 2);
+    keys = keys.transpose(1, 2);
+    values = values.view({B, T, Hkv, head_dim}).transpose(1, 2);
+  } else {
+    queries = queries.view({B, T, d_out});
+    keys = keys.view({B, T, d_out});
   }
 
   MaskSpec spec;

@@ -1,5 +1,7 @@
 #include "rotary_cache.h"
 
+#include "../kernels/cpu/rotary.h"
+
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 
@@ -25,7 +27,11 @@ std::pair<at::Tensor, at::Tensor> RotaryCache::tables(const at::Device& device) 
 
 at::Tensor RotaryCache::apply(const at::Tensor& x, const at::Tensor& positions) const {
   const auto [cos, sin] = tables(x.device());
-  return functional::apply_rotary(x, positions, cos, sin, options_);
+  if (x.is_cpu() && x.is_contiguous()) {
+    return kernels::cpu::rotary(x, positions, cos, sin, options_);
+  }
+  // [B, T, G, hd] -> [B, G, T, hd] (tokens at -2, as apply_rotary takes them) and back.
+  return functional::apply_rotary(x.transpose(1, 2), positions, cos, sin, options_).transpose(1, 2);
 }
 
 } // namespace torchattn::detail

@@ -20,8 +20,10 @@ class RotaryCache {
   /// Tables for positions 0 .. length - 1 of heads of head_dim features.
   RotaryCache(const RoPEOptions& options, int64_t head_dim, int64_t length);
 
-  /// x: [B, ..., T, head_dim] rotated at positions ([T] or [B, T] int64, < length),
-  /// with the tables of x's device (see functional::apply_rotary). Thread-safe.
+  /// x: [B, T, G, head_dim] (G heads, tokens before heads, as a projection gives
+  /// them) rotated at positions ([T] or [B, T] int64, < length), with the tables of
+  /// x's device: the one-pass CPU kernel for a contiguous CPU x, else
+  /// functional::apply_rotary. Thread-safe.
   at::Tensor apply(const at::Tensor& x, const at::Tensor& positions) const;
 
   const RoPEOptions& options() const { return options_; }
