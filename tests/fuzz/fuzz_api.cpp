@@ -1,5 +1,6 @@
-// libFuzzer target: drives the public API with random shapes, options, dtypes,
-// padding masks and key biases, cache sequences and cache clones. The only exception it accepts is c10::Error (a checked
+// libFuzzer target: drives the public API with random shapes, options (grouped-query
+// heads, RoPE, windows, causal or not included), dtypes, padding masks and key
+// biases, cache sequences and cache clones. The only exception it accepts is c10::Error (a checked
 // argument); anything else, a sanitizer report or a crash is a finding.
 
 #include <torchattn/torchattn.h>
@@ -49,6 +50,18 @@ void run(FuzzedDataProvider& in) {
   const auto backend = static_cast<torchattn::Backend>(in.ConsumeIntegralInRange<int>(0, 2));
   const auto module_dtype = in.ConsumeBool() ? torch::kFloat32 : pick_dtype(in);
   const bool mask_buffer = in.ConsumeBool(), static_shapes = in.ConsumeBool();
+  // The options of today's models, valid or not.
+  const bool causal = in.ConsumeIntegralInRange<int>(0, 3) != 0, out_bias = in.ConsumeBool();
+  const std::optional<int64_t> kv_heads =
+      in.ConsumeBool() ? std::optional<int64_t>(in.ConsumeIntegralInRange<int64_t>(-1, 4)) : std::nullopt;
+  const std::optional<int64_t> window =
+      in.ConsumeBool() ? std::optional<int64_t>(in.ConsumeIntegralInRange<int64_t>(-1, 6)) : std::nullopt;
+  std::optional<torchattn::RoPEOptions> rope;
+  if (in.ConsumeBool()) {
+    const double thetas[] = {10000.0, 1e6, 0.0, -1.0, std::numeric_limits<double>::infinity()};
+    rope = torchattn::RoPEOptions(thetas[in.ConsumeIntegralInRange<int>(0, 4)]).interleaved(in.ConsumeBool());
+    if (in.ConsumeBool()) rope->rotary_dim(in.ConsumeIntegralInRange<int64_t>(-1, 9));
+  }
 
   if (kind == 3) {  // the functional layer
     namespace F = torchattn::functional;
@@ -78,7 +91,15 @@ void run(FuzzedDataProvider& in) {
     torchattn::SelfAttentionV2 m(torchattn::SelfAttentionV2Options(d_in, d_out).qkv_bias(bias).scale(scale).backend(backend));
     any = torch::nn::AnyModule(m);
   } else if (kind == 1) {
-    torchattn::CausalAttention m(torchattn::CausalAttentionOptions(d_in, d_out, C).dropout(dropout).qkv_bias(bias).scale(scale).backend(backend).mask_buffer(mask_buffer));
+    torchattn::CausalAttention m(torchattn::CausalAttentionOptions(d_in, d_out, C)
+                                     .dropout(dropout)
+                                     .qkv_bias(bias)
+                                     .scale(scale)
+                                     .backend(backend)
+                                     .mask_buffer(mask_buffer)
+                                     .causal(causal)
+                                     .window(window)
+                                     .rope(rope));
     any = torch::nn::AnyModule(m);
     auto cache = std::make_shared<torchattn::KVCache>(
         m->make_kv_cache(in.ConsumeIntegralInRange<int64_t>(-1, 3), static_shapes));
@@ -90,8 +111,17 @@ void run(FuzzedDataProvider& in) {
       return m->forward_cached(x, *cache, pad);
     };
   } else {
-    torchattn::MultiHeadAttention m(
-        torchattn::MultiHeadAttentionOptions(d_in, d_out, C, H).dropout(dropout).qkv_bias(bias).scale(scale).backend(backend).mask_buffer(mask_buffer));
+    torchattn::MultiHeadAttention m(torchattn::MultiHeadAttentionOptions(d_in, d_out, C, H)
+                                        .dropout(dropout)
+                                        .qkv_bias(bias)
+                                        .scale(scale)
+                                        .backend(backend)
+                                        .mask_buffer(mask_buffer)
+                                        .num_kv_heads(kv_heads)
+                                        .causal(causal)
+                                        .window(window)
+                                        .rope(rope)
+                                        .out_bias(out_bias));
     any = torch::nn::AnyModule(m);
     auto cache = std::make_shared<torchattn::KVCache>(
         m->make_kv_cache(in.ConsumeIntegralInRange<int64_t>(-1, 3), static_shapes));
