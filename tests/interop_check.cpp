@@ -70,6 +70,30 @@ int main(int argc, char** argv) {
       torchattn::save_state_dict(*fresh, dir + "/cpp_" + c.name + ".pt");
       write_tensor(dir + "/cpp_" + c.name + "_out.pt", "y", c.forward(*fresh, x));
     }
+    // safetensors: Python's file read here, and one written here for Python.
+    {
+      std::ifstream in(dir + "/py_tensors.pt", std::ios::binary);
+      std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const auto expected = torch::pickle_load(bytes).toGenericDict();
+      const auto loaded = torchattn::load_safetensors(dir + "/py_tensors.safetensors");
+      bool same = loaded.size() == expected.size();
+      for (const auto& [name, t] : loaded) {
+        const auto want = expected.at(name).toTensor();
+        same = same && t.scalar_type() == want.scalar_type() && torch::equal(t, want);
+      }
+      std::printf("%s: %zu safetensors written by Python read in C++\n", same ? "ok" : "FAIL", loaded.size());
+      failures += !same;
+      torch::manual_seed(7);
+      const torchattn::NamedTensors mine{{"w", torch::randn({3, 4})},
+                                         {"b", torch::randn({4}).to(torch::kBFloat16)},
+                                         {"ids", torch::arange(5)},
+                                         {"mask", torch::tensor({true, false, true})}};
+      torchattn::save_safetensors(dir + "/cpp_tensors.safetensors", mine, {{"format", "pt"}});
+      c10::impl::GenericDict dict(c10::AnyType::get(), c10::AnyType::get());
+      for (const auto& [name, t] : mine) dict.insert(name, t);
+      auto out = torch::pickle_save(dict);
+      std::ofstream(dir + "/cpp_tensors.pt", std::ios::binary).write(out.data(), static_cast<std::streamsize>(out.size()));
+    }
     // A mismatch is an error naming the key.
     torchattn::MultiHeadAttention wrong(5, 8, 9, 0.0, 2, true);
     try {

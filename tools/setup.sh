@@ -9,8 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # libgloo-dev: the Gloo headers that LibTorch's c10d headers include (train_gpt);
-# fortunes: train_gpt's default text.
-packages=(g++ cmake ninja-build make python3-venv libgtest-dev libcli11-dev libgloo-dev fortunes)
+# fortunes: train_gpt's default text; nlohmann-json3-dev: the safetensors reader's JSON
+# parser (header-only); libicu-dev: Unicode classes for torchattn_generate's tokenizer.
+packages=(g++ cmake ninja-build make python3-venv libgtest-dev libcli11-dev libgloo-dev fortunes nlohmann-json3-dev
+          libicu-dev)
 # `setup.sh fuzz`: clang and its libFuzzer runtime as well.
 if [ "${1:-}" = "fuzz" ]; then packages+=(clang-16 libclang-rt-16-dev); fi
 missing=()

@@ -16,5 +16,6 @@
 #include <torchattn/kv_cache.h>
 #include <torchattn/multi_head_attention.h>
 #include <torchattn/rope.h>
+#include <torchattn/safetensors.h>
 #include <torchattn/self_attention_v2.h>
 #include <torchattn/version.h>
