@@ -9,9 +9,13 @@
 //   main     B=4, T=1024, d=768, 12 heads: forward and forward+backward
 //   sweep    B=1, T = 128 .. 16384: forward time and peak RSS growth
 //   decode   B=1, a 1024-token prompt then 256 tokens, with and without the KV cache
+//   gqa      decoding with 12 query heads over 12 (MHA) or 3 (GQA 4:1) key/value heads:
+//            tokens/s and KV cache bytes, interleaved
+//   rope     the main forward with and without rotary embeddings, interleaved
 
 #include "bench_cuda.h"
 #include "bench_json.h"
+#include "fmt.h"
 
 #include <torchattn/torchattn.h>
 
@@ -21,12 +25,10 @@
 #include <malloc.h>
 
 #include <algorithm>
-#include <cstring>
 #include <chrono>
-#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
-#include <iostream>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -152,7 +154,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   int64_t max_T = 16384;
   std::string device = "cpu";
-  app.add_option("--device", device, "cpu (default), or cuda: the GPU benchmark (docs/benchmarks-cuda.md)")
+  app.add_option("--device", device, "cpu (default), or cuda: the GPU benchmark (apps/bench/results/benchmarks-cuda.md)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--threads", threads, "intra-op threads (cpu)");
   app.add_option("--json", json_path, "write the results here as JSON");
@@ -169,7 +171,7 @@ int main(int argc, char** argv) {
   at::set_num_threads(threads);
   const int reps = quick ? 2 : 5;
   std::vector<Row> rows;
-  std::printf("torchattn_bench: %d threads, float32, d=%ld, %ld heads\n", at::get_num_threads(), kDim, kHeads);
+  fmt::print("torchattn_bench: {} threads, float32, d={}, {} heads\n", at::get_num_threads(), kDim, kHeads);
 
   // ---- main: B=4, T=1024 ----
   {
@@ -184,7 +186,7 @@ int main(int argc, char** argv) {
       ref = m.reference(x);
     }
     double ref_fwd = 0, ref_bwd = 0;
-    std::printf("\n[main] B=%ld T=%ld forward (ms, median of %d)\n", B, T, reps);
+    fmt::print("\n[main] B={} T={} forward (ms, median of {})\n", B, T, reps);
     for (auto& v : variants(m, T, true, true)) {
       double err;
       {
@@ -198,14 +200,14 @@ int main(int argc, char** argv) {
       }, reps, 1);
       if (v.name == "reference") ref_fwd = t.median_ms;
       const double gflops = useful_flops(B, T) / (t.median_ms * 1e6);
-      std::printf("  %-18s %9.1f ms  %6.1f GFLOP/s  %5.2fx vs reference  (max |diff| %.1e)\n", v.name.c_str(),
-                  t.median_ms, gflops, ref_fwd / t.median_ms, err);
+      fmt::print("  {:<18} {:9.1f} ms  {:6.1f} GFLOP/s  {:5.2f}x vs reference  (max |diff| {:.1e})\n", v.name,
+                 t.median_ms, gflops, ref_fwd / t.median_ms, err);
       rows.push_back(Row()
                          .s("section", "forward").s("variant", v.name).n("B", B).n("T", T)
                          .n("median_ms", t.median_ms).n("min_ms", t.min_ms).n("reps", t.reps)
                          .n("gflops", gflops).n("speedup_vs_reference", ref_fwd / t.median_ms).n("max_abs_diff", err));
     }
-    std::printf("\n[main] B=%ld T=%ld forward+backward (ms, median of %d)\n", B, T, reps);
+    fmt::print("\n[main] B={} T={} forward+backward (ms, median of {})\n", B, T, reps);
     for (auto& v : variants(m, T, true, true)) {
       auto params = v.name == "libtorch_nn_mha" ? m.libtorch->parameters() : m.reference->parameters();
       if (v.name == "sdpa") params = m.sdpa->parameters();
@@ -217,8 +219,8 @@ int main(int argc, char** argv) {
       }, reps, 1);
       if (v.name == "reference") ref_bwd = t.median_ms;
       const double gflops = 3 * useful_flops(B, T) / (t.median_ms * 1e6);
-      std::printf("  %-18s %9.1f ms  %6.1f GFLOP/s  %5.2fx vs reference\n", v.name.c_str(), t.median_ms, gflops,
-                  ref_bwd / t.median_ms);
+      fmt::print("  {:<18} {:9.1f} ms  {:6.1f} GFLOP/s  {:5.2f}x vs reference\n", v.name, t.median_ms, gflops,
+                 ref_bwd / t.median_ms);
       rows.push_back(Row()
                          .s("section", "forward_backward").s("variant", v.name).n("B", B).n("T", T)
                          .n("median_ms", t.median_ms).n("min_ms", t.min_ms).n("reps", t.reps)
@@ -227,7 +229,7 @@ int main(int argc, char** argv) {
   }
 
   // ---- sweep: B=1, T = 128 .. max_T; forward time and peak RSS growth ----
-  std::printf("\n[sweep] B=1 forward: median ms and peak RSS growth (MiB)\n");
+  fmt::print("\n[sweep] B=1 forward: median ms and peak RSS growth (MiB)\n");
   for (int64_t T = 128; T <= (quick ? 1024 : max_T); T *= 2) {
     // The notebook math holds several [12, T, T] float tensors: 4096 is the largest
     // that fits this machine with room to spare.
@@ -252,8 +254,7 @@ int main(int argc, char** argv) {
       const double peak_mib = (status_kb("VmHWM:") - rss0) / 1024.0;
       if (v.name == "reference") ref_ms = t.median_ms;
       const double gflops = useful_flops(1, T) / (t.median_ms * 1e6);
-      std::printf("  T=%-6ld %-18s %10.1f ms %7.1f GFLOP/s %8.1f MiB\n", T, v.name.c_str(), t.median_ms, gflops,
-                  peak_mib);
+      fmt::print("  T={:<6} {:<18} {:10.1f} ms {:7.1f} GFLOP/s {:8.1f} MiB\n", T, v.name, t.median_ms, gflops, peak_mib);
       Row row;
       row.s("section", "sweep").s("variant", v.name).n("B", 1).n("T", T).n("median_ms", t.median_ms)
           .n("min_ms", t.min_ms).n("reps", t.reps).n("gflops", gflops).n("peak_rss_growth_mib", peak_mib)
@@ -270,7 +271,7 @@ int main(int argc, char** argv) {
     torch::manual_seed(3);
     auto x = torch::randn({1, C, kDim});
     torch::NoGradGuard ng;
-    std::printf("\n[decode] prompt %ld, then %ld tokens one at a time (auto backend)\n", prompt, steps);
+    fmt::print("\n[decode] prompt {}, then {} tokens one at a time (auto backend)\n", prompt, steps);
     auto full = m.autob(x);
     auto cache = m.autob->make_kv_cache(1);
     m.autob->forward_cached(x.narrow(1, 0, prompt), cache);
@@ -288,8 +289,8 @@ int main(int argc, char** argv) {
       err_full = std::max(err_full, max_abs_diff(y, full.narrow(1, t, 1)));
     }
     const double full_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    std::printf("  with cache:    %8.1f tokens/s\n  without cache: %8.1f tokens/s\n  cache speedup: %.1fx\n",
-                steps / cached_s, steps / full_s, full_s / cached_s);
+    fmt::print("  with cache:    {:8.1f} tokens/s\n  without cache: {:8.1f} tokens/s\n  cache speedup: {:.1f}x\n",
+               steps / cached_s, steps / full_s, full_s / cached_s);
     rows.push_back(Row().s("section", "decode").s("variant", "kv_cache").n("prompt", prompt).n("steps", steps)
                        .n("tokens_per_s", steps / cached_s).n("max_abs_diff", err_cached));
     rows.push_back(Row().s("section", "decode").s("variant", "recompute").n("prompt", prompt).n("steps", steps)
@@ -297,12 +298,88 @@ int main(int argc, char** argv) {
                        .n("max_abs_diff", err_full));
   }
 
+  // ---- gqa: 12 query heads over 12 or 3 key/value heads, decoding ----
+  {
+    const int64_t prompt = quick ? 128 : 1024, steps = quick ? 16 : 128, C = prompt + steps;
+    torch::manual_seed(4);
+    auto make = [&](int64_t kv) {
+      torchattn::MultiHeadAttention m(
+          torchattn::MultiHeadAttentionOptions(kDim, kDim, C, kHeads).num_kv_heads(kv).mask_buffer(false));
+      m->eval();
+      return m;
+    };
+    torchattn::MultiHeadAttention mha = make(kHeads), gqa = make(kHeads / 4);
+    auto x = torch::randn({1, C, kDim});
+    torch::NoGradGuard ng;
+    fmt::print("\n[gqa] prompt {}, then {} tokens one at a time; {} query heads over {} (MHA) or {} (GQA) kv heads\n",
+               prompt, steps, kHeads, kHeads, kHeads / 4);
+    struct Run {
+      std::string name;
+      torchattn::MultiHeadAttention* m;
+      std::vector<double> tokens_per_s;
+      double cache_mib = 0, err = 0;
+    };
+    std::vector<Run> runs{{"mha", &mha, {}}, {"gqa_4to1", &gqa, {}}};
+    for (int rep = 0; rep < (quick ? 1 : 5); ++rep) {
+      for (auto& r : runs) {  // interleaved: both see the same machine state
+        auto cache = (*r.m)->make_kv_cache(1);
+        (*r.m)->forward_cached(x.narrow(1, 0, prompt), cache);
+        std::vector<torch::Tensor> outs;
+        auto t0 = Clock::now();
+        for (int64_t t = prompt; t < C; ++t) outs.push_back((*r.m)->forward_cached(x.narrow(1, t, 1), cache));
+        r.tokens_per_s.push_back(steps / std::chrono::duration<double>(Clock::now() - t0).count());
+        r.cache_mib = 2.0 * cache.key_storage().numel() * cache.key_storage().element_size() / (1 << 20);
+        r.err = max_abs_diff(torch::cat(outs, 1), (*r.m)(x).narrow(1, prompt, steps));  // checked against the full forward
+        TORCH_CHECK(r.err < 1e-4, "bench: ", r.name, " cached decode disagrees with its full forward by ", r.err);
+      }
+    }
+    for (auto& r : runs) {
+      std::sort(r.tokens_per_s.begin(), r.tokens_per_s.end());
+      const double median = r.tokens_per_s[r.tokens_per_s.size() / 2];
+      fmt::print("  {:<10} {:8.1f} tokens/s  KV cache {:7.2f} MiB\n", r.name, median, r.cache_mib);
+      rows.push_back(Row().s("section", "gqa").s("variant", r.name).n("prompt", prompt).n("steps", steps)
+                         .n("tokens_per_s", median).n("kv_cache_mib", r.cache_mib).n("max_abs_diff", r.err));
+    }
+  }
+
+  // ---- rope: the main forward with and without rotary embeddings ----
+  {
+    const int64_t B = quick ? 1 : 4, T = quick ? 256 : 1024;
+    torch::manual_seed(5);
+    torchattn::MultiHeadAttention plain(torchattn::MultiHeadAttentionOptions(kDim, kDim, T, kHeads));
+    torchattn::MultiHeadAttention rope(
+        torchattn::MultiHeadAttentionOptions(kDim, kDim, T, kHeads).rope(torchattn::RoPEOptions()));
+    {
+      torch::NoGradGuard g;
+      for (auto& p : rope->named_parameters()) p.value().copy_(plain->named_parameters()[p.key()]);
+    }
+    plain->eval();
+    rope->eval();
+    auto x = torch::randn({B, T, kDim});
+    torch::NoGradGuard ng;
+    fmt::print("\n[rope] B={} T={} forward with and without RoPE (ms, median of interleaved runs)\n", B, T);
+    std::vector<double> a, b;
+    plain(x);
+    rope(x);
+    for (int rep = 0; rep < (quick ? 2 : 9); ++rep) {
+      a.push_back(time_it([&] { plain(x); }, 1, 0).median_ms);
+      b.push_back(time_it([&] { rope(x); }, 1, 0).median_ms);
+    }
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    const double ma = a[a.size() / 2], mb = b[b.size() / 2];
+    fmt::print("  without RoPE {:8.1f} ms\n  with RoPE    {:8.1f} ms  ({:+.1f}%)\n", ma, mb, 100.0 * (mb / ma - 1.0));
+    rows.push_back(Row().s("section", "rope").s("variant", "without").n("B", B).n("T", T).n("median_ms", ma));
+    rows.push_back(Row().s("section", "rope").s("variant", "with").n("B", B).n("T", T).n("median_ms", mb)
+                       .n("overhead", mb / ma - 1.0));
+  }
+
   if (!json_path.empty()) {
     std::ostringstream meta;
     meta << "\"tool\": \"torchattn_bench\", \"torchattn\": \"" << TORCHATTN_VERSION << "\", \"threads\": " << threads
          << ", \"quick\": " << (quick ? "true" : "false");
     std::ofstream(json_path) << bench::to_json(rows, meta.str());
-    std::printf("\nwrote %s\n", json_path.c_str());
+    fmt::print("\nwrote {}\n", json_path);
   }
   return 0;
 }

@@ -1,4 +1,4 @@
-// torchattn_bench --device cuda: the GPU benchmark behind docs/benchmarks-cuda.md.
+// torchattn_bench --device cuda: the GPU benchmark behind apps/bench/results/benchmarks-cuda.md.
 //
 //   torchattn_bench --device cuda [--json out.json] [--quick] [--max-T 32768]
 //
@@ -30,6 +30,7 @@
 //            GPU adds to allocated memory, mask_buffer(false) vs (true)
 
 #include "bench_cuda.h"
+#include "fmt.h"
 #include "bench_json.h"
 
 #include <torchattn/torchattn.h>
@@ -48,7 +49,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <exception>
 #include <fstream>
 #include <functional>
@@ -398,11 +398,11 @@ void section_main(Setup& s) {
     const auto tf = interleaved(s.timer, fwd, s.z.main_reps, s.z.warmup);
     const auto tb = interleaved(s.timer, fwdbwd, s.z.main_reps, s.z.warmup);
     const double flops = module_flops(p.B, p.T, p.d);
-    std::printf("\n[main] B=%ld T=%ld d=%ld H=%ld bf16, interleaved, median of %d (ms)\n", p.B, p.T, p.d, p.heads,
-                s.z.main_reps);
+    fmt::print("\n[main] B={} T={} d={} H={} bf16, interleaved, median of {} (ms)\n", p.B, p.T, p.d, p.heads,
+               s.z.main_reps);
     for (size_t i = 0; i < vs.size(); ++i) {
-      std::printf("  %-8s fwd %8.3f (%.3fx hand)  fwd+bwd %8.3f (%.3fx hand)  peak %7.1f / %7.1f MiB\n",
-                  vs[i].name.c_str(), tf[i].median_ms, tf[i].median_ms / tf[1].median_ms, tb[i].median_ms,
+      fmt::print("  {:<8} fwd {:8.3f} ({:.3f}x hand)  fwd+bwd {:8.3f} ({:.3f}x hand)  peak {:7.1f} / {:7.1f} MiB\n",
+                  vs[i].name, tf[i].median_ms, tf[i].median_ms / tf[1].median_ms, tb[i].median_ms,
                   tb[i].median_ms / tb[1].median_ms, probes[i].fwd_peak_mib, probes[i].fwdbwd_peak_mib);
       s.rows.push_back(Row()
                            .s("section", "main").s("variant", vs[i].name).s("dtype", dtype_name(dtype))
@@ -430,7 +430,7 @@ void section_core(Setup& s) {
     const at::Tensor a = torch::randn({n, n}).to(s.device, dtype), b = torch::randn({n, n}).to(s.device, dtype);
     const auto t = interleaved(s.timer, {[&] { at::mm(a, b); }}, s.z.core_reps, s.z.warmup);
     gemm_tflops = 2.0 * n * n * n / t[0].median_ms / 1e9;
-    std::printf("\n[core] GEMM %ld^3 bf16: %.3f ms = %.1f TFLOP/s\n", n, t[0].median_ms, gemm_tflops);
+    fmt::print("\n[core] GEMM {}^3 bf16: {:.3f} ms = {:.1f} TFLOP/s\n", n, t[0].median_ms, gemm_tflops);
     s.rows.push_back(Row().s("section", "gemm").s("dtype", dtype_name(dtype)).n("n", n).n("ms", t[0].median_ms)
                          .n("tflops", gemm_tflops));
   }
@@ -458,8 +458,8 @@ void section_core(Setup& s) {
       ref = kernels[0].second(q, k, v);
     }
     const double flops = 4.0 * p.B * p.heads * p.T * p.T * p.head_dim / 2;
-    std::printf("[core] causal attention B=%ld H=%ld T=%ld hd=%ld bf16 (ATen picks %s)\n", p.B, p.heads, p.T,
-                p.head_dim, aten_choice.c_str());
+    fmt::print("[core] causal attention B={} H={} T={} hd={} bf16 (ATen picks {})\n", p.B, p.heads, p.T,
+               p.head_dim, aten_choice);
     for (const auto& [name, kernel] : kernels) {
       double err;
       {
@@ -479,8 +479,8 @@ void section_core(Setup& s) {
       const auto tb = interleaved(s.timer, {fwdbwd}, s.z.core_reps, s.z.warmup);
       // A backward is 2.5 forwards of FLOPs (it recomputes the scores).
       const double ftf = flops / tf[0].median_ms / 1e9, btf = 3.5 * flops / tb[0].median_ms / 1e9;
-      std::printf("  %-10s fwd %7.3f ms %6.1f TFLOP/s (%.2f of GEMM)  fwd+bwd %7.3f ms %6.1f TFLOP/s\n",
-                  name.c_str(), tf[0].median_ms, ftf, ftf / gemm_tflops, tb[0].median_ms, btf);
+      fmt::print("  {:<10} fwd {:7.3f} ms {:6.1f} TFLOP/s ({:.2f} of GEMM)  fwd+bwd {:7.3f} ms {:6.1f} TFLOP/s\n",
+                  name, tf[0].median_ms, ftf, ftf / gemm_tflops, tb[0].median_ms, btf);
       s.rows.push_back(Row()
                            .s("section", "core").s("kernel", name).s("aten_choice", aten_choice)
                            .s("dtype", dtype_name(dtype)).n("B", p.B).n("H", p.heads).n("T", p.T)
@@ -495,8 +495,8 @@ void section_core(Setup& s) {
 void section_sweep(Setup& s) {
   const Sizes& z = s.z;
   for (const auto dtype : {at::kBFloat16, at::kFloat}) {
-    std::printf("\n[sweep] %s, d=%ld H=%ld, B*T=%ld: median ms (fwd / fwd+bwd), peak MiB of fwd+bwd\n",
-                dtype_name(dtype).c_str(), z.sweep_d, z.sweep_heads, z.sweep_tokens);
+    fmt::print("\n[sweep] {}, d={} H={}, B*T={}: median ms (fwd / fwd+bwd), peak MiB of fwd+bwd\n",
+                dtype_name(dtype), z.sweep_d, z.sweep_heads, z.sweep_tokens);
     for (int64_t T = 128; T <= z.sweep_max_T; T *= 2) {
       const int64_t B = std::max<int64_t>(1, z.sweep_tokens / T);
       const bool mask_buffer = T <= z.mask_buffer_max_T;
@@ -521,7 +521,7 @@ void section_sweep(Setup& s) {
       const auto tb = interleaved(s.timer, fwdbwd, reps, 1);
       const double flops = module_flops(B, T, z.sweep_d);
       for (size_t i = 0; i < vs.size(); ++i) {
-        std::printf("  T=%-6ld B=%-4ld %-8s %9.3f / %9.3f ms  %8.1f MiB%s\n", T, B, vs[i].name.c_str(),
+        fmt::print("  T={:<6} B={:<4} {:<8} {:9.3f} / {:9.3f} ms  {:8.1f} MiB{}\n", T, B, vs[i].name,
                     tf[i].median_ms, tb[i].median_ms, probes[i].fwdbwd_peak_mib,
                     mask_buffer ? "" : "  (no mask buffer)");
         s.rows.push_back(Row()
@@ -546,8 +546,8 @@ void section_stall(Setup& s) {
   auto autob = make_mha(z.stall_d, z.stall_heads, last_T, true, s.device, dtype);
   auto sdpa = with_backend(autob, Backend::SDPA);
   torch::NoGradGuard no_grad;
-  std::printf("\n[stall] B=1 d=%ld H=%ld bf16 forward at never-seen lengths: first call vs second (ms)\n", z.stall_d,
-              z.stall_heads);
+  fmt::print("\n[stall] B=1 d={} H={} bf16 forward at never-seen lengths: first call vs second (ms)\n", z.stall_d,
+             z.stall_heads);
   std::vector<std::tuple<std::string, MultiHeadAttention, int64_t>> runs = {{"default", autob, z.stall_auto_T0},
                                                                             {"sdpa", sdpa, z.stall_sdpa_T0}};
   for (auto& [name, m, T0] : runs) {
@@ -568,7 +568,7 @@ void section_stall(Setup& s) {
     check_close("stall " + name + " vs hand", rel_err(y, hand_forward(*autob, xs.back())),
                 tolerance(dtype));
     for (size_t i = 0; i < xs.size(); ++i) {
-      std::printf("  %-8s T=%-5ld first %8.3f  second %8.3f\n", name.c_str(), xs[i].size(1), first[i], second[i]);
+      fmt::print("  {:<8} T={:<5} first {:8.3f}  second {:8.3f}\n", name, xs[i].size(1), first[i], second[i]);
       s.rows.push_back(Row().s("section", "stall").s("variant", name).n("B", 1).n("T", xs[i].size(1))
                            .n("d", z.stall_d).n("H", z.stall_heads).n("first_ms", first[i]).n("second_ms", second[i]));
     }
@@ -583,7 +583,7 @@ struct StepTimes {
 
 void record_decode(Setup& s, const std::string& name, const StepTimes& t, double first_call_us) {
   const Timing m = summarize(t.us);
-  std::printf("  %-12s median %8.1f us  min %8.1f us  first %8.1f us  (%zu steps, rel err %.1e)\n", name.c_str(),
+  fmt::print("  {:<12} median {:8.1f} us  min {:8.1f} us  first {:8.1f} us  ({} steps, rel err {:.1e})\n", name,
               m.median_ms, m.min_ms, first_call_us, t.us.size(), t.rel_err);
   s.rows.push_back(Row()
                        .s("section", "decode").s("variant", name).n("prompt", s.z.decode_prompt)
@@ -605,7 +605,7 @@ void section_decode(Setup& s) {
   torch::manual_seed(3);
   const at::Tensor x = torch::randn({1, P + N, z.decode_d}).to(s.device, dtype);
   const at::Tensor expected = m->forward(x).narrow(1, P, N);  // the rows a full forward gives
-  std::printf("\n[decode] one layer, B=1, d=%ld H=%ld bf16, prompt %ld, context %ld, %ld steps (us per step)\n",
+  fmt::print("\n[decode] one layer, B=1, d={} H={} bf16, prompt {}, context {}, {} steps (us per step)\n",
               z.decode_d, z.decode_heads, P, z.decode_context, N);
 
   // Prefill, then N one-token steps on `cache`, each timed; checked against the full forward.
@@ -662,8 +662,8 @@ void section_decode(Setup& s) {
 // ---- memory: what a long-context module adds to the device ----
 void section_memory(Setup& s) {
   const Sizes& z = s.z;
-  std::printf("\n[memory] MultiHeadAttention(%ld, %ld, context_length=%ld, %ld heads), float32, moved to %s\n",
-              z.memory_d, z.memory_d, z.memory_context, z.memory_heads, s.device.str().c_str());
+  fmt::print("\n[memory] MultiHeadAttention({}, {}, context_length={}, {} heads), float32, moved to {}\n",
+             z.memory_d, z.memory_d, z.memory_context, z.memory_heads, s.device.str());
   for (const bool mask_buffer : {false, true}) {
     const int64_t before = allocated_bytes(s.device);
     int64_t params = 0, buffers = 0, added = 0;
@@ -676,7 +676,7 @@ void section_memory(Setup& s) {
       for (const at::Tensor& p : m->parameters()) params += p.nbytes();
       for (const at::Tensor& b : m->buffers()) buffers += b.nbytes();
     }
-    std::printf("  mask_buffer(%s): adds %9.1f MiB (weights %.1f MiB, buffers %.1f MiB)\n",
+    fmt::print("  mask_buffer({}): adds {:9.1f} MiB (weights {:.1f} MiB, buffers {:.1f} MiB)\n",
                 mask_buffer ? "true" : "false", added / kMiB, params / kMiB, buffers / kMiB);
     s.rows.push_back(Row()
                          .s("section", "module_memory")
@@ -696,7 +696,7 @@ int run_device_bench(const c10::Device& device, const CudaBenchOptions& options)
   DeviceTimer timer(device);
   Setup s{device, timer, z, rows};
   try {
-    std::printf("torchattn_bench --device cuda on %s%s\n", device.str().c_str(),
+    fmt::print("torchattn_bench --device cuda on {}{}\n", device.str(),
                 device.is_cuda() ? "" : " (the harness only: no GPU timings or memory)");
     section_main(s);
     section_core(s);
@@ -705,10 +705,10 @@ int run_device_bench(const c10::Device& device, const CudaBenchOptions& options)
     section_decode(s);
     section_memory(s);
   } catch (const c10::Error& e) {  // a failed check, or ATen refusing something
-    std::fprintf(stderr, "\ntorchattn_bench --device cuda: %s\n", e.what_without_backtrace());
+    fmt::print(stderr, "\ntorchattn_bench --device cuda: {}\n", e.what_without_backtrace());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "\ntorchattn_bench --device cuda: %s\n", e.what());
+    fmt::print(stderr, "\ntorchattn_bench --device cuda: {}\n", e.what());
     return 1;
   }
   if (!options.json_path.empty()) {
@@ -716,20 +716,20 @@ int run_device_bench(const c10::Device& device, const CudaBenchOptions& options)
     meta << "\"tool\": \"torchattn_bench\", \"mode\": \"cuda\", \"torchattn\": \"" << TORCHATTN_VERSION
          << "\", \"quick\": " << (options.quick ? "true" : "false") << ", " << device_meta(device);
     std::ofstream(options.json_path) << to_json(rows, meta.str());
-    std::printf("\nwrote %s\n", options.json_path.c_str());
+    fmt::print("\nwrote {}\n", options.json_path);
   }
   return 0;
 }
 
 int run_cuda_bench(const CudaBenchOptions& options) {
 #ifndef TORCHATTN_BENCH_CUDA
-  std::fprintf(stderr,
-               "torchattn_bench: --device cuda needs a build against a CUDA LibTorch; this one was built against a "
-               "CPU LibTorch (build build-gpu/ with `make test-gpu`, see scripts/test_gpu.sh)\n");
+  fmt::print(stderr,
+             "torchattn_bench: --device cuda needs a build against a CUDA LibTorch; this one was built against a "
+               "CPU LibTorch (build build-gpu/ with `make test-gpu`, see tools/test_gpu.sh)\n");
   return 2;
 #else
   if (!torch::cuda::is_available()) {
-    std::fprintf(stderr, "torchattn_bench: --device cuda, but this LibTorch sees no CUDA device\n");
+    fmt::print(stderr, "torchattn_bench: --device cuda, but this LibTorch sees no CUDA device\n");
     return 2;
   }
   return run_device_bench(c10::Device(c10::kCUDA, 0), options);

@@ -1,7 +1,7 @@
 #pragma once
 
 // torchattn_bench --device cuda: the GPU benchmark (bench_cuda.cpp), written to JSON
-// for report_cuda.py (docs/benchmarks-cuda.md).
+// for report_cuda.py (apps/bench/results/benchmarks-cuda.md).
 
 #include <c10/core/Device.h>
 

@@ -92,6 +92,17 @@ def main():
            table(["variant", "tokens/s"], [["KV cache (forward_cached)", f"{kv['tokens_per_s']:.1f}"],
                                             ["full forward each step", f"{rc['tokens_per_s']:.1f}"]]), ""]
 
+    mha, gqa = pick("gqa", "mha"), pick("gqa", "gqa_4to1")
+    rope_on, rope_off = pick("rope", "with"), pick("rope", "without")
+    md += [f"## Grouped-query attention, decoding: a {mha['prompt']}-token prompt, then {mha['steps']} tokens", "",
+           "12 query heads over 12 key/value heads (MHA) or 3 (GQA 4:1), run alternately; the KV cache holds "
+           "context_length tokens.", "",
+           table(["variant", "tokens/s", "KV cache MiB"],
+                 [[r["variant"], f"{r['tokens_per_s']:.1f}", f"{r['kv_cache_mib']:.2f}"] for r in (mha, gqa)]), "",
+           f"## RoPE, forward B={rope_on['B']}, T={rope_on['T']} (medians of interleaved runs)", "",
+           table(["variant", "median ms"], [["without RoPE", f"{rope_off['median_ms']:.1f}"],
+                                            ["with RoPE", f"{rope_on['median_ms']:.1f}"]]), ""]
+
     auto_f, ref_f = pick("forward", "auto"), pick("forward", "reference")
     hand_f = pick("forward", "linear+aten_sdpa")
     auto_b, ref_b = pick("forward_backward", "auto"), pick("forward_backward", "reference")
@@ -103,6 +114,9 @@ def main():
         ("forward+backward >= 1.5x faster than Reference", ref_b["median_ms"] / auto_b["median_ms"], ">=", 1.5),
         (f"B=1, T={max(Ts)} forward peak RSS growth < 1024 MiB", big["peak_rss_growth_mib"], "<", 1024),
         ("decode with cache >= 10x recompute", kv["tokens_per_s"] / rc["tokens_per_s"], ">=", 10.0),
+        ("GQA 4:1 KV cache = 1/4 of MHA's (ratio)", gqa["kv_cache_mib"] / mha["kv_cache_mib"], "<=", 0.25),
+        ("GQA 4:1 decoding no slower than MHA (tokens/s ratio)", gqa["tokens_per_s"] / mha["tokens_per_s"], ">=", 1.0),
+        ("RoPE adds <= 10% to the forward (time ratio)", rope_on["median_ms"] / rope_off["median_ms"], "<=", 1.10),
     ]
     md += ["## Targets", "", table(["target", "measured", "met"], [
         [name, f"{val:.2f}", "yes" if (val >= bound if op == ">=" else val <= bound if op == "<=" else val < bound)

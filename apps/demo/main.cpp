@@ -5,12 +5,12 @@
 
 #include <torchattn/torchattn.h>
 
+#include "fmt.h"
+
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
 #include <cmath>
-#include <cstdio>
-#include <iostream>
 #include <optional>
 #include <string>
 
@@ -21,7 +21,7 @@ namespace {
 int step_no = 0;
 
 void heading(const std::string& notebook, const std::string& title) {
-  std::printf("\n=== %s | step %d: %s ===\n", notebook.c_str(), ++step_no, title.c_str());
+  fmt::print("\n=== {} | step {}: {} ===\n", notebook, ++step_no, title);
 }
 
 // Prints like Python's tensor repr, 4 decimals, so the numbers line up with the notebooks.
@@ -29,28 +29,31 @@ void print_rows(const torch::Tensor& t, int indent) {
   if (t.dim() == 0) {
     double v = t.item<double>();
     if (std::isinf(v)) {
-      std::printf("%7s", v < 0 ? "-inf" : "inf");
+      fmt::print("{:>7}", v < 0 ? "-inf" : "inf");
     } else {
-      std::printf("%7.4f", v);
+      fmt::print("{:7.4f}", v);
     }
     return;
   }
-  std::printf("[");
+  fmt::print("[");
   for (int64_t i = 0; i < t.size(0); ++i) {
     if (i > 0) {
-      std::printf(t.dim() > 1 ? ",\n%*s" : ", ", t.dim() > 1 ? indent + 1 : 0, "");
-      if (t.dim() > 2) std::printf("\n%*s", indent + 1, "");
+      if (t.dim() > 1) {
+        fmt::print(",\n{:{}}", "", indent + 1);
+      } else {
+        fmt::print(", ");
+      }
+      if (t.dim() > 2) fmt::print("\n{:{}}", "", indent + 1);
     }
     print_rows(t[i], indent + 1);
   }
-  std::printf("]");
+  fmt::print("]");
 }
 
 void show(const std::string& label, const torch::Tensor& t) {
-  std::printf("%s%s", label.c_str(), label.empty() ? "" : ":\n");
-  std::printf("tensor(");
+  fmt::print("{}{}tensor(", label, label.empty() ? "" : ":\n");
   print_rows(t.detach().to(torch::kCPU, torch::kFloat64), 7);
-  std::printf(")\n");
+  fmt::print(")\n");
 }
 
 torch::Tensor notebook_inputs() {
@@ -123,7 +126,7 @@ void notebook001(const torch::Device& device, std::optional<int64_t> seed) {
 
   heading(nb, "a batch of two inputs, and CausalAttention with seed " + std::to_string(seed.value_or(123)));
   auto batch = torch::stack({inputs, inputs}, 0);
-  std::cout << "batch.sizes() = " << batch.sizes() << "\n";
+  fmt::print("batch.sizes() = {}\n", fmt::streamed(batch.sizes()));
   torch::manual_seed(seed.value_or(123));
   torchattn::CausalAttention ca(3, 2, 6, 0.0);
   ca->to(device);
@@ -155,7 +158,7 @@ void notebook003(const torch::Device& device, std::optional<int64_t> seed) {
   torch::manual_seed(seed.value_or(123));
   torchattn::CausalAttention ca(16, 3, 10, 0.0);
   ca->to(device);
-  std::cout << "context_vecs.shape: " << ca(batch).sizes() << "\n";
+  fmt::print("context_vecs.shape: {}\n", fmt::streamed(ca(batch).sizes()));
 
   heading(nb, "heads as a batch dimension: a @ a.transpose(2, 3) for each head");
   auto a = torch::tensor({{{{0.2745, 0.6584, 0.2775, 0.8573}, {0.8993, 0.0390, 0.9268, 0.7388}, {0.7179, 0.7058, 0.9156, 0.4340}},
@@ -176,22 +179,21 @@ void notebook003(const torch::Device& device, std::optional<int64_t> seed) {
     // The head split the module does inside forward, shown on its own queries.
     auto queries = mha->W_query(stacked);
     auto split = queries.view({2, 6, 2, 1});
-    std::cout << "queries " << queries.sizes() << " -> view(b, num_tokens, num_heads, head_dim) " << split.sizes()
-              << " -> transpose(1, 2) " << split.transpose(1, 2).sizes() << "\n";
-    std::cout << "scores per head: queries @ keys.transpose(2, 3) -> [2, 2, 6, 6]; masked_fill(-inf), "
-                 "softmax(scores / sqrt(head_dim)), @ values, transpose back, view [2, 6, 2], out_proj\n";
+    fmt::print("queries {} -> view(b, num_tokens, num_heads, head_dim) {} -> transpose(1, 2) {}\n",
+               fmt::streamed(queries.sizes()), fmt::streamed(split.sizes()), fmt::streamed(split.transpose(1, 2).sizes()));
+    fmt::print("scores per head: queries @ keys.transpose(2, 3) -> [2, 2, 6, 6]; masked_fill(-inf), "
+               "softmax(scores / sqrt(head_dim)), @ values, transpose back, view [2, 6, 2], out_proj\n");
   }
   auto y = mha(stacked);
   show("context_vecs", y);
-  std::cout << "context_vecs.shape: " << y.sizes() << "\n";
-  std::cout << *mha << "\n";
+  fmt::print("context_vecs.shape: {}\n{}\n", fmt::streamed(y.sizes()), fmt::streamed(*mha));
 }
 
 void notebook004(const torch::Device& device) {
   const std::string nb = "004 causal mask";
   heading(nb, "make_causal_mask(4): 0 where key <= query, -1e9 above the diagonal");
   auto cm = F::make_causal_mask(4, -1e9, torch::TensorOptions().dtype(torch::kFloat64).device(device));
-  std::cout << "causal_mask=\n" << cm << "\n";
+  fmt::print("causal_mask=\n{}\n", fmt::streamed(cm));
 
   heading(nb, "scores + causal_mask, softmax (max-subtracted), Attn @ V");
   torch::manual_seed(4);
@@ -206,10 +208,10 @@ void notebook004(const torch::Device& device) {
   auto Q = torch::rand({2, 3, 4, 2}, cm.options()), K = torch::rand({2, 3, 4, 2}, cm.options()),
        Vb = torch::rand({2, 3, 4, 2}, cm.options());
   auto s = Q.matmul(K.transpose(-2, -1)) / std::sqrt(2.0) + cm.unsqueeze(0).unsqueeze(0);
-  std::cout << "scores.shape: " << s.sizes() << "\n";
+  fmt::print("scores.shape: {}\n", fmt::streamed(s.sizes()));
   auto Ab = torch::softmax(s, -1);
   show("Attn[0][0]", Ab[0][0]);
-  std::cout << "output.shape: " << Ab.matmul(Vb).sizes() << "\n";
+  fmt::print("output.shape: {}\n", fmt::streamed(Ab.matmul(Vb).sizes()));
 }
 
 } // namespace
@@ -223,13 +225,13 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (device_name == "cuda" && !torch::cuda::is_available()) {
-    std::cerr << "torchattn_demo: --device cuda was asked for, but CUDA is not available "
-                 "(no GPU, or a CPU-only LibTorch). Run with --device cpu.\n";
+    fmt::print(stderr, "torchattn_demo: --device cuda was asked for, but CUDA is not available "
+                       "(no GPU, or a CPU-only LibTorch). Run with --device cpu.\n");
     return 1;
   }
   const torch::Device device(device_name == "cuda" ? torch::kCUDA : torch::kCPU);
-  std::printf("torchattn %s demo on %s%s\n", TORCHATTN_VERSION, device.str().c_str(),
-              seed ? (", seed " + std::to_string(*seed)).c_str() : ", the notebooks' seeds");
+  fmt::print("torchattn {} demo on {}{}\n", TORCHATTN_VERSION, device.str(),
+             seed ? ", seed " + std::to_string(*seed) : std::string(", the notebooks' seeds"));
   try {
     notebook000(device, seed.value_or(123));
     notebook001(device, seed);
@@ -237,7 +239,7 @@ int main(int argc, char** argv) {
     notebook003(device, seed);
     notebook004(device);
   } catch (const c10::Error& e) {
-    std::cerr << "torchattn_demo: " << e.what_without_backtrace() << "\n";
+    fmt::print(stderr, "torchattn_demo: {}\n", e.what_without_backtrace());
     return 1;
   }
   return 0;

@@ -1,5 +1,7 @@
 #include "distributed.h"
 
+#include "fmt.h"
+
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -12,7 +14,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdio>
 #include <thread>
 
 namespace train_gpt {
@@ -156,8 +157,8 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& argv, int grac
         --left;
         const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
         if (!ok) {
-          std::fprintf(stderr, "train_gpt: rank %d %s %d\n", r, WIFEXITED(status) ? "exited with status" : "killed by signal",
-                       WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+          fmt::print(stderr, "train_gpt: rank {} {} {}\n", r, WIFEXITED(status) ? "exited with status" : "killed by signal",
+                     WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
           if (!failed) deadline = std::chrono::steady_clock::now() + std::chrono::seconds(grace_s);
           ++failed;
         }
@@ -167,7 +168,7 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& argv, int grac
     if (std::chrono::steady_clock::now() > deadline) {
       for (int r = 0; r < nproc; ++r) {
         if (!done[r]) {
-          std::fprintf(stderr, "train_gpt: rank %d still running %d s after another failed: killing it\n", r, grace_s);
+          fmt::print(stderr, "train_gpt: rank {} still running {} s after another failed: killing it\n", r, grace_s);
           ::kill(pids[r], SIGKILL);
         }
       }

@@ -20,6 +20,7 @@
 // Data-parallel runs (--nproc, --world-size) stay on the CPU over Gloo.
 
 #include "distributed.h"
+#include "fmt.h"
 #include "gpt.h"
 
 #include <torchattn/interop.h>
@@ -34,11 +35,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -111,9 +110,7 @@ double lr_at(int64_t step, int64_t steps, int64_t warmup, double lr) {
 }
 
 std::string clock_text(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%d:%02d", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
-  return buf;
+  return fmt::format("{}:{:02}", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
 }
 
 struct Progress {
@@ -122,13 +119,12 @@ struct Progress {
   void show(int64_t step, double loss, double tok_s, double eta_s) const {
     const int width = 24, filled = static_cast<int>(width * step / std::max<int64_t>(total, 1));
     std::string bar = std::string(filled, '#') + std::string(width - filled, '.');
-    char line[160];
-    std::snprintf(line, sizeof line, "step %5ld/%ld [%s] loss %.3f | %7.0f tok/s | ETA %s", step, total, bar.c_str(),
-                  loss, tok_s, clock_text(eta_s).c_str());
+    const std::string line = fmt::format("step {:5}/{} [{}] loss {:.3f} | {:7.0f} tok/s | ETA {}", step, total, bar, loss,
+                                         tok_s, clock_text(eta_s));
     if (tty) {
-      std::fprintf(stderr, "\r%s", line);
+      fmt::print(stderr, "\r{}", line);
     } else if (step == total || step % std::max<int64_t>(1, total / 20) == 0) {
-      std::fprintf(stderr, "%s\n", line);
+      fmt::print(stderr, "{}\n", line);
     }
   }
 };
@@ -211,16 +207,16 @@ int main(int argc, char** argv) {
 
   const torch::Device device(device_name == "cuda" ? torch::kCUDA : torch::kCPU);
   if (device.is_cuda() && (nproc > 1 || dist.world_size > 1)) {
-    std::fprintf(stderr, "train_gpt: --nproc and --world-size run data-parallel over Gloo on the CPU; "
-                         "--device cuda trains on one GPU\n");
+    fmt::print(stderr, "train_gpt: --nproc and --world-size run data-parallel over Gloo on the CPU; "
+                       "--device cuda trains on one GPU\n");
     return 1;
   }
   if (device.is_cuda() && !torch::cuda::is_available()) {
-    std::fprintf(stderr, "train_gpt: --device cuda, but this LibTorch sees no CUDA device\n");
+    fmt::print(stderr, "train_gpt: --device cuda, but this LibTorch sees no CUDA device\n");
     return 1;
   }
   if (precision == "bf16" && !device.is_cuda()) {
-    std::fprintf(stderr, "train_gpt: --precision bf16 is CUDA autocast; use it with --device cuda\n");
+    fmt::print(stderr, "train_gpt: --precision bf16 is CUDA autocast; use it with --device cuda\n");
     return 1;
   }
   const bool amp = device.is_cuda() && precision != "fp32";
@@ -277,7 +273,7 @@ int main(int argc, char** argv) {
       torch::load(rng, rng_file.string());
       at::Generator default_gen = at::detail::getDefaultCPUGenerator();
       default_gen.set_state(rng);
-      if (lead) std::fprintf(stderr, "train_gpt: resumed from %s at step %ld\n", from.string().c_str(), start);
+      if (lead) fmt::print(stderr, "train_gpt: resumed from {} at step {}\n", from.string(), start);
     }
     // Written to checkpoint.tmp, then renamed: a crash while saving leaves the last
     // complete checkpoint. Every rank saves its random state (dropout); rank 0 the rest.
@@ -317,11 +313,11 @@ int main(int argc, char** argv) {
 
     const int64_t n_params = [&] { int64_t n = 0; for (auto& p : model->parameters()) n += p.numel(); return n; }();
     if (lead) {
-      std::fprintf(stderr, "train_gpt: %s; %ld parameters; %d rank(s) x %ld sequences of %ld bytes; %d thread(s) each\n",
-                   text.source.c_str(), n_params, ddp.world_size(), batch_size, T, at::get_num_threads());
-      std::fprintf(stderr, "train_gpt: uniform-guess loss ln(256) = %.3f\n", std::log(256.0));
-      std::fprintf(stderr, "train_gpt: device %s, %s\n", device.str().c_str(),
-                   amp ? "bf16 autocast, float32 master weights" : "float32");
+      fmt::print(stderr, "train_gpt: {}; {} parameters; {} rank(s) x {} sequences of {} bytes; {} thread(s) each\n",
+                 text.source, n_params, ddp.world_size(), batch_size, T, at::get_num_threads());
+      fmt::print(stderr, "train_gpt: uniform-guess loss ln(256) = {:.3f}\n", std::log(256.0));
+      fmt::print(stderr, "train_gpt: device {}, {}\n", device.str(),
+                 amp ? "bf16 autocast, float32 master weights" : "float32");
     }
     const fs::path csv_path = fs::path(out_dir) / "loss.csv";
     std::vector<std::string> kept;  // on resume, the rows up to the checkpoint's step
@@ -345,7 +341,7 @@ int main(int argc, char** argv) {
     model->train();
     for (int64_t step = start; step < steps; ++step) {
       if (step == die_at_step && ddp.rank() == die_rank) {
-        std::fprintf(stderr, "train_gpt rank %d: exiting abruptly at step %ld (--die-at-step)\n", ddp.rank(), step);
+        fmt::print(stderr, "train_gpt rank {}: exiting abruptly at step {} (--die-at-step)\n", ddp.rank(), step);
         std::_Exit(3);
       }
       auto [x, y] = batch(text.train, T, global, ddp.rank() * batch_size, batch_size, seed, step);
@@ -371,12 +367,13 @@ int main(int argc, char** argv) {
       // Every rank evaluates (the same batches): no rank waits on another's eval.
       if (last || (eval_every > 0 && (step + 1) % eval_every == 0)) ev = eval_loss();
       if (lead) {
-        csv << step + 1 << "," << train_loss << "," << (std::isnan(ev) ? "" : std::to_string(ev)) << "," << step_lr << ","
-            << tok_s << std::endl;  // flushed: a crash keeps the rows so far
+        csv << fmt::format("{},{:g},{},{:g},{:g}\n", step + 1, train_loss, std::isnan(ev) ? "" : fmt::format("{:f}", ev),
+                           step_lr, tok_s)
+            << std::flush;  // a crash keeps the rows so far
         progress.show(step + 1, loss_avg, tok_s, elapsed / (step - start + 1) * (steps - step - 1));
         if (!std::isnan(ev)) {
-          std::fprintf(stderr, "%sstep %ld: train loss %.4f, eval loss %.4f\n", progress.tty ? "\n" : "", step + 1,
-                       loss_avg, ev);
+          fmt::print(stderr, "{}step {}: train loss {:.4f}, eval loss {:.4f}\n", progress.tty ? "\n" : "", step + 1,
+                     loss_avg, ev);
         }
       }
       if (save_every > 0 && (step + 1) % save_every == 0) save_checkpoint(step + 1);
@@ -390,10 +387,10 @@ int main(int argc, char** argv) {
       auto out = model->generate(p, sample_tokens, temperature, top_k, gen);
       std::string s(prompt);
       for (auto b : out) s.push_back(static_cast<char>(b));
-      std::printf("---- sample (temperature %.2f, top-k %ld, KV cache) ----\n%s\n----\n", temperature, top_k, s.c_str());
+      fmt::print("---- sample (temperature {:.2f}, top-k {}, KV cache) ----\n{}\n----\n", temperature, top_k, s);
     }
   } catch (const c10::Error& e) {
-    std::fprintf(stderr, "\n%s\n", e.what_without_backtrace());
+    fmt::print(stderr, "\n{}\n", e.what_without_backtrace());
     return 1;
   }
   return 0;
