@@ -1,0 +1,156 @@
+// torchattn_generate: runs a Hugging Face Llama-family checkpoint folder (llama, qwen2,
+// mistral: config.json, model.safetensors or its sharded index, tokenizer.json) with
+// torchattn::MultiHeadAttention, streaming the text as it is generated.
+//
+//   torchattn_generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-new-tokens N]
+//                      [--greedy | --temperature T --top-k K --top-p P --seed S] [--chat]
+//                      [--device cpu|cuda] [--dtype float32|bfloat16] [--print-ids]
+
+#include "chat.h"
+#include "config.h"
+#include "generation.h"
+#include "model.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+#include <torchattn/torchattn.h>
+
+#include <CLI/CLI.hpp>
+#include "fmt.h"
+#include <torch/cuda.h>
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::vector<int64_t> parse_ids(const std::string& text) {
+  std::vector<int64_t> ids;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    size_t used = 0;
+    const long long v = std::stoll(item, &used);
+    if (used != item.size() || v < 0) throw std::runtime_error("--prompt-ids: '" + item + "' is not a token id");
+    ids.push_back(v);
+  }
+  if (ids.empty()) throw std::runtime_error("--prompt-ids: no ids");
+  return ids;
+}
+
+std::string checkpoint_path(const std::filesystem::path& dir) {
+  if (std::filesystem::exists(dir / "model.safetensors")) return (dir / "model.safetensors").string();
+  if (std::filesystem::exists(dir / "model.safetensors.index.json")) return (dir / "model.safetensors.index.json").string();
+  throw std::runtime_error("--model: '" + dir.string() + "' has no model.safetensors nor model.safetensors.index.json");
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Generates text with a Hugging Face Llama/Qwen2/Mistral checkpoint on torchattn"};
+  std::string model_dir, prompt, prompt_ids, device_name = "cpu", dtype_name = "float32";
+  int64_t max_new_tokens = 64;
+  generate::SamplingOptions sampling;
+  bool greedy = false, chat = false, print_ids = false;
+  app.add_option("--model", model_dir, "a Hugging Face model folder")->required()->check(CLI::ExistingDirectory);
+  auto* text = app.add_option("--prompt", prompt, "the prompt text");
+  auto* ids_opt = app.add_option("--prompt-ids", prompt_ids, "the prompt as token ids, comma-separated");
+  text->excludes(ids_opt);
+  app.add_option("--max-new-tokens", max_new_tokens, "tokens to generate at most")->check(CLI::PositiveNumber);
+  auto* greedy_flag = app.add_flag("--greedy", greedy, "take the most likely token (the default without sampling options)");
+  auto* temperature = app.add_option("--temperature", sampling.temperature, "sample with this temperature");
+  auto* top_k = app.add_option("--top-k", sampling.top_k, "sample among the k most likely tokens");
+  auto* top_p = app.add_option("--top-p", sampling.top_p, "sample among the most likely tokens of this total probability");
+  app.add_option("--seed", sampling.seed, "the sampling seed");
+  greedy_flag->excludes(temperature)->excludes(top_k)->excludes(top_p);
+  app.add_flag("--chat", chat, "wrap the prompt in the model's <|im_start|> chat template");
+  app.add_option("--device", device_name, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--dtype", dtype_name, "float32 or bfloat16")->check(CLI::IsMember({"float32", "bfloat16"}));
+  app.add_flag("--print-ids", print_ids, "print the generated ids on a line after the text");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (text->count() == 0 && ids_opt->count() == 0) throw std::runtime_error("give --prompt TEXT or --prompt-ids 1,2,3");
+    sampling.greedy = temperature->count() == 0 && top_k->count() == 0 && top_p->count() == 0;
+    if (device_name == "cuda" && !torch::cuda::is_available()) {
+      throw std::runtime_error("--device cuda: this LibTorch sees no CUDA device");
+    }
+    const std::filesystem::path dir(model_dir);
+    const generate::ModelConfig config = generate::read_config((dir / "config.json").string());
+
+    // The tokenizer: needed for --prompt and to print text; --prompt-ids works without one.
+    std::unique_ptr<generate::Tokenizer> tokenizer;
+    std::string tokenizer_error;
+    try {
+      tokenizer = std::make_unique<generate::Tokenizer>((dir / "tokenizer.json").string());
+    } catch (const std::exception& e) {
+      tokenizer_error = e.what();
+    }
+    std::vector<int64_t> ids;
+    if (ids_opt->count() > 0) {
+      ids = parse_ids(prompt_ids);
+    } else {
+      if (!tokenizer) throw std::runtime_error(tokenizer_error);
+      if (chat) {
+        const auto tmpl = generate::read_chat_template(model_dir);
+        if (!tmpl) throw std::runtime_error("--chat: '" + model_dir + "' has no chat template");
+        prompt = generate::chat_prompt(*tmpl, prompt);
+      }
+      ids = tokenizer->encode(prompt);
+    }
+    std::vector<int64_t> stop = config.eos_token_ids;
+    if (tokenizer) {
+      if (auto end = tokenizer->id_of("<|im_end|>"); end && chat) stop.push_back(*end);
+    }
+
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t context = std::min<int64_t>(config.max_position_embeddings,
+                                              static_cast<int64_t>(ids.size()) + max_new_tokens);
+    generate::CausalLM model(config, context);
+    model->load_weights(torchattn::load_safetensors(checkpoint_path(dir)));
+    if (dtype_name == "bfloat16" || device_name == "cuda") {
+      model->to(torch::Device(device_name), dtype_name == "bfloat16" ? torch::kBFloat16 : torch::kFloat32);
+    }
+    const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    generate::Sampler sampler(sampling);
+    generate::Utf8Stream stream;
+    const auto result = generate::generate_ids(*model, ids, max_new_tokens, sampler, stop, [&](int64_t id) {
+      if (tokenizer) {
+        const bool is_stop = std::find(stop.begin(), stop.end(), id) != stop.end();
+        if (!is_stop) fmt::print("{}", stream.push(tokenizer->decode({id})));
+      } else {
+        fmt::print("{} ", id);
+      }
+      std::fflush(stdout);
+    });
+    fmt::print("{}\n", stream.flush());
+    if (print_ids) {
+      std::string line;
+      for (const int64_t id : result.ids) line += (line.empty() ? "" : " ") + std::to_string(id);
+      fmt::print("ids: {}\n", line);
+    }
+    const int64_t decoded = static_cast<int64_t>(result.ids.size()) - 1;
+    fmt::print(stderr,
+               "[{} {} on {} {}, {} threads] loaded in {:.2f} s; prefill {} tokens in {:.3f} s ({:.1f} tokens/s); "
+               "decode {} tokens in {:.3f} s ({:.1f} tokens/s)\n",
+               config.model_type, dir.filename().string(), device_name, dtype_name, at::get_num_threads(), load_seconds,
+               result.prompt_tokens, result.prefill_seconds, result.prompt_tokens / std::max(result.prefill_seconds, 1e-9),
+               decoded, result.decode_seconds, decoded > 0 ? decoded / std::max(result.decode_seconds, 1e-9) : 0.0);
+    return 0;
+  } catch (const c10::Error& e) {
+    fmt::print(stderr, "torchattn_generate: {}\n", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "torchattn_generate: {}\n", e.what());
+  }
+  return 1;
+}

@@ -1,0 +1,136 @@
+#include "model.h"
+
+#include <ATen/ops/linear.h>
+#include <ATen/ops/rsqrt.h>
+#include <ATen/ops/silu.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <algorithm>
+#include <map>
+
+namespace generate {
+
+RMSNormImpl::RMSNormImpl(int64_t size, double eps_) : eps(eps_) {
+  weight = register_parameter("weight", torch::ones({size}));
+}
+
+at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+  const at::Tensor h = x.to(at::kFloat);
+  const at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
+  return weight * (h * at::rsqrt(variance + eps)).to(x.scalar_type());
+}
+
+DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, int64_t layer, int64_t context_length) {
+  input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  auto attn = torchattn::MultiHeadAttentionOptions(c.hidden_size, c.hidden_size, context_length, c.num_heads)
+                  .num_kv_heads(c.num_kv_heads)
+                  .rope(torchattn::RoPEOptions(c.rope_theta))
+                  .qkv_bias(c.qkv_bias)
+                  .out_bias(c.o_bias)
+                  .mask_buffer(false);
+  attn.window(c.windows.at(static_cast<size_t>(layer)));
+  self_attn = register_module("self_attn", torchattn::MultiHeadAttention(attn));
+  post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  const auto mlp = [&](int64_t in, int64_t out) { return torch::nn::LinearOptions(in, out).bias(c.mlp_bias); };
+  gate_proj = register_module("gate_proj", torch::nn::Linear(mlp(c.hidden_size, c.intermediate_size)));
+  up_proj = register_module("up_proj", torch::nn::Linear(mlp(c.hidden_size, c.intermediate_size)));
+  down_proj = register_module("down_proj", torch::nn::Linear(mlp(c.intermediate_size, c.hidden_size)));
+}
+
+at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, torchattn::KVCache* cache, const at::Tensor& key_padding_mask) {
+  const at::Tensor a = input_layernorm(x);
+  const at::Tensor h = x + (cache != nullptr ? self_attn->forward_cached(a, *cache, key_padding_mask)
+                                             : self_attn->forward(a, key_padding_mask));
+  const at::Tensor m = post_attention_layernorm(h);
+  return h + down_proj(at::silu(gate_proj(m)) * up_proj(m));
+}
+
+CausalLMImpl::CausalLMImpl(const ModelConfig& config, int64_t context_length)
+    : config_(config), context_length_(context_length) {
+  TORCH_CHECK(context_length > 0 && context_length <= config.max_position_embeddings,
+              "CausalLM: expected a context_length in [1, max_position_embeddings=", config.max_position_embeddings,
+              "], got ", context_length);
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(config.vocab_size, config.hidden_size));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.num_layers; ++i) layers->push_back(DecoderLayer(config, i, context_length));
+  norm = register_module("norm", RMSNorm(config.hidden_size, config.rms_norm_eps));
+  if (!config.tie_word_embeddings) {
+    lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(config.hidden_size, config.vocab_size)
+                                                               .bias(false)));
+  }
+}
+
+std::string hf_name(const std::string& name) {
+  static const std::map<std::string, std::string> parts{{"W_query", "q_proj"}, {"W_key", "k_proj"},
+                                                        {"W_value", "v_proj"}, {"out_proj", "o_proj"}};
+  if (name.rfind("lm_head.", 0) == 0) return name;
+  std::string out = "model." + name;
+  for (const auto& [ours, theirs] : parts) {
+    const auto at = out.find("." + ours + ".");
+    if (at != std::string::npos) out.replace(at + 1, ours.size(), theirs);
+  }
+  for (const char* mlp : {".gate_proj.", ".up_proj.", ".down_proj."}) {
+    const auto at = out.find(mlp);
+    if (at != std::string::npos) out.insert(at, ".mlp");
+  }
+  return out;
+}
+
+void CausalLMImpl::load_weights(const torchattn::NamedTensors& tensors) {
+  std::map<std::string, at::Tensor> by_name(tensors.begin(), tensors.end());
+  torch::NoGradGuard no_grad;
+  // Check everything before changing anything.
+  std::vector<std::pair<at::Tensor, at::Tensor>> staged;
+  for (auto& p : named_parameters()) {
+    const std::string key = hf_name(p.key());
+    const auto it = by_name.find(key);
+    TORCH_CHECK(it != by_name.end(), "CausalLM: the checkpoint has no tensor '", key, "'");
+    TORCH_CHECK(it->second.sizes() == p.value().sizes(), "CausalLM: checkpoint tensor '", key, "' has shape ",
+                it->second.sizes(), ", expected ", p.value().sizes());
+    TORCH_CHECK(at::isFloatingType(it->second.scalar_type()), "CausalLM: checkpoint tensor '", key,
+                "' is not floating point: ", it->second.scalar_type());
+    staged.emplace_back(p.value(), it->second);
+    by_name.erase(it);
+  }
+  for (const auto& [key, t] : by_name) {
+    // A tied head may be saved anyway; rotary tables are recomputed.
+    const bool tied_head = key == "lm_head.weight" && config_.tie_word_embeddings;
+    TORCH_CHECK(tied_head || key.find("rotary_emb.inv_freq") != std::string::npos, "CausalLM: the checkpoint has "
+                "tensor '", key, "', which this ", config_.model_type, " model does not use");
+  }
+  for (auto& [param, value] : staged) {
+    if (value.device() == param.device() && value.scalar_type() == param.scalar_type() && value.is_contiguous()) {
+      param.set_data(value);  // the checkpoint's own memory: no copy
+    } else {
+      param.set_data(value.to(param.device(), param.scalar_type()).contiguous());
+    }
+  }
+}
+
+std::vector<torchattn::KVCache> CausalLMImpl::make_caches(int64_t batch, bool static_shapes) const {
+  std::vector<torchattn::KVCache> caches;
+  for (const auto& layer : *layers) {
+    caches.push_back(layer->as<DecoderLayerImpl>()->self_attn->make_kv_cache(batch, static_shapes));
+  }
+  return caches;
+}
+
+at::Tensor CausalLMImpl::forward(const at::Tensor& ids, std::vector<torchattn::KVCache>* caches,
+                                 const at::Tensor& key_padding_mask, bool last_only) {
+  TORCH_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kLong, "CausalLM: expected int64 ids [B, T], got ",
+              ids.sizes(), " of ", ids.scalar_type());
+  TORCH_CHECK(caches == nullptr || caches->size() == layers->size(), "CausalLM: expected ", layers->size(),
+              " caches, got ", caches == nullptr ? 0 : caches->size());
+  at::Tensor x = embed_tokens(ids);
+  for (size_t i = 0; i < layers->size(); ++i) {
+    x = layers[i]->as<DecoderLayerImpl>()->forward(x, caches != nullptr ? &(*caches)[i] : nullptr, key_padding_mask);
+  }
+  if (last_only) {
+    x = x.narrow(1, x.size(1) - 1, 1);
+  }
+  x = norm(x);
+  return lm_head ? lm_head(x) : at::linear(x, embed_tokens->weight);
+}
+
+} // namespace generate

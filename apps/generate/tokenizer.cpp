@@ -1,0 +1,328 @@
+#include "tokenizer.h"
+
+#include <nlohmann/json.hpp>
+#include <unicode/normalizer2.h>
+#include <unicode/unistr.h>
+#include <unicode/utf8.h>
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <fstream>
+#include <stdexcept>
+
+namespace generate {
+
+namespace {
+
+using json = nlohmann::json;
+
+[[noreturn]] void unsupported(const std::string& what) {
+  throw std::runtime_error("tokenizer: " + what +
+                           "; this tokenizer reads byte-level BPE tokenizers (GPT-2, SmolLM2, Qwen2), pass --prompt-ids "
+                           "instead");
+}
+
+std::string utf8(UChar32 c) {
+  std::string out(4, '\0');
+  int32_t n = 0;
+  U8_APPEND_UNSAFE(reinterpret_cast<uint8_t*>(out.data()), n, c);
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
+// GPT-2's bytes_to_unicode: printable bytes stand for themselves, the others for
+// code points from 256 up.
+struct ByteLevel {
+  std::array<std::string, 256> encode;
+  std::unordered_map<UChar32, uint8_t> decode;
+  ByteLevel() {
+    int next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+      const UChar32 c = printable ? b : next++;
+      encode[b] = utf8(c);
+      decode[c] = static_cast<uint8_t>(b);
+    }
+  }
+};
+
+const ByteLevel& byte_level() {
+  static const ByteLevel table;
+  return table;
+}
+
+std::string nfc(std::string_view text) {
+  UErrorCode status = U_ZERO_ERROR;
+  const icu::Normalizer2* n = icu::Normalizer2::getNFCInstance(status);
+  if (U_FAILURE(status)) throw std::runtime_error("tokenizer: ICU has no NFC normalizer");
+  const icu::UnicodeString out = n->normalize(icu::UnicodeString::fromUTF8(icu::StringPiece(text.data(), static_cast<int32_t>(text.size()))), status);
+  if (U_FAILURE(status)) throw std::runtime_error("tokenizer: NFC normalization failed");
+  std::string s;
+  out.toUTF8String(s);
+  return s;
+}
+
+std::string pair_key(const std::string& a, const std::string& b) {
+  std::string k = a;
+  k.push_back('\0');
+  k += b;
+  return k;
+}
+
+} // namespace
+
+Tokenizer::Tokenizer(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("tokenizer: cannot open '" + path + "'");
+  json t;
+  try {
+    t = json::parse(in);
+  } catch (const json::exception& e) {
+    throw std::runtime_error("tokenizer: '" + path + "' is not valid JSON (" + e.what() + ")");
+  }
+  const json& model = t.at("model");
+  if (model.value("type", "") != "BPE") unsupported("the model is " + model.value("type", std::string("?")) + ", not BPE");
+  if (model.value("byte_fallback", false)) unsupported("a BPE with byte_fallback (SentencePiece style)");
+  if (!model["continuing_subword_prefix"].is_null() && !model.value("continuing_subword_prefix", std::string()).empty())
+    unsupported("a BPE with a continuing_subword_prefix");
+  ignore_merges_ = model.value("ignore_merges", false);
+
+  int64_t max_id = -1;
+  for (const auto& [token, id] : model.at("vocab").items()) max_id = std::max(max_id, id.get<int64_t>());
+  for (const auto& a : t.value("added_tokens", json::array())) max_id = std::max(max_id, a.at("id").get<int64_t>());
+  tokens_.resize(static_cast<size_t>(max_id + 1));
+  is_added_.assign(tokens_.size(), false);
+  for (const auto& [token, id] : model.at("vocab").items()) {
+    vocab_[token] = id.get<int64_t>();
+    tokens_[static_cast<size_t>(id.get<int64_t>())] = token;
+  }
+  int rank = 0;
+  for (const auto& m : model.at("merges")) {
+    std::string a, b;
+    if (m.is_array()) {
+      a = m.at(0).get<std::string>();
+      b = m.at(1).get<std::string>();
+    } else {
+      const std::string s = m.get<std::string>();
+      const auto sp = s.find(' ');
+      a = s.substr(0, sp);
+      b = s.substr(sp + 1);
+    }
+    ranks_.emplace(pair_key(a, b), rank++);
+  }
+  for (const auto& a : t.value("added_tokens", json::array())) {
+    const std::string content = a.at("content").get<std::string>();
+    const int64_t id = a.at("id").get<int64_t>();
+    if (a.value("normalized", false) && !a.value("special", false)) unsupported("a normalized added token");
+    added_.push_back({content, id});
+    tokens_[static_cast<size_t>(id)] = content;
+    is_added_[static_cast<size_t>(id)] = true;
+  }
+  std::stable_sort(added_.begin(), added_.end(),
+                   [](const Added& x, const Added& y) { return x.content.size() > y.content.size(); });
+
+  // Normalizer: none or NFC.
+  const json& norm = t["normalizer"];
+  if (!norm.is_null()) {
+    const auto kind = norm.value("type", std::string());
+    if (kind == "NFC") {
+      nfc_ = true;
+    } else {
+      unsupported("the normalizer " + kind);
+    }
+  }
+  // Pre-tokenizer: ByteLevel, or a Sequence of Digits, Split and ByteLevel.
+  const json& pre = t["pre_tokenizer"];
+  std::vector<json> steps;
+  if (pre.value("type", "") == "Sequence") {
+    for (const auto& p : pre.at("pretokenizers")) steps.push_back(p);
+  } else {
+    steps.push_back(pre);
+  }
+  bool byte_level_seen = false;
+  for (const auto& p : steps) {
+    const auto kind = p.value("type", std::string());
+    if (kind == "ByteLevel") {
+      byte_level_seen = true;
+      add_prefix_space_ = p.value("add_prefix_space", false);
+      if (p.value("use_regex", true)) {
+        if (pattern_) unsupported("two regex splits");
+        pattern_ = SplitPattern::GPT2;
+      }
+    } else if (kind == "Digits") {
+      if (!p.value("individual_digits", false)) unsupported("a Digits pre-tokenizer without individual_digits");
+      split_digits_ = true;
+    } else if (kind == "Split") {
+      if (p.value("behavior", "") != "Isolated" || p.value("invert", false) || !p["pattern"].contains("Regex"))
+        unsupported("a Split pre-tokenizer other than an isolated regex");
+      if (pattern_) unsupported("two regex splits");
+      pattern_ = pattern_from_regex(p["pattern"]["Regex"].get<std::string>());
+    } else {
+      unsupported("the pre-tokenizer " + kind);
+    }
+  }
+  if (!byte_level_seen) unsupported("a pre-tokenizer without ByteLevel");
+  if (t["decoder"].value("type", "") != "ByteLevel") unsupported("a decoder other than ByteLevel");
+  // Post-processor: ByteLevel (nothing to add) or a template around the text.
+  std::vector<json> posts;
+  const json& post = t["post_processor"];
+  if (post.value("type", "") == "Sequence") {
+    for (const auto& p : post.at("processors")) posts.push_back(p);
+  } else if (!post.is_null()) {
+    posts.push_back(post);
+  }
+  for (const auto& p : posts) {
+    const auto kind = p.value("type", std::string());
+    if (kind == "ByteLevel") continue;
+    if (kind != "TemplateProcessing") unsupported("the post-processor " + kind);
+    bool after = false;
+    for (const auto& piece : p.at("single")) {
+      if (piece.contains("Sequence")) {
+        after = true;
+      } else {
+        const std::string name = piece.at("SpecialToken").at("id").get<std::string>();
+        for (const auto& id : p.at("special_tokens").at(name).at("ids")) {
+          (after ? suffix_ids_ : prefix_ids_).push_back(id.get<int64_t>());
+        }
+      }
+    }
+  }
+}
+
+std::optional<int64_t> Tokenizer::id_of(const std::string& token) const {
+  for (const auto& a : added_) {
+    if (a.content == token) return a.id;
+  }
+  const auto it = vocab_.find(token);
+  return it == vocab_.end() ? std::nullopt : std::optional<int64_t>(it->second);
+}
+
+void Tokenizer::bpe(const std::string& word, std::vector<int64_t>& out) const {
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex_);
+    const auto it = cache_.find(word);
+    if (it != cache_.end()) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  std::vector<int64_t> ids;
+  const auto whole = vocab_.find(word);
+  if (ignore_merges_ && whole != vocab_.end()) {
+    ids.push_back(whole->second);
+  } else {
+    // Symbols: the word's characters; then merge the lowest-ranked adjacent pair,
+    // leftmost first, until no pair has a rank.
+    std::vector<std::string> symbols;
+    const auto* s = reinterpret_cast<const uint8_t*>(word.data());
+    const int32_t n = static_cast<int32_t>(word.size());
+    for (int32_t i = 0; i < n;) {
+      const int32_t start = i;
+      UChar32 c;
+      U8_NEXT_OR_FFFD(s, i, n, c);
+      (void)c;
+      symbols.emplace_back(word.substr(static_cast<size_t>(start), static_cast<size_t>(i - start)));
+    }
+    while (symbols.size() > 1) {
+      int best = INT_MAX;
+      size_t at = 0;
+      for (size_t i = 0; i + 1 < symbols.size(); ++i) {
+        const auto r = ranks_.find(pair_key(symbols[i], symbols[i + 1]));
+        if (r != ranks_.end() && r->second < best) {
+          best = r->second;
+          at = i;
+        }
+      }
+      if (best == INT_MAX) break;
+      symbols[at] += symbols[at + 1];
+      symbols.erase(symbols.begin() + static_cast<std::ptrdiff_t>(at) + 1);
+    }
+    for (const auto& sym : symbols) {
+      const auto v = vocab_.find(sym);
+      if (v == vocab_.end()) throw std::runtime_error("tokenizer: the piece '" + sym + "' is not in the vocabulary");
+      ids.push_back(v->second);
+    }
+  }
+  out.insert(out.end(), ids.begin(), ids.end());
+  std::lock_guard<std::mutex> lock(cache_mutex_);
+  cache_.emplace(word, std::move(ids));
+}
+
+std::vector<int64_t> Tokenizer::encode_plain(std::string_view segment) const {
+  std::vector<int64_t> out;
+  const std::string text = nfc_ ? nfc(segment) : std::string(segment);
+  std::vector<std::string> pieces{add_prefix_space_ && !text.empty() && text[0] != ' ' ? " " + text : text};
+  auto refine = [&](auto&& fn) {
+    std::vector<std::string> next;
+    for (const auto& p : pieces) {
+      for (auto& q : fn(p)) next.push_back(std::move(q));
+    }
+    pieces = std::move(next);
+  };
+  if (split_digits_) refine([](const std::string& p) { return split_digits(p); });
+  if (pattern_) refine([&](const std::string& p) { return split(p, *pattern_); });
+  const ByteLevel& bl = byte_level();
+  for (const auto& p : pieces) {
+    if (p.empty()) continue;
+    std::string mapped;
+    for (unsigned char b : p) mapped += bl.encode[b];
+    bpe(mapped, out);
+  }
+  return out;
+}
+
+std::vector<int64_t> Tokenizer::encode(std::string_view text) const {
+  std::vector<int64_t> out = prefix_ids_;
+  size_t start = 0;
+  for (size_t i = 0; i < text.size();) {
+    const Added* hit = nullptr;
+    for (const auto& a : added_) {
+      if (!a.content.empty() && text.compare(i, a.content.size(), a.content) == 0) {
+        hit = &a;
+        break;
+      }
+    }
+    if (hit == nullptr) {
+      ++i;
+      continue;
+    }
+    if (i > start) {
+      const auto plain = encode_plain(text.substr(start, i - start));
+      out.insert(out.end(), plain.begin(), plain.end());
+    }
+    out.push_back(hit->id);
+    i += hit->content.size();
+    start = i;
+  }
+  if (start < text.size()) {
+    const auto plain = encode_plain(text.substr(start));
+    out.insert(out.end(), plain.begin(), plain.end());
+  }
+  out.insert(out.end(), suffix_ids_.begin(), suffix_ids_.end());
+  return out;
+}
+
+std::string Tokenizer::decode(const std::vector<int64_t>& ids) const {
+  const ByteLevel& bl = byte_level();
+  std::string out;
+  for (const int64_t id : ids) {
+    if (id < 0 || id >= vocab_size()) throw std::runtime_error("tokenizer: no token has id " + std::to_string(id));
+    const std::string& token = tokens_[static_cast<size_t>(id)];
+    if (is_added_[static_cast<size_t>(id)]) {
+      out += token;
+      continue;
+    }
+    const auto* s = reinterpret_cast<const uint8_t*>(token.data());
+    const int32_t n = static_cast<int32_t>(token.size());
+    for (int32_t i = 0; i < n;) {
+      UChar32 c;
+      U8_NEXT_OR_FFFD(s, i, n, c);
+      const auto it = bl.decode.find(c);
+      if (it != bl.decode.end()) out.push_back(static_cast<char>(it->second));
+    }
+  }
+  return out;
+}
+
+} // namespace generate

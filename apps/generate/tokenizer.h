@@ -1,0 +1,67 @@
+#pragma once
+
+// A byte-level BPE tokenizer read from a Hugging Face `tokenizer.json`, of the kind
+// GPT-2, SmolLM2 and Qwen2 use: added (special) tokens matched first, an optional
+// NFC normalizer, a regex split (GPT-2's or Qwen2's) and digit splitting, bytes
+// mapped to GPT-2's printable characters, BPE merges by rank, and a template that
+// may add special tokens. Encodes and decodes as transformers' tokenizer does.
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "pretokenize.h"
+
+namespace generate {
+
+class Tokenizer {
+ public:
+  /// Reads `path` (a tokenizer.json). A tokenizer of another kind (a SentencePiece
+  /// Unigram, a WordPiece, a normalizer or pre-tokenizer it does not know) is a
+  /// std::runtime_error that says what it is.
+  explicit Tokenizer(const std::string& path);
+
+  /// Token ids of `text` (UTF-8), with the template's special tokens, as
+  /// transformers' `tokenizer(text)["input_ids"]`.
+  std::vector<int64_t> encode(std::string_view text) const;
+
+  /// The bytes of the tokens (special tokens included), as transformers'
+  /// `tokenizer.decode(ids)`. May end inside a UTF-8 sequence.
+  std::string decode(const std::vector<int64_t>& ids) const;
+
+  /// The id of a token given as text (e.g. "<|im_end|>"), if it has one.
+  std::optional<int64_t> id_of(const std::string& token) const;
+
+  int64_t vocab_size() const { return static_cast<int64_t>(tokens_.size()); }
+
+ private:
+  struct Added {
+    std::string content;
+    int64_t id;
+  };
+
+  std::vector<int64_t> encode_plain(std::string_view text) const;
+  void bpe(const std::string& word, std::vector<int64_t>& out) const;
+
+  std::unordered_map<std::string, int64_t> vocab_;
+  std::vector<std::string> tokens_;  // id -> token text (byte-level characters, or an added token's content)
+  std::vector<bool> is_added_;       // id -> an added token (decoded as its content)
+  std::unordered_map<std::string, int> ranks_;  // "left right" -> merge rank
+  std::vector<Added> added_;                    // longest first
+  bool nfc_ = false;
+  bool split_digits_ = false;
+  std::optional<SplitPattern> pattern_;
+  bool add_prefix_space_ = false;
+  bool ignore_merges_ = false;
+  std::vector<int64_t> prefix_ids_, suffix_ids_;  // TemplateProcessing's special tokens around the text
+
+  mutable std::mutex cache_mutex_;
+  mutable std::unordered_map<std::string, std::vector<int64_t>> cache_;
+};
+
+} // namespace generate
