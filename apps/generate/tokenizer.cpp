@@ -63,6 +63,14 @@ std::string nfc(std::string_view text) {
   return s;
 }
 
+// j[key] when j is an object holding it and it is not null, else `fallback`.
+template <typename T>
+T get_or(const json& j, const char* key, T fallback) {
+  if (!j.is_object()) return fallback;
+  const auto it = j.find(key);
+  return it == j.end() || it->is_null() ? fallback : it->get<T>();
+}
+
 std::string pair_key(const std::string& a, const std::string& b) {
   std::string k = a;
   k.push_back('\0');
@@ -82,15 +90,16 @@ Tokenizer::Tokenizer(const std::string& path) {
     throw std::runtime_error("tokenizer: '" + path + "' is not valid JSON (" + e.what() + ")");
   }
   const json& model = t.at("model");
-  if (model.value("type", "") != "BPE") unsupported("the model is " + model.value("type", std::string("?")) + ", not BPE");
-  if (model.value("byte_fallback", false)) unsupported("a BPE with byte_fallback (SentencePiece style)");
-  if (!model["continuing_subword_prefix"].is_null() && !model.value("continuing_subword_prefix", std::string()).empty())
+  const std::string kind = get_or<std::string>(model, "type", "?");
+  if (kind != "BPE") unsupported("the model is " + kind + ", not BPE");
+  if (get_or<bool>(model, "byte_fallback", false)) unsupported("a BPE with byte_fallback (SentencePiece style)");
+  if (!get_or<std::string>(model, "continuing_subword_prefix", std::string()).empty())
     unsupported("a BPE with a continuing_subword_prefix");
-  ignore_merges_ = model.value("ignore_merges", false);
+  ignore_merges_ = get_or<bool>(model, "ignore_merges", false);
 
   int64_t max_id = -1;
   for (const auto& [token, id] : model.at("vocab").items()) max_id = std::max(max_id, id.get<int64_t>());
-  for (const auto& a : t.value("added_tokens", json::array())) max_id = std::max(max_id, a.at("id").get<int64_t>());
+  for (const auto& a : get_or<json>(t, "added_tokens", json::array())) max_id = std::max(max_id, a.at("id").get<int64_t>());
   tokens_.resize(static_cast<size_t>(max_id + 1));
   is_added_.assign(tokens_.size(), false);
   for (const auto& [token, id] : model.at("vocab").items()) {
@@ -111,10 +120,10 @@ Tokenizer::Tokenizer(const std::string& path) {
     }
     ranks_.emplace(pair_key(a, b), rank++);
   }
-  for (const auto& a : t.value("added_tokens", json::array())) {
+  for (const auto& a : get_or<json>(t, "added_tokens", json::array())) {
     const std::string content = a.at("content").get<std::string>();
     const int64_t id = a.at("id").get<int64_t>();
-    if (a.value("normalized", false) && !a.value("special", false)) unsupported("a normalized added token");
+    if (get_or<bool>(a, "normalized", false) && !get_or<bool>(a, "special", false)) unsupported("a normalized added token");
     added_.push_back({content, id});
     tokens_[static_cast<size_t>(id)] = content;
     is_added_[static_cast<size_t>(id)] = true;
@@ -125,7 +134,7 @@ Tokenizer::Tokenizer(const std::string& path) {
   // Normalizer: none or NFC.
   const json& norm = t["normalizer"];
   if (!norm.is_null()) {
-    const auto kind = norm.value("type", std::string());
+    const auto kind = get_or<std::string>(norm, "type", std::string());
     if (kind == "NFC") {
       nfc_ = true;
     } else {
@@ -134,46 +143,51 @@ Tokenizer::Tokenizer(const std::string& path) {
   }
   // Pre-tokenizer: ByteLevel, or a Sequence of Digits, Split and ByteLevel.
   const json& pre = t["pre_tokenizer"];
+  if (!pre.is_object()) unsupported("a tokenizer without a pre-tokenizer");
   std::vector<json> steps;
-  if (pre.value("type", "") == "Sequence") {
+  if (get_or<std::string>(pre, "type", "") == "Sequence") {
     for (const auto& p : pre.at("pretokenizers")) steps.push_back(p);
   } else {
     steps.push_back(pre);
   }
   bool byte_level_seen = false;
   for (const auto& p : steps) {
-    const auto kind = p.value("type", std::string());
+    const auto kind = get_or<std::string>(p, "type", std::string());
     if (kind == "ByteLevel") {
       byte_level_seen = true;
-      add_prefix_space_ = p.value("add_prefix_space", false);
-      if (p.value("use_regex", true)) {
+      add_prefix_space_ = get_or<bool>(p, "add_prefix_space", false);
+      if (get_or<bool>(p, "use_regex", true)) {
         if (pattern_) unsupported("two regex splits");
         pattern_ = SplitPattern::GPT2;
       }
     } else if (kind == "Digits") {
-      if (!p.value("individual_digits", false)) unsupported("a Digits pre-tokenizer without individual_digits");
+      if (!get_or<bool>(p, "individual_digits", false)) unsupported("a Digits pre-tokenizer without individual_digits");
       split_digits_ = true;
     } else if (kind == "Split") {
-      if (p.value("behavior", "") != "Isolated" || p.value("invert", false) || !p["pattern"].contains("Regex"))
+      if (get_or<std::string>(p, "behavior", "") != "Isolated" || get_or<bool>(p, "invert", false) ||
+          !p.contains("pattern") || !p.at("pattern").contains("Regex")) {
         unsupported("a Split pre-tokenizer other than an isolated regex");
+      }
       if (pattern_) unsupported("two regex splits");
-      pattern_ = pattern_from_regex(p["pattern"]["Regex"].get<std::string>());
+      pattern_ = pattern_from_regex(p.at("pattern").at("Regex").get<std::string>());
     } else {
       unsupported("the pre-tokenizer " + kind);
     }
   }
   if (!byte_level_seen) unsupported("a pre-tokenizer without ByteLevel");
-  if (t["decoder"].value("type", "") != "ByteLevel") unsupported("a decoder other than ByteLevel");
+  if (!t["decoder"].is_object() || get_or<std::string>(t["decoder"], "type", "") != "ByteLevel") {
+    unsupported("a decoder other than ByteLevel");
+  }
   // Post-processor: ByteLevel (nothing to add) or a template around the text.
   std::vector<json> posts;
   const json& post = t["post_processor"];
-  if (post.value("type", "") == "Sequence") {
+  if (post.is_object() && get_or<std::string>(post, "type", "") == "Sequence") {
     for (const auto& p : post.at("processors")) posts.push_back(p);
   } else if (!post.is_null()) {
     posts.push_back(post);
   }
   for (const auto& p : posts) {
-    const auto kind = p.value("type", std::string());
+    const auto kind = get_or<std::string>(p, "type", std::string());
     if (kind == "ByteLevel") continue;
     if (kind != "TemplateProcessing") unsupported("the post-processor " + kind);
     bool after = false;

@@ -1,0 +1,254 @@
+// torchattn_generate's decoder, tokenizer and chat template against transformers
+// (tools/make_generate_reference.py writes the reference into the folder that
+// TORCHATTN_GENERATE_REFERENCE names; TORCHATTN_SMOLLM2 names the converted
+// SmolLM2 folder; ctest -R generate sets both).
+//
+// - tiny random Llama, Qwen2 and Mistral checkpoints: prompt logits within 1e-4
+//   (relative to the largest), 32 greedy tokens equal, cached decoding equal to
+//   recomputing the whole sequence;
+// - the tokenizers: every line of the fortunes text, ids and decoded text equal
+//   (SmolLM2's, and a Qwen2-style one trained on the text);
+// - SmolLM2-135M-Instruct: the chat prompt's ids, its logits within 1e-4, and 48
+//   greedy tokens equal to transformers' generate; where transformers' own top two
+//   logits differ by less than 1e-4 the comparison stops there, and says so;
+// - a missing or misshapen weight is an error naming the key.
+
+#include "chat.h"
+#include "config.h"
+#include "generation.h"
+#include "model.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+#include <torchattn/safetensors.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? "" : v;
+}
+
+fs::path reference() { return env("TORCHATTN_GENERATE_REFERENCE"); }
+fs::path smollm2() { return env("TORCHATTN_SMOLLM2"); }
+
+c10::impl::GenericDict read_pickle(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + path.string() + " (ctest -R generate writes it)");
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return torch::pickle_load(bytes).toGenericDict();
+}
+
+std::vector<int64_t> to_ids(const torch::Tensor& t) {
+  auto c = t.to(torch::kLong).contiguous();
+  return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()};
+}
+
+double relative_error(const torch::Tensor& a, const torch::Tensor& e) {
+  return (a.to(torch::kFloat64) - e.to(torch::kFloat64)).abs().max().item<double>() /
+         e.abs().max().item<double>();
+}
+
+generate::CausalLM load_model(const fs::path& dir, int64_t context = 0) {
+  const auto config = generate::read_config((dir / "config.json").string());
+  generate::CausalLM model(config, context > 0 ? context : config.max_position_embeddings);
+  model->load_weights(torchattn::load_safetensors((dir / "model.safetensors").string()));
+  model->eval();
+  return model;
+}
+
+// Greedy ids of `prompt` through the generation loop (the CLI's), up to n tokens.
+std::vector<int64_t> greedy(generate::CausalLMImpl& model, const std::vector<int64_t>& prompt, int64_t n,
+                            const std::vector<int64_t>& stop) {
+  generate::Sampler sampler(generate::SamplingOptions{});
+  return generate::generate_ids(model, prompt, n, sampler, stop).ids;
+}
+
+// ---- tiny random models of each type ----
+
+std::vector<std::string> tiny_models() {
+  std::vector<std::string> out;
+  const auto dir = reference() / "tiny";
+  if (fs::is_directory(dir)) {
+    for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+class TinyModel : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TinyModel, LogitsAndGreedyTokensAreTransformers) {
+  const auto dir = reference() / "tiny" / GetParam();
+  const auto expected = read_pickle(dir / "expected.pt");
+  auto model = load_model(dir);
+  const auto prompt = expected.at("prompt").toTensor();
+  c10::InferenceMode inference;
+  const auto logits = model->forward(prompt.unsqueeze(0))[0];
+  const double err = relative_error(logits, expected.at("logits").toTensor());
+  std::printf("[generate] %s: prompt logits error %.2e relative to the largest\n", GetParam().c_str(), err);
+  EXPECT_LE(err, 1e-4);
+  const auto tokens = greedy(*model, to_ids(prompt), 32, {});
+  EXPECT_EQ(tokens, to_ids(expected.at("tokens").toTensor()));
+}
+
+TEST_P(TinyModel, CachedDecodingEqualsRecomputing) {
+  auto model = load_model(reference() / "tiny" / GetParam());
+  c10::InferenceMode inference;
+  const auto ids = torch::randint(3, model->config().vocab_size, {2, 16});
+  const auto full = model->forward(ids);
+  auto caches = model->make_caches(2);
+  std::vector<torch::Tensor> parts{model->forward(ids.narrow(1, 0, 5), &caches)};
+  for (int64_t t = 5; t < 16; ++t) parts.push_back(model->forward(ids.narrow(1, t, 1), &caches));
+  EXPECT_LE(relative_error(torch::cat(parts, 1), full), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Generate, TinyModel, ::testing::ValuesIn(tiny_models()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+TEST(GenerateReference, IsPresent) {
+  ASSERT_EQ(tiny_models().size(), 4u) << "no reference in TORCHATTN_GENERATE_REFERENCE='" << reference().string()
+                                      << "' (ctest -R generate makes it)";
+  ASSERT_TRUE(fs::exists(smollm2() / "model.safetensors")) << "no SmolLM2 in TORCHATTN_SMOLLM2='" << smollm2().string()
+                                                           << "'";
+}
+
+// ---- weights ----
+
+TEST(GenerateWeights, MissingOrMisshapenWeightsAreErrorsNamingTheKey) {
+  const auto dir = reference() / "tiny" / "llama_untied_theta5e5";
+  const auto config = generate::read_config((dir / "config.json").string());
+  auto tensors = torchattn::load_safetensors((dir / "model.safetensors").string());
+  auto expect = [&](const torchattn::NamedTensors& t, const std::string& message) {
+    generate::CausalLM model(config, 32);
+    try {
+      model->load_weights(t);
+      ADD_FAILURE() << "loaded; expected: " << message;
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what_without_backtrace()).find(message), std::string::npos) << e.what_without_backtrace();
+    }
+  };
+  auto without = tensors;
+  without.erase(std::remove_if(without.begin(), without.end(),
+                               [](const auto& p) { return p.first == "model.layers.1.self_attn.k_proj.weight"; }),
+                without.end());
+  expect(without, "CausalLM: the checkpoint has no tensor 'model.layers.1.self_attn.k_proj.weight'");
+  auto misshapen = tensors;
+  for (auto& [name, t] : misshapen) {
+    if (name == "model.layers.0.mlp.up_proj.weight") t = t.narrow(0, 0, 100);
+  }
+  expect(misshapen, "CausalLM: checkpoint tensor 'model.layers.0.mlp.up_proj.weight' has shape [100, 64], expected [128, 64]");
+  auto extra = tensors;
+  extra.emplace_back("model.layers.0.self_attn.q_norm.weight", torch::ones({16}));
+  expect(extra, "CausalLM: the checkpoint has tensor 'model.layers.0.self_attn.q_norm.weight', which this llama model "
+                "does not use");
+}
+
+// ---- tokenizers ----
+
+void expect_every_line(const generate::Tokenizer& tok, const fs::path& expected_json, const std::string& what) {
+  std::ifstream in(expected_json);
+  ASSERT_TRUE(in) << expected_json;
+  const auto ref = nlohmann::json::parse(in);
+  const auto& lines = ref["lines"];
+  const auto& ids = ref["ids"];
+  size_t wrong = 0;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string line = lines[i].get<std::string>();
+    const auto want = ids[i].get<std::vector<int64_t>>();
+    const auto got = tok.encode(line);
+    if (got != want && ++wrong <= 5) ADD_FAILURE() << what << ": line " << i << " '" << line << "' encodes differently";
+    if (tok.decode(got) != line && ++wrong <= 5) ADD_FAILURE() << what << ": line " << i << " decodes differently";
+  }
+  std::printf("[generate] %s: %zu lines, %zu encode or decode differently\n", what.c_str(), lines.size(), wrong);
+  EXPECT_EQ(wrong, 0u);
+}
+
+TEST(GenerateTokenizer, SmolLM2EncodesEveryFortuneLineAsTransformers) {
+  generate::Tokenizer tok((smollm2() / "tokenizer.json").string());
+  expect_every_line(tok, reference() / "tokenizer_smollm2.json", "SmolLM2 tokenizer");
+}
+
+TEST(GenerateTokenizer, Qwen2StyleEncodesEveryFortuneLineAsTokenizers) {
+  generate::Tokenizer tok((reference() / "tokenizer_qwen2style" / "tokenizer.json").string());
+  expect_every_line(tok, reference() / "tokenizer_qwen2style" / "expected.json", "Qwen2-style tokenizer");
+}
+
+TEST(GenerateTokenizer, OtherKindsAreRefusedNamingWhatTheyAre) {
+  const auto path = fs::temp_directory_path() / ("torchattn_wordpiece_" + std::to_string(::getpid()) + ".json");
+  std::ofstream(path) << R"({"model": {"type": "WordPiece", "vocab": {"a": 0}}, "pre_tokenizer": null,
+                             "normalizer": null, "decoder": null, "post_processor": null, "added_tokens": []})";
+  try {
+    generate::Tokenizer tok(path.string());
+    ADD_FAILURE() << "a WordPiece tokenizer was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer: the model is WordPiece, not BPE"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("pass --prompt-ids instead"), std::string::npos) << e.what();
+  }
+  fs::remove(path);
+}
+
+// ---- SmolLM2-135M-Instruct ----
+
+TEST(GenerateSmolLM2, ChatPromptLogitsAndGreedyTokensAreTransformers) {
+  const auto ref = read_pickle(reference() / "smollm2.pt");
+  generate::Tokenizer tok((smollm2() / "tokenizer.json").string());
+  const auto chat_template = generate::read_chat_template(smollm2().string());
+  ASSERT_TRUE(chat_template.has_value());
+  auto model = load_model(smollm2(), 256);
+  const auto config = model->config();
+  for (int64_t i = 0; i < ref.at("count").toInt(); ++i) {
+    const std::string key = "prompt" + std::to_string(i);
+    const std::string text = ref.at(key + ".text").toStringRef();
+    SCOPED_TRACE(text);
+    // The chat template and tokenizer give transformers' ids.
+    const auto ids = tok.encode(generate::chat_prompt(*chat_template, text));
+    ASSERT_EQ(ids, to_ids(ref.at(key + ".ids").toTensor()));
+    {
+      c10::InferenceMode inference;
+      const auto logits = model->forward(torch::tensor(ids).unsqueeze(0))[0];
+      const double err = relative_error(logits, ref.at(key + ".logits").toTensor());
+      std::printf("[generate] SmolLM2 prompt %lld: logits error %.2e relative to the largest\n",
+                  static_cast<long long>(i), err);
+      EXPECT_LE(err, 1e-4);
+    }
+    const auto want = to_ids(ref.at(key + ".tokens").toTensor());
+    const auto margins = ref.at(key + ".margins").toTensor();
+    const auto got = greedy(*model, ids, 48, config.eos_token_ids);
+    // Compare up to the first step where transformers itself nearly tied.
+    size_t n = want.size();
+    for (size_t s = 0; s < want.size(); ++s) {
+      if (margins[static_cast<int64_t>(s)].item<double>() < 1e-4) {
+        std::printf("[generate] SmolLM2 prompt %lld: transformers' top two logits tie within 1e-4 at step %zu; "
+                    "tokens compared up to there\n", static_cast<long long>(i), s);
+        n = s;
+        break;
+      }
+    }
+    ASSERT_GE(got.size(), n);
+    EXPECT_EQ(std::vector<int64_t>(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(n)),
+              std::vector<int64_t>(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(n)));
+    if (n == want.size()) EXPECT_EQ(got.size(), want.size());
+    std::printf("[generate] SmolLM2 prompt %lld: %zu greedy tokens equal to transformers' generate: \"%s\"\n",
+                static_cast<long long>(i), n, tok.decode(std::vector<int64_t>(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(n))).c_str());
+  }
+}
+
+} // namespace

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Writes what tests/generate_checks.cpp compares torchattn_generate's model, tokenizer
+and chat template with, all from transformers (offline, float32, CPU):
+
+- tiny/<name>/: small random Llama, Qwen2 and Mistral checkpoints (save_pretrained:
+  config.json and model.safetensors), covering grouped-query heads, several RoPE
+  thetas, a sliding window shorter than the prompt, tied and untied embeddings, and
+  Qwen2's q/k/v biases; with expected.pt: a prompt's logits and 32 greedy tokens from
+  transformers' generate, and each step's margin between its top two logits;
+- tokenizer_smollm2.json and tokenizer_qwen2style/: every line of the fortunes text
+  (Debian's `fortunes`, the text train_gpt learns) with its ids under SmolLM2's
+  tokenizer and under a Qwen2-style tokenizer (NFC, Qwen2's split regex, byte-level
+  BPE) trained here on that text with the `tokenizers` package;
+- smollm2.pt: SmolLM2-135M-Instruct (converted by tools/convert_smollm2.py): three chat
+  prompts' ids from transformers' chat template, their prompt logits, and 48 greedy
+  tokens each from generate, with each step's top-two margin (a near tie, < 1e-4, is
+  the only place where the tokens may part).
+
+Usage: .venv/bin/python tools/make_generate_reference.py OUT_DIR --smollm2 DIR
+"""
+
+import argparse
+import glob
+import json
+import os
+
+import torch
+import transformers
+from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, MistralConfig,
+                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+
+FORTUNES = "/usr/share/games/fortunes"
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain in one sentence why the sky is blue.",
+]
+
+TINY = {
+    # name: (config class, model class, config arguments)
+    "llama_gqa_tied": (LlamaConfig, LlamaForCausalLM,
+                       dict(num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, tie_word_embeddings=True)),
+    "llama_untied_theta5e5": (LlamaConfig, LlamaForCausalLM,
+                              dict(num_attention_heads=4, num_key_value_heads=1, rope_theta=500000.0,
+                                   tie_word_embeddings=False)),
+    "qwen2_bias_gqa": (Qwen2Config, Qwen2ForCausalLM,
+                       dict(num_attention_heads=8, num_key_value_heads=2, rope_theta=1000000.0,
+                            tie_word_embeddings=True)),
+    "mistral_window4": (MistralConfig, MistralForCausalLM,
+                        dict(num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, sliding_window=4,
+                             tie_word_embeddings=False)),
+}
+
+
+def tiny_models(out):
+    for i, (name, (config_class, model_class, extra)) in enumerate(TINY.items()):
+        torch.manual_seed(100 + i)
+        config = config_class(vocab_size=211, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                              max_position_embeddings=128, initializer_range=0.25, rms_norm_eps=1e-6, **extra)
+        model = model_class(config).eval()
+        d = os.path.join(out, "tiny", name)
+        model.save_pretrained(d)
+        g = torch.Generator().manual_seed(7 + i)
+        prompt = torch.randint(3, 211, (1, 10), generator=g)
+        with torch.no_grad():
+            logits = model(prompt).logits[0]
+            gen = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32, min_new_tokens=32,
+                                 do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+        new = gen.sequences[0, prompt.shape[1]:]
+        top2 = torch.stack([s[0].topk(2).values for s in gen.logits])
+        torch.save({"prompt": prompt[0].clone(), "logits": logits.clone(), "tokens": new.clone(),
+                    "margins": (top2[:, 0] - top2[:, 1]).clone()}, os.path.join(d, "expected.pt"))
+    print(f"make_generate_reference: {len(TINY)} tiny models")
+
+
+def fortune_lines():
+    """Every line of the fortunes text (valid UTF-8; undecodable bytes replaced)."""
+    lines, replaced = [], 0
+    for path in sorted(glob.glob(os.path.join(FORTUNES, "*"))):
+        if path.endswith((".dat", ".u8")) or not os.path.isfile(path):
+            continue
+        for raw in open(path, "rb").read().split(b"\n"):
+            text = raw.decode("utf-8", errors="replace")
+            replaced += "\ufffd" in text and b"\xef\xbf\xbd" not in raw
+            if text:
+                lines.append(text)
+    return lines, replaced
+
+
+def tokenizers_reference(out, smollm2):
+    lines, replaced = fortune_lines()
+    tok = AutoTokenizer.from_pretrained(smollm2)
+    with open(os.path.join(out, "tokenizer_smollm2.json"), "w") as f:
+        json.dump({"lines": lines, "ids": [tok(line)["input_ids"] for line in lines]}, f)
+
+    # A Qwen2-style tokenizer trained on the same text: NFC, Qwen2's split regex,
+    # byte-level BPE, <|im_start|>-style special tokens.
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    qwen_split = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                  r"\s*[\r\n]+|\s+(?!\S)|\s+")
+    t = Tokenizer(models.BPE())
+    t.normalizer = normalizers.NFC()
+    t.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(qwen_split), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    t.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=3000, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    t.train_from_iterator(lines, trainer)
+    d = os.path.join(out, "tokenizer_qwen2style")
+    os.makedirs(d, exist_ok=True)
+    t.save(os.path.join(d, "tokenizer.json"))
+    extra = ["Café naïve ﬁnal 12345 <|im_start|>user\nhi<|im_end|>", "ＡＢＣ １２３ — “quotes” \r\n\n  tabs\t\tend  "]
+    with open(os.path.join(d, "expected.json"), "w") as f:
+        json.dump({"lines": lines + extra, "ids": [t.encode(line).ids for line in lines + extra]}, f)
+    print(f"make_generate_reference: {len(lines)} fortune lines ({replaced} with bytes that are not UTF-8 replaced)")
+
+
+def smollm2_reference(out, smollm2):
+    tok = AutoTokenizer.from_pretrained(smollm2)
+    model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval()
+    ref = {"transformers_version": transformers.__version__, "count": len(PROMPTS)}
+    for i, prompt in enumerate(PROMPTS):
+        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                      return_tensors="pt")
+        if not isinstance(ids, torch.Tensor):
+            ids = ids["input_ids"]
+        with torch.no_grad():
+            logits = model(ids).logits[0]
+            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=48, do_sample=False,
+                                 output_logits=True, return_dict_in_generate=True)
+        top2 = torch.stack([s[0].topk(2).values for s in gen.logits])
+        ref[f"prompt{i}.text"] = prompt
+        ref[f"prompt{i}.ids"] = ids[0].clone()
+        ref[f"prompt{i}.logits"] = logits.clone()
+        ref[f"prompt{i}.tokens"] = gen.sequences[0, ids.shape[1]:].clone()
+        ref[f"prompt{i}.margins"] = (top2[:, 0] - top2[:, 1]).clone()
+    torch.save(ref, os.path.join(out, "smollm2.pt"))
+    # What `torchattn_generate --chat --greedy --print-ids` prints for the first prompt.
+    with open(os.path.join(out, "cli_expected.txt"), "w") as f:
+        f.write("ids: " + " ".join(str(t) for t in ref["prompt0.tokens"].tolist()) + "\n")
+    print(f"make_generate_reference: SmolLM2, {len(PROMPTS)} prompts")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out")
+    ap.add_argument("--smollm2", required=True, help="the converted SmolLM2 folder (tools/convert_smollm2.py)")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    torch.set_num_threads(2)
+    tiny_models(a.out)
+    tokenizers_reference(a.out, a.smollm2)
+    smollm2_reference(a.out, a.smollm2)
+
+
+if __name__ == "__main__":
+    main()
