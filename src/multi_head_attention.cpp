@@ -107,7 +107,8 @@ at::Tensor MultiHeadAttentionImpl::attend(const at::Tensor& x, const at::Tensor&
   const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend()};
   return detail::with_batch_dim(x, key_padding_mask, key_bias,
                                 [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {
-    return out_proj->forward(detail::attention_block_forward(block, xb, cache, config, mb, bb));
+    const at::Tensor context = detail::attention_block_forward(block, xb, cache, config, mb, bb);
+    return cache != nullptr ? functional::linear(context, out_proj->weight, out_proj->bias) : out_proj->forward(context);
   });
 }
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # `make bench`: the C++ and Python benchmarks, one after the other on the same
-# machine, then apps/bench/results/benchmarks.md and apps/bench/results/benchmarks.png. Pass --quick for a smoke run.
+# machine, then apps/bench/results/benchmarks.md and benchmarks.png; and SmolLM2-135M
+# generation with torchattn against transformers, apps/bench/results/generate.md.
+# Pass --quick for a smoke run.
 #
 #   bash apps/bench/run.sh [--device cpu|cuda] [--quick]
 #
@@ -37,7 +39,17 @@ case "$device" in
     ./build/apps/bench/torchattn_bench --threads 2 --json "$out/cpp.json" ${args[@]+"${args[@]}"}
     .venv/bin/python apps/bench/bench_python.py --threads 2 --json "$out/py.json" ${args[@]+"${args[@]}"}
     .venv/bin/python apps/bench/report.py --cpp "$out/cpp.json" --py "$out/py.json" --out "$docs" >/dev/null
-    echo "bench: wrote $apps/bench/results/benchmarks.md and $apps/bench/results/benchmarks.png"
+    echo "bench: wrote $docs/benchmarks.md and $docs/benchmarks.png"
+    # Generation: SmolLM2-135M with torchattn_generate's model against transformers.
+    smollm2=${SMOLLM2:-.cache/smollm2}
+    .venv/bin/python tools/convert_smollm2.py "$smollm2"
+    ./build/apps/generate/torchattn_generate_bench --model "$smollm2" --threads 2 --json "$out/generate-cpp.json" \
+      ${args[@]+"${args[@]}"}
+    .venv/bin/python apps/generate/bench_transformers.py --model "$smollm2" --threads 2 --json "$out/generate-py.json" \
+      ${args[@]+"${args[@]}"}
+    .venv/bin/python apps/generate/report_generate.py --cpp "$out/generate-cpp.json" --py "$out/generate-py.json" \
+      --out "$docs" >/dev/null
+    echo "bench: wrote $docs/generate.md"
     ;;
   cuda)
     BUILD=${BUILD:-build-gpu}
@@ -67,10 +79,10 @@ case "$device" in
     "$PYTHON" apps/bench/profile_cuda.py --json "$out/profile-cuda.json" ${pyargs[@]+"${pyargs[@]}"}
     "$report_py" apps/bench/report_cuda.py --cpp "$out/cpp-cuda.json" --py "$out/py-cuda.json" \
       --profile "$out/profile-cuda.json" --smi "$out/nvidia-smi-cuda.txt" --out "$docs" >/dev/null
-    if [ "$apps/bench/results/benchmarks-cuda.png" -nt "$out/cpp-cuda.json" ]; then
-      echo "bench: wrote $apps/bench/results/benchmarks-cuda.md and $apps/bench/results/benchmarks-cuda.png"
+    if [ "$docs/benchmarks-cuda.png" -nt "$out/cpp-cuda.json" ]; then
+      echo "bench: wrote $docs/benchmarks-cuda.md and $docs/benchmarks-cuda.png"
     else
-      echo "bench: wrote $apps/bench/results/benchmarks-cuda.md (no matplotlib: no PNG; the JSON is in $out/)"
+      echo "bench: wrote $docs/benchmarks-cuda.md (no matplotlib: no PNG; the JSON is in $out/)"
     fi
     ;;
   *)

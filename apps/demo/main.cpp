@@ -31,7 +31,8 @@ void print_rows(const torch::Tensor& t, int indent) {
     if (std::isinf(v)) {
       fmt::print("{:>7}", v < 0 ? "-inf" : "inf");
     } else {
-      fmt::print("{:7.4f}", v);
+      // '>': fmt left-aligns nan in a width by default; printf's %7.4f right-aligned it.
+      fmt::print("{:>7.4f}", v);
     }
     return;
   }

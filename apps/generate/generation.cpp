@@ -5,6 +5,8 @@
 #include <ATen/ops/tensor.h>
 #include <c10/core/InferenceMode.h>
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <chrono>
 #include <memory>
@@ -62,6 +64,12 @@ GenerationResult generate_ids(CausalLMImpl& model, const std::vector<int64_t>& p
   }
   result.decode_seconds = result.ids.size() > 1 ? seconds_since(start) : 0.0;
   return result;
+}
+
+void keep_freed_memory_for_reuse() {
+  malloc_trim(0);
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
 }
 
 std::string Utf8Stream::push(const std::string& bytes) {

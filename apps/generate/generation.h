@@ -28,6 +28,15 @@ GenerationResult generate_ids(CausalLMImpl& model, const std::vector<int64_t>& p
                               Sampler& sampler, const std::vector<int64_t>& stop_ids,
                               const std::function<void(int64_t)>& on_token = {});
 
+/// Keeps the C library's allocator from handing large buffers back to the kernel after
+/// every operation (a fresh mapping, page faults and zeroing each time a forward
+/// allocates an activation): large blocks come from the heap and stay reused. First
+/// returns what is free now (the weights the model was built with, replaced by the
+/// checkpoint's), so call it once the model is loaded. For the programs' own process
+/// (torchattn_generate and its benchmark); the library never calls it. About 10% of a
+/// 512-token prefill on the benchmark machine.
+void keep_freed_memory_for_reuse();
+
 /// Turns token bytes into complete UTF-8 characters as they arrive: push() returns
 /// what can be printed now; a character split across tokens waits for its end.
 class Utf8Stream {

@@ -117,6 +117,7 @@ int main(int argc, char** argv) {
                                               static_cast<int64_t>(ids.size()) + max_new_tokens);
     generate::CausalLM model(config, context);
     model->load_weights(torchattn::load_safetensors(checkpoint_path(dir)));
+    generate::keep_freed_memory_for_reuse();
     if (dtype_name == "bfloat16" || device_name == "cuda") {
       model->to(torch::Device(device_name), dtype_name == "bfloat16" ? torch::kBFloat16 : torch::kFloat32);
     }

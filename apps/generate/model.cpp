@@ -3,6 +3,7 @@
 #include <ATen/ops/linear.h>
 #include <ATen/ops/rsqrt.h>
 #include <ATen/ops/silu.h>
+#include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -40,10 +41,20 @@ DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, int64_t layer, int64_t 
 
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, torchattn::KVCache* cache, const at::Tensor& key_padding_mask) {
   const at::Tensor a = input_layernorm(x);
-  const at::Tensor h = x + (cache != nullptr ? self_attn->forward_cached(a, *cache, key_padding_mask)
-                                             : self_attn->forward(a, key_padding_mask));
+  at::Tensor h = cache != nullptr ? self_attn->forward_cached(a, *cache, key_padding_mask)
+                                  : self_attn->forward(a, key_padding_mask);
+  // Residual sums written in place where no gradient is kept (generation): the same
+  // values, one allocation fewer each.
+  const bool in_place = !c10::GradMode::is_enabled();
+  h = in_place ? h.add_(x) : h + x;
   const at::Tensor m = post_attention_layernorm(h);
-  return h + down_proj(at::silu(gate_proj(m)) * up_proj(m));
+  auto linear = [](const torch::nn::Linear& l, const at::Tensor& in) {
+    return torchattn::functional::linear(in, l->weight, l->bias);
+  };
+  at::Tensor gate = linear(gate_proj, m);
+  gate = in_place ? at::silu_(gate).mul_(linear(up_proj, m)) : at::silu(gate) * linear(up_proj, m);
+  const at::Tensor out = linear(down_proj, gate);
+  return in_place ? out.add_(h) : out + h;
 }
 
 CausalLMImpl::CausalLMImpl(const ModelConfig& config, int64_t context_length)
@@ -130,7 +141,7 @@ at::Tensor CausalLMImpl::forward(const at::Tensor& ids, std::vector<torchattn::K
     x = x.narrow(1, x.size(1) - 1, 1);
   }
   x = norm(x);
-  return lm_head ? lm_head(x) : at::linear(x, embed_tokens->weight);
+  return torchattn::functional::linear(x, lm_head ? lm_head->weight : embed_tokens->weight);
 }
 
 } // namespace generate

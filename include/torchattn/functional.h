@@ -71,6 +71,16 @@ at::Tensor masked_softmax(const at::Tensor& scores, const at::Tensor& hide);
 /// scores: [..., Tq, Tk]; keep: broadcastable to scores.
 at::Tensor softmax_mask_renormalize(const at::Tensor& scores, const at::Tensor& keep);
 
+/// at::linear(x, weight, bias): x W^T + b. For the few rows of decoding (at most 8 rows
+/// of x, float32 on the CPU, no gradient to compute) the product runs on every
+/// intra-op thread (LibTorch's BLAS keeps such matrix-vector products on one); the
+/// sums then run in another order, equal to at::linear within float32 rounding.
+/// The modules' forward_cached (inference only) projects through it; their forward
+/// keeps LibTorch's Linear, so its numbers do not depend on the grad mode.
+///
+/// x: [..., in], weight: [out, in], bias: [out] or undefined. Returns [..., out].
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
+
 /// How `attention` computes.
 struct AttentionConfig {
   /// Multiplies q k^T. Unset: divide by sqrt(d) with d = k.size(-1), as the notebooks do.

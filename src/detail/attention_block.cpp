@@ -14,9 +14,14 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
                                    const at::Tensor& key_bias) {
   const int64_t B = x.size(0);
   const int64_t T = x.size(1);
-  at::Tensor keys = block.W_key->forward(x);  // [B, T, num_kv_heads * head_dim]
-  at::Tensor queries = block.W_query->forward(x);
-  at::Tensor values = block.W_value->forward(x);
+  // Cached decoding (inference only) takes functional::linear's fast path for a few
+  // rows; forward keeps LibTorch's Linear, bit for bit whatever the grad mode.
+  auto project = [&](torch::nn::Linear& l) {
+    return cache != nullptr ? functional::linear(x, l->weight, l->bias) : l->forward(x);
+  };
+  at::Tensor keys = project(block.W_key);  // [B, T, num_kv_heads * head_dim]
+  at::Tensor queries = project(block.W_query);
+  at::Tensor values = project(block.W_value);
   const int64_t d_out = queries.size(-1);
 
   // Tokens before heads, [B, T, G, head_dim] (G = 1 for a single-head module): the

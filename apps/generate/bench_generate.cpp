@@ -1,0 +1,137 @@
+// torchattn_generate_bench: SmolLM2-135M (or any Llama-family folder) with torchattn on
+// the CPU: peak RSS of a generation, prefill of a long prompt, decoding tokens/s, and
+// the machine's memory read bandwidth measured in the same run (the bound decoding is
+// held against). apps/generate/bench_transformers.py measures transformers the same
+// way; apps/generate/report_generate.py sets them side by side.
+//
+//   torchattn_generate_bench --model DIR [--threads 2] [--json out.json] [--quick]
+
+#include "fmt.h"
+#include "generation.h"
+#include "model.h"
+#include "sampler.h"
+
+#include <torchattn/torchattn.h>
+
+#include <CLI/CLI.hpp>
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randint.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t status_kb(const char* key) {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(std::strlen(key)));
+  }
+  return -1;
+}
+
+double seconds(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"SmolLM2 on torchattn: peak RSS, prefill, decoding and the memory bound"};
+  std::string model_dir, json_path;
+  int threads = 2;
+  bool quick = false;
+  app.add_option("--model", model_dir, "a Hugging Face model folder")->required()->check(CLI::ExistingDirectory);
+  app.add_option("--threads", threads, "intra-op threads");
+  app.add_option("--json", json_path, "write the results here as JSON");
+  app.add_flag("--quick", quick, "a smoke run");
+  CLI11_PARSE(app, argc, argv);
+  at::set_num_threads(threads);
+  const auto dir = std::filesystem::path(model_dir);
+  const int64_t prompt_len = 32, new_tokens = quick ? 16 : 128, long_prompt = quick ? 128 : 512;
+
+  // 1. Load and generate, as torchattn_generate does; the process's peak RSS then.
+  auto t0 = Clock::now();
+  const auto config = generate::read_config((dir / "config.json").string());
+  generate::CausalLM model(config, std::max(prompt_len + new_tokens, long_prompt));
+  model->load_weights(torchattn::load_safetensors((dir / "model.safetensors").string()));
+  generate::keep_freed_memory_for_reuse();
+  const double load_s = seconds(t0);
+  int64_t weight_bytes = 0;
+  for (const auto& p : model->parameters()) weight_bytes += p.numel() * p.element_size();
+  auto ids = at::randint(100, config.vocab_size - 100, {prompt_len}, at::kLong);
+  std::vector<int64_t> prompt(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + prompt_len);
+  generate::Sampler greedy(generate::SamplingOptions{});
+  std::vector<double> decode_tps, first_prefill;
+  for (int r = 0; r < (quick ? 1 : 3); ++r) {
+    // No stop token: always new_tokens tokens.
+    const auto result = generate::generate_ids(*model, prompt, new_tokens, greedy, {});
+    decode_tps.push_back((result.ids.size() - 1) / result.decode_seconds);
+    first_prefill.push_back(result.prefill_seconds);
+  }
+  const double peak_rss_mib = status_kb("VmHWM:") / 1024.0;
+  fmt::print("torchattn_generate_bench: {} ({} parameters, {:.0f} MB of {}), {} threads\n", dir.filename().string(),
+             weight_bytes / 4, weight_bytes / 1e6, "float32", at::get_num_threads());
+  fmt::print("  load {:.2f} s; peak RSS after loading and generating {:.0f} MiB ({:.2f}x the weights)\n", load_s,
+             peak_rss_mib, peak_rss_mib * (1 << 20) / weight_bytes);
+  fmt::print("  decode: {} tokens after a {}-token prompt: {:.1f} tokens/s (median of {})\n", new_tokens, prompt_len,
+             median(decode_tps), decode_tps.size());
+
+  // 2. Prefill of a long prompt: the logits of its last token, warm.
+  std::vector<double> prefill;
+  {
+    c10::InferenceMode inference;
+    const auto long_ids = at::randint(100, config.vocab_size - 100, {1, long_prompt}, at::kLong);
+    for (int r = 0; r < (quick ? 2 : 6); ++r) {
+      auto caches = model->make_caches(1);
+      const auto t = Clock::now();
+      model->forward(long_ids, &caches, {}, /*last_only=*/true);
+      if (r > 0) prefill.push_back(seconds(t));  // the first is the warm-up
+    }
+  }
+  fmt::print("  prefill {} tokens: {:.3f} s (median of {})\n", long_prompt, median(prefill), prefill.size());
+
+  // 3. Memory read bandwidth: a sum over 512 MiB, on the same threads.
+  std::vector<double> bandwidth;
+  {
+    c10::InferenceMode inference;
+    const auto big = at::ones({int64_t{128} << 20}, at::kFloat);
+    for (int r = 0; r < 6; ++r) {
+      const auto t = Clock::now();
+      (void)big.sum().item<float>();
+      if (r > 0) bandwidth.push_back(big.numel() * 4.0 / seconds(t) / 1e9);
+    }
+  }
+  const double gbps = median(bandwidth);
+  const double bound = gbps * 1e9 / weight_bytes;
+  fmt::print("  memory read bandwidth {:.1f} GB/s: reading the weights bounds decoding at {:.1f} tokens/s; "
+             "decoding runs at {:.0f}% of it\n", gbps, bound, 100.0 * median(decode_tps) / bound);
+
+  if (!json_path.empty()) {
+    std::ofstream(json_path) << fmt::format(
+        "{{\"tool\": \"torchattn_generate_bench\", \"model\": \"{}\", \"threads\": {}, \"weight_bytes\": {}, "
+        "\"load_s\": {:.4f}, \"peak_rss_mib\": {:.1f}, \"prompt\": {}, \"new_tokens\": {}, \"decode_tokens_per_s\": {:.3f}, "
+        "\"first_prefill_s\": {:.4f}, \"long_prompt\": {}, \"prefill_s\": {:.4f}, \"bandwidth_gbps\": {:.2f}, "
+        "\"decode_bound_tokens_per_s\": {:.2f}}}\n",
+        dir.filename().string(), at::get_num_threads(), weight_bytes, load_s, peak_rss_mib, prompt_len, new_tokens,
+        median(decode_tps), median(first_prefill), long_prompt, median(prefill), gbps, bound);
+    fmt::print("wrote {}\n", json_path);
+  }
+  return 0;
+}

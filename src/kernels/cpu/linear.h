@@ -1,0 +1,26 @@
+#pragma once
+
+// x W^T + b for a few rows of x on the CPU: the matrix-vector products of decoding,
+// which only stream the weights from memory. LibTorch's BLAS runs these on one thread
+// (it does not split small products); this kernel splits the output features over all
+// intra-op threads, reading each weight row once for every row of x.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace torchattn::kernels::cpu {
+
+/// The most rows of x the kernel takes; more go to at::linear (a GEMM's work).
+inline constexpr int64_t kSmallLinearRows = 8;
+
+/// Whether small_linear applies: CPU float32, x of at most kSmallLinearRows rows, dense
+/// weight [out, in] (and bias [out]), and no gradient to compute.
+bool small_linear_applies(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+
+/// x: [..., in], weight: [out, in], bias: [out] or undefined -> [..., out]; requires
+/// small_linear_applies. Sums in a different order than BLAS: equal to at::linear
+/// within float32 rounding, not bit for bit.
+at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+
+} // namespace torchattn::kernels::cpu
