@@ -9,11 +9,15 @@
 #   3. runs the CUDA benchmark (apps/bench/results/benchmarks-cuda.md and .png); GPU_BENCH=0 skips it;
 #   4. runs the CUDA tests under `compute-sanitizer --tool memcheck`.
 #
-# GoogleTest, CLI11 and Gloo's headers: from the system, or from GPU_DEPS, a folder
-# holding a copy of them laid out as on Debian (GPU_DEPS/usr/include/{gtest,CLI,gloo},
+# GoogleTest, CLI11, Gloo and nlohmann/json's headers: from the system, or from GPU_DEPS,
+# a folder holding a copy of them laid out as on Debian
+# (GPU_DEPS/usr/include/{gtest,CLI,gloo,nlohmann},
 # GPU_DEPS/usr/lib/x86_64-linux-gnu/{libgtest*.a,cmake/GTest}, GPU_DEPS/usr/share/cmake/CLI11).
-# Without GoogleTest there is nothing to test and this fails; without CLI11 the
-# benchmark and apps are not built and step 3 fails.
+# Without GoogleTest there is nothing to test and this fails; without nlohmann/json the
+# library (its safetensors reader) does not build; without CLI11 the benchmark and apps
+# are not built and step 3 fails; without ICU's headers torchattn_generate is not built.
+# When $PYTHON has no transformers, the transformers and generate tests are left out,
+# and the configure step says so.
 #
 #   make test-gpu GPU_DEPS=/path/to/deps            (or: GPU_DEPS=... bash tools/test_gpu.sh)
 set -euo pipefail
@@ -47,7 +51,8 @@ fi
 
 echo "test-gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo 'nvidia-smi not found')"
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
-  -DTORCHATTN_PYTHON="$(command -v "$PYTHON")" -DTORCHATTN_REQUIRE_TESTS=ON
+  -DTORCHATTN_PYTHON="$(command -v "$PYTHON")" -DTORCHATTN_REQUIRE_TESTS=ON \
+  -DTORCHATTN_REQUIRE_TRANSFORMERS="$("$PYTHON" -c 'import transformers, safetensors' 2>/dev/null && echo ON || echo OFF)"
 cmake --build "$BUILD" -j "$JOBS"
 
 echo "test-gpu: the suite, every device-parametrized test on CPU and CUDA"

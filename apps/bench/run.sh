@@ -47,7 +47,7 @@ case "$device" in
       ${args[@]+"${args[@]}"}
     .venv/bin/python apps/generate/bench_transformers.py --model "$smollm2" --threads 2 --json "$out/generate-py.json" \
       ${args[@]+"${args[@]}"}
-    .venv/bin/python apps/generate/report_generate.py --cpp "$out/generate-cpp.json" --py "$out/generate-py.json" \
+    .venv/bin/python apps/bench/report_generate.py --cpp "$out/generate-cpp.json" --py "$out/generate-py.json" \
       --out "$docs" >/dev/null
     echo "bench: wrote $docs/generate.md"
     ;;

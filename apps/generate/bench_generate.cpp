@@ -2,7 +2,7 @@
 // the CPU: peak RSS of a generation, prefill of a long prompt, decoding tokens/s, and
 // the machine's memory read bandwidth measured in the same run (the bound decoding is
 // held against). apps/generate/bench_transformers.py measures transformers the same
-// way; apps/generate/report_generate.py sets them side by side.
+// way; apps/bench/report_generate.py sets them side by side.
 //
 //   torchattn_generate_bench --model DIR [--threads 2] [--json out.json] [--quick]
 
@@ -69,8 +69,11 @@ int main(int argc, char** argv) {
   // 1. Load and generate, as torchattn_generate does; the process's peak RSS then.
   auto t0 = Clock::now();
   const auto config = generate::read_config((dir / "config.json").string());
-  generate::CausalLM model(config, std::max(prompt_len + new_tokens, long_prompt));
-  model->load_weights(torchattn::load_safetensors((dir / "model.safetensors").string()));
+  // Sized as torchattn_generate sizes it: the prompt plus the new tokens (the KV caches
+  // hold that many).
+  generate::CausalLM model(config, prompt_len + new_tokens);
+  const auto weights = torchattn::load_safetensors((dir / "model.safetensors").string());
+  model->load_weights(weights);
   generate::keep_freed_memory_for_reuse();
   const double load_s = seconds(t0);
   int64_t weight_bytes = 0;
@@ -93,9 +96,12 @@ int main(int argc, char** argv) {
   fmt::print("  decode: {} tokens after a {}-token prompt: {:.1f} tokens/s (median of {})\n", new_tokens, prompt_len,
              median(decode_tps), decode_tps.size());
 
-  // 2. Prefill of a long prompt: the logits of its last token, warm.
+  // 2. Prefill of a long prompt: the logits of its last token, warm, in a model sized
+  // for it (the same mapped weights).
   std::vector<double> prefill;
   {
+    generate::CausalLM model(config, long_prompt);
+    model->load_weights(weights);
     c10::InferenceMode inference;
     const auto long_ids = at::randint(100, config.vocab_size - 100, {1, long_prompt}, at::kLong);
     for (int r = 0; r < (quick ? 2 : 6); ++r) {

@@ -140,6 +140,7 @@ int main(int argc, char** argv) {
       for (const int64_t id : result.ids) line += (line.empty() ? "" : " ") + std::to_string(id);
       fmt::print("ids: {}\n", line);
     }
+    std::fflush(stdout);  // the text before the statistics, when both go to one file
     const int64_t decoded = static_cast<int64_t>(result.ids.size()) - 1;
     fmt::print(stderr,
                "[{} {} on {} {}, {} threads] loaded in {:.2f} s; prefill {} tokens in {:.3f} s ({:.1f} tokens/s); "

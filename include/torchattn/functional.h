@@ -71,12 +71,16 @@ at::Tensor masked_softmax(const at::Tensor& scores, const at::Tensor& hide);
 /// scores: [..., Tq, Tk]; keep: broadcastable to scores.
 at::Tensor softmax_mask_renormalize(const at::Tensor& scores, const at::Tensor& keep);
 
-/// at::linear(x, weight, bias): x W^T + b. For the few rows of decoding (at most 8 rows
-/// of x, float32 on the CPU, no gradient to compute) the product runs on every
-/// intra-op thread (LibTorch's BLAS keeps such matrix-vector products on one); the
-/// sums then run in another order, equal to at::linear within float32 rounding.
-/// The modules' forward_cached (inference only) projects through it; their forward
-/// keeps LibTorch's Linear, so its numbers do not depend on the grad mode.
+/// at::linear(x, weight, bias): x W^T + b, faster where nothing needs its gradient
+/// (float32 on the CPU, no gradient to compute):
+/// - at most 8 rows of x (decoding): the product runs on every intra-op thread
+///   (LibTorch's BLAS keeps such matrix-vector products on one);
+/// - more rows (a prefill): oneDNN's inner product, LibTorch's `mkldnn::_linear_pointwise`
+///   operator where the build has it, on the weight as it is (no packed copy).
+/// The sums then run in another order: equal to at::linear within float32 rounding.
+/// Anything else is at::linear. The modules' forward_cached (inference only) projects
+/// through it; their forward keeps LibTorch's Linear, so its numbers do not depend on
+/// the grad mode.
 ///
 /// x: [..., in], weight: [out, in], bias: [out] or undefined. Returns [..., out].
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});

