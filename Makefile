@@ -6,7 +6,7 @@ JOBS    ?= 2
 PY      := .venv/bin/python
 CMAKE_PREFIX = $(shell $(PY) -c 'import torch; print(torch.utils.cmake_prefix_path)')
 
-.PHONY: train all setup configure build demo test test-gpu bench golden install clean sanitize fuzz check generate sanitizer-configure
+.PHONY: train all setup configure build demo test test-gpu bench golden install clean sanitize fuzz check generate
 
 all: build
 
@@ -40,32 +40,31 @@ bench: $(if $(filter cuda,$(DEVICE)),,build)
 test-gpu:
 	bash tools/test_gpu.sh
 
-# One clang build, $(BUILD)-asan, serves both: the library instrumented with
-# AddressSanitizer, UndefinedBehaviorSanitizer and libFuzzer's coverage.
+# The unit tests built with AddressSanitizer and UndefinedBehaviorSanitizer.
+# Leaks are checked; tests/lsan.supp lists the ones inside LibTorch.
 ASAN_OPTIONS_CI = detect_leaks=1:abort_on_error=1:detect_odr_violation=0
-SANITIZER_ENV = ASAN_OPTIONS=$(ASAN_OPTIONS_CI) LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp
-sanitizer-configure: setup
-	@bash tools/setup.sh fuzz
-	CC=clang-16 CXX=clang++-16 cmake -S . -B $(BUILD)-asan -G Ninja -DCMAKE_BUILD_TYPE=Release \
-	  -DCMAKE_PREFIX_PATH="$(CMAKE_PREFIX)" -DTORCHATTN_PYTHON=$(CURDIR)/$(PY) -DTORCHATTN_FUZZ=ON -DTORCHATTN_BUILD_APPS=OFF
-
-# The unit tests under AddressSanitizer and UndefinedBehaviorSanitizer. Leaks are
-# checked; tests/lsan.supp lists the ones inside LibTorch.
-sanitize: sanitizer-configure
+sanitize: setup
+	cmake -S . -B $(BUILD)-asan -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$(CMAKE_PREFIX)" \
+	  -DTORCHATTN_SANITIZE=address,undefined -DTORCHATTN_BUILD_APPS=OFF
 	cmake --build $(BUILD)-asan -j $(JOBS) --target torchattn_tests
-	$(SANITIZER_ENV) UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ./$(BUILD)-asan/tests/torchattn_tests --gtest_brief=1
+	ASAN_OPTIONS=$(ASAN_OPTIONS_CI) LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ./$(BUILD)-asan/tests/torchattn_tests --gtest_brief=1
 
 # libFuzzer on the public API for FUZZ_SECONDS, and on the safetensors parser for
-# half as long (seeded with files the Python safetensors package writes).
+# half as long (seeded with files the Python safetensors package writes), built with clang.
 FUZZ_SECONDS ?= 120
 FUZZ_FLAGS = -rss_limit_mb=4096 -timeout=30 -print_final_stats=1
-fuzz: sanitizer-configure
-	cmake --build $(BUILD)-asan -j $(JOBS) --target fuzz_api fuzz_safetensors
-	mkdir -p $(BUILD)-asan/corpus $(BUILD)-asan/corpus-safetensors
-	$(PY) tools/safetensors_seeds.py $(BUILD)-asan/corpus-safetensors
-	$(SANITIZER_ENV) ./$(BUILD)-asan/tests/fuzz/fuzz_api -max_total_time=$(FUZZ_SECONDS) $(FUZZ_FLAGS) $(BUILD)-asan/corpus
-	$(SANITIZER_ENV) ./$(BUILD)-asan/tests/fuzz/fuzz_safetensors -max_total_time=$$(( $(FUZZ_SECONDS) / 2 )) \
-	  $(FUZZ_FLAGS) $(BUILD)-asan/corpus-safetensors
+fuzz: setup
+	@bash tools/setup.sh fuzz
+	CC=clang-16 CXX=clang++-16 cmake -S . -B $(BUILD)-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	  -DCMAKE_PREFIX_PATH="$(CMAKE_PREFIX)" -DTORCHATTN_FUZZ=ON -DTORCHATTN_BUILD_TESTS=OFF -DTORCHATTN_BUILD_APPS=OFF
+	cmake --build $(BUILD)-fuzz -j $(JOBS) --target fuzz_api fuzz_safetensors
+	mkdir -p $(BUILD)-fuzz/corpus $(BUILD)-fuzz/corpus-safetensors
+	$(PY) tools/safetensors_seeds.py $(BUILD)-fuzz/corpus-safetensors
+	ASAN_OPTIONS=$(ASAN_OPTIONS_CI) LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp ./$(BUILD)-fuzz/tests/fuzz/fuzz_api \
+	  -max_total_time=$(FUZZ_SECONDS) $(FUZZ_FLAGS) $(BUILD)-fuzz/corpus
+	ASAN_OPTIONS=$(ASAN_OPTIONS_CI) LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp ./$(BUILD)-fuzz/tests/fuzz/fuzz_safetensors \
+	  -max_total_time=$$(( $(FUZZ_SECONDS) / 2 )) $(FUZZ_FLAGS) $(BUILD)-fuzz/corpus-safetensors
 
 # What CI runs: the tests, the sanitizer build, the fuzzer.
 check: test sanitize fuzz
@@ -93,4 +92,4 @@ install: build
 	cmake --install $(BUILD) --prefix $(or $(PREFIX),install)
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz
