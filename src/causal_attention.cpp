@@ -11,7 +11,7 @@
 namespace torchattn {
 
 namespace {
-constexpr const char* kName = "CausalAttention";
+constexpr const char* kCausalAttention = "CausalAttention";
 }
 
 CausalAttentionImpl::CausalAttentionImpl(const CausalAttentionOptions& options_) : options(options_) {
@@ -19,14 +19,14 @@ CausalAttentionImpl::CausalAttentionImpl(const CausalAttentionOptions& options_)
 }
 
 void CausalAttentionImpl::reset() {
-  detail::check_positive(kName, "d_in", options.d_in());
-  detail::check_positive(kName, "d_out", options.d_out());
-  detail::check_positive(kName, "context_length", options.context_length());
-  detail::check_dropout(kName, options.dropout());
-  detail::check_scale(kName, options.scale());
-  detail::check_window(kName, options.window(), options.causal());
+  detail::check_positive(kCausalAttention, "d_in", options.d_in());
+  detail::check_positive(kCausalAttention, "d_out", options.d_out());
+  detail::check_positive(kCausalAttention, "context_length", options.context_length());
+  detail::check_dropout(kCausalAttention, options.dropout());
+  detail::check_scale(kCausalAttention, options.scale());
+  detail::check_window(kCausalAttention, options.window(), options.causal());
   if (options.rope()) {
-    detail::check_rope(kName, *options.rope(), options.d_out());
+    detail::check_rope(kCausalAttention, *options.rope(), options.d_out());
   }
   const auto linear = torch::nn::LinearOptions(options.d_in(), options.d_out()).bias(options.qkv_bias());
   W_query = register_module("W_query", torch::nn::Linear(linear));
@@ -49,7 +49,7 @@ void CausalAttentionImpl::save(torch::serialize::OutputArchive& archive) const {
 }
 
 void CausalAttentionImpl::load(torch::serialize::InputArchive& archive) {
-  detail::strict_load(*this, archive, kName, detail::archive_path(archive));
+  detail::strict_load(*this, archive, kCausalAttention, detail::archive_path(archive));
 }
 
 void CausalAttentionImpl::pretty_print(std::ostream& stream) const {
@@ -63,24 +63,24 @@ void CausalAttentionImpl::pretty_print(std::ostream& stream) const {
 
 at::Tensor CausalAttentionImpl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask,
                                         const at::Tensor& key_bias) {
-  detail::check_input(kName, x, options.d_in(), options.context_length(), W_query->weight);
-  detail::check_key_padding_mask(kName, key_padding_mask, x);
-  detail::check_key_bias(kName, key_bias, x);
-  detail::check_some_key_kept(kName, key_padding_mask);
+  detail::check_input(kCausalAttention, x, options.d_in(), options.context_length(), W_query->weight);
+  detail::check_key_padding_mask(kCausalAttention, key_padding_mask, x);
+  detail::check_key_bias(kCausalAttention, key_bias, x);
+  detail::check_some_key_kept(kCausalAttention, key_padding_mask);
   return attend(x, key_padding_mask, key_bias, nullptr);
 }
 
 KVCache CausalAttentionImpl::make_kv_cache(int64_t batch_size, bool static_shapes) const {
-  detail::check_positive(kName, "batch_size", batch_size);
+  detail::check_positive(kCausalAttention, "batch_size", batch_size);
   return KVCache({batch_size, options.context_length(), options.d_out()}, W_key->weight.options(),
                  static_shapes, cache_owner_);
 }
 
 at::Tensor CausalAttentionImpl::forward_cached(const at::Tensor& x_new, KVCache& cache,
                                                const at::Tensor& key_padding_mask) {
-  detail::check_input(kName, x_new, options.d_in(), options.context_length(), W_query->weight);
-  detail::check_cache(kName, cache, x_new, options.context_length(), cache_owner_, is_training(), options.dropout());
-  detail::check_key_padding_mask(kName, key_padding_mask, x_new);
+  detail::check_input(kCausalAttention, x_new, options.d_in(), options.context_length(), W_query->weight);
+  detail::check_cache(kCausalAttention, cache, x_new, options.context_length(), cache_owner_, is_training(), options.dropout());
+  detail::check_key_padding_mask(kCausalAttention, key_padding_mask, x_new);
   return attend(x_new, key_padding_mask, at::Tensor(), &cache);
 }
 

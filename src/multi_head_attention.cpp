@@ -11,7 +11,7 @@
 namespace torchattn {
 
 namespace {
-constexpr const char* kName = "MultiHeadAttention";
+constexpr const char* kMultiHeadAttention = "MultiHeadAttention";
 }
 
 MultiHeadAttentionImpl::MultiHeadAttentionImpl(const MultiHeadAttentionOptions& options_) : options(options_) {
@@ -19,20 +19,20 @@ MultiHeadAttentionImpl::MultiHeadAttentionImpl(const MultiHeadAttentionOptions& 
 }
 
 void MultiHeadAttentionImpl::reset() {
-  detail::check_positive(kName, "d_in", options.d_in());
-  detail::check_positive(kName, "d_out", options.d_out());
-  detail::check_positive(kName, "context_length", options.context_length());
-  detail::check_positive(kName, "num_heads", options.num_heads());
-  TORCH_CHECK(options.d_out() % options.num_heads() == 0, kName, ": expected d_out divisible by num_heads, got d_out=",
+  detail::check_positive(kMultiHeadAttention, "d_in", options.d_in());
+  detail::check_positive(kMultiHeadAttention, "d_out", options.d_out());
+  detail::check_positive(kMultiHeadAttention, "context_length", options.context_length());
+  detail::check_positive(kMultiHeadAttention, "num_heads", options.num_heads());
+  TORCH_CHECK(options.d_out() % options.num_heads() == 0, kMultiHeadAttention, ": expected d_out divisible by num_heads, got d_out=",
               options.d_out(), " and num_heads=", options.num_heads());
-  TORCH_CHECK(num_kv_heads() >= 1 && options.num_heads() % num_kv_heads() == 0, kName,
+  TORCH_CHECK(num_kv_heads() >= 1 && options.num_heads() % num_kv_heads() == 0, kMultiHeadAttention,
               ": expected num_kv_heads >= 1 dividing num_heads=", options.num_heads(), ", got num_kv_heads=",
               num_kv_heads());
-  detail::check_dropout(kName, options.dropout());
-  detail::check_scale(kName, options.scale());
-  detail::check_window(kName, options.window(), options.causal());
+  detail::check_dropout(kMultiHeadAttention, options.dropout());
+  detail::check_scale(kMultiHeadAttention, options.scale());
+  detail::check_window(kMultiHeadAttention, options.window(), options.causal());
   if (options.rope()) {
-    detail::check_rope(kName, *options.rope(), head_dim());
+    detail::check_rope(kMultiHeadAttention, *options.rope(), head_dim());
   }
   const auto qkv = [&](int64_t out) { return torch::nn::LinearOptions(options.d_in(), out).bias(options.qkv_bias()); };
   const int64_t kv_features = num_kv_heads() * head_dim();
@@ -58,7 +58,7 @@ void MultiHeadAttentionImpl::save(torch::serialize::OutputArchive& archive) cons
 }
 
 void MultiHeadAttentionImpl::load(torch::serialize::InputArchive& archive) {
-  detail::strict_load(*this, archive, kName, detail::archive_path(archive));
+  detail::strict_load(*this, archive, kMultiHeadAttention, detail::archive_path(archive));
 }
 
 void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
@@ -79,24 +79,24 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
 
 at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask,
                                            const at::Tensor& key_bias) {
-  detail::check_input(kName, x, options.d_in(), options.context_length(), W_query->weight);
-  detail::check_key_padding_mask(kName, key_padding_mask, x);
-  detail::check_key_bias(kName, key_bias, x);
-  detail::check_some_key_kept(kName, key_padding_mask);
+  detail::check_input(kMultiHeadAttention, x, options.d_in(), options.context_length(), W_query->weight);
+  detail::check_key_padding_mask(kMultiHeadAttention, key_padding_mask, x);
+  detail::check_key_bias(kMultiHeadAttention, key_bias, x);
+  detail::check_some_key_kept(kMultiHeadAttention, key_padding_mask);
   return attend(x, key_padding_mask, key_bias, nullptr);
 }
 
 KVCache MultiHeadAttentionImpl::make_kv_cache(int64_t batch_size, bool static_shapes) const {
-  detail::check_positive(kName, "batch_size", batch_size);
+  detail::check_positive(kMultiHeadAttention, "batch_size", batch_size);
   return KVCache({batch_size, num_kv_heads(), options.context_length(), head_dim()}, W_key->weight.options(),
                  static_shapes, cache_owner_);
 }
 
 at::Tensor MultiHeadAttentionImpl::forward_cached(const at::Tensor& x_new, KVCache& cache,
                                                   const at::Tensor& key_padding_mask) {
-  detail::check_input(kName, x_new, options.d_in(), options.context_length(), W_query->weight);
-  detail::check_cache(kName, cache, x_new, options.context_length(), cache_owner_, is_training(), options.dropout());
-  detail::check_key_padding_mask(kName, key_padding_mask, x_new);
+  detail::check_input(kMultiHeadAttention, x_new, options.d_in(), options.context_length(), W_query->weight);
+  detail::check_cache(kMultiHeadAttention, cache, x_new, options.context_length(), cache_owner_, is_training(), options.dropout());
+  detail::check_key_padding_mask(kMultiHeadAttention, key_padding_mask, x_new);
   return attend(x_new, key_padding_mask, at::Tensor(), &cache);
 }
 

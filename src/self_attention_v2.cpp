@@ -10,7 +10,7 @@
 namespace torchattn {
 
 namespace {
-constexpr const char* kName = "SelfAttentionV2";
+constexpr const char* kSelfAttentionV2 = "SelfAttentionV2";
 }
 
 SelfAttentionV2Impl::SelfAttentionV2Impl(const SelfAttentionV2Options& options_) : options(options_) {
@@ -18,9 +18,9 @@ SelfAttentionV2Impl::SelfAttentionV2Impl(const SelfAttentionV2Options& options_)
 }
 
 void SelfAttentionV2Impl::reset() {
-  detail::check_positive(kName, "d_in", options.d_in());
-  detail::check_positive(kName, "d_out", options.d_out());
-  detail::check_scale(kName, options.scale());
+  detail::check_positive(kSelfAttentionV2, "d_in", options.d_in());
+  detail::check_positive(kSelfAttentionV2, "d_out", options.d_out());
+  detail::check_scale(kSelfAttentionV2, options.scale());
   const auto linear = torch::nn::LinearOptions(options.d_in(), options.d_out()).bias(options.qkv_bias());
   W_query = register_module("W_query", torch::nn::Linear(linear));
   W_key = register_module("W_key", torch::nn::Linear(linear));
@@ -32,7 +32,7 @@ void SelfAttentionV2Impl::save(torch::serialize::OutputArchive& archive) const {
 }
 
 void SelfAttentionV2Impl::load(torch::serialize::InputArchive& archive) {
-  detail::strict_load(*this, archive, kName, detail::archive_path(archive));
+  detail::strict_load(*this, archive, kSelfAttentionV2, detail::archive_path(archive));
 }
 
 void SelfAttentionV2Impl::pretty_print(std::ostream& stream) const {
@@ -42,10 +42,10 @@ void SelfAttentionV2Impl::pretty_print(std::ostream& stream) const {
 
 at::Tensor SelfAttentionV2Impl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask,
                                         const at::Tensor& key_bias) {
-  detail::check_input(kName, x, options.d_in(), /*context_length=*/0, W_query->weight);
-  detail::check_key_padding_mask(kName, key_padding_mask, x);
-  detail::check_key_bias(kName, key_bias, x);
-  detail::check_some_key_kept(kName, key_padding_mask);
+  detail::check_input(kSelfAttentionV2, x, options.d_in(), /*context_length=*/0, W_query->weight);
+  detail::check_key_padding_mask(kSelfAttentionV2, key_padding_mask, x);
+  detail::check_key_bias(kSelfAttentionV2, key_bias, x);
+  detail::check_some_key_kept(kSelfAttentionV2, key_padding_mask);
   const at::Tensor no_mask;
   detail::AttentionBlock block{W_query, W_key, W_value, /*num_heads=*/0, /*num_kv_heads=*/0, /*causal=*/false, no_mask};
   // The notebook divides by torch.sqrt(torch.tensor(d_out)): a float32 square root,

@@ -3,6 +3,7 @@
 // checkpoint records (num_heads, scale, ...) checked on load, whole models through
 // torchattn::load_state_dict, and damaged files.
 
+#include "temp_path.h"
 #include <torchattn/torchattn.h>
 
 #include <gtest/gtest.h>
@@ -18,10 +19,6 @@
 #include <unistd.h>
 
 namespace {
-
-std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("torchattn_test_" + std::to_string(::getpid()) + "_" + name)).string();
-}
 
 std::map<std::string, torch::Tensor> snapshot(torch::nn::Module& m) {
   std::map<std::string, torch::Tensor> out;

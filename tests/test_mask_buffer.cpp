@@ -6,6 +6,7 @@
 #include "devices.h"
 #include "expect_error.h"
 #include "tolerances.h"
+#include "temp_path.h"
 
 #include <torchattn/torchattn.h>
 
@@ -20,11 +21,6 @@
 namespace {
 
 using torchattn::Backend;
-
-std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("torchattn_mb_" + std::to_string(::getpid()) + "_" + name))
-      .string();
-}
 
 
 using SameParam = std::tuple<bool /*multi-head*/, Backend, torch::Device>;

@@ -11,6 +11,7 @@
 #include <torchattn/torchattn.h>
 
 #include "../src/kernels/cpu/rotary.h"
+#include "temp_path.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -309,11 +310,6 @@ TEST(ModernAttention, GroupedCachesAreSmallerByTheGroupFactor) {
   EXPECT_EQ(b.key_storage().sizes(), (std::vector<int64_t>{2, 2, 128, 8}));
 }
 
-std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("torchattn_modern_" + std::to_string(::getpid()) + "_" + name))
-      .string();
-}
-
 std::string error_of(const std::function<void()>& fn) {
   try {
     fn();
@@ -326,7 +322,7 @@ std::string error_of(const std::function<void()>& fn) {
 // Each new option is recorded and checked; W_key of the wrong number of kv heads is
 // named with the option that explains its shape.
 TEST(ModernAttention, CheckpointsRecordTheNewOptions) {
-  const auto path = temp_path("options.pt");
+  const auto path = temp_path("modern_options.pt");
   const auto base = torchattn::MultiHeadAttentionOptions(16, 16, 12, 4).num_kv_heads(2).rope(RoPEOptions(1e4)).window(4);
   torch::save(torchattn::MultiHeadAttention(base), path);
   torchattn::MultiHeadAttention same(base);

@@ -5,6 +5,7 @@
 // interop checks the files against the Python safetensors package.
 
 #include "expect_error.h"
+#include "temp_path.h"
 
 #include <torchattn/safetensors.h>
 
@@ -22,11 +23,6 @@
 #include <unistd.h>
 
 namespace {
-
-std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("torchattn_st_" + std::to_string(::getpid()) + "_" + name))
-      .string();
-}
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
