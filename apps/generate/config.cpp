@@ -1,8 +1,9 @@
 #include "config.h"
 
+#include "json_file.h"
+
 #include <nlohmann/json.hpp>
 
-#include <fstream>
 #include <stdexcept>
 
 namespace generate {
@@ -34,14 +35,7 @@ std::vector<int64_t> ids(const json& v) {
 } // namespace
 
 ModelConfig read_config(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("config: cannot open '" + path + "'");
-  json c;
-  try {
-    c = json::parse(in);
-  } catch (const json::exception& e) {
-    fail(path, std::string("not valid JSON (") + e.what() + ")");
-  }
+  const json c = read_json_file(path, "config");
   ModelConfig m;
   m.model_type = c.value("model_type", std::string());
   if (m.model_type != "llama" && m.model_type != "qwen2" && m.model_type != "mistral") {

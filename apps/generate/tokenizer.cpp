@@ -1,5 +1,7 @@
 #include "tokenizer.h"
 
+#include "json_file.h"
+
 #include <nlohmann/json.hpp>
 #include <unicode/normalizer2.h>
 #include <unicode/unistr.h>
@@ -8,7 +10,6 @@
 #include <algorithm>
 #include <array>
 #include <climits>
-#include <fstream>
 #include <stdexcept>
 
 namespace generate {
@@ -81,14 +82,7 @@ std::string pair_key(const std::string& a, const std::string& b) {
 } // namespace
 
 Tokenizer::Tokenizer(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("tokenizer: cannot open '" + path + "'");
-  json t;
-  try {
-    t = json::parse(in);
-  } catch (const json::exception& e) {
-    throw std::runtime_error("tokenizer: '" + path + "' is not valid JSON (" + e.what() + ")");
-  }
+  const json t = read_json_file(path, "tokenizer");
   const json& model = t.at("model");
   const std::string kind = get_or<std::string>(model, "type", "?");
   if (kind != "BPE") unsupported("the model is " + kind + ", not BPE");
