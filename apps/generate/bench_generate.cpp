@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
              median(decode_tps), decode_tps.size());
 
   // 2. Prefill of a long prompt: the logits of its last token, warm, in a model sized
-  // for it (the same mapped weights).
+  // for it (float32 weights: the same mapped tensors; other dtypes are converted again).
   std::vector<double> prefill;
   {
     generate::CausalLM model(config, long_prompt);

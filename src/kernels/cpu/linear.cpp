@@ -63,19 +63,27 @@ float dot(bool, const float* w, const float* x, int64_t n) { return dot_scalar(w
 
 } // namespace
 
+int64_t plain_linear_rows(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  auto plain = [](const at::Tensor& t) {
+    return t.is_cpu() && t.scalar_type() == at::kFloat && t.layout() == at::kStrided && !t.is_nested();
+  };
+  if (!plain(x) || !plain(weight) || weight.dim() != 2 || !weight.is_contiguous() || x.dim() < 1 ||
+      x.size(-1) != weight.size(1) || weight.numel() == 0) {
+    return -1;
+  }
+  if (bias.defined() && (!plain(bias) || bias.dim() != 1 || bias.size(0) != weight.size(0) || !bias.is_contiguous())) {
+    return -1;
+  }
+  auto needs_grad = [](const at::Tensor& t) {
+    return t.defined() && ((c10::GradMode::is_enabled() && t.requires_grad()) || t._fw_grad(/*level=*/0).defined());
+  };
+  if (needs_grad(x) || needs_grad(weight) || needs_grad(bias)) return -1;
+  return x.numel() / x.size(-1);
+}
+
 bool small_linear_applies(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  if (!x.is_cpu() || x.scalar_type() != at::kFloat || weight.scalar_type() != at::kFloat || !weight.is_cpu() ||
-      weight.dim() != 2 || x.dim() < 1 || x.size(-1) != weight.size(1) || !weight.is_contiguous()) {
-    return false;
-  }
-  if (bias.defined() && (bias.scalar_type() != at::kFloat || !bias.is_cpu() || bias.dim() != 1 ||
-                         bias.size(0) != weight.size(0) || !bias.is_contiguous())) {
-    return false;
-  }
-  const int64_t rows = x.size(-1) == 0 ? 0 : x.numel() / x.size(-1);
-  const bool grad = c10::GradMode::is_enabled() &&
-                    (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
-  return rows >= 1 && rows <= kSmallLinearRows && !grad;
+  const int64_t rows = plain_linear_rows(x, weight, bias);
+  return rows >= 1 && rows <= kSmallLinearRows;
 }
 
 at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& weight, const at::Tensor& bias) {

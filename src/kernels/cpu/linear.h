@@ -14,6 +14,13 @@ namespace torchattn::kernels::cpu {
 /// The most rows of x the kernel takes; more go to at::linear (a GEMM's work).
 inline constexpr int64_t kSmallLinearRows = 8;
 
+/// The rows of x when x, weight and bias are plain operands of x W^T + b that no
+/// gradient flows through: float32 CPU, strided and not nested; weight a dense [out, in]
+/// and bias a dense [out] (or undefined); x [..., in]; no gradient to compute, backward
+/// (grad mode and requires_grad) or forward (a tangent on any of them). -1 otherwise.
+/// The kernels below (and onednn_linear) apply only to such operands.
+int64_t plain_linear_rows(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+
 /// Whether small_linear applies: CPU float32, x of at most kSmallLinearRows rows, dense
 /// weight [out, in] (and bias [out]), and no gradient to compute.
 bool small_linear_applies(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);

@@ -4,7 +4,6 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
-#include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
 #include <optional>
@@ -16,30 +15,18 @@ namespace {
 
 // The operator, looked up once; none where LibTorch was built without oneDNN.
 const std::optional<c10::OperatorHandle>& linear_pointwise() {
-  static const std::optional<c10::OperatorHandle> op =
-      c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
+  static const std::optional<c10::OperatorHandle> op = []() -> std::optional<c10::OperatorHandle> {
+    auto handle = c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
+    if (!handle || !handle->hasKernelForDispatchKey(c10::DispatchKey::CPU)) return std::nullopt;
+    return handle;
+  }();
   return op;
-}
-
-bool dense_float_cpu(const at::Tensor& t) {
-  return t.is_cpu() && t.scalar_type() == at::kFloat && t.layout() == at::kStrided && t.is_contiguous();
 }
 
 } // namespace
 
 bool onednn_linear_applies(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  if (!linear_pointwise().has_value() || !x.is_cpu() || x.scalar_type() != at::kFloat ||
-      x.layout() != at::kStrided || !dense_float_cpu(weight) || weight.dim() != 2 || x.dim() < 1 ||
-      x.size(-1) != weight.size(1) || weight.numel() == 0) {
-    return false;
-  }
-  if (bias.defined() && (!dense_float_cpu(bias) || bias.dim() != 1 || bias.size(0) != weight.size(0))) {
-    return false;
-  }
-  const int64_t rows = x.size(-1) == 0 ? 0 : x.numel() / x.size(-1);
-  const bool grad = c10::GradMode::is_enabled() &&
-                    (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
-  return rows > kSmallLinearRows && !grad;
+  return linear_pointwise().has_value() && plain_linear_rows(x, weight, bias) > kSmallLinearRows;
 }
 
 at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
