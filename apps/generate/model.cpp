@@ -2,7 +2,6 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty_like.h>
-#include <ATen/ops/linear.h>
 #include <ATen/ops/rsqrt.h>
 #include <ATen/ops/silu.h>
 #include <c10/core/GradMode.h>

@@ -29,29 +29,11 @@ CodePoints decode(std::string_view text) {
   return out;
 }
 
-bool is_letter(UChar32 c) {
-  switch (u_charType(c)) {
-    case U_UPPERCASE_LETTER:
-    case U_LOWERCASE_LETTER:
-    case U_TITLECASE_LETTER:
-    case U_MODIFIER_LETTER:
-    case U_OTHER_LETTER:
-      return true;
-    default:
-      return false;
-  }
-}
+// \p{L} and \p{N}: ICU's general-category masks of letters (Lu Ll Lt Lm Lo) and
+// numbers (Nd Nl No).
+bool is_letter(UChar32 c) { return (U_GET_GC_MASK(c) & U_GC_L_MASK) != 0; }
 
-bool is_number(UChar32 c) {
-  switch (u_charType(c)) {
-    case U_DECIMAL_DIGIT_NUMBER:
-    case U_LETTER_NUMBER:
-    case U_OTHER_NUMBER:
-      return true;
-    default:
-      return false;
-  }
-}
+bool is_number(UChar32 c) { return (U_GET_GC_MASK(c) & U_GC_N_MASK) != 0; }
 
 bool is_space(UChar32 c) {
   return u_isUWhiteSpace(c);
