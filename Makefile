@@ -6,7 +6,7 @@ JOBS    ?= 2
 PY      := .venv/bin/python
 CMAKE_PREFIX = $(shell $(PY) -c 'import torch; print(torch.utils.cmake_prefix_path)')
 
-.PHONY: train all setup configure build demo test test-gpu bench golden install clean sanitize fuzz check generate
+.PHONY: train all setup configure build build-cuda demo test test-gpu bench golden install clean sanitize fuzz check generate
 
 all: build
 
@@ -35,10 +35,30 @@ DEVICE ?= cpu
 bench: $(if $(filter cuda,$(DEVICE)),,build)
 	bash apps/bench/run.sh --device $(DEVICE)
 
-# The GPU suite, benchmark and memcheck against a CUDA LibTorch already installed
-# (tools/test_gpu.sh says how to point it at one and at GoogleTest, CLI11, Gloo).
+# The CUDA configuration, built on any machine: .venv-cuda's CUDA LibTorch and the CUDA
+# toolkit (CUDA_HOME, default /usr/local/cuda); the library, tests and apps compile and
+# link with their CUDA paths, then the unit tests run (on the CPU where there is no GPU:
+# their CUDA instances report themselves skipped).
+CUDA_HOME ?= /usr/local/cuda
+CUDA_PY   := .venv-cuda/bin/python
+build-cuda: setup
+	@test -x $(CUDA_HOME)/bin/nvcc || { echo "make build-cuda: no nvcc at $(CUDA_HOME)/bin/nvcc; set CUDA_HOME"; exit 1; }
+	@bash tools/setup.sh cuda
+	cmake -S . -B $(BUILD)-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	  -DCMAKE_PREFIX_PATH="$$($(CUDA_PY) -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
+	  -DCUDA_TOOLKIT_ROOT_DIR=$(CUDA_HOME) -DCMAKE_CUDA_COMPILER=$(CUDA_HOME)/bin/nvcc -DTORCH_CUDA_ARCH_LIST=9.0 \
+	  -DTORCHATTN_PYTHON=$(CURDIR)/$(PY) -DTORCHATTN_REQUIRE_CUDA_BUILD=ON
+	cmake --build $(BUILD)-cuda -j $(JOBS)
+	cd $(BUILD)-cuda && OMP_NUM_THREADS=2 ctest --output-on-failure --timeout 900 -R '^unit$$'
+
+# The GPU stages (tools/test_gpu.sh: build, test, memcheck, train, generate, bench)
+# against a CUDA LibTorch already installed; GPU_STAGES picks some, GPU_OUT names the
+# folder for logs and results, GPU_DEPS a copy of the headers a bare machine lacks
+# (tools/gpu_deps.sh).
+GPU_STAGES ?= all
+GPU_OUT    ?= gpu-out
 test-gpu:
-	bash tools/test_gpu.sh
+	GPU_DEPS=$(GPU_DEPS) bash tools/test_gpu.sh --out $(GPU_OUT) $(GPU_STAGES)
 
 # The unit tests built with AddressSanitizer and UndefinedBehaviorSanitizer.
 # Leaks are checked; tests/lsan.supp lists the ones inside LibTorch.
@@ -92,4 +112,4 @@ install: build
 	cmake --install $(BUILD) --prefix $(or $(PREFIX),install)
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz $(BUILD)-cuda

@@ -41,17 +41,17 @@ at::Tensor repeat_kv(const at::Tensor& t, int64_t G) {
   return t.unsqueeze(2).expand({B, Hkv, G, T, d}).reshape({B, Hkv * G, T, d});
 }
 
-// The SDPA backend: Backend::SDPA is ATen's own choice of kernel; Auto avoids
-// cuDNN's per-shape plans unless the shapes are static (a cache of fixed size
-// decoding one token at a time). `mask` has a query dimension of Tq or 1 and a
-// head dimension of 1.
+// The SDPA backend: Backend::SDPA is ATen's own choice of kernel; Auto never takes
+// cuDNN (its per-shape plans, and its known troubles inside CUDA-graph capture with
+// masks and long keys, which is what a static-shape decoding step is). `mask` has a
+// query dimension of Tq or 1 and a head dimension of 1.
 //
 // Grouped queries: a single query per head (decoding) folds its G heads into G
 // rows over their shared key/value head, [B, H, 1, d] -> [B, Hkv, G, d], so each
 // key and value is read once per group; more queries use ATen's enable_gqa.
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
-                bool is_causal, const functional::AttentionConfig& config, bool static_shapes) {
-  const bool allow_cudnn = config.backend == Backend::SDPA || (static_shapes && q.size(-2) == 1);
+                bool is_causal, const functional::AttentionConfig& config) {
+  const bool allow_cudnn = config.backend == Backend::SDPA;
   const int64_t G = query_groups(q, k);
   if (G > 1 && q.size(-2) == 1 && !is_causal) {
     const int64_t B = q.size(0), H = q.size(1);
@@ -100,7 +100,7 @@ at::Tensor key_masked_attention(const at::Tensor& q, const at::Tensor& k, const 
     if (bias.defined()) {
       mask = mask + bias;
     }
-    out = sdpa(q, k, v, mask, /*is_causal=*/false, config, /*static_shapes=*/false);
+    out = sdpa(q, k, v, mask, /*is_causal=*/false, config);
   }
   return out.masked_fill(dead, 0);
 }
@@ -136,7 +136,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   if (spec.is_static() || spec.window) {
     const at::Tensor hide = hidden_keys(spec, Tq, Tk, q.device());
     return sdpa(q, k, v, hide.defined() ? std::optional<at::Tensor>(hide.logical_not()) : std::nullopt,
-                /*is_causal=*/false, config, spec.is_static());
+                /*is_causal=*/false, config);
   }
   // SDPA's is_causal aligns top-left, which is our mask only when Tq == Tk. A single
   // new token sees every cached key, so it needs no mask. Other cached chunks pass
@@ -150,7 +150,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       keep = hidden_keys(spec, Tq, Tk, q.device()).logical_not();
     }
   }
-  return sdpa(q, k, v, keep, is_causal, config, false);
+  return sdpa(q, k, v, keep, is_causal, config);
 }
 
 } // namespace detail

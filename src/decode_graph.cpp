@@ -1,5 +1,7 @@
 #include <torchattn/decode_graph.h>
 
+#include "detail/append_watch.h"
+
 #include <ATen/Context.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/core/GradMode.h>
@@ -54,6 +56,19 @@ void DecodeGraph::check_input(const at::Tensor& input) const {
   }
 }
 
+at::Tensor DecodeGraph::run_watched(const at::Tensor& input) {
+  detail::AppendWatch watch;
+  at::Tensor out = step_(input);
+  for (const KVCache* written : watch.written()) {
+    bool listed = false;
+    for (const KVCache* c : caches_) listed = listed || c == written;
+    TORCH_CHECK(listed, "DecodeGraph: the step wrote a KV cache (", (written->static_shapes() ? "static" : "dynamic"),
+                " shapes, ", written->length(), " tokens) that is not among the ", caches_.size(),
+                " caches it was given; list every cache the step writes: DecodeGraph(step, {&cache0, &cache1, ...})");
+  }
+  return out;
+}
+
 void DecodeGraph::check_room(int64_t tokens) const {
   for (size_t i = 0; i < caches_.size(); ++i) {
     const KVCache& c = *caches_[i];
@@ -68,7 +83,7 @@ at::Tensor DecodeGraph::operator()(const at::Tensor& input) {
     // Eagerly: the caches check their own room and advance themselves.
     std::vector<int64_t> before;
     for (KVCache* c : caches_) before.push_back(c->length());
-    at::Tensor out = step_(input);
+    at::Tensor out = run_watched(input);
     for (size_t i = 0; i < caches_.size(); ++i) {
       const int64_t added = caches_[i]->length() - before[i];
       TORCH_CHECK(i == 0 || added == caches_[0]->length() - before[0], "DecodeGraph: the step added ", added,
@@ -117,7 +132,12 @@ void DecodeGraph::capture(const at::Tensor& input) {
   {
     // Capture needs a stream other than the default one; warm up on it too.
     c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool(false, input.device().index()));
-    static_output_ = step_(static_input_);
+    try {
+      static_output_ = run_watched(static_input_);
+    } catch (...) {
+      rewind();
+      throw;
+    }
     for (size_t i = 0; i < caches_.size(); ++i) {
       const int64_t added = caches_[i]->length() - lengths[i];
       TORCH_CHECK(added == caches_[0]->length() - lengths[0], "DecodeGraph: the step added ", added,

@@ -1,5 +1,7 @@
 #include <torchattn/kv_cache.h>
 
+#include "detail/append_watch.h"
+
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/zeros.h>
@@ -62,6 +64,20 @@ int64_t KVCache::capacity() const {
 int64_t KVCache::batch_size() const {
   TORCH_CHECK(defined(), kEmpty);
   return keys_.size(0);
+}
+
+at::Tensor KVCache::token_positions() const {
+  TORCH_CHECK(defined(), kEmpty);
+  const int64_t B = keys_.size(0);
+  if (!padding_.defined()) {
+    return position_.expand({B});
+  }
+  if (static_shapes_) {
+    // The written slots are those before position(), on the device.
+    const at::Tensor written = at::arange(padding_.size(1), position_.options()) < position_;
+    return written.logical_and(padding_.logical_not()).sum(-1);
+  }
+  return padding().logical_not().sum(-1);
 }
 
 at::Tensor KVCache::keys() const {
@@ -133,6 +149,7 @@ int64_t KVCache::append(const at::Tensor& k, const at::Tensor& v, const at::Tens
   }
   write_padding(index, t_new, key_padding_mask);
   position_.add_(t_new);
+  detail::note_append(this);
   const int64_t past = length_;
   length_ += t_new;
   return past;

@@ -95,6 +95,7 @@ KVCache MultiHeadAttentionImpl::make_kv_cache(int64_t batch_size, bool static_sh
 at::Tensor MultiHeadAttentionImpl::forward_cached(const at::Tensor& x_new, KVCache& cache,
                                                   const at::Tensor& key_padding_mask) {
   detail::check_input(kMultiHeadAttention, x_new, options.d_in(), options.context_length(), W_query->weight);
+  detail::check_causal_for_cache(kMultiHeadAttention, options.causal());
   detail::check_cache(kMultiHeadAttention, cache, x_new, options.context_length(), cache_owner_, is_training(), options.dropout());
   detail::check_key_padding_mask(kMultiHeadAttention, key_padding_mask, x_new);
   return attend(x_new, key_padding_mask, at::Tensor(), &cache);

@@ -20,11 +20,14 @@ std::pair<at::Tensor, at::Tensor> rotary_tables(const RoPEOptions& options, int6
   detail::check_rope("rotary_tables", options, head_dim);
   const int64_t rotary_dim = options.rotary_dim().value_or(head_dim);
   TORCH_CHECK(length > 0, "rotary_tables: expected length > 0, got ", length);
-  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+  // Computed on the CPU whatever the device, then moved: CUDA's powf, sinf, cosf and
+  // division differ from the CPU's by a few ULP, so tables made on the device would
+  // differ from the CPU's (and from references computed on the CPU) by about 6e-8.
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(at::kCPU);
   // transformers' default RoPE, op for op: 1.0 / (theta ** (arange(0, dim, 2).float() / dim)).
   const at::Tensor inv_freq = at::reciprocal(at::pow(options.theta(), at::arange(0, rotary_dim, 2, f32) / rotary_dim));
   const at::Tensor angles = at::arange(length, f32).unsqueeze(1) * inv_freq.unsqueeze(0);  // [length, rotary_dim / 2]
-  return {angles.cos(), angles.sin()};
+  return {angles.cos().to(device), angles.sin().to(device)};
 }
 
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
@@ -45,6 +48,14 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& positions, const 
               ": expected cos and sin tables of shape [length, rotary_dim / 2 = ", rot / 2, "], got ", cos.sizes(),
               " and ", sin.sizes());
 
+  // Positions past the tables: on the CPU (where it costs no synchronisation) an
+  // error naming them, not index_select's "index out of range in self".
+  if (positions.is_cpu() && positions.numel() > 0) {
+    const int64_t low = positions.min().item<int64_t>(), high = positions.max().item<int64_t>();
+    TORCH_CHECK(low >= 0 && high < cos.size(0), fn, ": expected positions in [0, ", cos.size(0),
+                ") (the cos and sin tables' length), got positions from ", low, " to ", high,
+                "; make the tables longer: rotary_tables(options, head_dim, length)");
+  }
   // [T, r] or [B|1, 1, ..., 1, T, r]: broadcasts over x's leading dimensions.
   std::vector<int64_t> shape = positions.sizes().vec();
   if (positions.dim() == 2) {

@@ -180,7 +180,8 @@ std::vector<ErrorCase> error_cases() {
        "MultiHeadAttention: expected key_padding_mask of shape [B, T] = [2, 5] (or [1, 5]), got [2, 4]"},
       {"PaddingMaskDtype", [] { CausalAttention(3, 2, 6, 0.0)(x3(2, 5, 3), torch::zeros({2, 5}, torch::kLong)); },
        "CausalAttention: expected a bool key_padding_mask (true = ignore that key, as in torch.nn.MultiheadAttention), "
-       "got Long; an additive mask (0 keeps, -inf hides) goes in key_bias, forward's third argument"},
+       "got Long; a Hugging Face attention_mask (1 = token, 0 = padding) means the opposite: pass attention_mask == 0, "
+       "or torchattn::padding_mask_from_attention_mask(attention_mask), not attention_mask.to(torch::kBool)"},
       // A float keep-mask (1 = keep, as functional::dot_product_attention takes) is not silently added.
       {"FloatKeepMaskAsPaddingMask",
        [] { MultiHeadAttention(3, 2, 6, 0.0, 2)(x3(2, 5, 3), torch::ones({2, 5})); },
@@ -191,7 +192,8 @@ std::vector<ErrorCase> error_cases() {
        [] { MultiHeadAttention(3, 2, 6, 0.0, 2)(x3(2, 5, 3), torch::ones({2, 5}, torch::kBool)); },
        "MultiHeadAttention: key_padding_mask ignores every key of sequence 0; true marks a padding key to ignore (as "
        "in torch.nn.MultiheadAttention), the opposite of at::scaled_dot_product_attention's attn_mask (true = "
-       "attend): pass mask.logical_not()"},
+       "attend): pass mask.logical_not(); a Hugging Face attention_mask (1 = token) converts with attention_mask == 0, "
+       "not .to(torch::kBool)"},
       {"SdpaConventionPaddingMaskSA",
        [] { SelfAttentionV2(3, 2)(x3(1, 4, 3), torch::ones({1, 4}, torch::kBool)); },
        "SelfAttentionV2: key_padding_mask ignores every key of sequence 0"},
@@ -233,6 +235,13 @@ std::vector<ErrorCase> error_cases() {
                       torch::zeros({2, 5}));
        },
        "attention: expected key_bias of shape [B, Tk] = [2, 4] (or [1, 4]), got [2, 5]"},
+      {"RotaryPositionsPastTheTables",
+       [] {
+         const auto [c, s] = F::rotary_tables(torchattn::RoPEOptions(), 8, 4);
+         F::apply_rotary(torch::zeros({1, 2, 8}), torch::tensor({1, 7}), c, s, torchattn::RoPEOptions());
+       },
+       "apply_rotary: expected positions in [0, 4) (the cos and sin tables' length), got positions from 1 to 7; make "
+       "the tables longer: rotary_tables(options, head_dim, length)"},
       {"CacheBatchSizeZero", [] { CausalAttention(3, 2, 6, 0.0)->make_kv_cache(0); },
        "CausalAttention: expected batch_size > 0, got 0"},
   };

@@ -56,6 +56,7 @@ using GenParam = std::tuple<bool /*multi-head*/, Backend, bool /*mask_buffer*/, 
 
 class Generation : public ::testing::TestWithParam<GenParam> {
  protected:
+  void SetUp() override { devices::skip_unless_present(std::get<4>(GetParam())); }
   Decoder decoder() const {
     const auto [mh, backend, mask_buffer, static_shapes, device] = GetParam();
     return make_decoder(mh, backend, mask_buffer, device, static_shapes);

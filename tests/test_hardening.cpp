@@ -188,7 +188,10 @@ struct ErrorLog {
   }
 } error_log;
 
-class Property : public ::testing::TestWithParam<Config> {};
+class Property : public ::testing::TestWithParam<Config> {
+ protected:
+  void SetUp() override { devices::skip_unless_present(GetParam().device); }
+};
 
 TEST_P(Property, MatchesTheNotebookMathInFloat64) {
   const Config c = GetParam();
@@ -255,7 +258,10 @@ INSTANTIATE_TEST_SUITE_P(Random, Property, ::testing::ValuesIn(property_configs(
 // ---------------------------------------------------------------------------
 using GradParam = std::tuple<Kind, Backend, bool /*padding*/, bool /*mask_buffer*/, torch::Device>;
 
-class GradCheck : public ::testing::TestWithParam<GradParam> {};
+class GradCheck : public ::testing::TestWithParam<GradParam> {
+ protected:
+  void SetUp() override { devices::skip_unless_present(std::get<4>(GetParam())); }
+};
 
 TEST_P(GradCheck, AnalyticGradientsMatchCentralDifferences) {
   const auto [kind, backend, padding, mask_buffer, device] = GetParam();
@@ -309,6 +315,7 @@ INSTANTIATE_TEST_SUITE_P(
 using MaskParam = std::tuple<Backend, torch::Device>;
 class Masks : public ::testing::TestWithParam<MaskParam> {
  protected:
+  void SetUp() override { devices::skip_unless_present(std::get<1>(GetParam())); }
   Backend backend() const { return std::get<0>(GetParam()); }
   torch::Device device() const { return std::get<1>(GetParam()); }
 };

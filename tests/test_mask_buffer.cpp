@@ -24,7 +24,10 @@ using torchattn::Backend;
 
 
 using SameParam = std::tuple<bool /*multi-head*/, Backend, torch::Device>;
-class MaskBufferOff : public ::testing::TestWithParam<SameParam> {};
+class MaskBufferOff : public ::testing::TestWithParam<SameParam> {
+ protected:
+  void SetUp() override { devices::skip_unless_present(std::get<2>(GetParam())); }
+};
 
 // The same weights with and without the buffer: outputs, gradients (with padding)
 // and cached decoding agree bit for bit on the Reference, within float32 otherwise.

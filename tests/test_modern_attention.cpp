@@ -10,6 +10,7 @@
 
 #include <torchattn/torchattn.h>
 
+#include "../src/detail/rotary_cache.h"
 #include "../src/kernels/cpu/rotary.h"
 #include "temp_path.h"
 
@@ -170,7 +171,10 @@ torch::Tensor reference(const Config& c, torchattn::MultiHeadAttentionImpl& m, c
   return w(m.out_proj, weights.matmul(v).transpose(1, 2).reshape({B, T, H * hd}));
 }
 
-class Modern : public ::testing::TestWithParam<Config> {};
+class Modern : public ::testing::TestWithParam<Config> {
+ protected:
+  void SetUp() override { devices::skip_unless_present(GetParam().device); }
+};
 
 TEST_P(Modern, MatchesTheLayerWrittenOutInFloat64) {
   const Config c = GetParam();
@@ -401,6 +405,37 @@ TEST(ModernAttention, RotaryTablesAreFloat32AndReused) {
   EXPECT_TRUE(torch::equal(cos, (torch::arange(5, torch::kFloat32).unsqueeze(1) * inv).cos()));
   EXPECT_TRUE(torch::equal(sin.select(0, 0), torch::zeros({4})));
 }
+
+// The tables a module uses on a device (detail::RotaryCache, the path forward takes)
+// equal the CPU's bit for bit: they are computed on the CPU and moved, since CUDA's
+// own pow, sin and cos differ by a few ULP (about 6e-8), far above the float64 tests'
+// tolerances.
+class RotaryTablesOn : public ::testing::TestWithParam<torch::Device> {
+ protected:
+  void SetUp() override { devices::skip_unless_present(GetParam()); }
+};
+
+TEST_P(RotaryTablesOn, EqualTheCpuTablesBitForBit) {
+  const torch::Device device = GetParam();
+  for (const double theta : {1e4, 5e5, 1e6}) {
+    for (const int64_t rot : {int64_t{64}, int64_t{32}}) {
+      SCOPED_TRACE("theta " + std::to_string(theta) + " rotary_dim " + std::to_string(rot));
+      const auto rope = RoPEOptions(theta).rotary_dim(rot);
+      const auto [cos_cpu, sin_cpu] = torchattn::functional::rotary_tables(rope, 64, 4096);
+      const torchattn::detail::RotaryCache cache(rope, 64, 4096);
+      const auto [cos, sin] = cache.tables(device);
+      EXPECT_EQ(cos.device(), device);
+      EXPECT_EQ(cos.scalar_type(), torch::kFloat32);
+      EXPECT_TRUE(torch::equal(cos.cpu(), cos_cpu));
+      EXPECT_TRUE(torch::equal(sin.cpu(), sin_cpu));
+      // The second call returns the tables kept for the device.
+      EXPECT_TRUE(cache.tables(device).first.is_same(cos));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, RotaryTablesOn, ::testing::ValuesIn(devices::all()),
+                         [](const auto& info) { return info.param.is_cpu() ? std::string("cpu") : info.param.str(); });
 
 // The modules' one-pass CPU kernel gives the composite functional::apply_rotary's
 // numbers to the bit, forward and backward, in every dtype, layout and position form.

@@ -21,7 +21,10 @@ using torchattn::Backend;
 
 using DecodeParam = std::tuple<Backend, torch::Dtype, bool /*mask_buffer*/, torch::Device>;
 
-class DecodeGraphSteps : public ::testing::TestWithParam<DecodeParam> {};
+class DecodeGraphSteps : public ::testing::TestWithParam<DecodeParam> {
+ protected:
+  void SetUp() override { devices::skip_unless_present(std::get<3>(GetParam())); }
+};
 
 // One MultiHeadAttention: prompt eagerly, then every further token through the graph.
 TEST_P(DecodeGraphSteps, EqualTheFullForward) {
@@ -71,7 +74,10 @@ INSTANTIATE_TEST_SUITE_P(Modules, DecodeGraphSteps,
 
 // A two-layer model whose step reads a position embedding at the caches' device
 // position: what a GPT's decoding step does inside a graph.
-class DecodeGraphModel : public ::testing::TestWithParam<torch::Device> {};
+class DecodeGraphModel : public ::testing::TestWithParam<torch::Device> {
+ protected:
+  void SetUp() override { devices::skip_unless_present(GetParam()); }
+};
 
 TEST_P(DecodeGraphModel, PositionsFromTheDeviceFeedEmbeddings) {
   const torch::Device device = GetParam();

@@ -125,6 +125,8 @@ class TransformersParity : public ::testing::TestWithParam<Param> {
  protected:
   void SetUp() override {
     const auto& [name, backend, mask_buffer, device] = GetParam();
+    devices::skip_unless_present(device);
+    if (IsSkipped() || HasFatalFailure()) return;
     ref_ = std::make_unique<Reference>(name);
     dtype_ = ref_->text("dtype") == "float64" ? torch::kFloat64 : torch::kFloat32;
     bound_ = dtype_ == torch::kFloat64 ? 1e-10 : 1e-5;

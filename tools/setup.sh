@@ -27,6 +27,18 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# `setup.sh cuda`: .venv-cuda, a CUDA build of torch for `make build-cuda` (about
+# 5.4 GB), apart from .venv so that the CPU build and its Python reference keep 2.13.
+if [ "${1:-}" = "cuda" ]; then
+  stamp=.venv-cuda/.torchattn-requirements
+  if [ ! -x .venv-cuda/bin/python ] || ! cmp -s tools/requirements-cuda.txt "$stamp"; then
+    echo "setup: creating .venv-cuda with $(grep -E '^torch==' tools/requirements-cuda.txt)"
+    [ -x .venv-cuda/bin/python ] || python3 -m venv .venv-cuda
+    .venv-cuda/bin/pip install -q --disable-pip-version-check -r tools/requirements-cuda.txt
+    cp tools/requirements-cuda.txt "$stamp"
+  fi
+fi
+
 stamp=.venv/.torchattn-requirements
 if [ ! -x .venv/bin/python ] || ! cmp -s tools/requirements.txt "$stamp"; then
   echo "setup: creating .venv with $(grep -E '^torch==' tools/requirements.txt)"

@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -34,17 +35,67 @@
 
 namespace {
 
-std::vector<int64_t> parse_ids(const std::string& text) {
+// "1,2,3" -> ids, each a non-negative integer below the vocabulary's size.
+std::vector<int64_t> parse_ids(const std::string& text, int64_t vocab_size) {
   std::vector<int64_t> ids;
   std::stringstream in(text);
   for (std::string item; std::getline(in, item, ',');) {
     size_t used = 0;
-    const long long v = std::stoll(item, &used);
-    if (used != item.size() || v < 0) throw std::runtime_error("--prompt-ids: '" + item + "' is not a token id");
+    long long v = -1;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size() || v < 0) {
+      throw std::runtime_error("--prompt-ids: '" + item + "' is not a token id (expected comma-separated integers >= 0, "
+                               "e.g. 1,2,3)");
+    }
+    if (v >= vocab_size) {
+      throw std::runtime_error("--prompt-ids: id " + std::to_string(v) + " is past the model's vocabulary of " +
+                               std::to_string(vocab_size) + " tokens (ids 0 to " + std::to_string(vocab_size - 1) + ")");
+    }
     ids.push_back(v);
   }
   if (ids.empty()) throw std::runtime_error("--prompt-ids: no ids");
   return ids;
+}
+
+// CLI11 validators with plain messages ("--max-new-tokens: expected at least 1, got 0").
+CLI::Validator at_least(int64_t low) {
+  return CLI::Validator(
+      [low](std::string& s) -> std::string {
+        size_t used = 0;
+        long long v = 0;
+        try {
+          v = std::stoll(s, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (s.empty() || used != s.size()) return "expected an integer, got '" + s + "'";
+        if (v < low) return "expected at least " + std::to_string(low) + ", got " + s;
+        return {};
+      },
+      ">=" + std::to_string(low));
+}
+
+// A number in (0, high]; without `high`, any number > 0.
+CLI::Validator positive_real(std::optional<double> high = std::nullopt) {
+  const std::string range = high ? "(0, " + fmt::format("{:g}", *high) + "]" : "> 0";
+  return CLI::Validator(
+      [high, range](std::string& s) -> std::string {
+        size_t used = 0;
+        double v = 0;
+        try {
+          v = std::stod(s, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (s.empty() || used != s.size()) return "expected a number, got '" + s + "'";
+        if (!(v > 0 && (!high || v <= *high))) return std::string("expected a number ") + (high ? "in " : "") + range + ", got " + s;
+        return {};
+      },
+      range);
 }
 
 std::string checkpoint_path(const std::filesystem::path& dir) {
@@ -65,12 +116,19 @@ int main(int argc, char** argv) {
   auto* text = app.add_option("--prompt", prompt, "the prompt text");
   auto* ids_opt = app.add_option("--prompt-ids", prompt_ids, "the prompt as token ids, comma-separated");
   text->excludes(ids_opt);
-  app.add_option("--max-new-tokens", max_new_tokens, "tokens to generate at most")->check(CLI::PositiveNumber);
+  app.option_defaults()->always_capture_default();
+  app.add_option("--max-new-tokens", max_new_tokens, "tokens to generate at most")->check(at_least(1));
   auto* greedy_flag = app.add_flag("--greedy", greedy, "take the most likely token (the default without sampling options)");
-  auto* temperature = app.add_option("--temperature", sampling.temperature, "sample with this temperature");
-  auto* top_k = app.add_option("--top-k", sampling.top_k, "sample among the k most likely tokens");
-  auto* top_p = app.add_option("--top-p", sampling.top_p, "sample among the most likely tokens of this total probability");
-  app.add_option("--seed", sampling.seed, "the sampling seed");
+  auto* temperature = app.add_option("--temperature", sampling.temperature, "sample with this temperature")
+                          ->check(positive_real());
+  auto* top_k = app.add_option("--top-k", sampling.top_k, "sample among the k most likely tokens")
+                    ->check(at_least(1))->default_str("all");
+  auto* top_p = app.add_option("--top-p", sampling.top_p, "sample among the most likely tokens of this total probability")
+                    ->check(positive_real(1.0));
+  std::string seed_text;
+  auto* seed = app.add_option("--seed", seed_text, "the sampling seed (without it: a random seed, printed on stderr "
+                                                   "so that the run can be repeated)")
+                   ->check(at_least(0))->default_str("random");
   greedy_flag->excludes(temperature)->excludes(top_k)->excludes(top_p);
   app.add_flag("--chat", chat, "wrap the prompt in the model's <|im_start|> chat template");
   app.add_option("--device", device_name, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
@@ -81,6 +139,11 @@ int main(int argc, char** argv) {
   try {
     if (text->count() == 0 && ids_opt->count() == 0) throw std::runtime_error("give --prompt TEXT or --prompt-ids 1,2,3");
     sampling.greedy = temperature->count() == 0 && top_k->count() == 0 && top_p->count() == 0;
+    if (!sampling.greedy) {
+      // No --seed: a fresh one each run (as llama.cpp does), said so that it can be repeated.
+      sampling.seed = seed->count() > 0 ? std::stoull(seed_text) : std::random_device{}() & 0x7fffffff;
+      if (seed->count() == 0) fmt::print(stderr, "[sampling with seed {}; pass --seed {} to repeat]\n", sampling.seed, sampling.seed);
+    }
     if (device_name == "cuda" && !torch::cuda::is_available()) {
       throw std::runtime_error("--device cuda: this LibTorch sees no CUDA device");
     }
@@ -97,7 +160,7 @@ int main(int argc, char** argv) {
     }
     std::vector<int64_t> ids;
     if (ids_opt->count() > 0) {
-      ids = parse_ids(prompt_ids);
+      ids = parse_ids(prompt_ids, config.vocab_size);
     } else {
       if (!tokenizer) throw std::runtime_error(tokenizer_error);
       if (chat) {

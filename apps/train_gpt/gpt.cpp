@@ -66,7 +66,8 @@ torch::Tensor GPTImpl::forward_cached(const torch::Tensor& idx, std::vector<torc
   const int64_t T = idx.size(1);
   TORCH_CHECK(caches.front().length() + T <= config.context_length, "GPT: the caches hold ",
               caches.front().length(), " tokens; ", T, " more would pass context_length=", config.context_length);
-  auto pos = caches.front().position() + torch::arange(T, idx.options());
+  // Each sequence's positions count its real tokens ([B, T]), inside a graph too.
+  auto pos = caches.front().token_positions().unsqueeze(1) + torch::arange(T, idx.options());
   auto x = tok_emb(idx) + pos_emb(pos);
   for (size_t i = 0; i < blocks->size(); ++i) x = blocks[i]->as<BlockImpl>()->forward_cached(x, caches[i]);
   return torch::linear(ln_f(x), tok_emb->weight);

@@ -19,8 +19,8 @@ namespace torchattn {
 ///   mask, ATen may pick its math kernel. Its dropout draws a different random
 ///   stream from the Reference.
 /// - `Auto` (default): the fused kernels as SDPA, except that on CUDA it calls flash
-///   or memory-efficient where ATen would pick cuDNN (no per-length plan; a
-///   static-shape cache's one-token steps excepted), and in training mode with
+///   or memory-efficient where ATen would pick cuDNN (no per-length plan, and
+///   nothing that CUDA-graph capture cannot hold), and in training mode with
 ///   dropout > 0 it takes the Reference so that dropout masks match Python exactly.
 ///
 /// Example: `CausalAttentionOptions(768, 768, 1024).backend(Backend::SDPA)`.

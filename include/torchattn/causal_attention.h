@@ -123,6 +123,10 @@ class CausalAttentionImpl : public torch::nn::Cloneable<CausalAttentionImpl> {
   /// hold only padding, so unlike forward this does not reject a mask that ignores
   /// every key of a sequence: outputs for padding tokens are rows of no meaning.)
   ///
+  /// Only for causal modules: with causal(false) (an encoder) every token attends to
+  /// later ones too, so chunks cannot give the full forward's rows; it is an error
+  /// that says to call forward() on the whole sequence.
+  ///
   /// Errors: autograd on (use NoGradGuard or InferenceMode), training mode with
   /// dropout > 0 (call eval()), a cache made by another module, or made under
   /// InferenceMode and used outside it.

@@ -33,7 +33,9 @@ struct CapturedGraph;
 ///
 /// Rules:
 /// - Every cache the step writes must be listed, be static-shape and on the input's
-///   device; the step must advance each of them by the same number of tokens.
+///   device; the step must advance each of them by the same number of tokens. A step
+///   that writes a cache it was not given is an error at the first call (CPU and
+///   CUDA: the eager run before capture is watched).
 /// - Inputs have the shape, dtype and device of the first one.
 /// - On CUDA the returned tensor is the graph's output buffer, overwritten by the
 ///   next call: clone() what you keep. Host values the step reads are frozen at
@@ -69,6 +71,8 @@ class DecodeGraph {
 
  private:
   void capture(const at::Tensor& input);
+  // step_(input), refusing a step that appended to a cache not in caches_.
+  at::Tensor run_watched(const at::Tensor& input);
   void check_input(const at::Tensor& input) const;
   void check_room(int64_t tokens) const;
 

@@ -39,7 +39,8 @@ namespace torchattn {
 /// whole storage with a causal mask computed on the device. Every call with the same
 /// number of new tokens then has the same shapes and no host synchronisation, so a
 /// decoding step can be captured in a CUDA graph and replayed (see DecodeGraph);
-/// on CUDA a one-token step may use cuDNN, whose plan is built once. Each step
+/// under Backend::Auto its steps never use cuDNN (eager and captured take the same
+/// kernel). Each step
 /// attends over `capacity()` keys instead of `length()`: for short sequences in a
 /// long context, the dynamic cache does less work.
 class KVCache {
@@ -83,6 +84,14 @@ class KVCache {
   /// position of the next token. Advanced on the device by every append, so it can
   /// feed position embeddings inside a captured graph. length() is its host mirror.
   const at::Tensor& position() const { return position_; }
+
+  /// [B] int64 on the cache's device: each sequence's next position counting its
+  /// real tokens only (padding skipped), as transformers' position_ids count them and
+  /// as RoPE inside the modules does. For learned absolute position embeddings after a
+  /// left-padded batched prefill, where position() (the write index, the padded
+  /// length) would be wrong for every shorter prompt. Computed on the device from
+  /// position() and the padding, so it advances inside a captured graph too.
+  at::Tensor token_positions() const;
 
   /// Cached keys / values: [..., length(), d], views of the storage. (A static-shape
   /// cache attends over the whole storage instead; these still give the cached part.)

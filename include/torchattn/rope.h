@@ -41,6 +41,9 @@ namespace functional {
 /// transformers does: inv_freq = 1 / theta^(arange(0, rotary_dim, 2) / rotary_dim),
 /// angle = position * inv_freq, with rotary_dim = options.rotary_dim() or head_dim.
 ///
+/// The tables are computed on the CPU and then moved to `device`, so every device gets
+/// the same bits (CUDA's own sin, cos and pow differ by a few ULP).
+///
 /// Returns (cos, sin), each [length, rotary_dim / 2] float32 on `device`.
 std::pair<at::Tensor, at::Tensor> rotary_tables(const RoPEOptions& options, int64_t head_dim, int64_t length,
                                                 const at::Device& device = at::kCPU);

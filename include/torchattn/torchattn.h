@@ -15,6 +15,7 @@
 #include <torchattn/interop.h>
 #include <torchattn/kv_cache.h>
 #include <torchattn/multi_head_attention.h>
+#include <torchattn/padding.h>
 #include <torchattn/rope.h>
 #include <torchattn/safetensors.h>
 #include <torchattn/self_attention_v2.h>

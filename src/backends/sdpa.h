@@ -4,8 +4,8 @@
 //
 // On CUDA, ATen's at::scaled_dot_product_attention prefers cuDNN where it can
 // (Hopper, fp16/bf16). cuDNN builds an execution plan for every new shape: tens of
-// milliseconds at every new sequence length. Unless the shapes are known to be
-// fixed, or the user asked for Backend::SDPA (ATen's own choice), torchattn calls
+// milliseconds at every new sequence length. Unless the user asked for
+// Backend::SDPA (ATen's own choice), torchattn calls
 // ATen's flash or memory-efficient kernel instead, which have no per-shape set-up.
 // Nothing process-wide is changed: the choice is made per call, and kernels the
 // user switched off (at::globalContext().setSDPUseFlash(false), ...) are respected.
@@ -29,7 +29,7 @@ struct KernelQuery {
   bool cuda = false;
   /// at::_fused_sdp_choice for the call (an at::SDPBackend value; 3 = cuDNN).
   int64_t aten_choice = 0;
-  /// The call may use cuDNN: Backend::SDPA, or shapes that never change.
+  /// The call may use cuDNN: Backend::SDPA.
   bool allow_cudnn = false;
   c10::ScalarType dtype = c10::ScalarType::Float;
   bool has_mask = false;

@@ -106,6 +106,14 @@ inline void check_input(const char* module, const at::Tensor& x, int64_t d_in, i
               ", got ", x.device());
 }
 
+// forward_cached on an encoder (causal(false)): its tokens attend to later tokens, so
+// chunked encoding cannot give the full forward's rows.
+inline void check_causal_for_cache(const char* module, bool causal) {
+  TORCH_CHECK(causal, module, ": forward_cached needs a causal module, this one has causal(false): each token "
+              "attends to later tokens too, so a sequence encoded in chunks cannot give the full forward's rows; "
+              "call forward() on the whole sequence");
+}
+
 // The cache passed to forward_cached: made by this module (`owner`) for x's batch,
 // with room for x's tokens, usable in the current inference mode; and the module in
 // eval mode unless it has no dropout.
@@ -156,10 +164,15 @@ inline void check_key_padding_mask(const char* module, const at::Tensor& mask, c
   if (!mask.defined()) {
     return;
   }
+  const bool integral = at::isIntegralType(mask.scalar_type(), /*includeBool=*/false);
   TORCH_CHECK(mask.scalar_type() == at::kBool, module,
               ": expected a bool key_padding_mask (true = ignore that key, as in torch.nn.MultiheadAttention), got ",
-              mask.scalar_type(), "; an additive mask (0 keeps, -inf hides) goes in key_bias, forward's third "
-              "argument: forward(x, {}, bias)");
+              mask.scalar_type(),
+              (integral ? "; a Hugging Face attention_mask (1 = token, 0 = padding) means the opposite: pass "
+                          "attention_mask == 0, or torchattn::padding_mask_from_attention_mask(attention_mask), "
+                          "not attention_mask.to(torch::kBool)"
+                        : "; an additive mask (0 keeps, -inf hides) goes in key_bias, forward's third "
+                          "argument: forward(x, {}, bias)"));
   check_key_mask_shape(module, "key_padding_mask", mask, x);
 }
 
@@ -190,7 +203,8 @@ inline void check_some_key_kept(const char* module, const at::Tensor& key_paddin
   }
   TORCH_CHECK(false, module, ": key_padding_mask ignores every key of sequence ", ignored.nonzero().min().item<int64_t>(),
               "; true marks a padding key to ignore (as in torch.nn.MultiheadAttention), the opposite of "
-              "at::scaled_dot_product_attention's attn_mask (true = attend): pass mask.logical_not()");
+              "at::scaled_dot_product_attention's attn_mask (true = attend): pass mask.logical_not(); a Hugging Face "
+              "attention_mask (1 = token) converts with attention_mask == 0, not .to(torch::kBool)");
 }
 
 } // namespace torchattn::detail

@@ -26,13 +26,8 @@ at::Tensor token_positions(int64_t T, const KVCache* cache, const at::Tensor& ke
   if (cache != nullptr) {
     if (!cache->has_padding()) {
       before = cache->static_shapes() ? cache->position() : at::full({1}, cache->length(), long_options);
-    } else if (cache->static_shapes()) {
-      // The written slots are those before position(), on the device.
-      const at::Tensor& pad = cache->padding_storage();
-      const at::Tensor written = at::arange(pad.size(1), long_options) < cache->position();
-      before = written.logical_and(pad.logical_not()).sum(-1);
     } else {
-      before = cache->padding().logical_not().sum(-1);
+      before = cache->token_positions();
     }
   }
   const at::Tensor real = key_padding_mask.defined() ? key_padding_mask.logical_not().to(at::kLong)

@@ -28,8 +28,11 @@ class RotaryCache {
 
   const RoPEOptions& options() const { return options_; }
 
- private:
+  /// (cos, sin) on `device`, made at the first call for it (functional::rotary_tables:
+  /// computed on the CPU, then moved, so every device has the CPU's bits). Thread-safe.
   std::pair<at::Tensor, at::Tensor> tables(const at::Device& device) const;
+
+ private:
 
   RoPEOptions options_;
   int64_t head_dim_;
