@@ -9,12 +9,14 @@
 #include "backends/sdpa.h"
 #include "detail/checks.h"
 #include "detail/engine.h"
+#include "kernels/cpu/decode_attention.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/softmax.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
+#include <cmath>
 #include <limits>
 #include <vector>
 
@@ -51,6 +53,13 @@ at::Tensor repeat_kv(const at::Tensor& t, int64_t G) {
 // key and value is read once per group; more queries use ATen's enable_gqa.
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
                 bool is_causal, const functional::AttentionConfig& config) {
+  // A decoding step on the CPU (a few query rows, no gradient): torchattn's kernel,
+  // which opens no parallel region for small work (kernels/cpu/decode_attention.h).
+  if (config.backend == Backend::Auto && !is_causal && dropout_p(config) == 0.0 &&
+      kernels::cpu::decode_attention_applies(q, k, v, mask ? *mask : at::Tensor())) {
+    const double scale = config.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+    return kernels::cpu::decode_attention(q, k, v, mask ? *mask : at::Tensor(), scale);
+  }
   const bool allow_cudnn = config.backend == Backend::SDPA;
   const int64_t G = query_groups(q, k);
   if (G > 1 && q.size(-2) == 1 && !is_causal) {

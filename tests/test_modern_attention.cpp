@@ -31,7 +31,7 @@ using torchattn::RoPEOptions;
 
 namespace {
 
-struct Config {
+struct ModernConfig {
   int index;
   int64_t B, T, C, d_in, heads, kv_heads, head_dim;
   bool causal, qkv_bias, out_bias;
@@ -43,7 +43,7 @@ struct Config {
   torch::Device device = torch::kCPU;
 };
 
-std::string describe(const Config& c) {
+std::string describe_modern(const ModernConfig& c) {
   std::ostringstream s;
   s << "config #" << c.index << ": B=" << c.B << " T=" << c.T << " C=" << c.C << " d_in=" << c.d_in
     << " heads=" << c.heads << " kv_heads=" << c.kv_heads << " head_dim=" << c.head_dim << " causal=" << c.causal
@@ -58,14 +58,14 @@ std::string describe(const Config& c) {
   return s.str();
 }
 
-std::vector<Config> configs() {
+std::vector<ModernConfig> modern_configs() {
   std::mt19937 rng(20261123);
   auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
   const torch::Dtype dtypes[] = {torch::kFloat32, torch::kFloat64, torch::kBFloat16, torch::kFloat16};
   const Backend backends[] = {Backend::Reference, Backend::SDPA, Backend::Auto};
-  std::vector<Config> out;
+  std::vector<ModernConfig> out;
   for (int i = 0; i < 360; ++i) {
-    Config c{};
+    ModernConfig c{};
     c.index = i;
     c.B = pick(1, 3);
     c.C = pick(2, 24);
@@ -96,7 +96,7 @@ std::vector<Config> configs() {
   for (const auto& device : devices::all()) {
     if (device.is_cpu()) continue;
     for (size_t i = 0; i < n; ++i) {
-      Config c = out[i];
+      ModernConfig c = out[i];
       c.device = device;
       out.push_back(c);
     }
@@ -104,7 +104,7 @@ std::vector<Config> configs() {
   return out;
 }
 
-torchattn::MultiHeadAttentionOptions options_of(const Config& c) {
+torchattn::MultiHeadAttentionOptions options_of(const ModernConfig& c) {
   auto o = torchattn::MultiHeadAttentionOptions(c.d_in, c.heads * c.head_dim, c.C, c.heads)
                .num_kv_heads(c.kv_heads)
                .causal(c.causal)
@@ -143,7 +143,7 @@ torch::Tensor rotate(const torch::Tensor& x /*[B, H, T, hd] f64*/, const torch::
 }
 
 // The whole layer in float64 from the module's weights.
-torch::Tensor reference(const Config& c, torchattn::MultiHeadAttentionImpl& m, const torch::Tensor& x /*f64*/,
+torch::Tensor reference(const ModernConfig& c, torchattn::MultiHeadAttentionImpl& m, const torch::Tensor& x /*f64*/,
                         const torch::Tensor& pad /*[B,T] bool or undefined*/) {
   auto w = [&](const torch::nn::Linear& l, const torch::Tensor& in) {
     auto y = in.matmul(l->weight.detach().cpu().to(torch::kFloat64).t());
@@ -171,14 +171,14 @@ torch::Tensor reference(const Config& c, torchattn::MultiHeadAttentionImpl& m, c
   return w(m.out_proj, weights.matmul(v).transpose(1, 2).reshape({B, T, H * hd}));
 }
 
-class Modern : public ::testing::TestWithParam<Config> {
+class Modern : public ::testing::TestWithParam<ModernConfig> {
  protected:
   void SetUp() override { devices::skip_unless_present(GetParam().device); }
 };
 
 TEST_P(Modern, MatchesTheLayerWrittenOutInFloat64) {
-  const Config c = GetParam();
-  SCOPED_TRACE(describe(c));
+  const ModernConfig c = GetParam();
+  SCOPED_TRACE(describe_modern(c));
   torch::manual_seed(c.index);
   torchattn::MultiHeadAttention m(options_of(c));
   m->to(c.dtype);
@@ -224,8 +224,8 @@ TEST_P(Modern, MatchesTheLayerWrittenOutInFloat64) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Random, Modern, ::testing::ValuesIn(configs()),
-                         [](const ::testing::TestParamInfo<Config>& info) {
+INSTANTIATE_TEST_SUITE_P(Random, Modern, ::testing::ValuesIn(modern_configs()),
+                         [](const ::testing::TestParamInfo<ModernConfig>& info) {
                            return devices::prefix(info.param.device) + "n" + std::to_string(info.param.index);
                          });
 

@@ -24,6 +24,7 @@ Usage: make_device_reference.py OUT [--device cuda|cpu] [--layers N] [--compare-
 
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -47,9 +48,19 @@ def check_against_converted(config):
         return
     with open(path) as f:
         real = json.load(f)
+    if "rope_theta" not in real:
+        real["rope_theta"] = real.get("rope_parameters", {}).get("rope_theta")
     for k, v in SMOLLM2.items():
-        if k in real and k not in ("num_hidden_layers", "pad_token_id") and real[k] != v:
+        if k not in real or k == "num_hidden_layers":
+            continue
+        same = math.isclose(real[k], v, rel_tol=1e-6) if isinstance(v, float) else real[k] == v
+        if not same:
             sys.exit(f"make_device_reference: SmolLM2's {k} is {real[k]}, this script says {v}")
+    # What this model writes must say the same as SmolLM2 says of itself.
+    mine = config.to_dict()
+    theta = mine.get("rope_theta") or mine.get("rope_parameters", {}).get("rope_theta")
+    if not math.isclose(theta, real["rope_theta"]):
+        sys.exit(f"make_device_reference: rope_theta {theta} is not SmolLM2's {real['rope_theta']}")
 
 
 def timed_generate(model, ids, new_tokens):
