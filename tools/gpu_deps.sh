@@ -3,11 +3,11 @@
 # torchattn, copied from this machine's Debian packages (tools/setup.sh installs them)
 # into .gpu-deps/usr, laid out as Debian installs them; git ignores it. Headers and
 # static libraries only, so nothing needs the shared libraries at run time:
-#   GoogleTest and GoogleMock, CLI11, Gloo's headers (train_gpt), nlohmann/json (the
+#   GoogleTest, CLI11, Gloo's headers (train_gpt), nlohmann/json (the
 #   safetensors reader), ICU's headers and libicuuc.a (torchattn_generate's tokenizer;
 #   its Unicode properties and NFC data are built into libicuuc), the fortunes text.
 # Then: make test-gpu GPU_DEPS=.gpu-deps (tools/test_gpu.sh also finds .gpu-deps by itself).
-# About 13 MB.
+# About 15 MB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh >/dev/null
@@ -19,9 +19,8 @@ done
 rm -rf .gpu-deps
 d=.gpu-deps/usr
 mkdir -p $d/include $d/lib/x86_64-linux-gnu/cmake $d/share/cmake $d/share/games
-cp -r /usr/include/gtest /usr/include/gmock /usr/include/CLI /usr/include/gloo /usr/include/nlohmann \
-      /usr/include/unicode $d/include/
-cp $lib/libgtest*.a $lib/libgmock*.a $lib/libicuuc.a $d/lib/x86_64-linux-gnu/
+cp -r /usr/include/gtest /usr/include/CLI /usr/include/gloo /usr/include/nlohmann /usr/include/unicode $d/include/
+cp $lib/libgtest*.a $lib/libicuuc.a $d/lib/x86_64-linux-gnu/
 cp -r $lib/cmake/GTest $d/lib/x86_64-linux-gnu/cmake/
 [ -d $lib/cmake/nlohmann_json ] && cp -r $lib/cmake/nlohmann_json $d/lib/x86_64-linux-gnu/cmake/
 [ -d /usr/share/cmake/nlohmann_json ] && cp -r /usr/share/cmake/nlohmann_json $d/share/cmake/

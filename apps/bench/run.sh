@@ -47,8 +47,25 @@ case "$device" in
       ${args[@]+"${args[@]}"}
     .venv/bin/python apps/generate/bench_transformers.py --model "$smollm2" --threads 2 --json "$out/generate-py.json" \
       ${args[@]+"${args[@]}"}
+    # Decoding on a busy machine: idle, then with one core kept busy by another process
+    # (a busy loop), at 2 threads (the default on 2 cores) and at 1, in this run.
+    gen=./build/apps/generate/torchattn_generate_bench
+    load=()
+    for state in idle busy; do
+      busy_pid=""
+      if [ "$state" = busy ]; then
+        python3 -c 'while True: pass' &
+        busy_pid=$!
+        sleep 1
+      fi
+      for t in 2 1; do
+        "$gen" --model "$smollm2" --threads "$t" --decode-only --json "$out/load-$state-$t.json" ${args[@]+"${args[@]}"}
+        load+=("$state:$t:$out/load-$state-$t.json")
+      done
+      [ -n "$busy_pid" ] && kill "$busy_pid"
+    done
     .venv/bin/python apps/bench/report_generate.py --cpp "$out/generate-cpp.json" --py "$out/generate-py.json" \
-      --out "$docs" >/dev/null
+      --load "${load[@]}" --out "$docs" >/dev/null
     echo "bench: wrote $docs/generate.md"
     ;;
   cuda)

@@ -5,6 +5,10 @@
 // way; apps/bench/report_generate.py sets them side by side.
 //
 //   torchattn_generate_bench --model DIR [--threads 2] [--json out.json] [--quick]
+//   torchattn_generate_bench --model DIR --decode-only [--threads N] [--json out.json]
+//
+// --decode-only measures decoding tokens/s alone (apps/bench/run.sh runs it on an idle
+// machine and with one core kept busy by another process, at 2 threads and at 1).
 
 #include "fmt.h"
 #include "generation.h"
@@ -56,11 +60,12 @@ int main(int argc, char** argv) {
   CLI::App app{"SmolLM2 on torchattn: peak RSS, prefill, decoding and the memory bound"};
   std::string model_dir, json_path;
   int threads = 2;
-  bool quick = false;
+  bool quick = false, decode_only = false;
   app.add_option("--model", model_dir, "a Hugging Face model folder")->required()->check(CLI::ExistingDirectory);
   app.add_option("--threads", threads, "intra-op threads");
   app.add_option("--json", json_path, "write the results here as JSON");
   app.add_flag("--quick", quick, "a smoke run");
+  app.add_flag("--decode-only", decode_only, "measure decoding tokens/s only");
   CLI11_PARSE(app, argc, argv);
   at::set_num_threads(threads);
   const auto dir = std::filesystem::path(model_dir);
@@ -87,6 +92,18 @@ int main(int argc, char** argv) {
     const auto result = generate::generate_ids(*model, prompt, new_tokens, greedy, {});
     decode_tps.push_back((result.ids.size() - 1) / result.decode_seconds);
     first_prefill.push_back(result.prefill_seconds);
+  }
+  if (decode_only) {
+    fmt::print("torchattn_generate_bench: decoding {} tokens, {} threads: {:.1f} tokens/s (median of {})\n", new_tokens,
+               at::get_num_threads(), median(decode_tps), decode_tps.size());
+    if (!json_path.empty()) {
+      std::string runs;
+      for (const double r : decode_tps) runs += fmt::format("{}{:.3f}", runs.empty() ? "" : ", ", r);
+      std::ofstream(json_path) << fmt::format("{{\"threads\": {}, \"new_tokens\": {}, \"decode_tokens_per_s\": {:.3f}, "
+                                              "\"runs\": [{}]}}\n", at::get_num_threads(), new_tokens,
+                                              median(decode_tps), runs);
+    }
+    return 0;
   }
   const double peak_rss_mib = status_kb("VmHWM:") / 1024.0;
   fmt::print("torchattn_generate_bench: {} ({} parameters, {:.0f} MB of {}), {} threads\n", dir.filename().string(),
