@@ -59,11 +59,11 @@ void DecodeGraph::check_input(const at::Tensor& input) const {
 at::Tensor DecodeGraph::run_watched(const at::Tensor& input) {
   detail::AppendWatch watch;
   at::Tensor out = step_(input);
-  for (const KVCache* written : watch.written()) {
+  for (const detail::CacheWrite& written : watch.written()) {
     bool listed = false;
-    for (const KVCache* c : caches_) listed = listed || c == written;
-    TORCH_CHECK(listed, "DecodeGraph: the step wrote a KV cache (", (written->static_shapes() ? "static" : "dynamic"),
-                " shapes, ", written->length(), " tokens) that is not among the ", caches_.size(),
+    for (const KVCache* c : caches_) listed = listed || c == written.cache;
+    TORCH_CHECK(listed, "DecodeGraph: the step wrote a KV cache (", (written.static_shapes ? "static" : "dynamic"),
+                " shapes, ", written.length, " tokens) that is not among the ", caches_.size(),
                 " caches it was given; list every cache the step writes: DecodeGraph(step, {&cache0, &cache1, ...})");
   }
   return out;
@@ -129,15 +129,14 @@ void DecodeGraph::capture(const at::Tensor& input) {
   };
   static_input_ = input.clone();  // on the user's stream, where replays read it
   c10::cuda::device_synchronize();
-  {
+  // Whatever fails (a check, a warm-up, the capture), the caches go back to where
+  // they were and the stream stops capturing.
+  std::unique_ptr<detail::CapturedGraph> captured;
+  bool capturing = false;
+  try {
     // Capture needs a stream other than the default one; warm up on it too.
     c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool(false, input.device().index()));
-    try {
-      static_output_ = run_watched(static_input_);
-    } catch (...) {
-      rewind();
-      throw;
-    }
+    static_output_ = run_watched(static_input_);
     for (size_t i = 0; i < caches_.size(); ++i) {
       const int64_t added = caches_[i]->length() - lengths[i];
       TORCH_CHECK(added == caches_[0]->length() - lengths[0], "DecodeGraph: the step added ", added,
@@ -151,25 +150,26 @@ void DecodeGraph::capture(const at::Tensor& input) {
     }
     rewind();
     c10::cuda::device_synchronize();
-    auto captured = std::make_unique<detail::CapturedGraph>();
+    captured = std::make_unique<detail::CapturedGraph>();
     captured->graph.capture_begin();
-    try {
-      static_output_ = step_(static_input_);
-    } catch (...) {
-      // End the capture whatever happened, or the stream stays capturing.
+    capturing = true;
+    static_output_ = step_(static_input_);
+    capturing = false;
+    captured->graph.capture_end();
+  } catch (...) {
+    if (capturing) {
       try {
         captured->graph.capture_end();
       } catch (...) {
       }
-      rewind();
-      throw;
     }
-    captured->graph.capture_end();
-    graph_ = std::move(captured);
-    captured_padding_.clear();
-    for (KVCache* c : caches_) captured_padding_.push_back(c->has_padding());
-    rewind();  // the captured step ran nothing; the host lengths it advanced go back
+    rewind();
+    throw;
   }
+  graph_ = std::move(captured);
+  captured_padding_.clear();
+  for (KVCache* c : caches_) captured_padding_.push_back(c->has_padding());
+  rewind();  // the captured step ran nothing; the host lengths it advanced go back
   c10::cuda::device_synchronize();
 #else
   TORCH_CHECK(false, "DecodeGraph: torchattn was built without CUDA");

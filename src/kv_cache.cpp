@@ -70,7 +70,7 @@ at::Tensor KVCache::token_positions() const {
   TORCH_CHECK(defined(), kEmpty);
   const int64_t B = keys_.size(0);
   if (!padding_.defined()) {
-    return position_.expand({B});
+    return position_.expand({B}).clone();  // not a view of the write index
   }
   if (static_shapes_) {
     // The written slots are those before position(), on the device.
@@ -149,9 +149,9 @@ int64_t KVCache::append(const at::Tensor& k, const at::Tensor& v, const at::Tens
   }
   write_padding(index, t_new, key_padding_mask);
   position_.add_(t_new);
-  detail::note_append(this);
   const int64_t past = length_;
   length_ += t_new;
+  detail::note_append(this, static_shapes_, length_);
   return past;
 }
 

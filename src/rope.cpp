@@ -3,6 +3,7 @@
 #include "detail/checks.h"
 
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/aminmax.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/pow.h>
@@ -51,7 +52,8 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& positions, const 
   // Positions past the tables: on the CPU (where it costs no synchronisation) an
   // error naming them, not index_select's "index out of range in self".
   if (positions.is_cpu() && positions.numel() > 0) {
-    const int64_t low = positions.min().item<int64_t>(), high = positions.max().item<int64_t>();
+    const auto [min, max] = at::aminmax(positions);
+    const int64_t low = min.item<int64_t>(), high = max.item<int64_t>();
     TORCH_CHECK(low >= 0 && high < cos.size(0), fn, ": expected positions in [0, ", cos.size(0),
                 ") (the cos and sin tables' length), got positions from ", low, " to ", high,
                 "; make the tables longer: rotary_tables(options, head_dim, length)");

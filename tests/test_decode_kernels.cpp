@@ -126,8 +126,12 @@ TEST(DecodeAttention, AppliesOnlyToWhatItComputes) {
 // waited on a worker that was not scheduled (simulated: the worker's chunk sleeps),
 // it runs on the calling thread alone, as one call f(0, n).
 TEST(StallAware, CoversEveryIndexAndGoesSerialAfterStalls) {
-  const int previous = at::get_num_threads();
-  at::set_num_threads(2);  // the test needs two intra-op threads, whatever the machine has
+  // The test needs two intra-op threads, whatever the machine has; restored at the end.
+  struct Threads {
+    int previous = at::get_num_threads();
+    Threads() { at::set_num_threads(2); }
+    ~Threads() { at::set_num_threads(previous); }
+  } threads_for_this_test;
   std::vector<std::atomic<int>> seen(10000);
   K::parallel_for_unless_stalled(10000, 16, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) seen[i]++;
@@ -152,7 +156,6 @@ TEST(StallAware, CoversEveryIndexAndGoesSerialAfterStalls) {
   ASSERT_EQ(calls.size(), 1u);
   EXPECT_EQ(calls[0], (std::pair<int64_t, int64_t>{0, 64}));
   EXPECT_EQ(threads[0], 0);
-  at::set_num_threads(previous);
 }
 
 } // namespace

@@ -60,6 +60,9 @@ TEST_P(TokenPositions, CountRealTokensAfterALeftPaddedPrefill) {
   cache.reset();
   mha->forward_cached(torch::randn({3, 4, 8}).to(device), cache);
   EXPECT_TRUE(torch::equal(cache.token_positions().cpu(), torch::full({3}, 4, torch::kLong)));
+  // A tensor of its own, not a view of the write index.
+  cache.token_positions().add_(5);
+  EXPECT_EQ(cache.position().item<int64_t>(), 4);
 }
 
 INSTANTIATE_TEST_SUITE_P(Caches, TokenPositions, ::testing::Combine(::testing::Bool(), ::testing::ValuesIn(devices::all())),

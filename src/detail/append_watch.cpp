@@ -1,7 +1,5 @@
 #include "append_watch.h"
 
-#include <algorithm>
-
 namespace torchattn::detail {
 
 namespace {
@@ -14,13 +12,23 @@ AppendWatch::AppendWatch() : outer_(current_watch) {
 
 AppendWatch::~AppendWatch() {
   current_watch = outer_;
+  if (outer_ != nullptr) {
+    for (const CacheWrite& w : written_) outer_->add(w);
+  }
 }
 
-void note_append(const KVCache* cache) {
-  AppendWatch* w = current_watch;
-  if (w != nullptr && std::find(w->written_.begin(), w->written_.end(), cache) == w->written_.end()) {
-    w->written_.push_back(cache);
+void AppendWatch::add(const CacheWrite& w) {
+  for (CacheWrite& seen : written_) {
+    if (seen.cache == w.cache) {
+      seen = w;
+      return;
+    }
   }
+  written_.push_back(w);
+}
+
+void note_append(const KVCache* cache, bool static_shapes, int64_t length) {
+  if (current_watch != nullptr) current_watch->add({cache, static_shapes, length});
 }
 
 } // namespace torchattn::detail
