@@ -36,9 +36,13 @@ bench: $(if $(filter cuda,$(DEVICE)),,build)
 	bash apps/bench/run.sh --device $(DEVICE)
 
 # The CUDA configuration, built on any machine: .venv-cuda's CUDA LibTorch and the CUDA
-# toolkit (CUDA_HOME, default /usr/local/cuda); the library, tests and apps compile and
-# link with their CUDA paths, then the unit tests run (on the CPU where there is no GPU:
-# their CUDA instances report themselves skipped).
+# toolkit (CUDA_HOME, default /usr/local/cuda); the library, the unit tests and every app
+# compile and link with their CUDA paths, then the unit tests run (on the CPU where there
+# is no GPU: their CUDA instances report themselves skipped). The helpers of the Python
+# checks (interop, transformers, generate, doc examples) hold no CUDA code and are built
+# by `make build` only: CUDA_TARGETS=all builds them here too.
+CUDA_TARGETS ?= torchattn_tests torchattn_demo torchattn_bench train_gpt torchattn_generate \
+                torchattn_generate_bench generate_device_check
 CUDA_HOME ?= /usr/local/cuda
 CUDA_PY   := .venv-cuda/bin/python
 build-cuda: setup
@@ -48,7 +52,7 @@ build-cuda: setup
 	  -DCMAKE_PREFIX_PATH="$$($(CUDA_PY) -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
 	  -DCUDA_TOOLKIT_ROOT_DIR=$(CUDA_HOME) -DCMAKE_CUDA_COMPILER=$(CUDA_HOME)/bin/nvcc -DTORCH_CUDA_ARCH_LIST=9.0 \
 	  -DTORCHATTN_PYTHON=$(CURDIR)/$(PY) -DTORCHATTN_REQUIRE_CUDA_BUILD=ON
-	cmake --build $(BUILD)-cuda -j $(JOBS)
+	cmake --build $(BUILD)-cuda -j $(JOBS) --target $(CUDA_TARGETS)
 	cd $(BUILD)-cuda && OMP_NUM_THREADS=2 ctest --output-on-failure --timeout 900 -R '^unit$$'
 
 # The GPU stages (tools/test_gpu.sh: build, test, memcheck, train, generate, bench)
