@@ -55,10 +55,12 @@ at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
                 bool is_causal, const functional::AttentionConfig& config) {
   // A decoding step on the CPU (a few query rows, no gradient): torchattn's kernel,
   // which opens no parallel region for small work (kernels/cpu/decode_attention.h).
-  if (config.backend == Backend::Auto && !is_causal && dropout_p(config) == 0.0 &&
-      kernels::cpu::decode_attention_applies(q, k, v, mask ? *mask : at::Tensor())) {
-    const double scale = config.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
-    return kernels::cpu::decode_attention(q, k, v, mask ? *mask : at::Tensor(), scale);
+  if (config.backend == Backend::Auto && !is_causal && dropout_p(config) == 0.0) {
+    const at::Tensor m = mask ? *mask : at::Tensor();
+    if (kernels::cpu::decode_attention_applies(q, k, v, m)) {
+      const double scale = config.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+      return kernels::cpu::decode_attention(q, k, v, m, scale);
+    }
   }
   const bool allow_cudnn = config.backend == Backend::SDPA;
   const int64_t G = query_groups(q, k);

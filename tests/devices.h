@@ -51,6 +51,12 @@ inline std::string prefix(const torch::Device& device) {
   return device.is_cpu() ? "" : device.str() + "_";
 }
 
+// The test-name suffix of a suite parametrized by the device alone: "cpu", "cuda".
+template <typename Info>
+std::string name(const Info& info) {
+  return info.param.is_cpu() ? std::string("cpu") : info.param.str();
+}
+
 // From a fixture's SetUp: a CUDA instance without a CUDA device is skipped, and
 // says why; under TORCHATTN_REQUIRE_CUDA=1 it fails.
 inline void skip_unless_present(const torch::Device& device) {

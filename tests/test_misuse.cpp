@@ -101,7 +101,7 @@ TEST_P(TokenPositionsInGraph, AdvanceWithEveryStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, TokenPositionsInGraph, ::testing::ValuesIn(devices::all()),
-                         [](const auto& info) { return info.param.is_cpu() ? std::string("cpu") : info.param.str(); });
+                         [](const auto& info) { return devices::name(info); });
 
 class UnlistedCache : public ::testing::TestWithParam<torch::Device> {
  protected:
@@ -139,7 +139,7 @@ TEST_P(UnlistedCache, IsAnErrorAtTheFirstCall) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, UnlistedCache, ::testing::ValuesIn(devices::all()),
-                         [](const auto& info) { return info.param.is_cpu() ? std::string("cpu") : info.param.str(); });
+                         [](const auto& info) { return devices::name(info); });
 
 // Hugging Face's attention_mask (1 = token) becomes torchattn's key_padding_mask
 // (true = ignore) by padding_mask_from_attention_mask, and the module then gives each

@@ -435,7 +435,7 @@ TEST_P(RotaryTablesOn, EqualTheCpuTablesBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, RotaryTablesOn, ::testing::ValuesIn(devices::all()),
-                         [](const auto& info) { return info.param.is_cpu() ? std::string("cpu") : info.param.str(); });
+                         [](const auto& info) { return devices::name(info); });
 
 // The modules' one-pass CPU kernel gives the composite functional::apply_rotary's
 // numbers to the bit, forward and backward, in every dtype, layout and position form.

@@ -114,7 +114,7 @@ TEST_P(DecodeGraphModel, PositionsFromTheDeviceFeedEmbeddings) {
 
 INSTANTIATE_TEST_SUITE_P(Devices, DecodeGraphModel, ::testing::ValuesIn(devices::all()),
                          [](const ::testing::TestParamInfo<torch::Device>& info) {
-                           return info.param.is_cpu() ? std::string("cpu") : info.param.str();
+                           return devices::name(info);
                          });
 
 // ---- misuse ----

@@ -2,7 +2,6 @@
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
-#include <ATen/ops/full.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 
@@ -22,14 +21,7 @@ at::Tensor token_positions(int64_t T, const KVCache* cache, const at::Tensor& ke
     return at::arange(cache->length(), cache->length() + T, long_options);
   }
   // Real tokens before the new ones, per sequence: [B, 1] (or a [1] count for all).
-  at::Tensor before = at::zeros({1}, long_options);
-  if (cache != nullptr) {
-    if (!cache->has_padding()) {
-      before = cache->static_shapes() ? cache->position() : at::full({1}, cache->length(), long_options);
-    } else {
-      before = cache->token_positions();
-    }
-  }
+  const at::Tensor before = cache != nullptr ? cache->token_positions() : at::zeros({1}, long_options);
   const at::Tensor real = key_padding_mask.defined() ? key_padding_mask.logical_not().to(at::kLong)
                                                      : at::ones({1, T}, long_options);
   // cumsum - 1 is the position of each real token; a padding token gets the one of
