@@ -69,7 +69,7 @@ test-gpu:
 ASAN_OPTIONS_CI = detect_leaks=1:abort_on_error=1:detect_odr_violation=0
 sanitize: setup
 	cmake -S . -B $(BUILD)-asan -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$(CMAKE_PREFIX)" \
-	  -DTORCHATTN_SANITIZE=address,undefined -DTORCHATTN_BUILD_APPS=OFF
+	  -DTORCHATTN_SANITIZE=address,undefined -DTORCHATTN_BUILD_APPS=OFF -DTORCHATTN_BUILD_MODELS=OFF
 	cmake --build $(BUILD)-asan -j $(JOBS) --target torchattn_tests
 	ASAN_OPTIONS=$(ASAN_OPTIONS_CI) LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ./$(BUILD)-asan/tests/torchattn_tests --gtest_brief=1

@@ -13,12 +13,7 @@
 //   logits differ by less than 1e-4 the comparison stops there, and says so;
 // - a missing or misshapen weight is an error naming the key.
 
-#include "chat.h"
-#include "config.h"
-#include "generation.h"
-#include "model.h"
-#include "sampler.h"
-#include "tokenizer.h"
+#include <torchattn/models.h>
 
 #include <torchattn/safetensors.h>
 
@@ -66,19 +61,20 @@ double relative_error(const torch::Tensor& a, const torch::Tensor& e) {
          e.abs().max().item<double>();
 }
 
-generate::CausalLM load_model(const fs::path& dir, int64_t context = 0) {
-  const auto config = generate::read_config((dir / "config.json").string());
-  generate::CausalLM model(config, context > 0 ? context : config.max_position_embeddings);
-  model->load_weights(torchattn::load_safetensors((dir / "model.safetensors").string()));
+namespace models = torchattn::models;
+
+models::CausalLM load_model(const fs::path& dir, int64_t context = 0) {
+  const auto config = models::read_decoder_config((dir / "config.json").string());
+  models::CausalLM model(config, context > 0 ? context : config.max_position_embeddings);
+  model->load_hf_weights((dir / "model.safetensors").string());
   model->eval();
   return model;
 }
 
 // Greedy ids of `prompt` through the generation loop (the CLI's), up to n tokens.
-std::vector<int64_t> greedy(generate::CausalLMImpl& model, const std::vector<int64_t>& prompt, int64_t n,
+std::vector<int64_t> greedy(models::CausalLMImpl& model, const std::vector<int64_t>& prompt, int64_t n,
                             const std::vector<int64_t>& stop) {
-  generate::Sampler sampler(generate::SamplingOptions{});
-  return generate::generate_ids(model, prompt, n, sampler, stop).ids;
+  return models::generate(model, {prompt}, models::GenerationOptions().max_new_tokens(n).stop_token_ids(stop).stop_at_eos(false))[0].ids;
 }
 
 // ---- tiny random models of each type ----
@@ -134,12 +130,12 @@ TEST(GenerateReference, IsPresent) {
 
 TEST(GenerateWeights, MissingOrMisshapenWeightsAreErrorsNamingTheKey) {
   const auto dir = reference() / "tiny" / "llama_untied_theta5e5";
-  const auto config = generate::read_config((dir / "config.json").string());
+  const auto config = models::read_decoder_config((dir / "config.json").string());
   auto tensors = torchattn::load_safetensors((dir / "model.safetensors").string());
   auto expect = [&](const torchattn::NamedTensors& t, const std::string& message) {
-    generate::CausalLM model(config, 32);
+    models::CausalLM model(config, 32);
     try {
-      model->load_weights(t);
+      models::load_weights(*model, t, model->hf_weights(), "model.safetensors");
       ADD_FAILURE() << "loaded; expected: " << message;
     } catch (const c10::Error& e) {
       EXPECT_NE(std::string(e.what_without_backtrace()).find(message), std::string::npos) << e.what_without_backtrace();
@@ -149,21 +145,22 @@ TEST(GenerateWeights, MissingOrMisshapenWeightsAreErrorsNamingTheKey) {
   without.erase(std::remove_if(without.begin(), without.end(),
                                [](const auto& p) { return p.first == "model.layers.1.self_attn.k_proj.weight"; }),
                 without.end());
-  expect(without, "CausalLM: the checkpoint has no tensor 'model.layers.1.self_attn.k_proj.weight'");
+  expect(without, "load_weights: model.safetensors has no tensor for 'layers.1.self_attn.W_key.weight' (shape [16, 64])");
   auto misshapen = tensors;
   for (auto& [name, t] : misshapen) {
     if (name == "model.layers.0.mlp.up_proj.weight") t = t.narrow(0, 0, 100);
   }
-  expect(misshapen, "CausalLM: checkpoint tensor 'model.layers.0.mlp.up_proj.weight' has shape [100, 64], expected [128, 64]");
+  expect(misshapen, "load_weights: tensor 'model.layers.0.mlp.up_proj.weight' of model.safetensors has shape [100, 64], "
+                   "expected [128, 64] for 'layers.0.up_proj.weight'");
   auto extra = tensors;
   extra.emplace_back("model.layers.0.self_attn.q_norm.weight", torch::ones({16}));
-  expect(extra, "CausalLM: the checkpoint has tensor 'model.layers.0.self_attn.q_norm.weight', which this llama model "
-                "does not use");
+  expect(extra, "load_weights: model.safetensors has tensor 'model.layers.0.self_attn.q_norm.weight' "
+                "('layers.0.self_attn.q_norm.weight' after renaming), which the module does not have");
 }
 
 // ---- tokenizers ----
 
-void expect_every_line(const generate::Tokenizer& tok, const fs::path& expected_json, const std::string& what) {
+void expect_every_line(const models::Tokenizer& tok, const fs::path& expected_json, const std::string& what) {
   std::ifstream in(expected_json);
   ASSERT_TRUE(in) << expected_json;
   const auto ref = nlohmann::json::parse(in);
@@ -182,25 +179,26 @@ void expect_every_line(const generate::Tokenizer& tok, const fs::path& expected_
 }
 
 TEST(GenerateTokenizer, SmolLM2EncodesEveryFortuneLineAsTransformers) {
-  generate::Tokenizer tok((smollm2() / "tokenizer.json").string());
+  models::Tokenizer tok((smollm2() / "tokenizer.json").string());
   expect_every_line(tok, reference() / "tokenizer_smollm2.json", "SmolLM2 tokenizer");
 }
 
 TEST(GenerateTokenizer, Qwen2StyleEncodesEveryFortuneLineAsTokenizers) {
-  generate::Tokenizer tok((reference() / "tokenizer_qwen2style" / "tokenizer.json").string());
+  models::Tokenizer tok((reference() / "tokenizer_qwen2style" / "tokenizer.json").string());
   expect_every_line(tok, reference() / "tokenizer_qwen2style" / "expected.json", "Qwen2-style tokenizer");
 }
 
 TEST(GenerateTokenizer, OtherKindsAreRefusedNamingWhatTheyAre) {
-  const auto path = fs::temp_directory_path() / ("torchattn_wordpiece_" + std::to_string(::getpid()) + ".json");
-  std::ofstream(path) << R"({"model": {"type": "WordPiece", "vocab": {"a": 0}}, "pre_tokenizer": null,
+  const auto path = fs::temp_directory_path() / ("torchattn_unigram_" + std::to_string(::getpid()) + ".json");
+  std::ofstream(path) << R"({"model": {"type": "Unigram", "vocab": [["a", 0.0]]}, "pre_tokenizer": null,
                              "normalizer": null, "decoder": null, "post_processor": null, "added_tokens": []})";
   try {
-    generate::Tokenizer tok(path.string());
-    ADD_FAILURE() << "a WordPiece tokenizer was accepted";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("tokenizer: the model is WordPiece, not BPE"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("pass --prompt-ids instead"), std::string::npos) << e.what();
+    models::Tokenizer tok(path.string());
+    ADD_FAILURE() << "a Unigram tokenizer was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("is a Unigram tokenizer; this library reads BPE (GPT-2, "
+                                                            "SmolLM2, Qwen2) and WordPiece (BERT) tokenizers"),
+              std::string::npos) << e.what_without_backtrace();
   }
   fs::remove(path);
 }
@@ -209,8 +207,8 @@ TEST(GenerateTokenizer, OtherKindsAreRefusedNamingWhatTheyAre) {
 
 TEST(GenerateSmolLM2, ChatPromptLogitsAndGreedyTokensAreTransformers) {
   const auto ref = read_pickle(reference() / "smollm2.pt");
-  generate::Tokenizer tok((smollm2() / "tokenizer.json").string());
-  const auto chat_template = generate::read_chat_template(smollm2().string());
+  models::Tokenizer tok((smollm2() / "tokenizer.json").string());
+  const auto chat_template = models::read_chat_template(smollm2().string());
   ASSERT_TRUE(chat_template.has_value());
   auto model = load_model(smollm2(), 256);
   const auto config = model->config();
@@ -219,7 +217,7 @@ TEST(GenerateSmolLM2, ChatPromptLogitsAndGreedyTokensAreTransformers) {
     const std::string text = ref.at(key + ".text").toStringRef();
     SCOPED_TRACE(text);
     // The chat template and tokenizer give transformers' ids.
-    const auto ids = tok.encode(generate::chat_prompt(*chat_template, text));
+    const auto ids = tok.encode(models::chat_prompt(*chat_template, text));
     ASSERT_EQ(ids, to_ids(ref.at(key + ".ids").toTensor()));
     {
       c10::InferenceMode inference;

@@ -13,9 +13,7 @@
 //
 // Prints one line `generate_device_check: PASS ...` or `... FAIL ...`; exits 1 on FAIL.
 
-#include "generation.h"
-#include "model.h"
-#include "sampler.h"
+#include <torchattn/models.h>
 
 #include <torchattn/safetensors.h>
 
@@ -71,10 +69,10 @@ int main(int argc, char** argv) {
     const at::Tensor expected32 = get(ref, "logits.float32"), theirs16 = get(ref, "logits.bfloat16");
     const at::Tensor tokens = get(ref, "tokens"), margins = get(ref, "margins");
 
-    const auto config = generate::read_config((model_dir / "config.json").string());
+    const auto config = torchattn::models::read_decoder_config((model_dir / "config.json").string());
     const int64_t n_tokens = tokens.numel();
-    generate::CausalLM model(config, prompt.numel() + n_tokens);
-    model->load_weights(torchattn::load_safetensors((model_dir / "model.safetensors").string()));
+    torchattn::models::CausalLM model(config, prompt.numel() + n_tokens);
+    model->load_hf_weights((model_dir / "model.safetensors").string());
     model->eval();
     model->to(device, at::kFloat);
     c10::InferenceMode inference;
@@ -83,8 +81,8 @@ int main(int argc, char** argv) {
     // float32: the prompt's logits, then greedy tokens through the generation loop.
     const double err32 = relative_error(model->forward(prompt.unsqueeze(0).to(device))[0], expected32);
     if (err32 > 1e-4) problems.push_back("float32 logits error " + std::to_string(err32) + " > 1e-4");
-    generate::Sampler sampler(generate::SamplingOptions{});
-    const auto ours = generate::generate_ids(*model, prompt_ids, n_tokens, sampler, {}).ids;
+    const auto ours = torchattn::models::generate(
+        *model, {prompt_ids}, torchattn::models::GenerationOptions().max_new_tokens(n_tokens).stop_at_eos(false))[0].ids;
     int64_t equal = 0, compared = 0;
     bool tie = false;
     for (int64_t i = 0; i < n_tokens; ++i) {

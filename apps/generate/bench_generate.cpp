@@ -11,10 +11,9 @@
 // machine and with one core kept busy by another process, at 2 threads and at 1).
 
 #include "fmt.h"
-#include "generation.h"
-#include "model.h"
-#include "sampler.h"
+#include "reuse_memory.h"
 
+#include <torchattn/models.h>
 #include <torchattn/torchattn.h>
 
 #include <CLI/CLI.hpp>
@@ -73,23 +72,23 @@ int main(int argc, char** argv) {
 
   // 1. Load and generate, as torchattn_generate does; the process's peak RSS then.
   auto t0 = Clock::now();
-  const auto config = generate::read_config((dir / "config.json").string());
+  const auto config = torchattn::models::read_decoder_config((dir / "config.json").string());
   // Sized as torchattn_generate sizes it: the prompt plus the new tokens (the KV caches
   // hold that many).
-  generate::CausalLM model(config, prompt_len + new_tokens);
+  torchattn::models::CausalLM model(config, prompt_len + new_tokens);
   const auto weights = torchattn::load_safetensors((dir / "model.safetensors").string());
-  model->load_weights(weights);
-  generate::keep_freed_memory_for_reuse();
+  torchattn::models::load_weights(*model, weights, model->hf_weights());
+  keep_freed_memory_for_reuse();
   const double load_s = seconds(t0);
   int64_t weight_bytes = 0;
   for (const auto& p : model->parameters()) weight_bytes += p.numel() * p.element_size();
   auto ids = at::randint(100, config.vocab_size - 100, {prompt_len}, at::kLong);
   std::vector<int64_t> prompt(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + prompt_len);
-  generate::Sampler greedy(generate::SamplingOptions{});
   std::vector<double> decode_tps, first_prefill;
   for (int r = 0; r < (quick ? 1 : 3); ++r) {
     // No stop token: always new_tokens tokens.
-    const auto result = generate::generate_ids(*model, prompt, new_tokens, greedy, {});
+    const auto options = torchattn::models::GenerationOptions().max_new_tokens(new_tokens).stop_at_eos(false);
+    const auto result = torchattn::models::generate(*model, {prompt}, options)[0];
     decode_tps.push_back((result.ids.size() - 1) / result.decode_seconds);
     first_prefill.push_back(result.prefill_seconds);
   }
@@ -117,8 +116,8 @@ int main(int argc, char** argv) {
   // for it (float32 weights: the same mapped tensors; other dtypes are converted again).
   std::vector<double> prefill;
   {
-    generate::CausalLM model(config, long_prompt);
-    model->load_weights(weights);
+    torchattn::models::CausalLM model(config, long_prompt);
+    torchattn::models::load_weights(*model, weights, model->hf_weights());
     c10::InferenceMode inference;
     const auto long_ids = at::randint(100, config.vocab_size - 100, {1, long_prompt}, at::kLong);
     for (int r = 0; r < (quick ? 2 : 6); ++r) {

@@ -6,17 +6,13 @@
 //                      [--greedy | --temperature T --top-k K --top-p P --seed S] [--chat]
 //                      [--device cpu|cuda] [--dtype float32|bfloat16] [--print-ids]
 
-#include "chat.h"
-#include "config.h"
-#include "generation.h"
-#include "model.h"
-#include "sampler.h"
-#include "tokenizer.h"
+#include "cli_checks.h"
+#include "fmt.h"
+#include "reuse_memory.h"
 
-#include <torchattn/torchattn.h>
+#include <torchattn/models.h>
 
 #include <CLI/CLI.hpp>
-#include "fmt.h"
 #include <torch/cuda.h>
 
 #include <ATen/Parallel.h>
@@ -26,91 +22,22 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
-#include <optional>
 #include <random>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-namespace {
-
-// "1,2,3" -> ids, each a non-negative integer below the vocabulary's size.
-std::vector<int64_t> parse_ids(const std::string& text, int64_t vocab_size) {
-  std::vector<int64_t> ids;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) {
-    size_t used = 0;
-    long long v = -1;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (item.empty() || used != item.size() || v < 0) {
-      throw std::runtime_error("--prompt-ids: '" + item + "' is not a token id (expected comma-separated integers >= 0, "
-                               "e.g. 1,2,3)");
-    }
-    if (v >= vocab_size) {
-      throw std::runtime_error("--prompt-ids: id " + std::to_string(v) + " is past the model's vocabulary of " +
-                               std::to_string(vocab_size) + " tokens (ids 0 to " + std::to_string(vocab_size - 1) + ")");
-    }
-    ids.push_back(v);
-  }
-  if (ids.empty()) throw std::runtime_error("--prompt-ids: no ids");
-  return ids;
-}
-
-// CLI11 validators with plain messages ("--max-new-tokens: expected at least 1, got 0").
-CLI::Validator at_least(int64_t low) {
-  return CLI::Validator(
-      [low](std::string& s) -> std::string {
-        size_t used = 0;
-        long long v = 0;
-        try {
-          v = std::stoll(s, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (s.empty() || used != s.size()) return "expected an integer, got '" + s + "'";
-        if (v < low) return "expected at least " + std::to_string(low) + ", got " + s;
-        return {};
-      },
-      ">=" + std::to_string(low));
-}
-
-// A number in (0, high]; without `high`, any number > 0.
-CLI::Validator positive_real(std::optional<double> high = std::nullopt) {
-  const std::string range = high ? "(0, " + fmt::format("{:g}", *high) + "]" : "> 0";
-  return CLI::Validator(
-      [high, range](std::string& s) -> std::string {
-        size_t used = 0;
-        double v = 0;
-        try {
-          v = std::stod(s, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (s.empty() || used != s.size()) return "expected a number, got '" + s + "'";
-        if (!(v > 0 && (!high || v <= *high))) return std::string("expected a number ") + (high ? "in " : "") + range + ", got " + s;
-        return {};
-      },
-      range);
-}
-
-std::string checkpoint_path(const std::filesystem::path& dir) {
-  if (std::filesystem::exists(dir / "model.safetensors")) return (dir / "model.safetensors").string();
-  if (std::filesystem::exists(dir / "model.safetensors.index.json")) return (dir / "model.safetensors.index.json").string();
-  throw std::runtime_error("--model: '" + dir.string() + "' has no model.safetensors nor model.safetensors.index.json");
-}
-
-} // namespace
+namespace models = torchattn::models;
+using apps::at_least;
+using apps::positive_real;
 
 int main(int argc, char** argv) {
   CLI::App app{"Generates text with a Hugging Face Llama/Qwen2/Mistral checkpoint on torchattn"};
   std::string model_dir, prompt, prompt_ids, device_name = "cpu", dtype_name = "float32";
   int64_t max_new_tokens = 64;
-  generate::SamplingOptions sampling;
+  models::GenerationOptions options;
+  double temperature_value = 1.0, top_p_value = 1.0;
+  int64_t top_k_value = 0;
   bool greedy = false, chat = false, print_ids = false;
   app.add_option("--model", model_dir, "a Hugging Face model folder")->required()->check(CLI::ExistingDirectory);
   auto* text = app.add_option("--prompt", prompt, "the prompt text");
@@ -119,11 +46,11 @@ int main(int argc, char** argv) {
   app.option_defaults()->always_capture_default();
   app.add_option("--max-new-tokens", max_new_tokens, "tokens to generate at most")->check(at_least(1));
   auto* greedy_flag = app.add_flag("--greedy", greedy, "take the most likely token (the default without sampling options)");
-  auto* temperature = app.add_option("--temperature", sampling.temperature, "sample with this temperature")
+  auto* temperature = app.add_option("--temperature", temperature_value, "sample with this temperature")
                           ->check(positive_real());
-  auto* top_k = app.add_option("--top-k", sampling.top_k, "sample among the k most likely tokens")
+  auto* top_k = app.add_option("--top-k", top_k_value, "sample among the k most likely tokens")
                     ->check(at_least(1))->default_str("all");
-  auto* top_p = app.add_option("--top-p", sampling.top_p, "sample among the most likely tokens of this total probability")
+  auto* top_p = app.add_option("--top-p", top_p_value, "sample among the most likely tokens of this total probability")
                     ->check(positive_real(1.0));
   std::string seed_text;
   auto* seed = app.add_option("--seed", seed_text, "the sampling seed (without it: a random seed, printed on stderr "
@@ -138,35 +65,40 @@ int main(int argc, char** argv) {
 
   try {
     if (text->count() == 0 && ids_opt->count() == 0) throw std::runtime_error("give --prompt TEXT or --prompt-ids 1,2,3");
-    sampling.greedy = temperature->count() == 0 && top_k->count() == 0 && top_p->count() == 0;
-    if (!sampling.greedy) {
+    options.max_new_tokens(max_new_tokens).temperature(temperature_value).top_k(top_k_value).top_p(top_p_value);
+    options.do_sample(temperature->count() > 0 || top_k->count() > 0 || top_p->count() > 0);
+    if (options.do_sample()) {
       // No --seed: a fresh one each run (as llama.cpp does), said so that it can be repeated.
-      sampling.seed = seed->count() > 0 ? std::stoull(seed_text) : std::random_device{}() & 0x7fffffff;
-      if (seed->count() == 0) fmt::print(stderr, "[sampling with seed {}; pass --seed {} to repeat]\n", sampling.seed, sampling.seed);
+      options.seed(seed->count() > 0 ? std::stoull(seed_text) : std::random_device{}() & 0x7fffffff);
+      if (seed->count() == 0) fmt::print(stderr, "[sampling with seed {}; pass --seed {} to repeat]\n", options.seed(), options.seed());
     }
     if (device_name == "cuda" && !torch::cuda::is_available()) {
       throw std::runtime_error("--device cuda: this LibTorch sees no CUDA device");
     }
     const std::filesystem::path dir(model_dir);
-    const generate::ModelConfig config = generate::read_config((dir / "config.json").string());
+    const models::DecoderConfig config = models::read_decoder_config((dir / "config.json").string());
 
     // The tokenizer: needed for --prompt and to print text; --prompt-ids works without one.
-    std::unique_ptr<generate::Tokenizer> tokenizer;
+    std::unique_ptr<models::Tokenizer> tokenizer;
     std::string tokenizer_error;
     try {
-      tokenizer = std::make_unique<generate::Tokenizer>((dir / "tokenizer.json").string());
-    } catch (const std::exception& e) {
-      tokenizer_error = e.what();
+      tokenizer = std::make_unique<models::Tokenizer>((dir / "tokenizer.json").string());
+    } catch (const c10::Error& e) {
+      tokenizer_error = e.what_without_backtrace();
     }
     std::vector<int64_t> ids;
     if (ids_opt->count() > 0) {
-      ids = parse_ids(prompt_ids, config.vocab_size);
+      ids = apps::parse_ids(prompt_ids, config.vocab_size);
     } else {
       if (!tokenizer) throw std::runtime_error(tokenizer_error);
       if (chat) {
-        const auto tmpl = generate::read_chat_template(model_dir);
+        const auto tmpl = models::read_chat_template(model_dir);
         if (!tmpl) throw std::runtime_error("--chat: '" + model_dir + "' has no chat template");
-        prompt = generate::chat_prompt(*tmpl, prompt);
+        if (tmpl->find("<|im_start|>") == std::string::npos) {
+          throw std::runtime_error("--chat: this model's chat template does not use <|im_start|>; pass the prompt as "
+                                   "it should be tokenized instead");
+        }
+        prompt = models::chat_prompt(*tmpl, prompt);
       }
       ids = tokenizer->encode(prompt);
     }
@@ -174,21 +106,25 @@ int main(int argc, char** argv) {
     if (tokenizer) {
       if (auto end = tokenizer->id_of("<|im_end|>"); end && chat) stop.push_back(*end);
     }
+    options.stop_token_ids(stop);
 
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t context = std::min<int64_t>(config.max_position_embeddings,
                                               static_cast<int64_t>(ids.size()) + max_new_tokens);
-    generate::CausalLM model(config, context);
-    model->load_weights(torchattn::load_safetensors(checkpoint_path(dir)));
-    generate::keep_freed_memory_for_reuse();
+    models::CausalLM model(config, context);
+    try {
+      model->load_hf_weights(models::checkpoint_file(model_dir));
+    } catch (const c10::Error& e) {
+      throw std::runtime_error(std::string("--model: ") + e.what_without_backtrace());
+    }
+    keep_freed_memory_for_reuse();
     if (dtype_name == "bfloat16" || device_name == "cuda") {
       model->to(torch::Device(device_name), dtype_name == "bfloat16" ? torch::kBFloat16 : torch::kFloat32);
     }
     const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-    generate::Sampler sampler(sampling);
-    generate::Utf8Stream stream;
-    const auto result = generate::generate_ids(*model, ids, max_new_tokens, sampler, stop, [&](int64_t id) {
+    models::Utf8Stream stream;
+    options.on_token([&](size_t, int64_t id) {
       if (tokenizer) {
         const bool is_stop = std::find(stop.begin(), stop.end(), id) != stop.end();
         if (!is_stop) fmt::print("{}", stream.push(tokenizer->decode({id})));
@@ -197,6 +133,7 @@ int main(int argc, char** argv) {
       }
       std::fflush(stdout);
     });
+    const auto result = models::generate(*model, {ids}, options)[0];
     fmt::print("{}\n", stream.flush());
     if (print_ids) {
       std::string line;

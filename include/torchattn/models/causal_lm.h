@@ -5,7 +5,9 @@
 // attention with RoPE -> residual, RMSNorm -> SwiGLU MLP -> residual), a final RMSNorm
 // and an output head (tied to the embeddings or not), with transformers' numerics.
 
-#include "config.h"
+#include <torchattn/models/config.h>
+#include <torchattn/models/rms_norm.h>
+#include <torchattn/models/weights.h>
 
 #include <torchattn/torchattn.h>
 
@@ -19,22 +21,11 @@
 #include <string>
 #include <vector>
 
-namespace generate {
-
-/// transformers' LlamaRMSNorm: in float32, x / sqrt(mean(x^2) + eps), back to x's
-/// dtype, times the weight.
-class RMSNormImpl : public torch::nn::Module {
- public:
-  RMSNormImpl(int64_t size, double eps);
-  at::Tensor forward(const at::Tensor& x);
-  at::Tensor weight;
-  double eps;
-};
-TORCH_MODULE(RMSNorm);
+namespace torchattn::models {
 
 class DecoderLayerImpl : public torch::nn::Module {
  public:
-  DecoderLayerImpl(const ModelConfig& c, int64_t layer, int64_t context_length);
+  DecoderLayerImpl(const DecoderConfig& c, int64_t layer, int64_t context_length);
   /// x: [B, T, hidden] after the tokens in `cache` (null: none) -> [B, T, hidden].
   at::Tensor forward(const at::Tensor& x, torchattn::KVCache* cache, const at::Tensor& key_padding_mask);
 
@@ -48,13 +39,16 @@ class CausalLMImpl : public torch::nn::Module {
  public:
   /// context_length: the most tokens a sequence may have here (prompt and new tokens;
   /// at most the config's max_position_embeddings): the KV caches' size.
-  CausalLMImpl(const ModelConfig& config, int64_t context_length);
+  CausalLMImpl(const DecoderConfig& config, int64_t context_length);
 
-  /// Loads a checkpoint's tensors under their Hugging Face names
-  /// (model.layers.0.self_attn.q_proj.weight, ...). Strict: a missing, unexpected or
-  /// misshapen tensor is a c10::Error naming it. float32 tensors of a CPU model are
-  /// used in place (the checkpoint's memory map, no second copy); others are converted.
-  void load_weights(const torchattn::NamedTensors& tensors);
+  /// The rules from a Hugging Face checkpoint's names to this module's
+  /// ("model.layers.0.self_attn.q_proj.weight" -> "layers.0.self_attn.W_query.weight"),
+  /// for load_weights. A tied head's saved copy and rotary tables are ignored.
+  WeightsOptions hf_weights() const;
+
+  /// Loads a Hugging Face checkpoint (a .safetensors file, a sharded index, or a
+  /// folder holding either) with hf_weights(): strict, see load_weights.
+  void load_hf_weights(const std::string& path);
 
   /// One KV cache per layer for `batch` sequences.
   std::vector<torchattn::KVCache> make_caches(int64_t batch, bool static_shapes = false) const;
@@ -65,7 +59,7 @@ class CausalLMImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& ids, std::vector<torchattn::KVCache>* caches = nullptr,
                      const at::Tensor& key_padding_mask = {}, bool last_only = false);
 
-  const ModelConfig& config() const { return config_; }
+  const DecoderConfig& config() const { return config_; }
   int64_t context_length() const { return context_length_; }
 
   torch::nn::Embedding embed_tokens{nullptr};
@@ -74,13 +68,9 @@ class CausalLMImpl : public torch::nn::Module {
   torch::nn::Linear lm_head{nullptr};  // null when tied to embed_tokens
 
  private:
-  ModelConfig config_;
+  DecoderConfig config_;
   int64_t context_length_;
 };
 TORCH_MODULE(CausalLM);
 
-/// The Hugging Face name of each of the model's tensors, as `named_parameters()` keys
-/// map to them: "layers.0.self_attn.W_query.weight" -> "model.layers.0.self_attn.q_proj.weight".
-std::string hf_name(const std::string& name);
-
-} // namespace generate
+} // namespace torchattn::models

@@ -1,4 +1,4 @@
-#include "sampler.h"
+#include <torchattn/models/sampler.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
@@ -13,7 +13,7 @@
 #include <cmath>
 #include <limits>
 
-namespace generate {
+namespace torchattn::models {
 
 Sampler::Sampler(const SamplingOptions& options) : options_(options), generator_(at::make_generator<at::CPUGeneratorImpl>(options.seed)) {
   TORCH_CHECK(options.greedy || (std::isfinite(options.temperature) && options.temperature > 0.0),
@@ -45,4 +45,4 @@ int64_t Sampler::next(const at::Tensor& logits) {
   return at::multinomial(scores.softmax(0), 1, /*replacement=*/false, generator_).item<int64_t>();
 }
 
-} // namespace generate
+} // namespace torchattn::models

@@ -1,6 +1,4 @@
-#include "tokenizer.h"
-
-#include "json_file.h"
+#include "bpe_tokenizer.h"
 
 #include <nlohmann/json.hpp>
 #include <unicode/normalizer2.h>
@@ -10,18 +8,18 @@
 #include <algorithm>
 #include <array>
 #include <climits>
-#include <stdexcept>
+#include <c10/util/Exception.h>
 
-namespace generate {
+namespace torchattn::models::detail {
 
 namespace {
 
 using json = nlohmann::json;
 
 [[noreturn]] void unsupported(const std::string& what) {
-  throw std::runtime_error("tokenizer: " + what +
-                           "; this tokenizer reads byte-level BPE tokenizers (GPT-2, SmolLM2, Qwen2), pass --prompt-ids "
-                           "instead");
+  TORCH_CHECK(false, "tokenizer: " + what +
+                           "; this library reads byte-level BPE tokenizers (GPT-2, SmolLM2, Qwen2) and WordPiece "
+                           "tokenizers (BERT)");
 }
 
 std::string utf8(UChar32 c) {
@@ -56,9 +54,9 @@ const ByteLevel& byte_level() {
 std::string nfc(std::string_view text) {
   UErrorCode status = U_ZERO_ERROR;
   const icu::Normalizer2* n = icu::Normalizer2::getNFCInstance(status);
-  if (U_FAILURE(status)) throw std::runtime_error("tokenizer: ICU has no NFC normalizer");
+  if (U_FAILURE(status)) TORCH_CHECK(false, "tokenizer: ICU has no NFC normalizer");
   const icu::UnicodeString out = n->normalize(icu::UnicodeString::fromUTF8(icu::StringPiece(text.data(), static_cast<int32_t>(text.size()))), status);
-  if (U_FAILURE(status)) throw std::runtime_error("tokenizer: NFC normalization failed");
+  if (U_FAILURE(status)) TORCH_CHECK(false, "tokenizer: NFC normalization failed");
   std::string s;
   out.toUTF8String(s);
   return s;
@@ -81,8 +79,7 @@ std::string pair_key(const std::string& a, const std::string& b) {
 
 } // namespace
 
-Tokenizer::Tokenizer(const std::string& path) {
-  const json t = read_json_file(path, "tokenizer");
+BpeTokenizer::BpeTokenizer(const json& t) {
   const json& model = t.at("model");
   const std::string kind = get_or<std::string>(model, "type", "?");
   if (kind != "BPE") unsupported("the model is " + kind + ", not BPE");
@@ -96,6 +93,7 @@ Tokenizer::Tokenizer(const std::string& path) {
   for (const auto& a : get_or<json>(t, "added_tokens", json::array())) max_id = std::max(max_id, a.at("id").get<int64_t>());
   tokens_.resize(static_cast<size_t>(max_id + 1));
   is_added_.assign(tokens_.size(), false);
+  is_special_.assign(tokens_.size(), false);
   for (const auto& [token, id] : model.at("vocab").items()) {
     vocab_[token] = id.get<int64_t>();
     tokens_[static_cast<size_t>(id.get<int64_t>())] = token;
@@ -121,6 +119,7 @@ Tokenizer::Tokenizer(const std::string& path) {
     added_.push_back({content, id});
     tokens_[static_cast<size_t>(id)] = content;
     is_added_[static_cast<size_t>(id)] = true;
+    is_special_[static_cast<size_t>(id)] = get_or<bool>(a, "special", false);
   }
   std::stable_sort(added_.begin(), added_.end(),
                    [](const Added& x, const Added& y) { return x.content.size() > y.content.size(); });
@@ -198,7 +197,7 @@ Tokenizer::Tokenizer(const std::string& path) {
   }
 }
 
-std::optional<int64_t> Tokenizer::id_of(const std::string& token) const {
+std::optional<int64_t> BpeTokenizer::id_of(const std::string& token) const {
   for (const auto& a : added_) {
     if (a.content == token) return a.id;
   }
@@ -206,7 +205,7 @@ std::optional<int64_t> Tokenizer::id_of(const std::string& token) const {
   return it == vocab_.end() ? std::nullopt : std::optional<int64_t>(it->second);
 }
 
-void Tokenizer::bpe(const std::string& word, std::vector<int64_t>& out) const {
+void BpeTokenizer::bpe(const std::string& word, std::vector<int64_t>& out) const {
   {
     std::lock_guard<std::mutex> lock(cache_mutex_);
     const auto it = cache_.find(word);
@@ -248,7 +247,7 @@ void Tokenizer::bpe(const std::string& word, std::vector<int64_t>& out) const {
     }
     for (const auto& sym : symbols) {
       const auto v = vocab_.find(sym);
-      if (v == vocab_.end()) throw std::runtime_error("tokenizer: the piece '" + sym + "' is not in the vocabulary");
+      if (v == vocab_.end()) TORCH_CHECK(false, "tokenizer: the piece '" + sym + "' is not in the vocabulary");
       ids.push_back(v->second);
     }
   }
@@ -257,7 +256,7 @@ void Tokenizer::bpe(const std::string& word, std::vector<int64_t>& out) const {
   cache_.emplace(word, std::move(ids));
 }
 
-std::vector<int64_t> Tokenizer::encode_plain(std::string_view segment) const {
+std::vector<int64_t> BpeTokenizer::encode_plain(std::string_view segment) const {
   std::vector<int64_t> out;
   const std::string text = nfc_ ? nfc(segment) : std::string(segment);
   std::vector<std::string> pieces{add_prefix_space_ && !text.empty() && text[0] != ' ' ? " " + text : text};
@@ -280,8 +279,8 @@ std::vector<int64_t> Tokenizer::encode_plain(std::string_view segment) const {
   return out;
 }
 
-std::vector<int64_t> Tokenizer::encode(std::string_view text) const {
-  std::vector<int64_t> out = prefix_ids_;
+std::vector<int64_t> BpeTokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  std::vector<int64_t> out = add_special_tokens ? prefix_ids_ : std::vector<int64_t>{};
   size_t start = 0;
   for (size_t i = 0; i < text.size();) {
     const Added* hit = nullptr;
@@ -307,18 +306,18 @@ std::vector<int64_t> Tokenizer::encode(std::string_view text) const {
     const auto plain = encode_plain(text.substr(start));
     out.insert(out.end(), plain.begin(), plain.end());
   }
-  out.insert(out.end(), suffix_ids_.begin(), suffix_ids_.end());
+  if (add_special_tokens) out.insert(out.end(), suffix_ids_.begin(), suffix_ids_.end());
   return out;
 }
 
-std::string Tokenizer::decode(const std::vector<int64_t>& ids) const {
+std::string BpeTokenizer::decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const {
   const ByteLevel& bl = byte_level();
   std::string out;
   for (const int64_t id : ids) {
-    if (id < 0 || id >= vocab_size()) throw std::runtime_error("tokenizer: no token has id " + std::to_string(id));
+    if (id < 0 || id >= vocab_size()) TORCH_CHECK(false, "tokenizer: no token has id ", id, " (vocabulary of ", vocab_size(), ")");
     const std::string& token = tokens_[static_cast<size_t>(id)];
     if (is_added_[static_cast<size_t>(id)]) {
-      out += token;
+      if (!skip_special_tokens || !is_special_[static_cast<size_t>(id)]) out += token;
       continue;
     }
     const auto* s = reinterpret_cast<const uint8_t*>(token.data());
@@ -333,4 +332,4 @@ std::string Tokenizer::decode(const std::vector<int64_t>& ids) const {
   return out;
 }
 
-} // namespace generate
+} // namespace torchattn::models::detail

@@ -16,28 +16,31 @@
 #include <vector>
 
 #include "pretokenize.h"
+#include "tokenizer_model.h"
 
-namespace generate {
+#include <nlohmann/json_fwd.hpp>
 
-class Tokenizer {
+namespace torchattn::models::detail {
+
+class BpeTokenizer final : public TokenizerModel {
  public:
-  /// Reads `path` (a tokenizer.json). A tokenizer of another kind (a SentencePiece
-  /// Unigram, a WordPiece, a normalizer or pre-tokenizer it does not know) is a
-  /// std::runtime_error that says what it is.
-  explicit Tokenizer(const std::string& path);
+  /// From a parsed tokenizer.json whose model is BPE. A variant it does not read (a
+  /// SentencePiece-style byte fallback, a normalizer or pre-tokenizer it does not
+  /// know) is a c10::Error that says what it is.
+  explicit BpeTokenizer(const nlohmann::json& tokenizer);
 
-  /// Token ids of `text` (UTF-8), with the template's special tokens, as
-  /// transformers' `tokenizer(text)["input_ids"]`.
-  std::vector<int64_t> encode(std::string_view text) const;
+  /// As transformers' `tokenizer(text)["input_ids"]`.
+  std::vector<int64_t> encode(std::string_view text, bool add_special_tokens) const override;
 
-  /// The bytes of the tokens (special tokens included), as transformers'
-  /// `tokenizer.decode(ids)`. May end inside a UTF-8 sequence.
-  std::string decode(const std::vector<int64_t>& ids) const;
+  /// The bytes of the tokens, as transformers' `tokenizer.decode(ids)`. May end
+  /// inside a UTF-8 sequence.
+  std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const override;
 
-  /// The id of a token given as text (e.g. "<|im_end|>"), if it has one.
-  std::optional<int64_t> id_of(const std::string& token) const;
+  std::optional<int64_t> id_of(const std::string& token) const override;
 
-  int64_t vocab_size() const { return static_cast<int64_t>(tokens_.size()); }
+  int64_t vocab_size() const override { return static_cast<int64_t>(tokens_.size()); }
+  const std::vector<int64_t>& prefix_ids() const override { return prefix_ids_; }
+  const std::vector<int64_t>& suffix_ids() const override { return suffix_ids_; }
 
  private:
   struct Added {
@@ -51,6 +54,7 @@ class Tokenizer {
   std::unordered_map<std::string, int64_t> vocab_;
   std::vector<std::string> tokens_;  // id -> token text (byte-level characters, or an added token's content)
   std::vector<bool> is_added_;       // id -> an added token (decoded as its content)
+  std::vector<bool> is_special_;     // id -> a special added token (skipped by decode on request)
   std::unordered_map<std::string, int> ranks_;  // "left right" -> merge rank
   std::vector<Added> added_;                    // longest first
   bool nfc_ = false;
@@ -64,4 +68,4 @@ class Tokenizer {
   mutable std::unordered_map<std::string, std::vector<int64_t>> cache_;
 };
 
-} // namespace generate
+} // namespace torchattn::models::detail

@@ -1,11 +1,12 @@
 #include "pretokenize.h"
 
+#include <c10/util/Exception.h>
 #include <unicode/uchar.h>
 #include <unicode/utf8.h>
 
 #include <stdexcept>
 
-namespace generate {
+namespace torchattn::models::detail {
 
 namespace {
 
@@ -130,7 +131,7 @@ SplitPattern pattern_from_regex(const std::string& regex) {
       R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)") {
     return SplitPattern::Qwen2;
   }
-  throw std::runtime_error("tokenizer: the split pattern " + regex +
+  TORCH_CHECK(false, "tokenizer: the split pattern " + regex +
                            " is not one this tokenizer knows (GPT-2's or Qwen2's); pass --prompt-ids instead");
 }
 
@@ -162,4 +163,4 @@ std::vector<std::string> split_digits(std::string_view text) {
   return out;
 }
 
-} // namespace generate
+} // namespace torchattn::models::detail

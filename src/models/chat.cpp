@@ -1,4 +1,4 @@
-#include "chat.h"
+#include <torchattn/models/chat.h>
 
 #include <nlohmann/json.hpp>
 
@@ -7,7 +7,7 @@
 #include <iterator>
 #include <stdexcept>
 
-namespace generate {
+namespace torchattn::models {
 
 std::optional<std::string> read_chat_template(const std::string& model_dir) {
   const auto dir = std::filesystem::path(model_dir);
@@ -25,7 +25,7 @@ std::optional<std::string> read_chat_template(const std::string& model_dir) {
 
 std::string chat_prompt(const std::string& chat_template, const std::string& prompt) {
   if (chat_template.find("<|im_start|>") == std::string::npos) {
-    throw std::runtime_error("--chat: this model's chat template does not use <|im_start|>; pass the prompt as it "
+    TORCH_CHECK(false, "chat_prompt: this model's chat template does not use <|im_start|>; pass the prompt as it "
                              "should be tokenized instead");
   }
   // The default system turn, when the template writes one: the text after
@@ -42,4 +42,4 @@ std::string chat_prompt(const std::string& chat_template, const std::string& pro
   return system + "<|im_start|>user\n" + prompt + "<|im_end|>\n<|im_start|>assistant\n";
 }
 
-} // namespace generate
+} // namespace torchattn::models

@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-namespace generate {
+namespace torchattn::models {
 
 /// The folder's chat template text, or nullopt when it has none.
 std::optional<std::string> read_chat_template(const std::string& model_dir);
@@ -17,4 +17,4 @@ std::optional<std::string> read_chat_template(const std::string& model_dir);
 /// not use <|im_start|> is a std::runtime_error saying so.
 std::string chat_prompt(const std::string& chat_template, const std::string& prompt);
 
-} // namespace generate
+} // namespace torchattn::models

@@ -1,19 +1,19 @@
-#include "config.h"
+#include <torchattn/models/config.h>
 
 #include "json_file.h"
 
 #include <nlohmann/json.hpp>
 
-#include <stdexcept>
+#include <c10/util/Exception.h>
 
-namespace generate {
+namespace torchattn::models {
 
 namespace {
 
 using json = nlohmann::json;
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
-  throw std::runtime_error("config: '" + path + "': " + what);
+  TORCH_CHECK(false, "config: '" + path + "': " + what);
 }
 
 int64_t positive(const json& c, const std::string& path, const char* key) {
@@ -34,12 +34,21 @@ std::vector<int64_t> ids(const json& v) {
 
 } // namespace
 
-ModelConfig read_config(const std::string& path) {
-  const json c = read_json_file(path, "config");
-  ModelConfig m;
+const char* supported_model_types() { return "llama, qwen2, mistral (decoders); bert (encoders)"; }
+
+std::string read_model_type(const std::string& path) {
+  const json c = detail::read_json_file(path, "config");
+  if (!c.is_object() || !c.contains("model_type") || !c["model_type"].is_string()) fail(path, "no model_type");
+  return c["model_type"].get<std::string>();
+}
+
+DecoderConfig read_decoder_config(const std::string& path) {
+  const json c = detail::read_json_file(path, "config");
+  DecoderConfig m;
   m.model_type = c.value("model_type", std::string());
   if (m.model_type != "llama" && m.model_type != "qwen2" && m.model_type != "mistral") {
-    fail(path, "model_type '" + m.model_type + "' is not one of llama, qwen2, mistral");
+    fail(path, "model_type '" + m.model_type + "' is not a decoder this library runs; supported: " +
+                   supported_model_types());
   }
   m.vocab_size = positive(c, path, "vocab_size");
   m.hidden_size = positive(c, path, "hidden_size");
@@ -86,4 +95,31 @@ ModelConfig read_config(const std::string& path) {
   return m;
 }
 
-} // namespace generate
+BertConfig read_bert_config(const std::string& path) {
+  const json c = detail::read_json_file(path, "config");
+  const std::string type = c.value("model_type", std::string());
+  if (type != "bert") {
+    fail(path, "model_type '" + type + "' is not an encoder this library runs; supported: " + supported_model_types());
+  }
+  BertConfig m;
+  m.vocab_size = positive(c, path, "vocab_size");
+  m.hidden_size = positive(c, path, "hidden_size");
+  m.intermediate_size = positive(c, path, "intermediate_size");
+  m.num_layers = positive(c, path, "num_hidden_layers");
+  m.num_heads = positive(c, path, "num_attention_heads");
+  m.max_position_embeddings = positive(c, path, "max_position_embeddings");
+  m.type_vocab_size = c.contains("type_vocab_size") ? positive(c, path, "type_vocab_size") : 2;
+  if (m.hidden_size % m.num_heads != 0) fail(path, "hidden_size is not a multiple of num_attention_heads");
+  const std::string act = c.value("hidden_act", std::string("gelu"));
+  if (act != "gelu") fail(path, "hidden_act '" + act + "' is not supported (only gelu)");
+  const std::string positions = c.value("position_embedding_type", std::string("absolute"));
+  if (positions != "absolute") fail(path, "position_embedding_type '" + positions + "' is not supported (only absolute)");
+  if (c.value("is_decoder", false)) fail(path, "is_decoder: a BERT decoder is not supported (only encoders)");
+  m.layer_norm_eps = c.value("layer_norm_eps", 1e-12);
+  m.hidden_dropout = c.value("hidden_dropout_prob", 0.1);
+  m.attention_dropout = c.value("attention_probs_dropout_prob", 0.1);
+  m.pad_token_id = c.contains("pad_token_id") && c["pad_token_id"].is_number_integer() ? c["pad_token_id"].get<int64_t>() : 0;
+  return m;
+}
+
+} // namespace torchattn::models

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-namespace generate {
+namespace torchattn::models::detail {
 
 enum class SplitPattern {
   /// GPT-2 (and SmolLM2, via ByteLevel's use_regex):
@@ -22,7 +22,7 @@ enum class SplitPattern {
 };
 
 /// The pattern whose regex text (as tokenizer.json writes it) is `regex`; throws a
-/// std::runtime_error naming it when it is none of the above.
+/// c10::Error naming it when it is none of the above.
 SplitPattern pattern_from_regex(const std::string& regex);
 
 /// The pieces of `text` (UTF-8) the pattern matches, left to right, covering it.
@@ -32,4 +32,4 @@ std::vector<std::string> split(std::string_view text, SplitPattern pattern);
 /// rest kept in runs.
 std::vector<std::string> split_digits(std::string_view text);
 
-} // namespace generate
+} // namespace torchattn::models::detail

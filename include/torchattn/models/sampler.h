@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <optional>
 
-namespace generate {
+namespace torchattn::models {
 
 struct SamplingOptions {
   bool greedy = true;
@@ -32,4 +32,4 @@ class Sampler {
   at::Generator generator_;
 };
 
-} // namespace generate
+} // namespace torchattn::models

@@ -1,0 +1,67 @@
+#pragma once
+
+// A Hugging Face model folder's `config.json`, read into what a model needs: the
+// decoders of the Llama family (model_type llama, qwen2, mistral) and the BERT
+// encoders (model_type bert: BERT, MiniLM, ...).
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torchattn::models {
+
+struct DecoderConfig {
+  std::string model_type;  // llama, qwen2, mistral
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  bool tie_word_embeddings = false;
+  bool qkv_bias = false;  // Qwen2: true; Llama: attention_bias
+  bool o_bias = false;    // Llama: attention_bias
+  bool mlp_bias = false;
+  /// Per layer: a sliding window (Mistral; Qwen2's sliding_attention layers), or none.
+  std::vector<std::optional<int64_t>> windows;
+  std::vector<int64_t> eos_token_ids;
+  std::optional<int64_t> bos_token_id;
+
+  int64_t head_dim() const { return hidden_size / num_heads; }
+};
+
+/// Reads a decoder's config.json at `path`. Another model type (the error names the
+/// supported ones), activation or RoPE scaling, or a missing field, is a c10::Error
+/// naming it and the file.
+DecoderConfig read_decoder_config(const std::string& path);
+
+struct BertConfig {
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t max_position_embeddings = 0;
+  int64_t type_vocab_size = 2;
+  double layer_norm_eps = 1e-12;
+  int64_t pad_token_id = 0;
+  double hidden_dropout = 0.1;     // hidden_dropout_prob: after each sublayer, in training mode
+  double attention_dropout = 0.1;  // attention_probs_dropout_prob
+};
+
+/// Reads a BERT encoder's config.json (model_type bert; hidden_act gelu; absolute
+/// position embeddings). Errors as read_decoder_config's.
+BertConfig read_bert_config(const std::string& path);
+
+/// The model_type of the config.json at `path` (an error naming the file when it has none).
+std::string read_model_type(const std::string& path);
+
+/// The model types this library runs, for error messages:
+/// "llama, qwen2, mistral (decoders); bert (encoders)".
+const char* supported_model_types();
+
+} // namespace torchattn::models

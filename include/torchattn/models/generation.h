@@ -1,0 +1,72 @@
+#pragma once
+
+// Generation with a CausalLM: a batch of prompts of different lengths (left-padded,
+// decoded together with KV caches), greedy or sampled, with stop tokens, a limit on
+// new tokens and a callback for each token as it is chosen.
+
+#include <torchattn/models/causal_lm.h>
+#include <torchattn/models/sampler.h>
+
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace torchattn::models {
+
+struct GenerationOptions {
+  /// New tokens per prompt at most (>= 1).
+  TORCH_ARG(int64_t, max_new_tokens) = 64;
+  /// false (default): greedy, the most likely token. true: sample after temperature,
+  /// top-k and top-p, as transformers' generate(do_sample=True).
+  TORCH_ARG(bool, do_sample) = false;
+  /// > 0; with do_sample.
+  TORCH_ARG(double, temperature) = 1.0;
+  /// 0: off; with do_sample.
+  TORCH_ARG(int64_t, top_k) = 0;
+  /// In (0, 1]; 1: off; with do_sample.
+  TORCH_ARG(double, top_p) = 1.0;
+  /// The sampling seed. Each prompt of a batch samples from its own generator seeded
+  /// with it, so that a prompt gets the same tokens in any batch as alone.
+  TORCH_ARG(uint64_t, seed) = 0;
+  /// Tokens that end a sequence (kept as its last token), besides the model's EOS.
+  TORCH_ARG(std::vector<int64_t>, stop_token_ids) = {};
+  /// Stop at the config's eos_token_id too. Default: true.
+  TORCH_ARG(bool, stop_at_eos) = true;
+  /// Called with (prompt index, token id) for each new token as soon as it is chosen.
+  TORCH_ARG(std::function<void(size_t, int64_t)>, on_token) = nullptr;
+};
+
+struct GenerationResult {
+  std::vector<int64_t> ids;      // the new tokens (the stop token included, if one came)
+  bool stopped = false;          // ended by a stop token (else by max_new_tokens)
+  int64_t prompt_tokens = 0;
+  double prefill_seconds = 0.0;  // the batch's prompt forward and first token
+  double decode_seconds = 0.0;   // every step after the first
+};
+
+/// Generates after each prompt (token ids, each non-empty; prompt and new tokens must
+/// fit the model's context_length). Each prompt gets the tokens it would get alone
+/// (up to float rounding of the padded batch's matrix products, which can turn a
+/// near-tie of the top two logits). On CUDA, a batch of one replays every step after
+/// the first from a CUDA graph (torchattn::DecodeGraph).
+std::vector<GenerationResult> generate(CausalLMImpl& model, const std::vector<std::vector<int64_t>>& prompts,
+                                       const GenerationOptions& options = {});
+
+/// The sampling part of `options` (greedy unless do_sample).
+SamplingOptions sampling_options(const GenerationOptions& options);
+
+/// Turns token bytes into complete UTF-8 characters as they arrive: push() returns
+/// what can be printed now; a character split across tokens waits for its end.
+class Utf8Stream {
+ public:
+  std::string push(const std::string& bytes);
+  std::string flush();
+
+ private:
+  std::string pending_;
+};
+
+} // namespace torchattn::models

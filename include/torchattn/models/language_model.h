@@ -1,0 +1,65 @@
+#pragma once
+
+// A Hugging Face decoder folder (llama, qwen2, mistral: config.json, safetensors
+// weights, tokenizer.json) as one object: text in, text out.
+//
+//   auto lm = torchattn::models::LanguageModel::from_pretrained("SmolLM2-135M-Instruct");
+//   auto out = lm.generate({lm.chat_prompt("What is the capital of France?")},
+//                          torchattn::models::GenerationOptions().max_new_tokens(32));
+//   std::cout << out[0].text << "\n";
+
+#include <torchattn/models/causal_lm.h>
+#include <torchattn/models/generation.h>
+#include <torchattn/models/load_options.h>
+#include <torchattn/models/tokenizer.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torchattn::models {
+
+struct Completion {
+  std::string text;          // the new tokens' text, the stop token left out
+  std::vector<int64_t> ids;  // the new tokens, the stop token included if one came
+  bool stopped = false;      // ended by a stop token (else by max_new_tokens)
+  int64_t prompt_tokens = 0;
+};
+
+class LanguageModel {
+ public:
+  /// Loads `folder`: config.json (model_type llama, qwen2 or mistral; another type is
+  /// an error naming the supported ones), model.safetensors or its sharded index
+  /// (tied or untied embeddings), tokenizer.json, and the chat template if any.
+  /// Weights are checked strictly (a missing, extra or misshapen tensor is an error
+  /// naming it and its file), then moved to `options`' device and dtype.
+  static LanguageModel from_pretrained(const std::string& folder, const LoadOptions& options = {});
+
+  /// Generates after each prompt (text, tokenized as is: see chat_prompt), batched.
+  /// on_text, if given, gets (prompt index, text) for each piece of text as it
+  /// comes (whole UTF-8 characters; the stop token left out).
+  std::vector<Completion> generate(const std::vector<std::string>& prompts, const GenerationOptions& options = {},
+                                   const std::function<void(size_t, const std::string&)>& on_text = nullptr);
+
+  /// `message` as one user turn of the folder's chat template (<|im_start|> formats,
+  /// as SmolLM2's and Qwen2's), ready for the assistant's answer. An error when the
+  /// folder has no template or one of another format.
+  std::string chat_prompt(const std::string& message) const;
+
+  /// The template's end-of-turn token (<|im_end|>) when it has one: generate stops at it.
+  std::optional<int64_t> end_of_turn() const { return end_of_turn_; }
+
+  CausalLM& model() { return model_; }
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+  const DecoderConfig& config() const { return model_->config(); }
+
+ private:
+  LanguageModel(CausalLM model, Tokenizer tokenizer, std::optional<std::string> chat_template);
+  CausalLM model_;
+  Tokenizer tokenizer_;
+  std::optional<std::string> chat_template_;
+  std::optional<int64_t> end_of_turn_;
+};
+
+} // namespace torchattn::models

@@ -1,0 +1,83 @@
+#include <torchattn/models/bert.h>
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/zeros_like.h>
+#include <c10/util/Exception.h>
+
+namespace torchattn::models {
+
+BertEmbeddingsImpl::BertEmbeddingsImpl(const BertConfig& c) {
+  word_embeddings = register_module("word_embeddings", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+  position_embeddings = register_module("position_embeddings", torch::nn::Embedding(c.max_position_embeddings, c.hidden_size));
+  token_type_embeddings = register_module("token_type_embeddings", torch::nn::Embedding(c.type_vocab_size, c.hidden_size));
+  LayerNorm = register_module("LayerNorm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps)));
+  dropout = register_module("dropout", torch::nn::Dropout(c.hidden_dropout));
+}
+
+at::Tensor BertEmbeddingsImpl::forward(const at::Tensor& ids, const at::Tensor& token_type_ids) {
+  const int64_t T = ids.size(1);
+  const at::Tensor positions = at::arange(T, ids.options());
+  at::Tensor x = word_embeddings(ids);
+  x = x + (token_type_ids.defined() ? token_type_embeddings(token_type_ids)
+                                     : token_type_embeddings->weight[0]);
+  x = x + position_embeddings(positions);
+  return dropout(LayerNorm(x));
+}
+
+BertLayerImpl::BertLayerImpl(const BertConfig& c) {
+  attention = register_module(
+      "attention", MultiHeadAttention(MultiHeadAttentionOptions(c.hidden_size, c.hidden_size, c.max_position_embeddings,
+                                                                c.num_heads)
+                                          .causal(false)
+                                          .qkv_bias(true)
+                                          .dropout(c.attention_dropout)));
+  const auto norm = torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps);
+  attention_norm = register_module("attention_norm", torch::nn::LayerNorm(norm));
+  intermediate = register_module("intermediate", torch::nn::Linear(c.hidden_size, c.intermediate_size));
+  output = register_module("output", torch::nn::Linear(c.intermediate_size, c.hidden_size));
+  output_norm = register_module("output_norm", torch::nn::LayerNorm(norm));
+  dropout = register_module("dropout", torch::nn::Dropout(c.hidden_dropout));
+}
+
+at::Tensor BertLayerImpl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask) {
+  const at::Tensor h = attention_norm(dropout(attention(x, key_padding_mask)) + x);
+  const at::Tensor m = output(at::gelu(intermediate(h)));
+  return output_norm(dropout(m) + h);
+}
+
+BertModelImpl::BertModelImpl(const BertConfig& config) : config_(config) {
+  embeddings = register_module("embeddings", BertEmbeddings(config));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.num_layers; ++i) layers->push_back(BertLayer(config));
+}
+
+at::Tensor BertModelImpl::forward(const at::Tensor& ids, const at::Tensor& key_padding_mask,
+                                  const at::Tensor& token_type_ids) {
+  TORCH_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kLong, "BertModel: expected int64 ids [B, T], got ",
+              ids.sizes(), " of ", ids.scalar_type());
+  TORCH_CHECK(ids.size(1) >= 1 && ids.size(1) <= config_.max_position_embeddings, "BertModel: ids have ", ids.size(1),
+              " tokens; the model has positions for 1 to ", config_.max_position_embeddings);
+  TORCH_CHECK(!token_type_ids.defined() || token_type_ids.sizes() == ids.sizes(), "BertModel: expected token_type_ids ",
+              ids.sizes(), " as ids, got ", token_type_ids.sizes());
+  at::Tensor x = embeddings(ids, token_type_ids);
+  for (const auto& layer : *layers) x = layer->as<BertLayerImpl>()->forward(x, key_padding_mask);
+  return x;
+}
+
+WeightsOptions BertModelImpl::hf_weights() {
+  return WeightsOptions()
+      .rename({{"bert", ""},
+               {"encoder.layer", "layers"},
+               {"attention.self.query", "attention.W_query"},
+               {"attention.self.key", "attention.W_key"},
+               {"attention.self.value", "attention.W_value"},
+               {"attention.output.dense", "attention.out_proj"},
+               {"attention.output.LayerNorm", "attention_norm"},
+               {"intermediate.dense", "intermediate"},
+               {"output.dense", "output"},
+               {"output.LayerNorm", "output_norm"}})
+      .ignore({"embeddings.position_ids", "embeddings.token_type_ids", "pooler", "cls"});
+}
+
+} // namespace torchattn::models

@@ -1,0 +1,99 @@
+#include <torchattn/models/causal_lm.h>
+
+#include <ATen/ops/silu.h>
+#include <c10/core/GradMode.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <algorithm>
+#include <map>
+
+namespace torchattn::models {
+
+DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, int64_t context_length) {
+  input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  auto attn = torchattn::MultiHeadAttentionOptions(c.hidden_size, c.hidden_size, context_length, c.num_heads)
+                  .num_kv_heads(c.num_kv_heads)
+                  .rope(torchattn::RoPEOptions(c.rope_theta))
+                  .qkv_bias(c.qkv_bias)
+                  .out_bias(c.o_bias)
+                  .mask_buffer(false);
+  attn.window(c.windows.at(static_cast<size_t>(layer)));
+  self_attn = register_module("self_attn", torchattn::MultiHeadAttention(attn));
+  post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  const auto mlp = [&](int64_t in, int64_t out) { return torch::nn::LinearOptions(in, out).bias(c.mlp_bias); };
+  gate_proj = register_module("gate_proj", torch::nn::Linear(mlp(c.hidden_size, c.intermediate_size)));
+  up_proj = register_module("up_proj", torch::nn::Linear(mlp(c.hidden_size, c.intermediate_size)));
+  down_proj = register_module("down_proj", torch::nn::Linear(mlp(c.intermediate_size, c.hidden_size)));
+}
+
+at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, torchattn::KVCache* cache, const at::Tensor& key_padding_mask) {
+  const at::Tensor a = input_layernorm(x);
+  at::Tensor h = cache != nullptr ? self_attn->forward_cached(a, *cache, key_padding_mask)
+                                  : self_attn->forward(a, key_padding_mask);
+  // Residual sums written in place where no gradient is kept (generation): the same
+  // values, one allocation fewer each.
+  const bool in_place = !c10::GradMode::is_enabled();
+  h = in_place ? h.add_(x) : h + x;
+  const at::Tensor m = post_attention_layernorm(h);
+  auto linear = [](const torch::nn::Linear& l, const at::Tensor& in) {
+    return torchattn::functional::linear(in, l->weight, l->bias);
+  };
+  at::Tensor gate = linear(gate_proj, m);
+  gate = in_place ? at::silu_(gate).mul_(linear(up_proj, m)) : at::silu(gate) * linear(up_proj, m);
+  const at::Tensor out = linear(down_proj, gate);
+  return in_place ? out.add_(h) : out + h;
+}
+
+CausalLMImpl::CausalLMImpl(const DecoderConfig& config, int64_t context_length)
+    : config_(config), context_length_(context_length) {
+  TORCH_CHECK(context_length > 0 && context_length <= config.max_position_embeddings,
+              "CausalLM: expected a context_length in [1, max_position_embeddings=", config.max_position_embeddings,
+              "], got ", context_length);
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(config.vocab_size, config.hidden_size));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.num_layers; ++i) layers->push_back(DecoderLayer(config, i, context_length));
+  norm = register_module("norm", RMSNorm(config.hidden_size, config.rms_norm_eps));
+  if (!config.tie_word_embeddings) {
+    lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(config.hidden_size, config.vocab_size)
+                                                               .bias(false)));
+  }
+}
+
+WeightsOptions CausalLMImpl::hf_weights() const {
+  std::vector<std::string> ignore{"rotary_emb.inv_freq"};
+  if (config_.tie_word_embeddings) ignore.emplace_back("lm_head.weight");  // a tied head saved anyway
+  return WeightsOptions()
+      .rename({{"model", ""}, {"mlp", ""}, {"q_proj", "W_query"}, {"k_proj", "W_key"}, {"v_proj", "W_value"},
+               {"o_proj", "out_proj"}})
+      .ignore(ignore);
+}
+
+void CausalLMImpl::load_hf_weights(const std::string& path) { load_weights(*this, path, hf_weights()); }
+
+std::vector<torchattn::KVCache> CausalLMImpl::make_caches(int64_t batch, bool static_shapes) const {
+  std::vector<torchattn::KVCache> caches;
+  for (const auto& layer : *layers) {
+    caches.push_back(layer->as<DecoderLayerImpl>()->self_attn->make_kv_cache(batch, static_shapes));
+  }
+  return caches;
+}
+
+at::Tensor CausalLMImpl::forward(const at::Tensor& ids, std::vector<torchattn::KVCache>* caches,
+                                 const at::Tensor& key_padding_mask, bool last_only) {
+  TORCH_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kLong, "CausalLM: expected int64 ids [B, T], got ",
+              ids.sizes(), " of ", ids.scalar_type());
+  TORCH_CHECK(caches == nullptr || caches->size() == layers->size(), "CausalLM: expected ", layers->size(),
+              " caches, got ", caches == nullptr ? 0 : caches->size());
+  at::Tensor x = embed_tokens(ids);
+  for (size_t i = 0; i < layers->size(); ++i) {
+    x = layers[i]->as<DecoderLayerImpl>()->forward(x, caches != nullptr ? &(*caches)[i] : nullptr, key_padding_mask);
+  }
+  if (last_only) {
+    x = x.narrow(1, x.size(1) - 1, 1);
+  }
+  x = norm(x);
+  return torchattn::functional::linear(x, lm_head ? lm_head->weight : embed_tokens->weight);
+}
+
+} // namespace torchattn::models

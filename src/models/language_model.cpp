@@ -1,0 +1,87 @@
+#include <torchattn/models/language_model.h>
+
+#include <torchattn/models/chat.h>
+#include <torchattn/models/weights.h>
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <filesystem>
+
+namespace torchattn::models {
+
+LanguageModel::LanguageModel(CausalLM model, Tokenizer tokenizer, std::optional<std::string> chat_template)
+    : model_(std::move(model)), tokenizer_(std::move(tokenizer)), chat_template_(std::move(chat_template)) {
+  if (chat_template_) end_of_turn_ = tokenizer_.id_of("<|im_end|>");
+}
+
+LanguageModel LanguageModel::from_pretrained(const std::string& folder, const LoadOptions& options) {
+  namespace fs = std::filesystem;
+  TORCH_CHECK(fs::is_directory(folder), "LanguageModel::from_pretrained: '", folder, "' is not a folder");
+  const std::string config_path = (fs::path(folder) / "config.json").string();
+  const std::string type = read_model_type(config_path);
+  TORCH_CHECK(type == "llama" || type == "qwen2" || type == "mistral", "LanguageModel::from_pretrained: '", folder,
+              "' holds a ", type, " model; LanguageModel runs llama, qwen2 and mistral",
+              type == "bert" ? " (load a bert folder with SentenceEncoder::from_pretrained)" : "",
+              "; supported: ", supported_model_types());
+  const DecoderConfig config = read_decoder_config(config_path);
+  const int64_t context = options.context_length().value_or(std::min<int64_t>(config.max_position_embeddings, 4096));
+  TORCH_CHECK(context >= 1 && context <= config.max_position_embeddings, "LanguageModel::from_pretrained: expected a "
+              "context_length in [1, ", config.max_position_embeddings, "] (the config's max_position_embeddings), got ",
+              context);
+  Tokenizer tokenizer((fs::path(folder) / "tokenizer.json").string());
+  CausalLM model(config, context);
+  model->load_hf_weights(folder);
+  if (options.device() != model->embed_tokens->weight.device() || options.dtype() != at::kFloat) {
+    model->to(options.device(), options.dtype());
+  }
+  model->eval();
+  return LanguageModel(std::move(model), std::move(tokenizer), read_chat_template(folder));
+}
+
+std::string LanguageModel::chat_prompt(const std::string& message) const {
+  TORCH_CHECK(chat_template_.has_value(), "LanguageModel::chat_prompt: this model folder has no chat template");
+  return models::chat_prompt(*chat_template_, message);
+}
+
+std::vector<Completion> LanguageModel::generate(const std::vector<std::string>& prompts,
+                                                const GenerationOptions& options_in,
+                                                const std::function<void(size_t, const std::string&)>& on_text) {
+  std::vector<std::vector<int64_t>> ids;
+  for (const auto& p : prompts) {
+    ids.push_back(tokenizer_.encode(p));
+    TORCH_CHECK(!ids.back().empty(), "LanguageModel::generate: prompt ", ids.size() - 1, " has no tokens");
+  }
+  GenerationOptions options = options_in;
+  std::vector<int64_t> stop = options.stop_token_ids();
+  if (end_of_turn_ && options.stop_at_eos()) stop.push_back(*end_of_turn_);
+  const auto& eos = config().eos_token_ids;
+  auto is_stop = [&](int64_t id) {
+    return std::find(stop.begin(), stop.end(), id) != stop.end() ||
+           (options.stop_at_eos() && std::find(eos.begin(), eos.end(), id) != eos.end());
+  };
+  options.stop_token_ids(stop);
+  std::vector<Utf8Stream> streams(prompts.size());
+  std::vector<std::string> texts(prompts.size());
+  const auto user_on_token = options_in.on_token();
+  options.on_token([&](size_t b, int64_t id) {
+    if (user_on_token) user_on_token(b, id);
+    if (is_stop(id)) return;
+    const std::string piece = streams[b].push(tokenizer_.decode({id}));
+    texts[b] += piece;
+    if (on_text && !piece.empty()) on_text(b, piece);
+  });
+  const auto results = models::generate(*model_, ids, options);
+  std::vector<Completion> out(prompts.size());
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    const std::string rest = streams[b].flush();
+    if (on_text && !rest.empty()) on_text(b, rest);
+    out[b].text = texts[b] + rest;
+    out[b].ids = results[b].ids;
+    out[b].stopped = results[b].stopped;
+    out[b].prompt_tokens = results[b].prompt_tokens;
+  }
+  return out;
+}
+
+} // namespace torchattn::models

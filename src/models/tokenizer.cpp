@@ -1,0 +1,51 @@
+#include <torchattn/models/tokenizer.h>
+
+#include "bpe_tokenizer.h"
+#include "json_file.h"
+#include "wordpiece_tokenizer.h"
+
+#include <c10/util/Exception.h>
+
+namespace torchattn::models {
+
+Tokenizer::Tokenizer(const std::string& path) {
+  const auto t = detail::read_json_file(path, "tokenizer");
+  TORCH_CHECK(t.is_object() && t.contains("model") && t["model"].is_object(), "tokenizer: '", path,
+              "' has no model object");
+  kind_ = t["model"].value("type", std::string("?"));
+  if (kind_ == "BPE") {
+    model_ = std::make_shared<detail::BpeTokenizer>(t);
+  } else if (kind_ == "WordPiece") {
+    model_ = std::make_shared<detail::WordPieceTokenizer>(t);
+  } else {
+    TORCH_CHECK(false, "tokenizer: '", path, "' is a ", kind_, " tokenizer; this library reads BPE (GPT-2, SmolLM2, "
+                "Qwen2) and WordPiece (BERT) tokenizers");
+  }
+}
+
+std::vector<int64_t> Tokenizer::encode(std::string_view text, bool add_special_tokens,
+                                       std::optional<int64_t> max_length) const {
+  if (!max_length) return model_->encode(text, add_special_tokens);
+  const auto& prefix = model_->prefix_ids();
+  const auto& suffix = model_->suffix_ids();
+  const int64_t specials = add_special_tokens ? static_cast<int64_t>(prefix.size() + suffix.size()) : 0;
+  TORCH_CHECK(*max_length > specials, "Tokenizer::encode: expected max_length > ", specials,
+              " (the special tokens it adds), got ", *max_length);
+  std::vector<int64_t> ids = model_->encode(text, /*add_special_tokens=*/false);
+  if (static_cast<int64_t>(ids.size()) > *max_length - specials) ids.resize(static_cast<size_t>(*max_length - specials));
+  if (!add_special_tokens) return ids;
+  std::vector<int64_t> out = prefix;
+  out.insert(out.end(), ids.begin(), ids.end());
+  out.insert(out.end(), suffix.begin(), suffix.end());
+  return out;
+}
+
+std::string Tokenizer::decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const {
+  return model_->decode(ids, skip_special_tokens);
+}
+
+std::optional<int64_t> Tokenizer::id_of(const std::string& token) const { return model_->id_of(token); }
+
+int64_t Tokenizer::vocab_size() const { return model_->vocab_size(); }
+
+} // namespace torchattn::models

