@@ -116,6 +116,30 @@ TEST_P(TinyModel, CachedDecodingEqualsRecomputing) {
   EXPECT_LE(relative_error(torch::cat(parts, 1), full), 1e-5);
 }
 
+TEST_P(TinyModel, EachPromptOfABatchGetsTheTokensItGetsAlone) {
+  auto model = load_model(reference() / "tiny" / GetParam(), 64);
+  torch::manual_seed(11);
+  std::vector<std::vector<int64_t>> prompts;
+  for (const int64_t n : {5, 11, 1, 8}) prompts.push_back(to_ids(torch::randint(3, model->config().vocab_size, {n})));
+  const auto greedy_options = models::GenerationOptions().max_new_tokens(12).stop_at_eos(false);
+  const auto sampled_options = models::GenerationOptions(greedy_options).do_sample(true).temperature(0.9).top_k(20).seed(7);
+  for (const auto& options : {greedy_options, sampled_options}) {
+    SCOPED_TRACE(options.do_sample() ? "sampled" : "greedy");
+    std::vector<std::vector<int64_t>> streamed(prompts.size());
+    auto with_stream = options;
+    with_stream.on_token([&](size_t b, int64_t id) { streamed.at(b).push_back(id); });
+    const auto batch = models::generate(*model, prompts, with_stream);
+    ASSERT_EQ(batch.size(), prompts.size());
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      const auto alone = models::generate(*model, {prompts[b]}, options)[0];
+      EXPECT_EQ(batch[b].ids, alone.ids) << "prompt " << b;
+      EXPECT_EQ(batch[b].ids, streamed[b]);
+      EXPECT_EQ(batch[b].prompt_tokens, static_cast<int64_t>(prompts[b].size()));
+      EXPECT_EQ(batch[b].ids.size(), 12u);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Generate, TinyModel, ::testing::ValuesIn(tiny_models()),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
@@ -247,6 +271,61 @@ TEST(GenerateSmolLM2, ChatPromptLogitsAndGreedyTokensAreTransformers) {
     std::printf("[generate] SmolLM2 prompt %lld: %zu greedy tokens equal to transformers' generate: \"%s\"\n",
                 static_cast<long long>(i), n, tok.decode(std::vector<int64_t>(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(n))).c_str());
   }
+}
+
+TEST(GenerateSmolLM2, LanguageModelGeneratesTheReferenceTokensForABatchOfPrompts) {
+  const auto ref = read_pickle(reference() / "smollm2.pt");
+  auto lm = models::LanguageModel::from_pretrained(smollm2().string(), models::LoadOptions().context_length(256));
+  std::vector<std::string> prompts;
+  for (int64_t i = 0; i < ref.at("count").toInt(); ++i) {
+    prompts.push_back(lm.chat_prompt(ref.at("prompt" + std::to_string(i) + ".text").toStringRef()));
+  }
+  std::vector<std::string> streamed(prompts.size());
+  const auto out = lm.generate(prompts, models::GenerationOptions().max_new_tokens(48),
+                               [&](size_t b, const std::string& piece) { streamed.at(b) += piece; });
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::string key = "prompt" + std::to_string(i);
+    EXPECT_EQ(lm.tokenizer().encode(prompts[i]), to_ids(ref.at(key + ".ids").toTensor()));
+    const auto want = to_ids(ref.at(key + ".tokens").toTensor());
+    const auto margins = ref.at(key + ".margins").toTensor();
+    size_t n = want.size();
+    for (size_t s = 0; s < want.size(); ++s) {
+      if (margins[static_cast<int64_t>(s)].item<double>() < 1e-4) {
+        n = s;
+        break;
+      }
+    }
+    ASSERT_GE(out[i].ids.size(), n);
+    EXPECT_EQ(std::vector<int64_t>(out[i].ids.begin(), out[i].ids.begin() + static_cast<std::ptrdiff_t>(n)),
+              std::vector<int64_t>(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(n)));
+    // The text: the new tokens decoded, the stop token left out; streamed piece by piece.
+    auto ids = out[i].ids;
+    if (out[i].stopped) ids.pop_back();
+    EXPECT_EQ(out[i].text, lm.tokenizer().decode(ids));
+    EXPECT_EQ(streamed[i], out[i].text);
+    std::printf("[generate] LanguageModel, batch of %zu, prompt %zu: %zu tokens equal to transformers' generate: "
+                "\"%s\"\n", prompts.size(), i, n, out[i].text.c_str());
+  }
+}
+
+TEST(GenerateErrors, BadPromptsAndOptionsNameWhatIsWrong) {
+  auto model = load_model(reference() / "tiny" / "llama_gqa_tied", 32);
+  auto message = [&](const std::vector<std::vector<int64_t>>& prompts, const models::GenerationOptions& o) {
+    try {
+      models::generate(*model, prompts, o);
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string("no error");
+  };
+  const auto o = models::GenerationOptions().max_new_tokens(4);
+  EXPECT_EQ(message({}, o), "generate: expected at least one prompt, got none");
+  EXPECT_EQ(message({{1, 2}, {}}, o), "generate: prompt 1 has no tokens");
+  EXPECT_EQ(message({{1, 211}}, o), "generate: prompt 0 has token id 211, outside the vocabulary [0, 211)");
+  EXPECT_EQ(message({std::vector<int64_t>(30, 1)}, o), "generate: 30 prompt tokens and 4 new ones pass the context "
+                                                       "length 32");
+  EXPECT_EQ(message({{1}}, models::GenerationOptions().max_new_tokens(0)), "generate: expected max_new_tokens >= 1, got 0");
+  EXPECT_EQ(message({{1}}, models::GenerationOptions().max_new_tokens(4).do_sample(true).top_p(1.5)), "sampling: expected top_p in (0, 1], got 1.5");
 }
 
 } // namespace

@@ -2,6 +2,8 @@
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/gelu.h>
+#include <ATen/ops/linear.h>
+#include <c10/core/GradMode.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/util/Exception.h>
 
@@ -41,9 +43,16 @@ BertLayerImpl::BertLayerImpl(const BertConfig& c) {
 }
 
 at::Tensor BertLayerImpl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask) {
-  const at::Tensor h = attention_norm(dropout(attention(x, key_padding_mask)) + x);
-  const at::Tensor m = output(at::gelu(intermediate(h)));
-  return output_norm(dropout(m) + h);
+  // at::linear, as PyTorch's nn.Linear (one addmm for the rows of every sequence;
+  // LibTorch's C++ Linear takes a matmul and a separate add for 3-d inputs).
+  auto linear = [](const torch::nn::Linear& l, const at::Tensor& in) { return at::linear(in, l->weight, l->bias); };
+  // Without autograd, the sums and GELU are written in place: the same values.
+  const bool in_place = !c10::GradMode::is_enabled();
+  const at::Tensor a = dropout(attention(x, key_padding_mask));
+  const at::Tensor h = attention_norm(in_place ? a.add_(x) : a + x);
+  at::Tensor m = linear(intermediate, h);
+  m = dropout(linear(output, in_place ? at::gelu_(m) : at::gelu(m)));
+  return output_norm(in_place ? m.add_(h) : m + h);
 }
 
 BertModelImpl::BertModelImpl(const BertConfig& config) : config_(config) {

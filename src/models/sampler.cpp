@@ -17,9 +17,9 @@ namespace torchattn::models {
 
 Sampler::Sampler(const SamplingOptions& options) : options_(options), generator_(at::make_generator<at::CPUGeneratorImpl>(options.seed)) {
   TORCH_CHECK(options.greedy || (std::isfinite(options.temperature) && options.temperature > 0.0),
-              "sampling: expected --temperature > 0, got ", options.temperature);
-  TORCH_CHECK(options.top_k >= 0, "sampling: expected --top-k >= 0, got ", options.top_k);
-  TORCH_CHECK(options.top_p > 0.0 && options.top_p <= 1.0, "sampling: expected --top-p in (0, 1], got ", options.top_p);
+              "sampling: expected temperature > 0, got ", options.temperature);
+  TORCH_CHECK(options.top_k >= 0, "sampling: expected top_k >= 0, got ", options.top_k);
+  TORCH_CHECK(options.top_p > 0.0 && options.top_p <= 1.0, "sampling: expected top_p in (0, 1], got ", options.top_p);
 }
 
 int64_t Sampler::next(const at::Tensor& logits) {
