@@ -187,6 +187,18 @@ TEST(MiniLM, PoolingAndNormalizationOptions) {
              "SentenceEncoder::embed: expected batch_size >= 1, got 0");
 }
 
+TEST(MiniLM, LoadsInBfloat16AndGivesFloat32RowsCloseToFloat32) {
+  const std::vector<std::string> texts{"A man is eating food.", "", "Café naïve 中文 🍕"};
+  auto f32 = models::SentenceEncoder::from_pretrained(minilm());
+  auto bf16 = models::SentenceEncoder::from_pretrained(minilm(), models::LoadOptions().dtype(torch::kBFloat16));
+  EXPECT_EQ(bf16.model()->embeddings->word_embeddings->weight.scalar_type(), torch::kBFloat16);
+  const auto a = f32.embed(texts), b = bf16.embed(texts);
+  EXPECT_EQ(b.scalar_type(), torch::kFloat);
+  const double cos = torch::cosine_similarity(a, b, 1).min().item<double>();
+  std::printf("[models] MiniLM in bfloat16: cosine >= %.5f to float32\n", cos);
+  EXPECT_GE(cos, 0.99);
+}
+
 // ---- a tiny random BERT against transformers ----
 
 TEST(TinyBert, LastHiddenStateIsTransformersOnAPaddedBatch) {

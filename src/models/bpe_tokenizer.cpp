@@ -62,14 +62,6 @@ std::string nfc(std::string_view text) {
   return s;
 }
 
-// j[key] when j is an object holding it and it is not null, else `fallback`.
-template <typename T>
-T get_or(const json& j, const char* key, T fallback) {
-  if (!j.is_object()) return fallback;
-  const auto it = j.find(key);
-  return it == j.end() || it->is_null() ? fallback : it->get<T>();
-}
-
 std::string pair_key(const std::string& a, const std::string& b) {
   std::string k = a;
   k.push_back('\0');
@@ -79,7 +71,7 @@ std::string pair_key(const std::string& a, const std::string& b) {
 
 } // namespace
 
-BpeTokenizer::BpeTokenizer(const json& t) {
+BpeTokenizer::BpeTokenizer(const json& t) : vocab_(t, "BPE") {
   const json& model = t.at("model");
   const std::string kind = get_or<std::string>(model, "type", "?");
   if (kind != "BPE") unsupported("the model is " + kind + ", not BPE");
@@ -88,16 +80,6 @@ BpeTokenizer::BpeTokenizer(const json& t) {
     unsupported("a BPE with a continuing_subword_prefix");
   ignore_merges_ = get_or<bool>(model, "ignore_merges", false);
 
-  int64_t max_id = -1;
-  for (const auto& [token, id] : model.at("vocab").items()) max_id = std::max(max_id, id.get<int64_t>());
-  for (const auto& a : get_or<json>(t, "added_tokens", json::array())) max_id = std::max(max_id, a.at("id").get<int64_t>());
-  tokens_.resize(static_cast<size_t>(max_id + 1));
-  is_added_.assign(tokens_.size(), false);
-  is_special_.assign(tokens_.size(), false);
-  for (const auto& [token, id] : model.at("vocab").items()) {
-    vocab_[token] = id.get<int64_t>();
-    tokens_[static_cast<size_t>(id.get<int64_t>())] = token;
-  }
   int rank = 0;
   for (const auto& m : model.at("merges")) {
     std::string a, b;
@@ -112,18 +94,6 @@ BpeTokenizer::BpeTokenizer(const json& t) {
     }
     ranks_.emplace(pair_key(a, b), rank++);
   }
-  for (const auto& a : get_or<json>(t, "added_tokens", json::array())) {
-    const std::string content = a.at("content").get<std::string>();
-    const int64_t id = a.at("id").get<int64_t>();
-    if (get_or<bool>(a, "normalized", false) && !get_or<bool>(a, "special", false)) unsupported("a normalized added token");
-    added_.push_back({content, id});
-    tokens_[static_cast<size_t>(id)] = content;
-    is_added_[static_cast<size_t>(id)] = true;
-    is_special_[static_cast<size_t>(id)] = get_or<bool>(a, "special", false);
-  }
-  std::stable_sort(added_.begin(), added_.end(),
-                   [](const Added& x, const Added& y) { return x.content.size() > y.content.size(); });
-
   // Normalizer: none or NFC.
   const json& norm = t["normalizer"];
   if (!norm.is_null()) {
@@ -183,27 +153,11 @@ BpeTokenizer::BpeTokenizer(const json& t) {
     const auto kind = get_or<std::string>(p, "type", std::string());
     if (kind == "ByteLevel") continue;
     if (kind != "TemplateProcessing") unsupported("the post-processor " + kind);
-    bool after = false;
-    for (const auto& piece : p.at("single")) {
-      if (piece.contains("Sequence")) {
-        after = true;
-      } else {
-        const std::string name = piece.at("SpecialToken").at("id").get<std::string>();
-        for (const auto& id : p.at("special_tokens").at(name).at("ids")) {
-          (after ? suffix_ids_ : prefix_ids_).push_back(id.get<int64_t>());
-        }
-      }
-    }
+    template_ids(p, prefix_ids_, suffix_ids_);
   }
 }
 
-std::optional<int64_t> BpeTokenizer::id_of(const std::string& token) const {
-  for (const auto& a : added_) {
-    if (a.content == token) return a.id;
-  }
-  const auto it = vocab_.find(token);
-  return it == vocab_.end() ? std::nullopt : std::optional<int64_t>(it->second);
-}
+std::optional<int64_t> BpeTokenizer::id_of(const std::string& token) const { return vocab_.id_of(token); }
 
 void BpeTokenizer::bpe(const std::string& word, std::vector<int64_t>& out) const {
   {
@@ -215,9 +169,9 @@ void BpeTokenizer::bpe(const std::string& word, std::vector<int64_t>& out) const
     }
   }
   std::vector<int64_t> ids;
-  const auto whole = vocab_.find(word);
-  if (ignore_merges_ && whole != vocab_.end()) {
-    ids.push_back(whole->second);
+  const auto whole = vocab_.piece(word);
+  if (ignore_merges_ && whole) {
+    ids.push_back(*whole);
   } else {
     // Symbols: the word's characters; then merge the lowest-ranked adjacent pair,
     // leftmost first, until no pair has a rank.
@@ -246,9 +200,9 @@ void BpeTokenizer::bpe(const std::string& word, std::vector<int64_t>& out) const
       symbols.erase(symbols.begin() + static_cast<std::ptrdiff_t>(at) + 1);
     }
     for (const auto& sym : symbols) {
-      const auto v = vocab_.find(sym);
-      if (v == vocab_.end()) TORCH_CHECK(false, "tokenizer: the piece '" + sym + "' is not in the vocabulary");
-      ids.push_back(v->second);
+      const auto v = vocab_.piece(sym);
+      TORCH_CHECK(v.has_value(), "tokenizer: the piece '", sym, "' is not in the vocabulary");
+      ids.push_back(*v);
     }
   }
   out.insert(out.end(), ids.begin(), ids.end());
@@ -281,31 +235,13 @@ std::vector<int64_t> BpeTokenizer::encode_plain(std::string_view segment) const 
 
 std::vector<int64_t> BpeTokenizer::encode(std::string_view text, bool add_special_tokens) const {
   std::vector<int64_t> out = add_special_tokens ? prefix_ids_ : std::vector<int64_t>{};
-  size_t start = 0;
-  for (size_t i = 0; i < text.size();) {
-    const Added* hit = nullptr;
-    for (const auto& a : added_) {
-      if (!a.content.empty() && text.compare(i, a.content.size(), a.content) == 0) {
-        hit = &a;
-        break;
-      }
-    }
-    if (hit == nullptr) {
-      ++i;
-      continue;
-    }
-    if (i > start) {
-      const auto plain = encode_plain(text.substr(start, i - start));
-      out.insert(out.end(), plain.begin(), plain.end());
-    }
-    out.push_back(hit->id);
-    i += hit->content.size();
-    start = i;
-  }
-  if (start < text.size()) {
-    const auto plain = encode_plain(text.substr(start));
-    out.insert(out.end(), plain.begin(), plain.end());
-  }
+  vocab_.split_added(
+      text,
+      [&](std::string_view plain) {
+        const auto ids = encode_plain(plain);
+        out.insert(out.end(), ids.begin(), ids.end());
+      },
+      [&](int64_t id) { out.push_back(id); });
   if (add_special_tokens) out.insert(out.end(), suffix_ids_.begin(), suffix_ids_.end());
   return out;
 }
@@ -314,10 +250,9 @@ std::string BpeTokenizer::decode(const std::vector<int64_t>& ids, bool skip_spec
   const ByteLevel& bl = byte_level();
   std::string out;
   for (const int64_t id : ids) {
-    if (id < 0 || id >= vocab_size()) TORCH_CHECK(false, "tokenizer: no token has id ", id, " (vocabulary of ", vocab_size(), ")");
-    const std::string& token = tokens_[static_cast<size_t>(id)];
-    if (is_added_[static_cast<size_t>(id)]) {
-      if (!skip_special_tokens || !is_special_[static_cast<size_t>(id)]) out += token;
+    const std::string& token = vocab_.token(id);
+    if (vocab_.is_added(id)) {
+      if (!skip_special_tokens || !vocab_.is_special(id)) out += token;
       continue;
     }
     const auto* s = reinterpret_cast<const uint8_t*>(token.data());

@@ -17,8 +17,8 @@
 
 #include "pretokenize.h"
 #include "tokenizer_model.h"
+#include "vocabulary.h"
 
-#include <nlohmann/json_fwd.hpp>
 
 namespace torchattn::models::detail {
 
@@ -38,25 +38,16 @@ class BpeTokenizer final : public TokenizerModel {
 
   std::optional<int64_t> id_of(const std::string& token) const override;
 
-  int64_t vocab_size() const override { return static_cast<int64_t>(tokens_.size()); }
+  int64_t vocab_size() const override { return vocab_.size(); }
   const std::vector<int64_t>& prefix_ids() const override { return prefix_ids_; }
   const std::vector<int64_t>& suffix_ids() const override { return suffix_ids_; }
 
  private:
-  struct Added {
-    std::string content;
-    int64_t id;
-  };
-
   std::vector<int64_t> encode_plain(std::string_view text) const;
   void bpe(const std::string& word, std::vector<int64_t>& out) const;
 
-  std::unordered_map<std::string, int64_t> vocab_;
-  std::vector<std::string> tokens_;  // id -> token text (byte-level characters, or an added token's content)
-  std::vector<bool> is_added_;       // id -> an added token (decoded as its content)
-  std::vector<bool> is_special_;     // id -> a special added token (skipped by decode on request)
+  Vocabulary vocab_;
   std::unordered_map<std::string, int> ranks_;  // "left right" -> merge rank
-  std::vector<Added> added_;                    // longest first
   bool nfc_ = false;
   bool split_digits_ = false;
   std::optional<SplitPattern> pattern_;

@@ -42,7 +42,7 @@ std::string read_model_type(const std::string& path) {
   return c["model_type"].get<std::string>();
 }
 
-DecoderConfig read_decoder_config(const std::string& path) {
+static DecoderConfig read_decoder_config_unchecked(const std::string& path) {
   const json c = detail::read_json_file(path, "config");
   DecoderConfig m;
   m.model_type = c.value("model_type", std::string());
@@ -95,7 +95,7 @@ DecoderConfig read_decoder_config(const std::string& path) {
   return m;
 }
 
-BertConfig read_bert_config(const std::string& path) {
+static BertConfig read_bert_config_unchecked(const std::string& path) {
   const json c = detail::read_json_file(path, "config");
   const std::string type = c.value("model_type", std::string());
   if (type != "bert") {
@@ -121,5 +121,22 @@ BertConfig read_bert_config(const std::string& path) {
   m.pad_token_id = c.contains("pad_token_id") && c["pad_token_id"].is_number_integer() ? c["pad_token_id"].get<int64_t>() : 0;
   return m;
 }
+
+// A field of the wrong JSON type (a string for a number, ...) is named by the JSON
+// library; the error says which file.
+template <typename F>
+auto with_json_errors(const std::string& path, F&& read) {
+  try {
+    return read(path);
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, e.what());
+  }
+}
+
+DecoderConfig read_decoder_config(const std::string& path) {
+  return with_json_errors(path, read_decoder_config_unchecked);
+}
+
+BertConfig read_bert_config(const std::string& path) { return with_json_errors(path, read_bert_config_unchecked); }
 
 } // namespace torchattn::models

@@ -45,6 +45,7 @@ SentenceEncoder SentenceEncoder::from_pretrained(const std::string& folder, cons
   Pooling pooling = Pooling::Mean;
   bool normalize = false;
   int64_t max_length = config.max_position_embeddings;
+  try {
   if (fs::exists(dir / "modules.json")) {
     const auto modules = detail::read_json_file((dir / "modules.json").string(), "SentenceEncoder");
     TORCH_CHECK(modules.is_array(), "SentenceEncoder: '", (dir / "modules.json").string(), "' is not a list of modules");
@@ -74,6 +75,12 @@ SentenceEncoder SentenceEncoder::from_pretrained(const std::string& folder, cons
       max_length = std::min<int64_t>(max_length, c["max_seq_length"].get<int64_t>());
     }
   }
+  } catch (const nlohmann::json::exception& e) {
+    TORCH_CHECK(false, "SentenceEncoder::from_pretrained: '", folder, "': a sentence-transformers file is not as "
+                "expected: ", e.what());
+  }
+  TORCH_CHECK(max_length >= 2, "SentenceEncoder::from_pretrained: '", folder, "': expected a max_seq_length >= 2, got ",
+              max_length);
   BertModel model(config);
   load_weights(*model, folder, BertModelImpl::hf_weights());
   if (options.device() != model->embeddings->word_embeddings->weight.device() || options.dtype() != at::kFloat) {

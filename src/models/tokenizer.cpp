@@ -5,21 +5,48 @@
 #include "wordpiece_tokenizer.h"
 
 #include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
 
 namespace torchattn::models {
 
 Tokenizer::Tokenizer(const std::string& path) {
   const auto t = detail::read_json_file(path, "tokenizer");
-  TORCH_CHECK(t.is_object() && t.contains("model") && t["model"].is_object(), "tokenizer: '", path,
+  init(&t, path);
+}
+
+Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& name) {
+  const auto t = nlohmann::json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
+  TORCH_CHECK(!t.is_discarded(), "tokenizer: '", name, "' is not valid JSON");
+  Tokenizer tok;
+  tok.init(&t, name);
+  return tok;
+}
+
+void Tokenizer::init(const void* parsed, const std::string& name) {
+  const auto& t = *static_cast<const nlohmann::json*>(parsed);
+  TORCH_CHECK(t.is_object() && t.contains("model") && t["model"].is_object(), "tokenizer: '", name,
               "' has no model object");
-  kind_ = t["model"].value("type", std::string("?"));
-  if (kind_ == "BPE") {
-    model_ = std::make_shared<detail::BpeTokenizer>(t);
-  } else if (kind_ == "WordPiece") {
-    model_ = std::make_shared<detail::WordPieceTokenizer>(t);
-  } else {
-    TORCH_CHECK(false, "tokenizer: '", path, "' is a ", kind_, " tokenizer; this library reads BPE (GPT-2, SmolLM2, "
-                "Qwen2) and WordPiece (BERT) tokenizers");
+  const auto& type = t["model"].contains("type") ? t["model"]["type"] : nlohmann::json();
+  kind_ = type.is_string() ? type.get<std::string>() : "?";
+  try {
+    if (kind_ == "BPE") {
+      model_ = std::make_shared<detail::BpeTokenizer>(t);
+    } else if (kind_ == "WordPiece") {
+      model_ = std::make_shared<detail::WordPieceTokenizer>(t);
+    } else {
+      TORCH_CHECK(false, "tokenizer: '", name, "' is a ", kind_, " tokenizer; this library reads BPE (GPT-2, SmolLM2, "
+                  "Qwen2) and WordPiece (BERT) tokenizers");
+    }
+  } catch (const nlohmann::json::exception& e) {
+    // A field of the wrong type or missing, as the JSON library words it.
+    TORCH_CHECK(false, "tokenizer: '", name, "' is not a tokenizer.json this library reads: ", e.what());
+  }
+  const int64_t n = model_->vocab_size();
+  for (const auto& ids : {model_->prefix_ids(), model_->suffix_ids()}) {
+    for (const int64_t id : ids) {
+      TORCH_CHECK(id >= 0 && id < n, "tokenizer: '", name, "': the template's special token id ", id,
+                  " is outside the vocabulary of ", n);
+    }
   }
 }
 

@@ -22,13 +22,6 @@ using json = nlohmann::json;
               "BertPreTokenizer, WordPiece) and byte-level BPE tokenizers (GPT-2, SmolLM2, Qwen2)");
 }
 
-template <typename T>
-T get_or(const json& j, const char* key, T fallback) {
-  if (!j.is_object()) return fallback;
-  const auto it = j.find(key);
-  return it == j.end() || it->is_null() ? fallback : it->get<T>();
-}
-
 std::u32string to_utf32(std::string_view text) {
   std::u32string out;
   out.reserve(text.size());
@@ -140,37 +133,15 @@ void append_lowercase(std::u32string& out, char32_t c) {
 
 } // namespace
 
-WordPieceTokenizer::WordPieceTokenizer(const json& t) {
+WordPieceTokenizer::WordPieceTokenizer(const json& t) : vocab_(t, "WordPiece") {
   const json& model = t.at("model");
   if (get_or<std::string>(model, "type", "?") != "WordPiece") unsupported("the model is not WordPiece");
   prefix_ = get_or<std::string>(model, "continuing_subword_prefix", "##");
   max_chars_ = get_or<size_t>(model, "max_input_chars_per_word", 100);
-  int64_t max_id = -1;
-  for (const auto& [token, id] : model.at("vocab").items()) max_id = std::max(max_id, id.get<int64_t>());
-  for (const auto& a : get_or<json>(t, "added_tokens", json::array())) max_id = std::max(max_id, a.at("id").get<int64_t>());
-  tokens_.resize(static_cast<size_t>(max_id + 1));
-  is_special_.assign(tokens_.size(), false);
-  for (const auto& [token, id] : model.at("vocab").items()) {
-    vocab_[token] = id.get<int64_t>();
-    tokens_[static_cast<size_t>(id.get<int64_t>())] = token;
-  }
   const std::string unk = get_or<std::string>(model, "unk_token", "[UNK]");
-  const auto unk_it = vocab_.find(unk);
-  if (unk_it == vocab_.end()) unsupported("the unknown token '" + unk + "' is not in the vocabulary");
-  unk_id_ = unk_it->second;
-  for (const auto& a : get_or<json>(t, "added_tokens", json::array())) {
-    const std::string content = a.at("content").get<std::string>();
-    const int64_t id = a.at("id").get<int64_t>();
-    if (get_or<bool>(a, "normalized", false) && !get_or<bool>(a, "special", false)) unsupported("a normalized added token");
-    if (get_or<bool>(a, "lstrip", false) || get_or<bool>(a, "rstrip", false) || get_or<bool>(a, "single_word", false)) {
-      unsupported("an added token with lstrip, rstrip or single_word ('" + content + "')");
-    }
-    added_.push_back({content, id});
-    tokens_[static_cast<size_t>(id)] = content;
-    is_special_[static_cast<size_t>(id)] = get_or<bool>(a, "special", false);
-  }
-  std::stable_sort(added_.begin(), added_.end(),
-                   [](const Added& x, const Added& y) { return x.content.size() > y.content.size(); });
+  const auto unk_id = vocab_.piece(unk);
+  if (!unk_id) unsupported("the unknown token '" + unk + "' is not in the vocabulary");
+  unk_id_ = *unk_id;
 
   const json& norm = t["normalizer"];
   if (norm.is_null()) {
@@ -197,17 +168,7 @@ WordPieceTokenizer::WordPieceTokenizer(const json& t) {
   if (post.is_object()) {
     const auto kind = get_or<std::string>(post, "type", "");
     if (kind == "TemplateProcessing") {
-      bool after = false;
-      for (const auto& piece : post.at("single")) {
-        if (piece.contains("Sequence")) {
-          after = true;
-          continue;
-        }
-        const std::string name = piece.at("SpecialToken").at("id").get<std::string>();
-        for (const auto& id : post.at("special_tokens").at(name).at("ids")) {
-          (after ? suffix_ids_ : prefix_ids_).push_back(id.get<int64_t>());
-        }
-      }
+      template_ids(post, prefix_ids_, suffix_ids_);
     } else if (kind == "BertProcessing") {
       prefix_ids_.push_back(post.at("cls").at(1).get<int64_t>());
       suffix_ids_.push_back(post.at("sep").at(1).get<int64_t>());
@@ -217,13 +178,7 @@ WordPieceTokenizer::WordPieceTokenizer(const json& t) {
   }
 }
 
-std::optional<int64_t> WordPieceTokenizer::id_of(const std::string& token) const {
-  for (const auto& a : added_) {
-    if (a.content == token) return a.id;
-  }
-  const auto it = vocab_.find(token);
-  return it == vocab_.end() ? std::nullopt : std::optional<int64_t>(it->second);
-}
+std::optional<int64_t> WordPieceTokenizer::id_of(const std::string& token) const { return vocab_.id_of(token); }
 
 std::u32string WordPieceTokenizer::normalize(std::u32string_view text) const {
   std::u32string out;
@@ -263,9 +218,8 @@ void WordPieceTokenizer::word_pieces(const std::u32string& word, std::vector<int
     for (; end > start; --end) {
       std::string piece = start > 0 ? prefix_ : std::string();
       piece += to_utf8(std::u32string_view(word).substr(start, end - start));
-      const auto it = vocab_.find(piece);
-      if (it != vocab_.end()) {
-        found = it->second;
+      if (const auto id = vocab_.piece(piece)) {
+        found = *id;
         break;
       }
     }
@@ -300,25 +254,8 @@ void WordPieceTokenizer::encode_plain(std::string_view segment, std::vector<int6
 
 std::vector<int64_t> WordPieceTokenizer::encode(std::string_view text, bool add_special_tokens) const {
   std::vector<int64_t> out = add_special_tokens ? prefix_ids_ : std::vector<int64_t>{};
-  size_t start = 0;
-  for (size_t i = 0; i < text.size();) {
-    const Added* hit = nullptr;
-    for (const auto& a : added_) {
-      if (!a.content.empty() && text.compare(i, a.content.size(), a.content) == 0) {
-        hit = &a;
-        break;
-      }
-    }
-    if (hit == nullptr) {
-      ++i;
-      continue;
-    }
-    if (i > start) encode_plain(text.substr(start, i - start), out);
-    out.push_back(hit->id);
-    i += hit->content.size();
-    start = i;
-  }
-  if (start < text.size()) encode_plain(text.substr(start), out);
+  vocab_.split_added(
+      text, [&](std::string_view plain) { encode_plain(plain, out); }, [&](int64_t id) { out.push_back(id); });
   if (add_special_tokens) out.insert(out.end(), suffix_ids_.begin(), suffix_ids_.end());
   return out;
 }
@@ -330,9 +267,8 @@ std::string WordPieceTokenizer::decode(const std::vector<int64_t>& ids, bool ski
   std::string out;
   bool first = true;
   for (const int64_t id : ids) {
-    TORCH_CHECK(id >= 0 && id < vocab_size(), "tokenizer: no token has id ", id, " (vocabulary of ", vocab_size(), ")");
-    if (skip_special_tokens && is_special_[static_cast<size_t>(id)]) continue;
-    std::string token = tokens_[static_cast<size_t>(id)];
+    std::string token = vocab_.token(id);
+    if (skip_special_tokens && vocab_.is_special(id)) continue;
     if (!first) {
       if (token.rfind(prefix_, 0) == 0) {
         token.erase(0, prefix_.size());

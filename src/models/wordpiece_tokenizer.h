@@ -8,14 +8,12 @@
 // [CLS] text [SEP] template. Encodes as transformers' BertTokenizerFast does.
 
 #include "tokenizer_model.h"
-
-#include <nlohmann/json_fwd.hpp>
+#include "vocabulary.h"
 
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 namespace torchattn::models::detail {
@@ -31,23 +29,16 @@ class WordPieceTokenizer final : public TokenizerModel {
   /// separated by spaces, then the decoder's cleanup (" ." -> ".", " n't" -> "n't", ...).
   std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const override;
   std::optional<int64_t> id_of(const std::string& token) const override;
-  int64_t vocab_size() const override { return static_cast<int64_t>(tokens_.size()); }
+  int64_t vocab_size() const override { return vocab_.size(); }
   const std::vector<int64_t>& prefix_ids() const override { return prefix_ids_; }
   const std::vector<int64_t>& suffix_ids() const override { return suffix_ids_; }
 
  private:
-  struct Added {
-    std::string content;
-    int64_t id;
-  };
   std::u32string normalize(std::u32string_view text) const;
   void encode_plain(std::string_view text, std::vector<int64_t>& out) const;
   void word_pieces(const std::u32string& word, std::vector<int64_t>& out) const;
 
-  std::unordered_map<std::string, int64_t> vocab_;
-  std::vector<std::string> tokens_;
-  std::vector<bool> is_special_;
-  std::vector<Added> added_;  // longest first
+  Vocabulary vocab_;
   int64_t unk_id_ = 0;
   std::string prefix_ = "##";
   size_t max_chars_ = 100;

@@ -26,6 +26,9 @@ class Tokenizer {
   /// normalizer or pre-tokenizer it does not read) is a c10::Error saying what it is.
   explicit Tokenizer(const std::string& path);
 
+  /// The same from a tokenizer.json's text in memory; `name` is used in errors.
+  static Tokenizer from_json(std::string_view json_text, const std::string& name = "<memory>");
+
   /// Token ids of `text` (UTF-8), as transformers' `tokenizer(text)["input_ids"]`;
   /// add_special_tokens: the template's ([CLS] ... [SEP] for BERT; none for SmolLM2).
   /// max_length: at most this many ids, special tokens included: the text's tokens
@@ -48,6 +51,8 @@ class Tokenizer {
   const std::string& kind() const { return kind_; }
 
  private:
+  Tokenizer() = default;
+  void init(const void* parsed_json, const std::string& name);
   std::shared_ptr<const detail::TokenizerModel> model_;
   std::string kind_;
 };

@@ -1,0 +1,97 @@
+// libFuzzer target: torchattn::models' tokenizers on arbitrary bytes. The first byte
+// picks what the rest is:
+//   0-95:    text for a small WordPiece tokenizer (BERT's normalizer and splits):
+//            encode, encode truncated, decode;
+//   96-159:  text for a small byte-level BPE tokenizer (GPT-2's split; a piece outside
+//            its vocabulary is a named error);
+//   160-191: text for the pre-tokenizer's splits alone (GPT-2's and Qwen2's patterns,
+//            digits): the pieces must cover the text exactly;
+//   192-255: a tokenizer.json.
+// The only exception accepted is c10::Error.
+
+#include <torchattn/models/tokenizer.h>
+
+#include "../../src/models/pretokenize.h"
+
+#include <c10/util/Exception.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+namespace {
+
+const char* kWordPiece = R"({
+  "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+            "max_input_chars_per_word": 12,
+            "vocab": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "a": 4, "##b": 5, "ab": 6, "c": 7, ",": 8,
+                      "e": 9, "##e": 10, "\u4e2d": 11, "##c": 12, "!": 13}},
+  "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true,
+                 "strip_accents": null, "lowercase": true},
+  "pre_tokenizer": {"type": "BertPreTokenizer"},
+  "post_processor": {"type": "TemplateProcessing",
+                     "single": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                                {"SpecialToken": {"id": "[SEP]", "type_id": 0}}],
+                     "special_tokens": {"[CLS]": {"id": "[CLS]", "ids": [2], "tokens": ["[CLS]"]},
+                                        "[SEP]": {"id": "[SEP]", "ids": [3], "tokens": ["[SEP]"]}}},
+  "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": true},
+  "added_tokens": [{"id": 0, "content": "[PAD]", "special": true}, {"id": 2, "content": "[CLS]", "special": true},
+                   {"id": 3, "content": "[SEP]", "special": true}]
+})";
+
+const char* kBpe = R"({
+  "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "c": 2, "\u0120": 3, "ab": 4, "\u0120a": 5, "1": 6, "!": 7},
+            "merges": ["a b", "\u0120 a"]},
+  "normalizer": {"type": "NFC"},
+  "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+      {"type": "Digits", "individual_digits": true},
+      {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true}]},
+  "decoder": {"type": "ByteLevel"},
+  "post_processor": null,
+  "added_tokens": [{"id": 8, "content": "<|end|>", "special": true}]
+})";
+
+void check(bool ok) {
+  if (!ok) std::abort();
+}
+
+} // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  static const auto wordpiece = torchattn::models::Tokenizer::from_json(kWordPiece, "wordpiece");
+  static const auto bpe = torchattn::models::Tokenizer::from_json(kBpe, "bpe");
+  const uint8_t mode = data[0];
+  const std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
+  try {
+    if (mode < 96) {
+      const auto ids = wordpiece.encode(text);
+      check(ids.size() >= 2 && ids.front() == 2 && ids.back() == 3);
+      const auto cut = wordpiece.encode(text, true, 5);
+      check(cut.size() <= 5);
+      (void)wordpiece.decode(ids, mode & 1);
+    } else if (mode < 160) {
+      const auto ids = bpe.encode(text);
+      (void)bpe.decode(ids);
+    } else if (mode < 192) {
+      namespace d = torchattn::models::detail;
+      for (const auto pattern : {d::SplitPattern::GPT2, d::SplitPattern::Qwen2}) {
+        std::string joined;
+        for (const auto& piece : d::split(text, pattern)) joined += piece;
+        check(joined == text);
+      }
+      std::string joined;
+      for (const auto& piece : d::split_digits(text)) joined += piece;
+      check(joined == text);
+    } else {
+      const auto tok = torchattn::models::Tokenizer::from_json(text, "fuzz");
+      const auto ids = tok.encode("ab, c! 12 \xe4\xb8\xad");
+      (void)tok.decode(ids);
+    }
+  } catch (const c10::Error&) {
+    // A damaged tokenizer, or text it has no pieces for, reported.
+  }
+  return 0;
+}
