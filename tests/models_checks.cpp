@@ -106,6 +106,29 @@ TEST(WordPiece, SpecialTokensTruncationAndErrors) {
                                                           "tokens it adds), got 2");
 }
 
+TEST(Tokenizers, DamagedFilesAreErrorsNamingWhatIsWrong) {
+  // Each of these once read past a JSON object (found by fuzz_tokenizer) or is a field
+  // of the wrong kind.
+  const std::string wordpiece_head = R"({"model": {"type": "WordPiece", "unk_token": "[UNK]",
+      "vocab": {"[UNK]": 0, "a": 1}}, "normalizer": {"type": "BertNormalizer"}, )";
+  EXPECT_HAS(error_of([&] { models::Tokenizer::from_json(wordpiece_head + R"("pre_tojenizer": {}})", "t"); }),
+             "tokenizer: a pre-tokenizer other than BertPreTokenizer");
+  EXPECT_HAS(error_of([&] { models::Tokenizer::from_json(R"({"model": {"type": "BPE", "vocab": {"a": 0},
+      "merges": []}, "decoder": {"type": "ByteLevel"}})", "t"); }),
+             "tokenizer: a tokenizer without a pre-tokenizer");
+  EXPECT_HAS(error_of([&] { models::Tokenizer::from_json(R"({"model": {"type": "WordPiece", "vocab": {"a": -3}}})",
+                                                         "t"); }),
+             "tokenizer: the id of token 'a' is -3; expected an integer in [0, 2^26)");
+  EXPECT_HAS(error_of([&] { models::Tokenizer::from_json(R"({"model": {"type": "WordPiece", "vocab": {"a": "x"}}})",
+                                                         "t"); }),
+             "tokenizer: the id of token 'a' is \"x\"");
+  EXPECT_HAS(error_of([&] { models::Tokenizer::from_json(R"({"model": {"type": "WordPiece"}})", "t"); }),
+             "tokenizer: 't' is not a tokenizer.json this library reads: ");
+  EXPECT_HAS(error_of([&] { models::Tokenizer::from_json("{not json", "t"); }), "tokenizer: 't' is not valid JSON");
+  EXPECT_HAS(error_of([&] { models::Tokenizer::from_json(R"({"model": {"type": "Unigram"}})", "t"); }),
+             "tokenizer: 't' is a Unigram tokenizer; this library reads BPE");
+}
+
 // ---- MiniLM sentence embeddings against sentence-transformers ----
 
 TEST(MiniLM, EmbeddingsAsOneBatchAreSentenceTransformers) {

@@ -95,7 +95,7 @@ BpeTokenizer::BpeTokenizer(const json& t) : vocab_(t, "BPE") {
     ranks_.emplace(pair_key(a, b), rank++);
   }
   // Normalizer: none or NFC.
-  const json& norm = t["normalizer"];
+  const json& norm = field(t, "normalizer");
   if (!norm.is_null()) {
     const auto kind = get_or<std::string>(norm, "type", std::string());
     if (kind == "NFC") {
@@ -105,7 +105,7 @@ BpeTokenizer::BpeTokenizer(const json& t) : vocab_(t, "BPE") {
     }
   }
   // Pre-tokenizer: ByteLevel, or a Sequence of Digits, Split and ByteLevel.
-  const json& pre = t["pre_tokenizer"];
+  const json& pre = field(t, "pre_tokenizer");
   if (!pre.is_object()) unsupported("a tokenizer without a pre-tokenizer");
   std::vector<json> steps;
   if (get_or<std::string>(pre, "type", "") == "Sequence") {
@@ -138,12 +138,12 @@ BpeTokenizer::BpeTokenizer(const json& t) : vocab_(t, "BPE") {
     }
   }
   if (!byte_level_seen) unsupported("a pre-tokenizer without ByteLevel");
-  if (!t["decoder"].is_object() || get_or<std::string>(t["decoder"], "type", "") != "ByteLevel") {
+  if (!field(t, "decoder").is_object() || get_or<std::string>(field(t, "decoder"), "type", "") != "ByteLevel") {
     unsupported("a decoder other than ByteLevel");
   }
   // Post-processor: ByteLevel (nothing to add) or a template around the text.
   std::vector<json> posts;
-  const json& post = t["post_processor"];
+  const json& post = field(t, "post_processor");
   if (post.is_object() && get_or<std::string>(post, "type", "") == "Sequence") {
     for (const auto& p : post.at("processors")) posts.push_back(p);
   } else if (!post.is_null()) {

@@ -24,6 +24,15 @@ T get_or(const nlohmann::json& j, const char* key, T fallback) {
   return it == j.end() || it->is_null() ? fallback : it->get<T>();
 }
 
+/// j[key] when j is an object holding it, else null. (A const json's operator[] with a
+/// missing key is undefined behaviour.)
+inline const nlohmann::json& field(const nlohmann::json& j, const char* key) {
+  static const nlohmann::json null_value;
+  if (!j.is_object()) return null_value;
+  const auto it = j.find(key);
+  return it == j.end() ? null_value : *it;
+}
+
 class Vocabulary {
  public:
   /// From a parsed tokenizer.json: model.vocab (token -> id) and added_tokens. An id

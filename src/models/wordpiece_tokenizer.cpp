@@ -143,7 +143,7 @@ WordPieceTokenizer::WordPieceTokenizer(const json& t) : vocab_(t, "WordPiece") {
   if (!unk_id) unsupported("the unknown token '" + unk + "' is not in the vocabulary");
   unk_id_ = *unk_id;
 
-  const json& norm = t["normalizer"];
+  const json& norm = field(t, "normalizer");
   if (norm.is_null()) {
     normalizer_ = false;
   } else {
@@ -155,16 +155,16 @@ WordPieceTokenizer::WordPieceTokenizer(const json& t) : vocab_(t, "WordPiece") {
     lowercase_ = get_or<bool>(norm, "lowercase", true);
     strip_accents_ = get_or<bool>(norm, "strip_accents", lowercase_);  // null: as lowercase
   }
-  const json& pre = t["pre_tokenizer"];
+  const json& pre = field(t, "pre_tokenizer");
   if (!pre.is_object() || get_or<std::string>(pre, "type", "") != "BertPreTokenizer") {
     unsupported("a pre-tokenizer other than BertPreTokenizer");
   }
-  const json& dec = t["decoder"];
+  const json& dec = field(t, "decoder");
   if (dec.is_object()) {
     if (get_or<std::string>(dec, "type", "") != "WordPiece") unsupported("a decoder other than WordPiece");
     cleanup_ = get_or<bool>(dec, "cleanup", true);
   }
-  const json& post = t["post_processor"];
+  const json& post = field(t, "post_processor");
   if (post.is_object()) {
     const auto kind = get_or<std::string>(post, "type", "");
     if (kind == "TemplateProcessing") {
