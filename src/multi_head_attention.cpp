@@ -1,6 +1,7 @@
 #include <torchattn/multi_head_attention.h>
 
 #include <torchattn/functional.h>
+#include <torchattn/packed_linear.h>
 
 #include "detail/attention_block.h"
 #include "detail/checks.h"
@@ -28,6 +29,7 @@ void MultiHeadAttentionImpl::reset() {
   TORCH_CHECK(num_kv_heads() >= 1 && options.num_heads() % num_kv_heads() == 0, kMultiHeadAttention,
               ": expected num_kv_heads >= 1 dividing num_heads=", options.num_heads(), ", got num_kv_heads=",
               num_kv_heads());
+  detail::check_positive(kMultiHeadAttention, "pack_min_rows", options.pack_min_rows());
   detail::check_dropout(kMultiHeadAttention, options.dropout());
   detail::check_scale(kMultiHeadAttention, options.scale());
   detail::check_window(kMultiHeadAttention, options.window(), options.causal());
@@ -46,6 +48,8 @@ void MultiHeadAttentionImpl::reset() {
   rotary_ = options.rope()
                 ? std::make_shared<const detail::RotaryCache>(*options.rope(), head_dim(), options.context_length())
                 : nullptr;
+  packed_qkv_ = std::make_shared<PackedLinear>();
+  packed_out_ = std::make_shared<PackedLinear>();
   if (options.causal() && options.mask_buffer()) {
     mask = register_buffer("mask", functional::causal_mask_buffer(options.context_length()));
   } else {
@@ -74,6 +78,12 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
   }
   detail::print_attention_extras(stream, options.causal(), options.window(), options.rope(),
                                  options.mask_buffer() || !options.causal());
+  if (options.pack_weights()) {
+    stream << ", pack_weights=true";
+    if (options.pack_min_rows() != 1) {
+      stream << ", pack_min_rows=" << options.pack_min_rows();
+    }
+  }
   stream << ")";
 }
 
@@ -103,12 +113,22 @@ at::Tensor MultiHeadAttentionImpl::forward_cached(const at::Tensor& x_new, KVCac
 
 at::Tensor MultiHeadAttentionImpl::attend(const at::Tensor& x, const at::Tensor& key_padding_mask,
                                           const at::Tensor& key_bias, KVCache* cache) {
+  const bool packed = options.pack_weights();
+  if (!packed && packed_qkv_->packed_bytes() + packed_out_->packed_bytes() > 0) {
+    packed_qkv_->clear();  // pack_weights turned off: the copies go
+    packed_out_->clear();
+  }
   detail::AttentionBlock block{W_query, W_key, W_value, options.num_heads(), num_kv_heads(), options.causal(),
-                               mask, options.window(), rotary_.get()};
+                               mask, options.window(), rotary_.get(), packed ? packed_qkv_.get() : nullptr,
+                               options.pack_min_rows()};
   const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend()};
   return detail::with_batch_dim(x, key_padding_mask, key_bias,
                                 [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {
     const at::Tensor context = detail::attention_block_forward(block, xb, cache, config, mb, bb);
+    if (packed && context.numel() >= options.pack_min_rows() * context.size(-1) &&
+        PackedLinear::applies(context, {out_proj->weight}, {out_proj->bias})) {
+      return packed_out_->forward(context, {out_proj->weight}, {out_proj->bias});
+    }
     return cache != nullptr ? functional::linear(context, out_proj->weight, out_proj->bias) : out_proj->forward(context);
   });
 }

@@ -140,6 +140,29 @@ TEST_P(TinyModel, EachPromptOfABatchGetsTheTokensItGetsAlone) {
   }
 }
 
+TEST_P(TinyModel, PackedWeightsGiveTheLogitsAndTokensOfTheLayersOwnProducts) {
+  const auto dir = reference() / "tiny" / GetParam();
+  const auto expected = read_pickle(dir / "expected.pt");
+  auto model = load_model(dir);
+  const auto prompt = expected.at("prompt").toTensor();
+  c10::InferenceMode inference;
+  const auto plain = model->forward(prompt.unsqueeze(0))[0];
+  for (const int64_t min_rows : {1, 2}) {
+    SCOPED_TRACE("min_rows " + std::to_string(min_rows));
+    model->pack_weights(true, min_rows);
+    EXPECT_TRUE(model->packs_weights());
+    EXPECT_LE(relative_error(model->forward(prompt.unsqueeze(0))[0], plain), 1e-5);
+    EXPECT_EQ(greedy(*model, to_ids(prompt), 32, {}), to_ids(expected.at("tokens").toTensor()));
+  }
+  // With min_rows 1 every product is packed: a sequence's logits are the same bits alone
+  // or beside another one.
+  const auto ids = torch::randint(3, model->config().vocab_size, {2, 9});
+  const auto both = model->forward(ids);
+  EXPECT_TRUE(torch::equal(both[1], model->forward(ids.narrow(0, 1, 1))[0]));
+  model->pack_weights(false);
+  EXPECT_TRUE(torch::equal(model->forward(prompt.unsqueeze(0))[0], plain));
+}
+
 INSTANTIATE_TEST_SUITE_P(Generate, TinyModel, ::testing::ValuesIn(tiny_models()),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 

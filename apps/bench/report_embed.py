@@ -35,6 +35,11 @@ def main():
           "| sentences per second | torchattn | sentence-transformers | ratio |", "|---|---|---|---|",
           f"| batch 1 | {c['batch1_per_s']:.1f} | {p['batch1_per_s']:.1f} | {r1:.2f} |",
           f"| batch 32 | {c['batch32_per_s']:.1f} | {p['batch32_per_s']:.1f} | {r32:.2f} |", "",
+          "torchattn loads with its linear layers' weights packed for oneDNN (`LoadOptions::pack_weights`, "
+          "`torchattn::PackedLinear`); the same run without: batch 1 "
+          f"{c['unpacked_batch1_per_s']:.1f} sentences/s ({c['unpacked_batch1_per_s'] / p['batch1_per_s']:.2f}x "
+          f"sentence-transformers), batch 32 {c['unpacked_batch32_per_s']:.1f} "
+          f"({c['unpacked_batch32_per_s'] / p['batch32_per_s']:.2f}x).", "",
           "| target | measured | met |", "|---|---|---|",
           f"| batch 1 >= 2x sentence-transformers | {r1:.2f} | {'yes' if r1 >= 2.0 else '**no**'} |",
           f"| batch 32 >= 1.0x sentence-transformers | {r32:.2f} | {'yes' if r32 >= 1.0 else '**no**'} |", ""]

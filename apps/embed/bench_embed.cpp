@@ -2,7 +2,8 @@
 // (one call per sentence) and batch 32 (one call for 32 sentences), on the sentences
 // apps/embed/bench_sentence_transformers.py measured sentence-transformers' encode on
 // (one per line), medians of repeated runs. apps/bench/report_embed.py sets them side
-// by side.
+// by side. Measured twice in one run: as loaded by default (the linear layers'
+// weights packed for oneDNN) and with LoadOptions().pack_weights(false).
 //
 //   torchattn_embed_bench --model DIR --sentences FILE [--threads 2] [--json out.json] [--quick]
 
@@ -51,27 +52,37 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "torchattn_embed_bench: expected at least 32 sentences in {}\n", sentences_path);
     return 1;
   }
-  auto encoder = torchattn::models::SentenceEncoder::from_pretrained(model_dir);
   const std::vector<std::string> batch(sentences.begin(), sentences.begin() + 32);
   const size_t singles = std::min<size_t>(sentences.size(), quick ? 16 : 64);
-  (void)encoder.embed(batch);  // warm-up
-  std::vector<double> one, many;
-  for (int r = 0; r < (quick ? 2 : 5); ++r) {
-    const auto t = Clock::now();
-    for (size_t i = 0; i < singles; ++i) (void)encoder.embed({sentences[i]});
-    one.push_back(singles / std::chrono::duration<double>(Clock::now() - t).count());
-  }
-  for (int r = 0; r < (quick ? 2 : 7); ++r) {
-    const auto t = Clock::now();
-    (void)encoder.embed(batch);
-    many.push_back(32 / std::chrono::duration<double>(Clock::now() - t).count());
-  }
-  fmt::print("torchattn_embed_bench: {} threads: batch 1 {:.1f} sentences/s (median of {}), batch 32 {:.1f} "
-             "sentences/s (median of {})\n", at::get_num_threads(), median(one), one.size(), median(many), many.size());
+  // Sentences per second at batch 1 and batch 32 (medians).
+  auto measure = [&](torchattn::models::SentenceEncoder& encoder) {
+    (void)encoder.embed(batch);  // warm-up
+    std::vector<double> one, many;
+    for (int r = 0; r < (quick ? 2 : 5); ++r) {
+      const auto t = Clock::now();
+      for (size_t i = 0; i < singles; ++i) (void)encoder.embed({sentences[i]});
+      one.push_back(singles / std::chrono::duration<double>(Clock::now() - t).count());
+    }
+    for (int r = 0; r < (quick ? 2 : 7); ++r) {
+      const auto t = Clock::now();
+      (void)encoder.embed(batch);
+      many.push_back(32 / std::chrono::duration<double>(Clock::now() - t).count());
+    }
+    return std::pair{median(one), median(many)};
+  };
+  // The default (weights packed for oneDNN), then the same folder with pack_weights(false).
+  auto encoder = torchattn::models::SentenceEncoder::from_pretrained(model_dir);
+  const auto [one, many] = measure(encoder);
+  auto unpacked_encoder = torchattn::models::SentenceEncoder::from_pretrained(
+      model_dir, torchattn::models::LoadOptions().pack_weights(false));
+  const auto [one_unpacked, many_unpacked] = measure(unpacked_encoder);
+  fmt::print("torchattn_embed_bench: {} threads: batch 1 {:.1f} sentences/s, batch 32 {:.1f} sentences/s; with "
+             "pack_weights(false): {:.1f} and {:.1f}\n", at::get_num_threads(), one, many, one_unpacked, many_unpacked);
   if (!json_path.empty()) {
     std::ofstream(json_path) << fmt::format("{{\"tool\": \"torchattn\", \"threads\": {}, \"batch1_per_s\": {:.3f}, "
-                                            "\"batch32_per_s\": {:.3f}}}\n", at::get_num_threads(), median(one),
-                                            median(many));
+                                            "\"batch32_per_s\": {:.3f}, \"unpacked_batch1_per_s\": {:.3f}, "
+                                            "\"unpacked_batch32_per_s\": {:.3f}}}\n", at::get_num_threads(), one,
+                                            many, one_unpacked, many_unpacked);
   }
   return 0;
 }

@@ -20,6 +20,8 @@
 
 namespace torchattn {
 
+class PackedLinear;
+
 namespace detail {
 class RotaryCache;
 }
@@ -78,6 +80,21 @@ struct MultiHeadAttentionOptions {
   /// positions, with the same outputs, gradients and cached decoding. A checkpoint
   /// with a `mask` key loads into it when that key holds the causal mask.
   TORCH_ARG(bool, mask_buffer) = true;
+  /// CPU inference: where no gradient is computed and the operands are float32 CPU,
+  /// W_query, W_key and W_value run as one product on a oneDNN-packed copy of their
+  /// weights, and out_proj on one of its own (see PackedLinear): faster for an
+  /// encoder's sentence, a prefill or a batch of decoding steps, for a second copy of
+  /// the weights in memory, made at the first such call (and again after the weights
+  /// change). Equal within float32 rounding, not bit for bit; each token's row is the
+  /// same alone or in any batch. Training, gradients and other dtypes and devices take
+  /// the usual path. May be changed on a built module (`mha->options.pack_weights(...)`);
+  /// turned off, the copies are dropped at the next forward. Default: false.
+  TORCH_ARG(bool, pack_weights) = false;
+  /// With pack_weights: the fewest rows (tokens in a call, over the batch) that take
+  /// the packed products; fewer take functional::linear, whose matrix-vector kernel is
+  /// faster for a single decoding step (2 keeps it there). Default: 1, every call, so
+  /// that a token's numbers never depend on how many share its call. >= 1.
+  TORCH_ARG(int64_t, pack_min_rows) = 1;
 };
 
 /// Multi-head causal self-attention (notebook 003's `MultiHeadAttention`): the
@@ -178,6 +195,10 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   uint64_t cache_owner_ = 0;
   // The RoPE cos/sin tables per device, or null without rope.
   std::shared_ptr<const detail::RotaryCache> rotary_;
+  // The packed copies of W_query|W_key|W_value and of out_proj (empty until a forward
+  // with pack_weights).
+  std::shared_ptr<PackedLinear> packed_qkv_;
+  std::shared_ptr<PackedLinear> packed_out_;
 };
 
 TORCH_MODULE(MultiHeadAttention);

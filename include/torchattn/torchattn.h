@@ -15,6 +15,7 @@
 #include <torchattn/interop.h>
 #include <torchattn/kv_cache.h>
 #include <torchattn/multi_head_attention.h>
+#include <torchattn/packed_linear.h>
 #include <torchattn/padding.h>
 #include <torchattn/rope.h>
 #include <torchattn/safetensors.h>

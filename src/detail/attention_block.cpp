@@ -6,6 +6,7 @@
 #include <ATen/TensorOperators.h>
 
 #include <algorithm>
+#include <array>
 
 namespace torchattn::detail {
 
@@ -19,9 +20,21 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
   auto project = [&](torch::nn::Linear& l) {
     return cache != nullptr ? functional::linear(x, l->weight, l->bias) : l->forward(x);
   };
-  at::Tensor keys = project(block.W_key);  // [B, T, num_kv_heads * head_dim]
-  at::Tensor queries = project(block.W_query);
-  at::Tensor values = project(block.W_value);
+  at::Tensor queries, keys, values;  // [B, T, d_out], [B, T, num_kv_heads * head_dim] (twice)
+  const std::array<at::Tensor, 3> weights{block.W_query->weight, block.W_key->weight, block.W_value->weight};
+  const std::array<at::Tensor, 3> biases{block.W_query->bias, block.W_key->bias, block.W_value->bias};
+  if (block.packed_qkv != nullptr && B * T >= block.pack_min_rows && PackedLinear::applies(x, weights, biases)) {
+    // One product for the three projections; each a view of its features.
+    const at::Tensor qkv = block.packed_qkv->forward(x, weights, biases);
+    const int64_t dq = block.W_query->weight.size(0), dkv = block.W_key->weight.size(0);
+    queries = qkv.narrow(-1, 0, dq);
+    keys = qkv.narrow(-1, dq, dkv);
+    values = qkv.narrow(-1, dq + dkv, dkv);
+  } else {
+    keys = project(block.W_key);
+    queries = project(block.W_query);
+    values = project(block.W_value);
+  }
   const int64_t d_out = queries.size(-1);
 
   // Tokens before heads, [B, T, G, head_dim] (G = 1 for a single-head module): the
@@ -31,6 +44,10 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
   queries = queries.view({B, T, H, head_dim});
   keys = keys.view({B, T, Hkv, head_dim});
   if (block.rope != nullptr) {
+    if (!queries.is_contiguous()) {  // views of a packed product: the one-pass CPU kernel wants them dense
+      queries = queries.contiguous();
+      keys = keys.contiguous();
+    }
     const at::Tensor positions = token_positions(T, cache, key_padding_mask, x.device());
     queries = block.rope->apply(queries, positions);
     keys = block.rope->apply(keys, positions);

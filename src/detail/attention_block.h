@@ -4,6 +4,7 @@
 
 #include <torchattn/functional.h>
 #include <torchattn/kv_cache.h>
+#include <torchattn/packed_linear.h>
 
 #include "rotary_cache.h"
 
@@ -36,6 +37,11 @@ struct AttentionBlock {
   std::optional<int64_t> window = std::nullopt;
   /// Rotary embeddings of queries and keys, or null.
   const RotaryCache* rope = nullptr;
+  /// W_query, W_key and W_value as one packed product where it applies (see
+  /// PackedLinear), or null.
+  PackedLinear* packed_qkv = nullptr;
+  /// The fewest rows (B * T) that take packed_qkv.
+  int64_t pack_min_rows = 1;
 };
 
 // ", causal=false, window=4, rope=(theta=10000, interleaved=false, rotary_dim=8)":

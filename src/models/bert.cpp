@@ -27,38 +27,47 @@ at::Tensor BertEmbeddingsImpl::forward(const at::Tensor& ids, const at::Tensor& 
   return dropout(LayerNorm(x));
 }
 
-BertLayerImpl::BertLayerImpl(const BertConfig& c) {
+BertLayerImpl::BertLayerImpl(const BertConfig& c, bool pack_weights) {
   attention = register_module(
       "attention", MultiHeadAttention(MultiHeadAttentionOptions(c.hidden_size, c.hidden_size, c.max_position_embeddings,
                                                                 c.num_heads)
                                           .causal(false)
                                           .qkv_bias(true)
-                                          .dropout(c.attention_dropout)));
+                                          .dropout(c.attention_dropout)
+                                          .pack_weights(pack_weights)));
   const auto norm = torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps);
   attention_norm = register_module("attention_norm", torch::nn::LayerNorm(norm));
   intermediate = register_module("intermediate", torch::nn::Linear(c.hidden_size, c.intermediate_size));
   output = register_module("output", torch::nn::Linear(c.intermediate_size, c.hidden_size));
   output_norm = register_module("output_norm", torch::nn::LayerNorm(norm));
   dropout = register_module("dropout", torch::nn::Dropout(c.hidden_dropout));
+  if (pack_weights) {
+    packed_intermediate_ = std::make_shared<PackedLinear>();
+    packed_output_ = std::make_shared<PackedLinear>();
+  }
 }
 
 at::Tensor BertLayerImpl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask) {
   // at::linear, as PyTorch's nn.Linear (one addmm for the rows of every sequence;
   // LibTorch's C++ Linear takes a matmul and a separate add for 3-d inputs).
-  auto linear = [](const torch::nn::Linear& l, const at::Tensor& in) { return at::linear(in, l->weight, l->bias); };
+  // With pack_weights, where it applies (CPU float32 inference), oneDNN on a packed copy.
+  auto linear = [](const torch::nn::Linear& l, const at::Tensor& in, const std::shared_ptr<PackedLinear>& packed) {
+    if (packed && PackedLinear::applies(in, {l->weight}, {l->bias})) return packed->forward(in, {l->weight}, {l->bias});
+    return at::linear(in, l->weight, l->bias);
+  };
   // Without autograd, the sums and GELU are written in place: the same values.
   const bool in_place = !c10::GradMode::is_enabled();
   const at::Tensor a = dropout(attention(x, key_padding_mask));
   const at::Tensor h = attention_norm(in_place ? a.add_(x) : a + x);
-  at::Tensor m = linear(intermediate, h);
-  m = dropout(linear(output, in_place ? at::gelu_(m) : at::gelu(m)));
+  at::Tensor m = linear(intermediate, h, packed_intermediate_);
+  m = dropout(linear(output, in_place ? at::gelu_(m) : at::gelu(m), packed_output_));
   return output_norm(in_place ? m.add_(h) : m + h);
 }
 
-BertModelImpl::BertModelImpl(const BertConfig& config) : config_(config) {
+BertModelImpl::BertModelImpl(const BertConfig& config, bool pack_weights) : config_(config) {
   embeddings = register_module("embeddings", BertEmbeddings(config));
   layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < config.num_layers; ++i) layers->push_back(BertLayer(config));
+  for (int64_t i = 0; i < config.num_layers; ++i) layers->push_back(BertLayer(config, pack_weights));
 }
 
 at::Tensor BertModelImpl::forward(const at::Tensor& ids, const at::Tensor& key_padding_mask,

@@ -10,6 +10,13 @@
 
 namespace torchattn::models {
 
+namespace {
+
+// x [..., in] has this many rows.
+int64_t rows_of(const at::Tensor& x) { return x.size(-1) == 0 ? 0 : x.numel() / x.size(-1); }
+
+} // namespace
+
 DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, int64_t context_length) {
   input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
   auto attn = torchattn::MultiHeadAttentionOptions(c.hidden_size, c.hidden_size, context_length, c.num_heads)
@@ -25,6 +32,43 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, int64_
   gate_proj = register_module("gate_proj", torch::nn::Linear(mlp(c.hidden_size, c.intermediate_size)));
   up_proj = register_module("up_proj", torch::nn::Linear(mlp(c.hidden_size, c.intermediate_size)));
   down_proj = register_module("down_proj", torch::nn::Linear(mlp(c.intermediate_size, c.hidden_size)));
+  packed_gate_up_ = std::make_shared<torchattn::PackedLinear>();
+  packed_down_ = std::make_shared<torchattn::PackedLinear>();
+}
+
+void DecoderLayerImpl::pack_weights(bool on, int64_t min_rows) {
+  TORCH_CHECK(min_rows >= 1, "DecoderLayer: expected pack_weights' min_rows >= 1, got ", min_rows);
+  pack_ = on;
+  pack_min_rows_ = min_rows;
+  self_attn->options.pack_weights(on).pack_min_rows(min_rows);
+  if (!on) {
+    packed_gate_up_->clear();
+    packed_down_->clear();
+  }
+}
+
+at::Tensor DecoderLayerImpl::mlp(const at::Tensor& m) {
+  const bool in_place = !c10::GradMode::is_enabled();
+  const bool packed = pack_ && rows_of(m) >= pack_min_rows_;
+  at::Tensor gate;
+  if (packed && torchattn::PackedLinear::applies(m, {gate_proj->weight, up_proj->weight}, {gate_proj->bias, up_proj->bias})) {
+    // gate_proj | up_proj in one product, then SiLU(gate) * up in place on its first half.
+    const at::Tensor both =
+        packed_gate_up_->forward(m, {gate_proj->weight, up_proj->weight}, {gate_proj->bias, up_proj->bias});
+    const int64_t I = gate_proj->weight.size(0);
+    gate = both.narrow(-1, 0, I);
+    at::silu_(gate).mul_(both.narrow(-1, I, I));
+  } else {
+    auto linear = [](const torch::nn::Linear& l, const at::Tensor& in) {
+      return torchattn::functional::linear(in, l->weight, l->bias);
+    };
+    gate = linear(gate_proj, m);
+    gate = in_place ? at::silu_(gate).mul_(linear(up_proj, m)) : at::silu(gate) * linear(up_proj, m);
+  }
+  if (packed && torchattn::PackedLinear::applies(gate, {down_proj->weight}, {down_proj->bias})) {
+    return packed_down_->forward(gate, {down_proj->weight}, {down_proj->bias});
+  }
+  return torchattn::functional::linear(gate, down_proj->weight, down_proj->bias);
 }
 
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, torchattn::KVCache* cache, const at::Tensor& key_padding_mask) {
@@ -35,13 +79,7 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, torchattn::KVCache* ca
   // values, one allocation fewer each.
   const bool in_place = !c10::GradMode::is_enabled();
   h = in_place ? h.add_(x) : h + x;
-  const at::Tensor m = post_attention_layernorm(h);
-  auto linear = [](const torch::nn::Linear& l, const at::Tensor& in) {
-    return torchattn::functional::linear(in, l->weight, l->bias);
-  };
-  at::Tensor gate = linear(gate_proj, m);
-  gate = in_place ? at::silu_(gate).mul_(linear(up_proj, m)) : at::silu(gate) * linear(up_proj, m);
-  const at::Tensor out = linear(down_proj, gate);
+  const at::Tensor out = mlp(post_attention_layernorm(h));
   return in_place ? out.add_(h) : out + h;
 }
 
@@ -58,6 +96,15 @@ CausalLMImpl::CausalLMImpl(const DecoderConfig& config, int64_t context_length)
     lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(config.hidden_size, config.vocab_size)
                                                                .bias(false)));
   }
+  packed_head_ = std::make_shared<torchattn::PackedLinear>();
+}
+
+void CausalLMImpl::pack_weights(bool on, int64_t min_rows) {
+  TORCH_CHECK(min_rows >= 1, "CausalLM: expected pack_weights' min_rows >= 1, got ", min_rows);
+  pack_ = on;
+  pack_min_rows_ = min_rows;
+  for (const auto& layer : *layers) layer->as<DecoderLayerImpl>()->pack_weights(on, min_rows);
+  if (!on) packed_head_->clear();
 }
 
 WeightsOptions CausalLMImpl::hf_weights() const {
@@ -93,7 +140,10 @@ at::Tensor CausalLMImpl::forward(const at::Tensor& ids, std::vector<torchattn::K
     x = x.narrow(1, x.size(1) - 1, 1);
   }
   x = norm(x);
-  return torchattn::functional::linear(x, lm_head ? lm_head->weight : embed_tokens->weight);
+  const at::Tensor& head = lm_head ? lm_head->weight : embed_tokens->weight;
+  // The packed head is faster even for one row (a vocabulary's worth of outputs).
+  if (pack_ && torchattn::PackedLinear::applies(x, {head})) return packed_head_->forward(x, {head});
+  return torchattn::functional::linear(x, head);
 }
 
 } // namespace torchattn::models

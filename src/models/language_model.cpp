@@ -31,6 +31,7 @@ LanguageModel LanguageModel::from_pretrained(const std::string& folder, const Lo
               context);
   Tokenizer tokenizer((fs::path(folder) / "tokenizer.json").string());
   CausalLM model(config, context);
+  model->pack_weights(options.pack_weights().value_or(false));
   model->load_hf_weights(folder);
   if (options.device() != model->embed_tokens->weight.device() || options.dtype() != at::kFloat) {
     model->to(options.device(), options.dtype());

@@ -81,7 +81,7 @@ SentenceEncoder SentenceEncoder::from_pretrained(const std::string& folder, cons
   }
   TORCH_CHECK(max_length >= 2, "SentenceEncoder::from_pretrained: '", folder, "': expected a max_seq_length >= 2, got ",
               max_length);
-  BertModel model(config);
+  BertModel model(config, options.pack_weights().value_or(true));
   load_weights(*model, folder, BertModelImpl::hf_weights());
   if (options.device() != model->embeddings->word_embeddings->weight.device() || options.dtype() != at::kFloat) {
     model->to(options.device(), options.dtype());

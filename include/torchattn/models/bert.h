@@ -12,6 +12,7 @@
 #include <torchattn/models/config.h>
 #include <torchattn/models/weights.h>
 #include <torchattn/multi_head_attention.h>
+#include <torchattn/packed_linear.h>
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -20,6 +21,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
+
+#include <memory>
 
 namespace torchattn::models {
 
@@ -39,7 +42,10 @@ TORCH_MODULE(BertEmbeddings);
 
 class BertLayerImpl : public torch::nn::Module {
  public:
-  explicit BertLayerImpl(const BertConfig& config);
+  /// pack_weights: inference on the CPU in float32 runs every linear layer on a
+  /// oneDNN-packed copy of its weights (see torchattn::PackedLinear), the attention's
+  /// three projections as one product: faster, for a second copy of the weights.
+  explicit BertLayerImpl(const BertConfig& config, bool pack_weights = false);
   /// x: [B, T, hidden_size]; key_padding_mask: [B, T] bool, true = padding, or undefined.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& key_padding_mask = {});
 
@@ -48,12 +54,17 @@ class BertLayerImpl : public torch::nn::Module {
   torch::nn::Linear intermediate{nullptr}, output{nullptr};
   torch::nn::LayerNorm output_norm{nullptr};
   torch::nn::Dropout dropout{nullptr};
+
+ private:
+  std::shared_ptr<PackedLinear> packed_intermediate_, packed_output_;  // null without pack_weights
 };
 TORCH_MODULE(BertLayer);
 
 class BertModelImpl : public torch::nn::Module {
  public:
-  explicit BertModelImpl(const BertConfig& config);
+  /// pack_weights: see BertLayerImpl (SentenceEncoder::from_pretrained sets it from
+  /// LoadOptions). Default false: at::linear, bit for bit as transformers on the CPU.
+  explicit BertModelImpl(const BertConfig& config, bool pack_weights = false);
 
   /// ids: [B, T] int64, each below vocab_size, T <= max_position_embeddings.
   /// key_padding_mask: [B, T] bool, true = padding (from a Hugging Face attention_mask:

@@ -18,6 +18,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -28,10 +29,19 @@ class DecoderLayerImpl : public torch::nn::Module {
   DecoderLayerImpl(const DecoderConfig& c, int64_t layer, int64_t context_length);
   /// x: [B, T, hidden] after the tokens in `cache` (null: none) -> [B, T, hidden].
   at::Tensor forward(const at::Tensor& x, torchattn::KVCache* cache, const at::Tensor& key_padding_mask);
+  /// The MLP alone: x [..., hidden] -> [..., hidden] (no residual).
+  at::Tensor mlp(const at::Tensor& x);
+  /// See CausalLMImpl::pack_weights.
+  void pack_weights(bool on, int64_t min_rows);
 
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   torchattn::MultiHeadAttention self_attn{nullptr};
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+
+ private:
+  std::shared_ptr<torchattn::PackedLinear> packed_gate_up_, packed_down_;
+  bool pack_ = false;
+  int64_t pack_min_rows_ = 2;
 };
 TORCH_MODULE(DecoderLayer);
 
@@ -40,6 +50,20 @@ class CausalLMImpl : public torch::nn::Module {
   /// context_length: the most tokens a sequence may have here (prompt and new tokens;
   /// at most the config's max_position_embeddings): the KV caches' size.
   CausalLMImpl(const DecoderConfig& config, int64_t context_length);
+
+  /// on: on the CPU in float32 without gradients, every linear layer runs on a
+  /// oneDNN-packed copy of its weights (torchattn::PackedLinear; the attention's three
+  /// projections as one product, gate_proj and up_proj as one): faster for prefills
+  /// and batched decoding, for a second copy of the weights in memory (made at the
+  /// next forward; off drops it). Calls of fewer than min_rows rows keep
+  /// functional::linear's matrix-vector kernel, faster for a single sequence's
+  /// decoding step (min_rows 2, the default); the output head is packed for any rows.
+  /// min_rows 1 sends every call to the packed products, so that each token's numbers
+  /// are the same whatever else shares its call (the serving engine's setting).
+  /// Off by default: the layers' own products.
+  void pack_weights(bool on, int64_t min_rows = 2);
+  bool packs_weights() const { return pack_; }
+  int64_t pack_min_rows() const { return pack_min_rows_; }
 
   /// The rules from a Hugging Face checkpoint's names to this module's
   /// ("model.layers.0.self_attn.q_proj.weight" -> "layers.0.self_attn.W_query.weight"),
@@ -70,6 +94,9 @@ class CausalLMImpl : public torch::nn::Module {
  private:
   DecoderConfig config_;
   int64_t context_length_;
+  std::shared_ptr<torchattn::PackedLinear> packed_head_;
+  bool pack_ = false;
+  int64_t pack_min_rows_ = 2;
 };
 TORCH_MODULE(CausalLM);
 

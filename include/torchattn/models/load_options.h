@@ -20,6 +20,14 @@ struct LoadOptions {
   /// of the KV caches. Default: unset, the config's max_position_embeddings, at most
   /// 4096. Encoders: ignored (their positions bound a text).
   TORCH_ARG(std::optional<int64_t>, context_length) = std::nullopt;
+  /// On the CPU in float32: run the linear layers on a oneDNN-packed copy of their
+  /// weights (torchattn::PackedLinear; a second copy of them in memory, made at the
+  /// first call), faster for every product of more than a few rows; equal to the
+  /// unpacked products within float32 rounding. Default: unset: SentenceEncoder packs
+  /// (each sentence is tens of rows), LanguageModel does not (one sequence's decoding
+  /// is a row at a time, and the copy doubles a decoder's memory; the serving engine
+  /// packs, see models::Engine).
+  TORCH_ARG(std::optional<bool>, pack_weights) = std::nullopt;
 };
 
 } // namespace torchattn::models

@@ -20,4 +20,17 @@ bool onednn_linear_applies(const at::Tensor& x, const at::Tensor& weight, const 
 /// blocking of the sums), not bit for bit.
 at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
+/// Whether LibTorch has oneDNN's linear operators on the CPU (its x86 builds).
+bool onednn_available();
+
+/// weight: a dense float32 CPU [out, in] -> the same values in oneDNN's blocked layout
+/// (an MKLDNN tensor, `mkldnn::_reorder_linear_weight`), for onednn_linear_packed.
+/// Requires onednn_available.
+at::Tensor onednn_pack_weight(const at::Tensor& weight);
+
+/// x: float32 CPU [..., in] (no gradient), packed: from onednn_pack_weight [out, in],
+/// bias: dense float32 [out] or undefined -> [..., out]. Each row's sums run in the same
+/// order whatever the number of rows: a row gives the same bits alone or in a batch.
+at::Tensor onednn_linear_packed(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& bias);
+
 } // namespace torchattn::kernels::cpu
