@@ -111,6 +111,32 @@ at::Tensor MultiHeadAttentionImpl::forward_cached(const at::Tensor& x_new, KVCac
   return attend(x_new, key_padding_mask, at::Tensor(), &cache);
 }
 
+PagedLayer MultiHeadAttentionImpl::paged_layer() const {
+  return PagedLayer{num_kv_heads(), head_dim(), W_key->weight.options(), cache_owner_};
+}
+
+PagedKVCache MultiHeadAttentionImpl::make_paged_kv_cache(const PagedKVCacheOptions& options_in) const {
+  return PagedKVCache({paged_layer()}, options_in);
+}
+
+at::Tensor MultiHeadAttentionImpl::forward_paged(const at::Tensor& x, PagedKVCache& cache, const PagedStep& step,
+                                                 int64_t layer) {
+  detail::check_paged(kMultiHeadAttention, x, options.d_in(), options.context_length(), W_query->weight, cache, step,
+                      layer, paged_layer(), is_training(), options.dropout());
+  detail::check_causal_for_cache(kMultiHeadAttention, options.causal(), "forward_paged");
+  const bool packed = options.pack_weights();
+  detail::AttentionBlock block{W_query, W_key, W_value, options.num_heads(), num_kv_heads(), options.causal(),
+                               mask, options.window(), rotary_.get(), packed ? packed_qkv_.get() : nullptr,
+                               options.pack_min_rows()};
+  const functional::AttentionConfig config{options.scale(), 0.0, false, options.backend()};
+  const at::Tensor context = detail::paged_attention_block_forward(block, x, cache, step, layer, config);
+  if (packed && context.size(0) >= options.pack_min_rows() &&
+      PackedLinear::applies(context, {out_proj->weight}, {out_proj->bias})) {
+    return packed_out_->forward(context, {out_proj->weight}, {out_proj->bias});
+  }
+  return functional::linear(context, out_proj->weight, out_proj->bias);
+}
+
 at::Tensor MultiHeadAttentionImpl::attend(const at::Tensor& x, const at::Tensor& key_padding_mask,
                                           const at::Tensor& key_bias, KVCache* cache) {
   const bool packed = options.pack_weights();

@@ -2,6 +2,7 @@
 
 #include <torchattn/backend.h>
 #include <torchattn/kv_cache.h>
+#include <torchattn/paged_kv_cache.h>
 #include <torchattn/rope.h>
 
 #include <torch/arg.h>
@@ -171,6 +172,28 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   /// dropout > 0 (call eval()), a cache made by another module, or made under
   /// InferenceMode and used outside it.
   at::Tensor forward_cached(const at::Tensor& x_new, KVCache& cache, const at::Tensor& key_padding_mask = {});
+
+  /// This layer's keys and values in a PagedKVCache: num_kv_heads, head_dim, the
+  /// module's dtype and device, and its id (a cache checks whose layer it is).
+  PagedLayer paged_layer() const;
+
+  /// A paged cache for this module alone (one layer): see PagedKVCache. A model makes
+  /// one cache for all its layers from their paged_layer()s.
+  PagedKVCache make_paged_kv_cache(const PagedKVCacheOptions& options) const;
+
+  /// x: [N, d_in], the new tokens of the step's sequences packed one after another
+  /// (step from cache.begin_step: step.query_start says whose rows are whose).
+  /// Returns [N, d_out]: each sequence's rows are those forward_cached gives it alone
+  /// with a contiguous KVCache holding the same tokens (and so those of a full
+  /// forward). Every option applies: grouped-query heads, RoPE at each token's position
+  /// in its own sequence, windows. `layer`: which of the cache's layers is this
+  /// module's.
+  ///
+  /// Errors: autograd on (use NoGradGuard or InferenceMode), training mode with
+  /// dropout > 0, causal(false), a cache layer of another module or shape, a step that
+  /// is not the cache's current one or does not match x, a position past
+  /// context_length.
+  at::Tensor forward_paged(const at::Tensor& x, PagedKVCache& cache, const PagedStep& step, int64_t layer = 0);
 
   int64_t head_dim() const { return options.d_out() / options.num_heads(); }
   int64_t num_kv_heads() const { return options.num_kv_heads().value_or(options.num_heads()); }

@@ -17,6 +17,7 @@
 #include <torchattn/multi_head_attention.h>
 #include <torchattn/packed_linear.h>
 #include <torchattn/padding.h>
+#include <torchattn/paged_kv_cache.h>
 #include <torchattn/rope.h>
 #include <torchattn/safetensors.h>
 #include <torchattn/self_attention_v2.h>

@@ -1,6 +1,7 @@
 #include "attention_block.h"
 
 #include "engine.h"
+#include "paged_attend.h"
 #include "positions.h"
 
 #include <ATen/TensorOperators.h>
@@ -10,6 +11,30 @@
 
 namespace torchattn::detail {
 
+namespace {
+
+// x [..., d_in] -> queries [..., num_heads * head_dim], keys and values
+// [..., num_kv_heads * head_dim]: one packed product where the block has one and it
+// applies, else functional::linear (`fast`, inference: its kernels for a few rows or
+// oneDNN) or LibTorch's Linear (bit for bit whatever the grad mode).
+std::array<at::Tensor, 3> project(AttentionBlock& block, const at::Tensor& x, bool fast) {
+  const std::array<at::Tensor, 3> weights{block.W_query->weight, block.W_key->weight, block.W_value->weight};
+  const std::array<at::Tensor, 3> biases{block.W_query->bias, block.W_key->bias, block.W_value->bias};
+  const int64_t rows = x.size(-1) == 0 ? 0 : x.numel() / x.size(-1);
+  if (block.packed_qkv != nullptr && rows >= block.pack_min_rows && PackedLinear::applies(x, weights, biases)) {
+    // One product for the three projections; each a view of its features.
+    const at::Tensor qkv = block.packed_qkv->forward(x, weights, biases);
+    const int64_t dq = block.W_query->weight.size(0), dkv = block.W_key->weight.size(0);
+    return {qkv.narrow(-1, 0, dq), qkv.narrow(-1, dq, dkv), qkv.narrow(-1, dq + dkv, dkv)};
+  }
+  auto one = [&](torch::nn::Linear& l) { return fast ? functional::linear(x, l->weight, l->bias) : l->forward(x); };
+  at::Tensor keys = one(block.W_key);
+  at::Tensor queries = one(block.W_query);
+  return {queries, keys, one(block.W_value)};
+}
+
+} // namespace
+
 at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, KVCache* cache,
                                    const functional::AttentionConfig& config, const at::Tensor& key_padding_mask,
                                    const at::Tensor& key_bias) {
@@ -17,24 +42,7 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
   const int64_t T = x.size(1);
   // Cached decoding (inference only) takes functional::linear's fast path for a few
   // rows; forward keeps LibTorch's Linear, bit for bit whatever the grad mode.
-  auto project = [&](torch::nn::Linear& l) {
-    return cache != nullptr ? functional::linear(x, l->weight, l->bias) : l->forward(x);
-  };
-  at::Tensor queries, keys, values;  // [B, T, d_out], [B, T, num_kv_heads * head_dim] (twice)
-  const std::array<at::Tensor, 3> weights{block.W_query->weight, block.W_key->weight, block.W_value->weight};
-  const std::array<at::Tensor, 3> biases{block.W_query->bias, block.W_key->bias, block.W_value->bias};
-  if (block.packed_qkv != nullptr && B * T >= block.pack_min_rows && PackedLinear::applies(x, weights, biases)) {
-    // One product for the three projections; each a view of its features.
-    const at::Tensor qkv = block.packed_qkv->forward(x, weights, biases);
-    const int64_t dq = block.W_query->weight.size(0), dkv = block.W_key->weight.size(0);
-    queries = qkv.narrow(-1, 0, dq);
-    keys = qkv.narrow(-1, dq, dkv);
-    values = qkv.narrow(-1, dq + dkv, dkv);
-  } else {
-    keys = project(block.W_key);
-    queries = project(block.W_query);
-    values = project(block.W_value);
-  }
+  auto [queries, keys, values] = project(block, x, /*fast=*/cache != nullptr);
   const int64_t d_out = queries.size(-1);
 
   // Tokens before heads, [B, T, G, head_dim] (G = 1 for a single-head module): the
@@ -90,6 +98,27 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
     context = context.transpose(1, 2).reshape({B, T, d_out});
   }
   return context;
+}
+
+at::Tensor paged_attention_block_forward(AttentionBlock& block, const at::Tensor& x, PagedKVCache& cache,
+                                         const PagedStep& step, int64_t layer,
+                                         const functional::AttentionConfig& config) {
+  const int64_t N = x.size(0);
+  auto [queries, keys, values] = project(block, x, /*fast=*/true);
+  const int64_t H = block.num_heads, Hkv = block.num_kv_heads, head_dim = queries.size(-1) / H;
+  // [N, heads, head_dim]: a batch of one sequence of N tokens for the rotary tables,
+  // each token at its own position in its own sequence.
+  queries = queries.reshape({1, N, H, head_dim});
+  keys = keys.reshape({1, N, Hkv, head_dim});
+  if (block.rope != nullptr) {
+    queries = queries.contiguous();  // the one-pass CPU kernel wants them dense
+    keys = keys.contiguous();
+    queries = block.rope->apply(queries, step.positions);
+    keys = block.rope->apply(keys, step.positions);
+  }
+  cache.write(layer, step, keys[0], values.reshape({N, Hkv, head_dim}));
+  const at::Tensor context = paged_attend(queries[0], cache.keys(layer), cache.values(layer), step, block.window, config);
+  return context.reshape({N, H * head_dim});
 }
 
 } // namespace torchattn::detail

@@ -5,6 +5,7 @@
 #include <torchattn/functional.h>
 #include <torchattn/kv_cache.h>
 #include <torchattn/packed_linear.h>
+#include <torchattn/paged_kv_cache.h>
 
 #include "rotary_cache.h"
 
@@ -84,6 +85,15 @@ inline uint64_t new_cache_owner() {
 at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, KVCache* cache,
                                    const functional::AttentionConfig& config, const at::Tensor& key_padding_mask = {},
                                    const at::Tensor& key_bias = {});
+
+// x: [N, d_in], the new tokens of a paged step's sequences packed one after another
+// (step.query_start) -> context before out_proj: [N, num_heads * head_dim]. Each token
+// is rotated at its position in its sequence, the new keys and values are written into
+// `layer` of the cache, and each sequence's rows attend over its own keys (see
+// paged_attend). For MultiHeadAttention (num_heads > 0), causal, in inference.
+at::Tensor paged_attention_block_forward(AttentionBlock& block, const at::Tensor& x, PagedKVCache& cache,
+                                         const PagedStep& step, int64_t layer,
+                                         const functional::AttentionConfig& config);
 
 // Runs `fn(x, key_padding_mask, key_bias)` on x as [B, T, d_in] (masks [B, T] or
 // [1, T]), adding and removing the batch dimension for an unbatched [T, d_in] input

@@ -4,6 +4,7 @@
 // the function, the argument, what was expected and what came.
 
 #include <torchattn/kv_cache.h>
+#include <torchattn/paged_kv_cache.h>
 #include <torchattn/rope.h>
 
 #include <ATen/core/Tensor.h>
@@ -108,8 +109,8 @@ inline void check_input(const char* module, const at::Tensor& x, int64_t d_in, i
 
 // forward_cached on an encoder (causal(false)): its tokens attend to later tokens, so
 // chunked encoding cannot give the full forward's rows.
-inline void check_causal_for_cache(const char* module, bool causal) {
-  TORCH_CHECK(causal, module, ": forward_cached needs a causal module, this one has causal(false): each token "
+inline void check_causal_for_cache(const char* module, bool causal, const char* fn = "forward_cached") {
+  TORCH_CHECK(causal, module, ": ", fn, " needs a causal module, this one has causal(false): each token "
               "attends to later tokens too, so a sequence encoded in chunks cannot give the full forward's rows; "
               "call forward() on the whole sequence");
 }
@@ -205,6 +206,46 @@ inline void check_some_key_kept(const char* module, const at::Tensor& key_paddin
               "; true marks a padding key to ignore (as in torch.nn.MultiheadAttention), the opposite of "
               "at::scaled_dot_product_attention's attn_mask (true = attend): pass mask.logical_not(); a Hugging Face "
               "attention_mask (1 = token) converts with attention_mask == 0, not .to(torch::kBool)");
+}
+
+// forward_paged: x [N, d_in] of the module's dtype and device, the step's N tokens;
+// the cache's `layer` made for this module (`mine`: its heads, dtype, device, owner);
+// the step current; positions within context_length; inference only.
+inline void check_paged(const char* module, const at::Tensor& x, int64_t d_in, int64_t context_length,
+                        const at::Tensor& weight, const PagedKVCache& cache, const PagedStep& step, int64_t layer,
+                        const PagedLayer& mine, bool training, double dropout) {
+  TORCH_CHECK(x.defined() && x.dim() == 2, module, ": forward_paged expected x of rank 2 [N, d_in] (the step's "
+              "tokens packed one after another), got ", x.defined() ? x.sizes() : c10::IntArrayRef{});
+  check_floating(module, "input", x);
+  TORCH_CHECK(x.size(1) == d_in, module, ": expected input with d_in=", d_in, " features, got ", x.size(1));
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type() && x.device() == weight.device(), module,
+              ": expected input of the module's dtype ", weight.scalar_type(), " on ", weight.device(), ", got ",
+              x.scalar_type(), " on ", x.device());
+  TORCH_CHECK(cache.is_current(step), module, ": forward_paged expected the cache's current step (from "
+              "cache.begin_step, with no fork, remove, truncate or other begin_step since), got another");
+  TORCH_CHECK(x.size(0) == step.num_tokens(), module, ": forward_paged expected the step's ", step.num_tokens(),
+              " tokens, got x with ", x.size(0));
+  TORCH_CHECK(layer >= 0 && layer < cache.num_layers(), module, ": expected a layer in [0, ", cache.num_layers(),
+              ") of the cache, got ", layer);
+  const PagedLayer& l = cache.layer(layer);
+  TORCH_CHECK(l.owner == 0 || l.owner == mine.owner, module, ": layer ", layer,
+              " of this paged cache belongs to another module (each attention layer has its own layer of the "
+              "cache; pass this module's index)");
+  TORCH_CHECK(l.num_kv_heads == mine.num_kv_heads && l.head_dim == mine.head_dim &&
+                  l.options.dtype() == mine.options.dtype() && l.options.device() == mine.options.device(),
+              module, ": layer ", layer, " of this paged cache holds ", l.num_kv_heads, " heads of ", l.head_dim,
+              " (", l.options.dtype(), " on ", l.options.device(), "), the module has ", mine.num_kv_heads,
+              " of ", mine.head_dim, " (", mine.options.dtype(), " on ", mine.options.device(),
+              "); make the cache after moving the module");
+  TORCH_CHECK(step.max_position() < context_length, module, ": a sequence of the step reaches ",
+              step.max_position() + 1, " tokens, past context_length=", context_length);
+  TORCH_CHECK(!c10::GradMode::is_enabled(), module,
+              ": forward_paged is for inference: call it under torch::NoGradGuard or c10::InferenceMode");
+  TORCH_CHECK(!cache.keys(layer).is_inference() || c10::InferenceMode::is_enabled(), module,
+              ": this paged cache was made under c10::InferenceMode, so it holds inference tensors, which can only "
+              "be written under InferenceMode; call forward_paged under c10::InferenceMode too");
+  TORCH_CHECK(!training || dropout == 0.0, module, ": forward_paged in training mode with dropout=", dropout,
+              " would drop attention weights while decoding; call module->eval()");
 }
 
 } // namespace torchattn::detail

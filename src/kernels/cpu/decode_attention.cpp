@@ -1,5 +1,6 @@
 #include "decode_attention.h"
 
+#include "needs_grad.h"
 #include "stall_aware.h"
 #include "vec.h"
 
@@ -22,10 +23,6 @@ namespace {
 constexpr int64_t kSerialWork = 1 << 20;
 // Multiply-adds per parallel chunk when there is more.
 constexpr int64_t kChunkWork = 1 << 18;
-
-bool needs_grad(const at::Tensor& t) {
-  return t.defined() && ((c10::GradMode::is_enabled() && t.requires_grad()) || t._fw_grad(/*level=*/0).defined());
-}
 
 bool plain_float(const at::Tensor& t) {
   return t.is_cpu() && t.scalar_type() == at::kFloat && t.layout() == at::kStrided && !t.is_nested() &&

@@ -1,5 +1,6 @@
 #include "linear.h"
 
+#include "needs_grad.h"
 #include "stall_aware.h"
 #include "vec.h"
 
@@ -24,9 +25,6 @@ int64_t plain_linear_rows(const at::Tensor& x, const at::Tensor& weight, const a
   if (bias.defined() && (!plain(bias) || bias.dim() != 1 || bias.size(0) != weight.size(0) || !bias.is_contiguous())) {
     return -1;
   }
-  auto needs_grad = [](const at::Tensor& t) {
-    return t.defined() && ((c10::GradMode::is_enabled() && t.requires_grad()) || t._fw_grad(/*level=*/0).defined());
-  };
   if (needs_grad(x) || needs_grad(weight) || needs_grad(bias)) return -1;
   return x.numel() / x.size(-1);
 }

@@ -1,0 +1,354 @@
+// PagedKVCache and MultiHeadAttention::forward_paged: the block bookkeeping (blocks
+// taken as tokens are written and returned when a sequence goes, lowest first, copy on
+// write after a fork, all-or-nothing steps), what it refuses and says; and every
+// sequence of mixed steps (prefill chunks of any size beside decoding tokens, forks)
+// against the contiguous KVCache path alone, over options (grouped heads, RoPE,
+// windows, biases), dtypes, backends, block sizes and devices: bit for bit where both
+// take the same CPU kernel (decoding rows, short chunks), within rounding elsewhere.
+
+#include "devices.h"
+#include "expect_error.h"
+#include "tolerances.h"
+
+#include <torchattn/multi_head_attention.h>
+#include <torchattn/paged_kv_cache.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using torchattn::PagedKVCache;
+using torchattn::PagedKVCacheOptions;
+using torchattn::StepTokens;
+
+PagedKVCache small_cache(int64_t num_blocks, int64_t block_size, int64_t layers = 1) {
+  std::vector<torchattn::PagedLayer> specs(static_cast<size_t>(layers),
+                                           torchattn::PagedLayer{2, 4, torch::TensorOptions().dtype(torch::kFloat), 0});
+  return PagedKVCache(specs, PagedKVCacheOptions(num_blocks).block_size(block_size));
+}
+
+// Writes `count` tokens of sequence s whose keys and values are all `value`, in every layer.
+void write_tokens(PagedKVCache& cache, int64_t s, int64_t count, float value) {
+  auto step = cache.begin_step({{s, count}});
+  for (int64_t l = 0; l < cache.num_layers(); ++l) {
+    const auto kv = torch::full({count, 2, 4}, value);
+    cache.write(l, step, kv, kv * 2);
+  }
+}
+
+TEST(PagedKVCache, BlocksAreTakenAsTokensComeAndReturnedWhenASequenceGoes) {
+  torch::NoGradGuard no_grad;
+  auto cache = small_cache(/*num_blocks=*/8, /*block_size=*/4);
+  EXPECT_EQ(cache.free_blocks(), 8);
+  EXPECT_EQ(cache.bytes_per_block(), 2 * 4 * 2 * 4 * 4);  // keys and values, 4 tokens of 2 heads of 4 floats
+  const int64_t a = cache.add_sequence(), b = cache.add_sequence();
+  EXPECT_EQ(cache.used_blocks(), 0);  // an empty sequence holds nothing
+  EXPECT_EQ(cache.blocks_needed({{a, 5}, {b, 1}}), 3);
+  write_tokens(cache, a, 5, 1.0f);
+  write_tokens(cache, b, 1, 2.0f);
+  EXPECT_EQ(cache.block_table(a), (std::vector<int64_t>{0, 1}));  // the lowest free blocks first
+  EXPECT_EQ(cache.block_table(b), (std::vector<int64_t>{2}));
+  EXPECT_EQ(cache.length(a), 5);
+  write_tokens(cache, a, 3, 3.0f);  // fills block 1: no new block
+  EXPECT_EQ(cache.block_table(a).size(), 2u);
+  EXPECT_EQ(cache.used_blocks(), 3);
+  // The keys read back in order, each written value where it was written.
+  const auto keys = cache.sequence_keys(0, a);
+  ASSERT_EQ(keys.sizes(), (std::vector<int64_t>{2, 8, 4}));
+  EXPECT_TRUE(torch::equal(keys.narrow(1, 0, 5), torch::full({2, 5, 4}, 1.0f)));
+  EXPECT_TRUE(torch::equal(keys.narrow(1, 5, 3), torch::full({2, 3, 4}, 3.0f)));
+  EXPECT_TRUE(torch::equal(cache.sequence_values(0, b), torch::full({2, 1, 4}, 4.0f)));
+  cache.remove(a);
+  EXPECT_EQ(cache.free_blocks(), 7);
+  EXPECT_FALSE(cache.contains(a));
+  const int64_t c = cache.add_sequence();
+  write_tokens(cache, c, 4, 5.0f);
+  EXPECT_EQ(cache.block_table(c), (std::vector<int64_t>{0}));  // a's block 0 again
+  cache.truncate(c, 1);  // keeps its first token, still in block 0
+  EXPECT_EQ(cache.block_table(c), (std::vector<int64_t>{0}));
+  cache.truncate(c, 0);
+  EXPECT_TRUE(cache.block_table(c).empty());
+  EXPECT_EQ(cache.free_blocks(), 7);
+  EXPECT_EQ(cache.sequences(), (std::vector<int64_t>{b, c}));
+}
+
+TEST(PagedKVCache, ForksShareBlocksUntilOneWritesIntoAShared) {
+  torch::NoGradGuard no_grad;
+  auto cache = small_cache(/*num_blocks=*/6, /*block_size=*/4, /*layers=*/2);
+  const int64_t parent = cache.add_sequence();
+  write_tokens(cache, parent, 6, 1.0f);  // a full block and half of another
+  const int64_t child = cache.fork(parent);
+  EXPECT_EQ(cache.block_table(child), cache.block_table(parent));
+  EXPECT_EQ(cache.used_blocks(), 2);  // shared, not copied
+  // The child writes into the shared half-filled block: that block is copied first (in
+  // every layer), the full one stays shared.
+  EXPECT_EQ(cache.blocks_needed({{child, 1}}), 1);
+  write_tokens(cache, child, 1, 9.0f);
+  EXPECT_EQ(cache.used_blocks(), 3);
+  EXPECT_EQ(cache.block_table(child)[0], cache.block_table(parent)[0]);
+  EXPECT_NE(cache.block_table(child)[1], cache.block_table(parent)[1]);
+  for (int64_t l = 0; l < 2; ++l) {
+    EXPECT_TRUE(torch::equal(cache.sequence_keys(l, parent), torch::full({2, 6, 4}, 1.0f)));
+    const auto k = cache.sequence_keys(l, child);
+    EXPECT_TRUE(torch::equal(k.narrow(1, 0, 6), torch::full({2, 6, 4}, 1.0f)));
+    EXPECT_TRUE(torch::equal(k.narrow(1, 6, 1), torch::full({2, 1, 4}, 9.0f)));
+  }
+  // The parent writes too: its half block is its own now, no copy.
+  EXPECT_EQ(cache.blocks_needed({{parent, 2}}), 0);
+  write_tokens(cache, parent, 2, 7.0f);
+  EXPECT_TRUE(torch::equal(cache.sequence_keys(0, child).narrow(1, 6, 1), torch::full({2, 1, 4}, 9.0f)));
+  // Blocks are freed when the last sequence holding them goes.
+  cache.remove(parent);
+  EXPECT_EQ(cache.used_blocks(), 2);
+  cache.remove(child);
+  EXPECT_EQ(cache.used_blocks(), 0);
+  // A fork of a sequence on a block boundary writes a new block of its own, no copy.
+  const int64_t p = cache.add_sequence();
+  write_tokens(cache, p, 4, 1.0f);
+  const int64_t q = cache.fork(p);
+  EXPECT_EQ(cache.blocks_needed({{q, 1}}), 1);
+  write_tokens(cache, q, 1, 2.0f);
+  EXPECT_EQ(cache.used_blocks(), 2);
+}
+
+TEST(PagedKVCache, BadUseIsAnErrorNamingWhatIsWrongAndChangesNothing) {
+  torch::NoGradGuard no_grad;
+  auto cache = small_cache(/*num_blocks=*/2, /*block_size=*/4);
+  const int64_t a = cache.add_sequence(), b = cache.add_sequence();
+  expect_error([&] { cache.begin_step({{a, 5}, {b, 4}}); }, "the step needs 3 free blocks and the pool has 2 of 2");
+  EXPECT_EQ(cache.length(a), 0);  // all or nothing
+  EXPECT_EQ(cache.free_blocks(), 2);
+  expect_error([&] { cache.begin_step({{a, 0}}); }, "expected at least one new token for sequence 0, got 0");
+  expect_error([&] { cache.begin_step({{a, 1}, {a, 1}}); }, "got sequence 0 twice");
+  expect_error([&] { cache.begin_step({{7, 1}}); }, "begin_step: no sequence 7 in this cache");
+  expect_error([&] { cache.begin_step({}); }, "expected at least one sequence, got none");
+  expect_error([&] { cache.remove(7); }, "remove: no sequence 7");
+  expect_error([&] { cache.fork(7); }, "fork: no sequence 7");
+  expect_error([&] { cache.truncate(a, 1); }, "truncate expected a length in [0, 0] for sequence 0, got 1");
+  auto step = cache.begin_step({{a, 2}});
+  expect_error([&] { cache.write(0, step, torch::zeros({3, 2, 4}), torch::zeros({3, 2, 4})); },
+               "write expected keys and values of shape [2, 2, 4], got [3, 2, 4]");
+  expect_error([&] { cache.write(0, step, torch::zeros({2, 2, 4}, torch::kDouble), torch::zeros({2, 2, 4})); },
+               "write expected keys and values of dtype float");
+  expect_error([&] { cache.write(1, step, torch::zeros({2, 2, 4}), torch::zeros({2, 2, 4})); },
+               "expected a layer in [0, 1), got 1");
+  cache.add_sequence();  // the cache changed: the step is stale
+  EXPECT_FALSE(cache.is_current(step));
+  expect_error([&] { cache.write(0, step, torch::zeros({2, 2, 4}), torch::zeros({2, 2, 4})); },
+               "this step is not the cache's current one");
+  auto other = small_cache(2, 4);
+  EXPECT_FALSE(other.is_current(cache.begin_step({{b, 1}})));
+  expect_error([] { small_cache(0, 4); }, "expected num_blocks >= 1, got 0");
+  expect_error([] { small_cache(2, 0); }, "expected block_size >= 1, got 0");
+  PagedKVCache moved = std::move(cache);
+  expect_error([&] { (void)cache.free_blocks(); }, "this cache was moved from");
+  EXPECT_EQ(moved.free_blocks(), 0);
+}
+
+// ---- forward_paged against the contiguous cache ----
+
+struct PagedCase {
+  std::string name;
+  torch::Dtype dtype;
+  torchattn::Backend backend;
+  int64_t num_heads, num_kv_heads;
+  bool rope;
+  std::optional<int64_t> window;
+  int64_t block_size;
+  bool pack = false;
+};
+
+std::string describe(const PagedCase& c, const torch::Device& device) {
+  return devices::prefix(device) + c.name;
+}
+
+std::vector<PagedCase> paged_cases() {
+  using torchattn::Backend;
+  return {
+      {"float_auto_mha", torch::kFloat, Backend::Auto, 4, 4, false, std::nullopt, 16},
+      {"float_auto_gqa_rope", torch::kFloat, Backend::Auto, 6, 2, true, std::nullopt, 4},
+      {"float_auto_mqa_rope_window", torch::kFloat, Backend::Auto, 4, 1, true, int64_t{5}, 3},
+      {"float_auto_gqa_rope_packed", torch::kFloat, Backend::Auto, 6, 3, true, std::nullopt, 8, true},
+      {"float_sdpa_gqa_rope", torch::kFloat, Backend::SDPA, 6, 2, true, std::nullopt, 4},
+      {"double_reference_gqa_rope_window", torch::kDouble, Backend::Reference, 6, 3, true, int64_t{7}, 5},
+      {"double_auto_mha_block1", torch::kDouble, Backend::Auto, 2, 2, false, std::nullopt, 1},
+  };
+}
+
+class PagedForward : public ::testing::TestWithParam<std::tuple<PagedCase, torch::Device>> {
+ protected:
+  void SetUp() override { devices::skip_unless_present(std::get<1>(GetParam())); }
+};
+
+TEST_P(PagedForward, EverySequenceEqualsTheContiguousCacheAlone) {
+  const auto& [c, device] = GetParam();
+  torch::manual_seed(31);
+  const int64_t d_in = 24, head_dim = 4, context = 80;
+  auto options = torchattn::MultiHeadAttentionOptions(d_in, c.num_heads * head_dim, context, c.num_heads)
+                     .num_kv_heads(c.num_kv_heads)
+                     .qkv_bias(true)
+                     .backend(c.backend)
+                     .window(c.window)
+                     .pack_weights(c.pack);
+  if (c.rope) options.rope(torchattn::RoPEOptions(10000.0));
+  torchattn::MultiHeadAttention mha(options);
+  mha->to(device, c.dtype);
+  mha->eval();
+  torch::NoGradGuard no_grad;
+  const int64_t num_blocks = 100 / c.block_size + 8;  // every token of the test, and a block per sequence spare
+  auto cache = mha->make_paged_kv_cache(PagedKVCacheOptions(num_blocks).block_size(c.block_size));
+
+  // Four sequences, each fed in chunks of its own (short, long, single tokens), in
+  // steps that mix them; a fifth forks the first after its prompt.
+  const std::vector<int64_t> lengths{3, 40, 23, 9};
+  std::vector<torch::Tensor> xs;
+  for (const int64_t T : lengths) xs.push_back(torch::randn({T, d_in}, torch::TensorOptions(c.dtype).device(device)));
+  std::vector<int64_t> ids, done(lengths.size(), 0);
+  for (size_t s = 0; s < lengths.size(); ++s) ids.push_back(cache.add_sequence());
+  std::vector<std::vector<torch::Tensor>> paged_out(lengths.size() + 1);
+  std::vector<std::vector<int64_t>> chunks(lengths.size() + 1);
+  std::mt19937 rng(7);
+  std::optional<int64_t> fork_id;
+  torch::Tensor fork_x;
+  int64_t fork_done = 0, fork_from = 0;
+  for (int step_index = 0; step_index < 200; ++step_index) {
+    std::vector<StepTokens> tokens;
+    std::vector<torch::Tensor> parts;
+    std::vector<size_t> who;
+    for (size_t s = 0; s < lengths.size(); ++s) {
+      if (done[s] == lengths[s] || rng() % 3 == 0) continue;
+      const int64_t left = lengths[s] - done[s];
+      const int64_t pick = rng() % 4;
+      const int64_t n = std::min(left, pick == 0 ? int64_t{1} : pick == 1 ? int64_t{3} : pick == 2 ? int64_t{17} : left);
+      tokens.push_back({ids[s], n});
+      parts.push_back(xs[s].narrow(0, done[s], n));
+      chunks[s].push_back(n);
+      who.push_back(s);
+      done[s] += n;
+    }
+    if (fork_id && fork_done < fork_x.size(0)) {
+      tokens.push_back({*fork_id, 1});
+      parts.push_back(fork_x.narrow(0, fork_done, 1));
+      who.push_back(lengths.size());
+      chunks[lengths.size()].push_back(1);
+      ++fork_done;
+    }
+    if (tokens.empty()) {
+      if (fork_id && fork_done == fork_x.size(0)) break;
+      continue;
+    }
+    auto step = cache.begin_step(tokens);
+    const auto y = mha->forward_paged(torch::cat(parts), cache, step);
+    ASSERT_EQ(y.sizes(), (std::vector<int64_t>{step.num_tokens(), c.num_heads * head_dim}));
+    for (size_t i = 0; i < who.size(); ++i) {
+      paged_out[who[i]].push_back(y.narrow(0, step.query_start[i], tokens[i].count));
+    }
+    if (!fork_id && done[0] == lengths[0]) {  // the first sequence's prompt is in: fork it
+      fork_id = cache.fork(ids[0]);
+      fork_from = lengths[0];
+      fork_x = torch::randn({6, d_in}, torch::TensorOptions(c.dtype).device(device));
+    }
+  }
+  ASSERT_TRUE(fork_id.has_value());
+  // The contiguous path, each sequence alone, fed in the same chunks.
+  const auto tol = tol::for_dtype(c.dtype);
+  auto contiguous = [&](const torch::Tensor& x, const std::vector<int64_t>& sizes, torchattn::KVCache& kv) {
+    std::vector<torch::Tensor> out;
+    int64_t at = 0;
+    for (const int64_t n : sizes) {
+      out.push_back(mha->forward_cached(x.narrow(0, at, n).unsqueeze(0), kv)[0]);
+      at += n;
+    }
+    return out;
+  };
+  int bitwise = 0;
+  for (size_t s = 0; s < lengths.size(); ++s) {
+    SCOPED_TRACE("sequence " + std::to_string(s));
+    ASSERT_EQ(done[s], lengths[s]);
+    auto kv = mha->make_kv_cache(1);
+    const auto want = contiguous(xs[s], chunks[s], kv);
+    for (size_t i = 0; i < want.size(); ++i) {
+      // Bit for bit where both paths take the same kernels: packed projections (each
+      // row the same whatever the rows beside it) and the CPU decoding kernel (a chunk
+      // of at most 16 rows after cached tokens; a first chunk takes ATen's causal kernel
+      // in forward_cached).
+      const bool same_kernels = c.pack && device.is_cpu() && c.dtype == torch::kFloat &&
+                                c.backend == torchattn::Backend::Auto && chunks[s][i] <= 16 && i > 0;
+      if (same_kernels) {
+        ++bitwise;
+        EXPECT_TRUE(torch::equal(paged_out[s][i], want[i])) << "chunk " << i << " of " << chunks[s][i];
+      } else {
+        EXPECT_TRUE(tol::close(paged_out[s][i], want[i], tol)) << "chunk " << i << " of " << chunks[s][i];
+      }
+    }
+    // And the full forward's rows.
+    EXPECT_TRUE(tol::close(torch::cat(paged_out[s]), mha->forward(xs[s]), tol));
+    // The cache holds the keys a contiguous cache holds.
+    EXPECT_TRUE(tol::close(cache.sequence_keys(0, ids[s]), kv.keys()[0], tol));
+  }
+  if (c.pack && device.is_cpu()) EXPECT_GE(bitwise, 2);  // the bit-for-bit case came up
+  // The fork continues from the first sequence's prompt as a clone of its cache would.
+  auto kv = mha->make_kv_cache(1);
+  (void)contiguous(xs[0], chunks[0], kv);
+  auto branch = kv.clone();
+  const auto want = contiguous(fork_x, chunks[lengths.size()], branch);
+  EXPECT_TRUE(tol::close(torch::cat(paged_out[lengths.size()]), torch::cat(want), tol));
+  if (c.pack && device.is_cpu() && c.backend == torchattn::Backend::Auto) {  // decoding rows: the same kernels
+    EXPECT_TRUE(torch::equal(torch::cat(paged_out[lengths.size()]), torch::cat(want)));
+  }
+  EXPECT_EQ(cache.length(*fork_id), fork_from + fork_x.size(0));
+  for (const int64_t id : cache.sequences()) cache.remove(id);
+  EXPECT_EQ(cache.free_blocks(), num_blocks);
+}
+
+INSTANTIATE_TEST_SUITE_P(Options, PagedForward,
+                         ::testing::Combine(::testing::ValuesIn(paged_cases()), ::testing::ValuesIn(devices::all())),
+                         [](const auto& info) { return describe(std::get<0>(info.param), std::get<1>(info.param)); });
+
+TEST(PagedForward, MisuseIsAnErrorNamingTheCause) {
+  torch::manual_seed(32);
+  torchattn::MultiHeadAttention mha(torchattn::MultiHeadAttentionOptions(8, 8, 6, 2).rope(torchattn::RoPEOptions(1e4)));
+  torchattn::MultiHeadAttention other(torchattn::MultiHeadAttentionOptions(8, 8, 6, 2));
+  auto cache = mha->make_paged_kv_cache(PagedKVCacheOptions(8).block_size(2));
+  const int64_t s = cache.add_sequence();
+  {
+    torch::NoGradGuard no_grad;
+    auto step = cache.begin_step({{s, 3}});
+    expect_error([&] { mha->forward_paged(torch::randn({2, 8}), cache, step); },
+                 "forward_paged expected the step's 3 tokens, got x with 2");
+    expect_error([&] { mha->forward_paged(torch::randn({1, 3, 8}), cache, step); },
+                 "forward_paged expected x of rank 2 [N, d_in]");
+    expect_error([&] { mha->forward_paged(torch::randn({3, 8}, torch::kDouble), cache, step); },
+                 "expected input of the module's dtype Float");
+    expect_error([&] { other->forward_paged(torch::randn({3, 8}), cache, step); },
+                 "layer 0 of this paged cache belongs to another module");
+    expect_error([&] { mha->forward_paged(torch::randn({3, 8}), cache, step, 1); },
+                 "expected a layer in [0, 1) of the cache, got 1");
+    mha->forward_paged(torch::randn({3, 8}), cache, step);
+    auto late = cache.begin_step({{s, 4}});  // 7 tokens: past context_length=6
+    expect_error([&] { mha->forward_paged(torch::randn({4, 8}), cache, late); },
+                 "a sequence of the step reaches 7 tokens, past context_length=6");
+    auto next = cache.begin_step({{s, 1}});
+    expect_error([&] { mha->forward_paged(torch::randn({1, 8}), cache, step); },
+                 "expected the cache's current step");
+  }
+  const int64_t fresh = cache.add_sequence();
+  auto step = cache.begin_step({{fresh, 1}});
+  expect_error([&] { mha->forward_paged(torch::randn({1, 8}), cache, step); },
+               "forward_paged is for inference: call it under torch::NoGradGuard");
+  torchattn::MultiHeadAttention encoder(torchattn::MultiHeadAttentionOptions(8, 8, 6, 2).causal(false));
+  auto encoder_cache = encoder->make_paged_kv_cache(PagedKVCacheOptions(4));
+  const int64_t e = encoder_cache.add_sequence();
+  torch::NoGradGuard no_grad;
+  auto encoder_step = encoder_cache.begin_step({{e, 2}});
+  expect_error([&] { encoder->forward_paged(torch::randn({2, 8}), encoder_cache, encoder_step); },
+               "forward_paged needs a causal module, this one has causal(false)");
+}
+
+} // namespace
