@@ -11,6 +11,7 @@
 #include <torchattn/models/causal_lm.h>
 #include <torchattn/models/chat.h>
 #include <torchattn/models/config.h>
+#include <torchattn/models/engine.h>
 #include <torchattn/models/generation.h>
 #include <torchattn/models/language_model.h>
 #include <torchattn/models/load_options.h>

@@ -47,6 +47,13 @@ void DecoderLayerImpl::pack_weights(bool on, int64_t min_rows) {
   }
 }
 
+at::Tensor DecoderLayerImpl::forward_paged(const at::Tensor& x, torchattn::PagedKVCache& cache,
+                                           const torchattn::PagedStep& step, int64_t layer) {
+  at::Tensor h = self_attn->forward_paged(input_layernorm(x), cache, step, layer);
+  h.add_(x);  // inference only (forward_paged refuses autograd): sums in place
+  return mlp(post_attention_layernorm(h)).add_(h);
+}
+
 at::Tensor DecoderLayerImpl::mlp(const at::Tensor& m) {
   const bool in_place = !c10::GradMode::is_enabled();
   const bool packed = pack_ && rows_of(m) >= pack_min_rows_;
@@ -126,6 +133,35 @@ std::vector<torchattn::KVCache> CausalLMImpl::make_caches(int64_t batch, bool st
   return caches;
 }
 
+torchattn::PagedKVCache CausalLMImpl::make_paged_cache(const torchattn::PagedKVCacheOptions& options) const {
+  std::vector<torchattn::PagedLayer> specs;
+  for (const auto& layer : *layers) specs.push_back(layer->as<DecoderLayerImpl>()->self_attn->paged_layer());
+  return torchattn::PagedKVCache(std::move(specs), options);
+}
+
+at::Tensor CausalLMImpl::forward_paged(const at::Tensor& ids, torchattn::PagedKVCache& cache,
+                                       const torchattn::PagedStep& step, const at::Tensor& logit_rows) {
+  TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong, "CausalLM: forward_paged expected int64 ids [N] (the "
+              "step's tokens packed), got ", ids.sizes(), " of ", ids.scalar_type());
+  TORCH_CHECK(cache.num_layers() == static_cast<int64_t>(layers->size()), "CausalLM: expected a paged cache of ",
+              layers->size(), " layers (make_paged_cache), got one of ", cache.num_layers());
+  TORCH_CHECK(!logit_rows.defined() || (logit_rows.dim() == 1 && logit_rows.scalar_type() == at::kLong), "CausalLM: "
+              "expected logit_rows as int64 indices [R], got ", logit_rows.sizes(), " of ", logit_rows.scalar_type());
+  at::Tensor x = embed_tokens(ids);
+  for (size_t i = 0; i < layers->size(); ++i) {
+    x = layers[i]->as<DecoderLayerImpl>()->forward_paged(x, cache, step, static_cast<int64_t>(i));
+  }
+  if (logit_rows.defined()) x = x.index_select(0, logit_rows.to(x.device()));
+  return head(norm(x));
+}
+
+at::Tensor CausalLMImpl::head(const at::Tensor& x) {
+  const at::Tensor& weight = lm_head ? lm_head->weight : embed_tokens->weight;
+  // The packed head is faster even for one row (a vocabulary's worth of outputs).
+  if (pack_ && torchattn::PackedLinear::applies(x, {weight})) return packed_head_->forward(x, {weight});
+  return torchattn::functional::linear(x, weight);
+}
+
 at::Tensor CausalLMImpl::forward(const at::Tensor& ids, std::vector<torchattn::KVCache>* caches,
                                  const at::Tensor& key_padding_mask, bool last_only) {
   TORCH_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kLong, "CausalLM: expected int64 ids [B, T], got ",
@@ -139,11 +175,7 @@ at::Tensor CausalLMImpl::forward(const at::Tensor& ids, std::vector<torchattn::K
   if (last_only) {
     x = x.narrow(1, x.size(1) - 1, 1);
   }
-  x = norm(x);
-  const at::Tensor& head = lm_head ? lm_head->weight : embed_tokens->weight;
-  // The packed head is faster even for one row (a vocabulary's worth of outputs).
-  if (pack_ && torchattn::PackedLinear::applies(x, {head})) return packed_head_->forward(x, {head});
-  return torchattn::functional::linear(x, head);
+  return head(norm(x));
 }
 
 } // namespace torchattn::models

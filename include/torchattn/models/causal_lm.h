@@ -29,6 +29,10 @@ class DecoderLayerImpl : public torch::nn::Module {
   DecoderLayerImpl(const DecoderConfig& c, int64_t layer, int64_t context_length);
   /// x: [B, T, hidden] after the tokens in `cache` (null: none) -> [B, T, hidden].
   at::Tensor forward(const at::Tensor& x, torchattn::KVCache* cache, const at::Tensor& key_padding_mask);
+  /// x: [N, hidden], a paged step's tokens (see MultiHeadAttention::forward_paged);
+  /// `layer`: this layer's index in the cache -> [N, hidden].
+  at::Tensor forward_paged(const at::Tensor& x, torchattn::PagedKVCache& cache, const torchattn::PagedStep& step,
+                           int64_t layer);
   /// The MLP alone: x [..., hidden] -> [..., hidden] (no residual).
   at::Tensor mlp(const at::Tensor& x);
   /// See CausalLMImpl::pack_weights.
@@ -77,6 +81,18 @@ class CausalLMImpl : public torch::nn::Module {
   /// One KV cache per layer for `batch` sequences.
   std::vector<torchattn::KVCache> make_caches(int64_t batch, bool static_shapes = false) const;
 
+  /// One paged cache for every layer (layer i is layers[i]'s), num_blocks blocks of
+  /// block_size tokens: see torchattn::PagedKVCache.
+  torchattn::PagedKVCache make_paged_cache(const torchattn::PagedKVCacheOptions& options) const;
+
+  /// ids: [N] int64, the new tokens of a paged step's sequences packed one after
+  /// another (step from cache.begin_step). Returns the logits [R, vocab] of the rows
+  /// `logit_rows` ([R] int64 indices into the N tokens, such as each sequence's last
+  /// new token), or of all N rows when it is undefined; in the model's dtype. Each
+  /// sequence's logits equal what forward with its own contiguous caches gives it.
+  at::Tensor forward_paged(const at::Tensor& ids, torchattn::PagedKVCache& cache, const torchattn::PagedStep& step,
+                           const at::Tensor& logit_rows = {});
+
   /// ids: [B, T] int64 after the tokens in `caches` (null: a full forward).
   /// key_padding_mask: [B, T] bool (true = padding) or undefined.
   /// Returns logits [B, T, vocab] (last_only: [B, 1, vocab]), in the model's dtype.
@@ -92,6 +108,9 @@ class CausalLMImpl : public torch::nn::Module {
   torch::nn::Linear lm_head{nullptr};  // null when tied to embed_tokens
 
  private:
+  // The output head over final hidden states [..., hidden] -> logits.
+  at::Tensor head(const at::Tensor& x);
+
   DecoderConfig config_;
   int64_t context_length_;
   std::shared_ptr<torchattn::PackedLinear> packed_head_;

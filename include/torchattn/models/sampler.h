@@ -26,6 +26,8 @@ class Sampler {
   /// the CPU in float32 with the seeded generator, so a seed gives the same tokens on
   /// any device for the same logits.
   int64_t next(const at::Tensor& logits);
+  /// True when next() takes the most likely token.
+  bool greedy() const { return options_.greedy; }
 
  private:
   SamplingOptions options_;

@@ -1,0 +1,240 @@
+// models::Engine (continuous batching over a PagedKVCache) on small random decoders:
+// each request gets the tokens it gets alone (through the engine alone, bit for bit;
+// and through models::generate with contiguous caches, in float64), whatever joins or
+// leaves; long prompts are prefilled in chunks while the others keep decoding; stop
+// tokens, max_new_tokens, the context length and cancellation end a request and give
+// its blocks back; a full pool makes requests wait or preempts the newest, losing
+// nothing; the queue limit and bad requests are errors naming the cause.
+
+#include "expect_error.h"
+
+#include <torchattn/models/engine.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace models = torchattn::models;
+
+models::DecoderConfig tiny_config(bool window) {
+  models::DecoderConfig c;
+  c.model_type = window ? "mistral" : "llama";
+  c.vocab_size = 96;
+  c.hidden_size = 48;
+  c.intermediate_size = 64;
+  c.num_layers = 2;
+  c.num_heads = 6;
+  c.num_kv_heads = 2;
+  c.max_position_embeddings = 512;
+  c.rope_theta = 10000.0;
+  c.windows.assign(2, window ? std::optional<int64_t>(24) : std::nullopt);
+  c.eos_token_ids = {};
+  return c;
+}
+
+// A random model whose logits are far from uniform (larger embeddings), so that greedy
+// choices are clear.
+models::CausalLM tiny_model(torch::Dtype dtype, bool window = false, int64_t context = 512) {
+  torch::manual_seed(41);
+  models::CausalLM model(tiny_config(window), context);
+  {
+    torch::NoGradGuard no_grad;
+    model->embed_tokens->weight.mul_(4);
+  }
+  model->to(dtype);
+  model->eval();
+  return model;
+}
+
+std::vector<std::vector<int64_t>> prompts(const std::vector<int64_t>& lengths, uint64_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int64_t>> out;
+  for (const int64_t n : lengths) {
+    std::vector<int64_t> p;
+    for (int64_t i = 0; i < n; ++i) p.push_back(static_cast<int64_t>(rng() % 96));
+    out.push_back(p);
+  }
+  return out;
+}
+
+std::vector<std::vector<int64_t>> ids_of(const std::vector<models::GenerationResult>& results) {
+  std::vector<std::vector<int64_t>> out;
+  for (const auto& r : results) out.push_back(r.ids);
+  return out;
+}
+
+models::EngineOptions small_chunks() {
+  return models::EngineOptions().kv_tokens(4096).block_size(8).prefill_chunk(16).max_prefill_tokens(32);
+}
+
+TEST(Engine, EachRequestGetsTheTokensItGetsAlone) {
+  const auto ps = prompts({1, 5, 16, 17, 40, 130, 3, 64}, 3);
+  const auto greedy = models::GenerationOptions().max_new_tokens(20).stop_at_eos(false);
+  const auto sampled = models::GenerationOptions(greedy).do_sample(true).temperature(0.8).top_k(30).top_p(0.9).seed(5);
+  for (const auto& options : {greedy, sampled}) {
+    SCOPED_TRACE(options.do_sample() ? "sampled" : "greedy");
+    // float32, packed products: the batch equals the engine alone, bit for bit (the
+    // same tokens, always).
+    {
+      models::Engine engine(tiny_model(torch::kFloat), small_chunks());
+      const auto batch = ids_of(engine.generate(ps, options));
+      for (size_t i = 0; i < ps.size(); ++i) {
+        EXPECT_EQ(batch[i], ids_of(engine.generate({ps[i]}, options))[0]) << "prompt " << i;
+        EXPECT_EQ(batch[i].size(), 20u);
+      }
+      EXPECT_EQ(engine.stats().kv_blocks_used, 0);  // every block back
+      EXPECT_EQ(engine.stats().finished, static_cast<int64_t>(2 * ps.size()));
+    }
+    // float64: the same tokens as models::generate, alone, with contiguous caches.
+    for (const bool window : {false, true}) {
+      SCOPED_TRACE(window ? "sliding window" : "full attention");
+      auto model = tiny_model(torch::kDouble, window);
+      models::Engine engine(model, small_chunks());
+      const auto batch = ids_of(engine.generate(ps, options));
+      for (size_t i = 0; i < ps.size(); ++i) {
+        EXPECT_EQ(batch[i], models::generate(*model, {ps[i]}, options)[0].ids) << "prompt " << i;
+      }
+    }
+  }
+}
+
+TEST(Engine, RequestsJoinAtAnyStepAndLongPromptsArriveInChunks) {
+  models::Engine engine(tiny_model(torch::kFloat), small_chunks());
+  const auto ps = prompts({4, 9, 6, 200, 2}, 4);
+  const auto options = models::GenerationOptions().max_new_tokens(30).stop_at_eos(false);
+  std::map<int64_t, std::vector<int64_t>> got, steps_of;  // tokens, and the step each came in
+  std::map<int64_t, size_t> which;
+  int64_t steps = 0;
+  auto submit = [&](size_t i) {
+    const int64_t id = engine.submit(ps[i], options, [&](const models::TokenEvent& e) {
+      if (e.token) {
+        got[e.request].push_back(*e.token);
+        steps_of[e.request].push_back(steps);
+      }
+    });
+    which[id] = i;
+  };
+  submit(0);
+  submit(1);
+  for (int i = 0; i < 5; ++i, ++steps) engine.step();
+  submit(2);
+  submit(3);  // 200 tokens: 13 chunks of 16, one a step, while 0, 1 and 2 decode
+  for (int i = 0; i < 3; ++i, ++steps) engine.step();
+  submit(4);
+  while (engine.step()) ++steps;
+  ASSERT_EQ(got.size(), ps.size());
+  for (const auto& [id, tokens] : got) {
+    const size_t i = which.at(id);
+    EXPECT_EQ(tokens, ids_of(engine.generate({ps[i]}, options))[0]) << "prompt " << i;
+    // Decoding requests got a token at every step, long prompt or not.
+    for (size_t t = 1; t < steps_of[id].size(); ++t) EXPECT_EQ(steps_of[id][t], steps_of[id][t - 1] + 1);
+  }
+  // The long prompt took a step per chunk: its first token came with the 13th.
+  const int64_t long_id = std::find_if(which.begin(), which.end(), [](auto& p) { return p.second == 3; })->first;
+  EXPECT_EQ(steps_of[long_id].front(), 5 + 13 - 1);
+}
+
+TEST(Engine, StopTokensLengthsAndCancellationEndARequestAndFreeItsBlocks) {
+  auto model = tiny_model(torch::kFloat, false, /*context=*/40);
+  models::Engine engine(model, small_chunks());
+  const auto ps = prompts({6, 6, 30, 8}, 5);
+  const auto alone = ids_of(engine.generate({ps[0]}, models::GenerationOptions().max_new_tokens(10).stop_at_eos(false)))[0];
+  // A stop token: the request ends with it.
+  std::vector<models::TokenEvent> events;
+  auto record = [&](const models::TokenEvent& e) { events.push_back(e); };
+  engine.submit(ps[0], models::GenerationOptions().max_new_tokens(10).stop_token_ids({alone[3]}), record);
+  while (engine.step()) {}
+  ASSERT_FALSE(events.empty());
+  const size_t stop_at = static_cast<size_t>(std::find(alone.begin(), alone.end(), alone[3]) - alone.begin());
+  EXPECT_EQ(events.size(), stop_at + 1);
+  EXPECT_EQ(events.back().finished, models::FinishReason::Stop);
+  EXPECT_EQ(*events.back().token, alone[3]);
+  EXPECT_EQ(events.back().generated, static_cast<int64_t>(stop_at + 1));
+  // max_new_tokens, and the context length (30 + 10 = 40).
+  events.clear();
+  engine.submit(ps[2], models::GenerationOptions().max_new_tokens(10).stop_at_eos(false), record);
+  while (engine.step()) {}
+  EXPECT_EQ(events.size(), 10u);
+  EXPECT_EQ(events.back().finished, models::FinishReason::Length);
+  // Cancelled while decoding, and while waiting: the callback hears it, blocks come back.
+  events.clear();
+  const int64_t a = engine.submit(ps[1], models::GenerationOptions().max_new_tokens(30).stop_at_eos(false), record);
+  engine.step();
+  engine.step();
+  EXPECT_GT(engine.stats().kv_blocks_used, 0);
+  engine.cancel(a);
+  const int64_t b = engine.submit(ps[3], models::GenerationOptions().max_new_tokens(30).stop_at_eos(false), record);
+  engine.cancel(b);
+  engine.cancel(12345);  // unknown: ignored
+  while (engine.step()) {}
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back().finished, models::FinishReason::Cancelled);
+  EXPECT_FALSE(events.back().token.has_value());
+  EXPECT_EQ(std::count_if(events.begin(), events.end(),
+                          [](const auto& e) { return e.finished == models::FinishReason::Cancelled; }),
+            2);
+  EXPECT_EQ(engine.stats().kv_blocks_used, 0);
+  EXPECT_EQ(engine.stats().running + engine.stats().waiting, 0);
+}
+
+TEST(Engine, AFullPoolMakesRequestsWaitOrPreemptsTheNewestAndLosesNothing) {
+  const auto ps = prompts({20, 24, 18, 30, 22, 26}, 6);
+  const auto options = models::GenerationOptions().max_new_tokens(40).stop_at_eos(false);
+  auto model = tiny_model(torch::kDouble);
+  // 128 tokens of pool for six requests that grow to 58 to 70 tokens each.
+  models::Engine engine(model, models::EngineOptions().kv_tokens(128).block_size(8).prefill_chunk(16));
+  int64_t most_waiting = 0, most_blocks = 0;
+  std::vector<std::vector<int64_t>> got(ps.size());
+  for (size_t i = 0; i < ps.size(); ++i) {
+    engine.submit(ps[i], options, [&, i](const models::TokenEvent& e) {
+      if (e.token) got[i].push_back(*e.token);
+    });
+  }
+  while (engine.step()) {
+    most_waiting = std::max(most_waiting, engine.stats().waiting);
+    most_blocks = std::max(most_blocks, engine.stats().kv_blocks_used);
+    // Memory in use follows the tokens held, never past the pool.
+    EXPECT_LE(engine.stats().tokens_held, engine.stats().kv_blocks_used * 8);
+  }
+  EXPECT_GT(most_waiting, 0);
+  EXPECT_LE(most_blocks, 16);
+  EXPECT_GT(engine.stats().preempted, 0);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    EXPECT_EQ(got[i], models::generate(*model, {ps[i]}, options)[0].ids) << "prompt " << i;
+  }
+  EXPECT_EQ(engine.stats().kv_blocks_used, 0);
+}
+
+TEST(Engine, TheQueueLimitAndBadRequestsAreErrorsNamingTheCause) {
+  auto model = tiny_model(torch::kFloat, false, /*context=*/64);
+  models::Engine engine(model, models::EngineOptions().kv_tokens(96).max_waiting(2));
+  const auto options = models::GenerationOptions().max_new_tokens(4);
+  auto none = [](const models::TokenEvent&) {};
+  expect_error([&] { engine.submit({}, options, none); }, "expected a prompt of at least one token, got none");
+  expect_error([&] { engine.submit({1, 96}, options, none); }, "the prompt has token id 96, outside the vocabulary [0, 96)");
+  expect_error([&] { engine.submit({1, 2}, models::GenerationOptions().max_new_tokens(63), none); },
+               "2 prompt tokens and max_new_tokens=63 pass the model's context_length of 64");
+  expect_error([&] { engine.submit({1, 2}, models::GenerationOptions().max_new_tokens(0), none); },
+               "expected max_new_tokens >= 1, got 0");
+  expect_error([&] { engine.submit({1}, models::GenerationOptions(options).do_sample(true).top_p(0.0), none); },
+               "expected top_p in (0, 1], got 0");
+  models::Engine small(model, models::EngineOptions().kv_tokens(32).block_size(16));
+  expect_error([&] { small.submit(std::vector<int64_t>(30, 1), options, none); },
+               "30 prompt tokens and max_new_tokens=4 pass the KV pool of 32 tokens");
+  engine.submit({1}, options, none);
+  engine.submit({2}, options, none);
+  EXPECT_THROW(engine.submit({3}, options, none), models::EngineFull);
+  while (engine.step()) {}
+  engine.submit({3}, options, none);  // room again
+  expect_error([&] { models::Engine(model, models::EngineOptions().kv_tokens(0)); }, "expected kv_tokens >= 1, got 0");
+  expect_error([&] { models::Engine(model, models::EngineOptions().prefill_chunk(0)); },
+               "expected prefill_chunk >= 1, got 0");
+}
+
+} // namespace
