@@ -252,6 +252,26 @@ TEST(GenerateTokenizer, OtherKindsAreRefusedNamingWhatTheyAre) {
 
 // ---- SmolLM2-135M-Instruct ----
 
+TEST(GenerateSmolLM2, ConversationsAreTheChatTemplatesText) {
+  const auto ref = read_pickle(reference() / "smollm2.pt");
+  const auto chat_template = models::read_chat_template(smollm2().string());
+  ASSERT_TRUE(chat_template.has_value());
+  const auto conversations = nlohmann::json::parse(ref.at("conversations").toStringRef());
+  ASSERT_EQ(conversations.size(), 2u);
+  for (const auto& c : conversations) {
+    std::vector<models::ChatMessage> messages;
+    for (const auto& m : c["messages"]) messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    EXPECT_EQ(models::chat_prompt(*chat_template, messages), c["text"].get<std::string>());
+  }
+  try {
+    models::chat_prompt(*chat_template, std::vector<models::ChatMessage>{{"tool", "{}"}});
+    ADD_FAILURE() << "a tool turn was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("message 0 has role 'tool'; expected system, user or "
+                                                            "assistant"), std::string::npos);
+  }
+}
+
 TEST(GenerateSmolLM2, ChatPromptLogitsAndGreedyTokensAreTransformers) {
   const auto ref = read_pickle(reference() / "smollm2.pt");
   models::Tokenizer tok((smollm2() / "tokenizer.json").string());

@@ -135,6 +135,14 @@ def smollm2_reference(out, smollm2):
         ref[f"prompt{i}.logits"] = logits.clone()
         ref[f"prompt{i}.tokens"] = gen.sequences[0, ids.shape[1]:].clone()
         ref[f"prompt{i}.margins"] = (top2[:, 0] - top2[:, 1]).clone()
+    # Conversations through the chat template, as text: with and without a system turn.
+    conversations = [
+        [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello. How can I help?"},
+         {"role": "user", "content": "Name a colour."}],
+        [{"role": "system", "content": "You answer in French."}, {"role": "user", "content": "Bonjour ?"}],
+    ]
+    ref["conversations"] = json.dumps([{"messages": m, "text": tok.apply_chat_template(
+        m, tokenize=False, add_generation_prompt=True)} for m in conversations])
     torch.save(ref, os.path.join(out, "smollm2.pt"))
     # What `torchattn_generate --chat --greedy --print-ids` prints for the first prompt.
     with open(os.path.join(out, "cli_expected.txt"), "w") as f:

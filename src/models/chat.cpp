@@ -7,6 +7,8 @@
 #include <iterator>
 #include <stdexcept>
 
+#include <c10/util/Exception.h>
+
 namespace torchattn::models {
 
 std::optional<std::string> read_chat_template(const std::string& model_dir) {
@@ -23,23 +25,41 @@ std::optional<std::string> read_chat_template(const std::string& model_dir) {
   return std::nullopt;
 }
 
-std::string chat_prompt(const std::string& chat_template, const std::string& prompt) {
-  if (chat_template.find("<|im_start|>") == std::string::npos) {
-    TORCH_CHECK(false, "chat_prompt: this model's chat template does not use <|im_start|>; pass the prompt as it "
-                             "should be tokenized instead");
-  }
-  // The default system turn, when the template writes one: the text after
-  // "<|im_start|>system\n" up to the next <|im_end|>, without template syntax.
-  std::string system;
+namespace {
+
+// The template's default system turn ("<|im_start|>system\n...<|im_end|>\n"), or ""
+// when it writes none (or one with template syntax in it).
+std::string default_system_turn(const std::string& chat_template) {
+  TORCH_CHECK(chat_template.find("<|im_start|>") != std::string::npos, "chat_prompt: this model's chat template does "
+              "not use <|im_start|>; pass the prompt as it should be tokenized instead");
   const std::string open = "<|im_start|>system\n";
   if (const auto at = chat_template.find(open); at != std::string::npos) {
     const auto end = chat_template.find("<|im_end|>", at + open.size());
     const std::string text = chat_template.substr(at + open.size(), end - at - open.size());
     if (end != std::string::npos && text.find("{{") == std::string::npos && text.find("{%") == std::string::npos) {
-      system = open + text + "<|im_end|>\n";
+      return open + text + "<|im_end|>\n";
     }
   }
-  return system + "<|im_start|>user\n" + prompt + "<|im_end|>\n<|im_start|>assistant\n";
+  return "";
+}
+
+} // namespace
+
+std::string chat_prompt(const std::string& chat_template, const std::string& prompt) {
+  return chat_prompt(chat_template, std::vector<ChatMessage>{{"user", prompt}});
+}
+
+std::string chat_prompt(const std::string& chat_template, const std::vector<ChatMessage>& messages) {
+  std::string out = default_system_turn(chat_template);
+  TORCH_CHECK(!messages.empty(), "chat_prompt: expected at least one message, got none");
+  if (messages.front().role == "system") out.clear();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const auto& m = messages[i];
+    TORCH_CHECK(m.role == "system" || m.role == "user" || m.role == "assistant", "chat_prompt: message ", i,
+                " has role '", m.role, "'; expected system, user or assistant");
+    out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+  }
+  return out + "<|im_start|>assistant\n";
 }
 
 } // namespace torchattn::models

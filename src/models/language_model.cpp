@@ -45,6 +45,11 @@ std::string LanguageModel::chat_prompt(const std::string& message) const {
   return models::chat_prompt(*chat_template_, message);
 }
 
+std::string LanguageModel::chat_prompt(const std::vector<ChatMessage>& messages) const {
+  TORCH_CHECK(chat_template_.has_value(), "LanguageModel::chat_prompt: this model folder has no chat template");
+  return models::chat_prompt(*chat_template_, messages);
+}
+
 std::vector<Completion> LanguageModel::generate(const std::vector<std::string>& prompts,
                                                 const GenerationOptions& options_in,
                                                 const std::function<void(size_t, const std::string&)>& on_text) {

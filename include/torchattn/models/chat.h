@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace torchattn::models {
 
@@ -14,7 +15,20 @@ namespace torchattn::models {
 std::optional<std::string> read_chat_template(const std::string& model_dir);
 
 /// `prompt` as one user turn, ready for the assistant's answer. A template that does
-/// not use <|im_start|> is a std::runtime_error saying so.
+/// not use <|im_start|> is an error saying so.
 std::string chat_prompt(const std::string& chat_template, const std::string& prompt);
+
+/// One turn of a conversation: role "system", "user" or "assistant", and its text.
+struct ChatMessage {
+  std::string role;
+  std::string content;
+};
+
+/// A conversation, ready for the assistant's next answer: each turn as
+/// <|im_start|>role\ncontent<|im_end|>\n, after the template's default system turn
+/// when the first turn is not a system one, as transformers' apply_chat_template(...,
+/// add_generation_prompt=True) writes it for these templates. An empty conversation,
+/// or a role other than system, user or assistant, is an error naming it.
+std::string chat_prompt(const std::string& chat_template, const std::vector<ChatMessage>& messages);
 
 } // namespace torchattn::models

@@ -9,6 +9,7 @@
 //   std::cout << out[0].text << "\n";
 
 #include <torchattn/models/causal_lm.h>
+#include <torchattn/models/chat.h>
 #include <torchattn/models/generation.h>
 #include <torchattn/models/load_options.h>
 #include <torchattn/models/tokenizer.h>
@@ -46,6 +47,9 @@ class LanguageModel {
   /// as SmolLM2's and Qwen2's), ready for the assistant's answer. An error when the
   /// folder has no template or one of another format.
   std::string chat_prompt(const std::string& message) const;
+  /// A conversation (see models::chat_prompt), ready for the assistant's answer.
+  std::string chat_prompt(const std::vector<ChatMessage>& messages) const;
+  bool has_chat_template() const { return chat_template_.has_value(); }
 
   /// The template's end-of-turn token (<|im_end|>) when it has one: generate stops at it.
   std::optional<int64_t> end_of_turn() const { return end_of_turn_; }
