@@ -55,6 +55,7 @@ class LanguageModel {
   std::optional<int64_t> end_of_turn() const { return end_of_turn_; }
 
   CausalLM& model() { return model_; }
+  const CausalLM& model() const { return model_; }
   const Tokenizer& tokenizer() const { return tokenizer_; }
   const DecoderConfig& config() const { return model_->config(); }
 

@@ -1,0 +1,81 @@
+#include "completion_run.h"
+
+#include <algorithm>
+#include <random>
+
+namespace serve {
+
+namespace models = torchattn::models;
+
+std::vector<int64_t> hidden_tokens(const models::LanguageModel& model) {
+  std::vector<int64_t> ids = model.config().eos_token_ids;
+  if (model.end_of_turn()) ids.push_back(*model.end_of_turn());
+  return ids;
+}
+
+EngineRequest prepare(const CompletionRequest& request, const models::LanguageModel& model) {
+  std::string text = request.prompt;
+  if (request.chat) {
+    if (!model.has_chat_template()) {
+      throw bad_request("this model has no chat template: use /v1/completions with a prompt", "messages");
+    }
+    text = model.chat_prompt(request.messages);
+  }
+  EngineRequest out;
+  out.prompt = model.tokenizer().encode(text);
+  const char* field = request.chat ? "messages" : "prompt";
+  const auto n = static_cast<int64_t>(out.prompt.size());
+  if (n == 0) throw bad_request(std::string("'") + field + "' has no tokens", field);
+  const int64_t context = model.model()->context_length();
+  if (n >= context) {
+    throw bad_request("This model's maximum context length is " + std::to_string(context) + " tokens; the prompt has " +
+                          std::to_string(n) + " (with no room left for an answer)",
+                      field, "context_length_exceeded");
+  }
+  const int64_t max_tokens = request.max_tokens.value_or(request.chat ? context - n : std::min<int64_t>(16, context - n));
+  if (n + max_tokens > context) {
+    throw bad_request("This model's maximum context length is " + std::to_string(context) + " tokens; the prompt has " +
+                          std::to_string(n) + " and max_tokens asks for " + std::to_string(max_tokens) + " more",
+                      request.max_tokens_field,
+                      "context_length_exceeded");
+  }
+  std::vector<int64_t> stop = hidden_tokens(model);
+  out.options.max_new_tokens(max_tokens).stop_token_ids(stop).stop_at_eos(true);
+  if (request.temperature > 0.0) {
+    static thread_local std::mt19937_64 seeds{std::random_device{}()};
+    out.options.do_sample(true)
+        .temperature(request.temperature)
+        .top_p(request.top_p)
+        .top_k(request.top_k)
+        .seed(request.seed.value_or(seeds()));
+  }
+  return out;
+}
+
+CompletionRun::CompletionRun(const CompletionRequest& request, const models::LanguageModel& model, int64_t prompt_tokens)
+    : text_(model.tokenizer(), hidden_tokens(model), request.stop) {
+  usage_.prompt_tokens = prompt_tokens;
+}
+
+Delta CompletionRun::apply(const models::TokenEvent& event) {
+  Delta delta;
+  if (done()) return delta;
+  if (event.token) {
+    ids_.push_back(*event.token);
+    delta.ids.push_back(*event.token);
+    usage_.completion_tokens = event.generated;
+    delta.text = text_.push(*event.token);
+    if (text_.stopped()) {
+      finish_reason_ = "stop";
+      cancel_engine_ = !event.finished.has_value();
+      return delta;
+    }
+  }
+  if (event.finished) {
+    delta.text += text_.finish();
+    finish_reason_ = *event.finished == models::FinishReason::Length ? "length" : "stop";
+  }
+  return delta;
+}
+
+} // namespace serve

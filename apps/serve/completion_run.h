@@ -1,0 +1,67 @@
+#pragma once
+
+// One completion request between the API and the engine: its prompt as token ids and
+// its generation options (checked against the model's context), then the engine's
+// events turned into what the client sees (text deltas, token ids, finish_reason,
+// usage), the same whether streamed or not.
+
+#include "openai_api.h"
+#include "text_stream.h"
+
+#include <torchattn/models/engine.h>
+#include <torchattn/models/language_model.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace serve {
+
+/// What the engine is asked for.
+struct EngineRequest {
+  std::vector<int64_t> prompt;
+  torchattn::models::GenerationOptions options;
+};
+
+/// The prompt (the chat template's text for a conversation), tokenized, and the
+/// options: max_tokens (default: the rest of the context for chat, 16 for
+/// completions, as OpenAI's), greedy at temperature 0 else sampled (top_p, top_k, the
+/// seed or a random one), stopping at the model's EOS and end-of-turn tokens. A prompt
+/// with no tokens, or prompt and max_tokens past the context, is an ApiError (400)
+/// naming the numbers.
+EngineRequest prepare(const CompletionRequest& request, const torchattn::models::LanguageModel& model);
+
+/// The token ids whose text is never shown: EOS and the end of a turn.
+std::vector<int64_t> hidden_tokens(const torchattn::models::LanguageModel& model);
+
+struct Delta {
+  std::string text;
+  std::vector<int64_t> ids;
+};
+
+class CompletionRun {
+ public:
+  CompletionRun(const CompletionRequest& request, const torchattn::models::LanguageModel& model, int64_t prompt_tokens);
+
+  /// Applies an engine event; returns what the client sees of it. Once done(), the
+  /// answer is complete; when a stop sequence ended it, cancel_engine() is true (the
+  /// engine still runs the request).
+  Delta apply(const torchattn::models::TokenEvent& event);
+
+  bool done() const { return !finish_reason_.empty(); }
+  bool cancel_engine() const { return cancel_engine_; }
+  /// "stop" or "length" once done.
+  const std::string& finish_reason() const { return finish_reason_; }
+  const std::string& text() const { return text_.text(); }
+  const std::vector<int64_t>& ids() const { return ids_; }
+  Usage usage() const { return usage_; }
+
+ private:
+  TextStream text_;
+  std::vector<int64_t> ids_;
+  Usage usage_;
+  std::string finish_reason_;
+  bool cancel_engine_ = false;
+};
+
+} // namespace serve

@@ -1,0 +1,114 @@
+// torchattn_serve: a Hugging Face decoder folder (llama, qwen2, mistral) served over
+// OpenAI's API, many users at once from one pool of KV blocks (models::Engine).
+//
+//   torchattn_serve MODEL_DIR [--host 127.0.0.1] [--port 8080] [--api-key KEY]
+//                   [--kv-tokens 16384] [--max-running 32] [--max-waiting 256] ...
+//
+//   curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \
+//     -d '{"model": "smollm2", "messages": [{"role": "user", "content": "Hi!"}]}'
+//
+// Prints "torchattn_serve: listening on http://HOST:PORT ..." on stdout once it
+// listens (with --port 0, on a free port). SIGINT or SIGTERM cancels what runs and
+// exits 0.
+
+#include "cli_checks.h"
+#include "fmt.h"
+#include "server.h"
+
+#include <torchattn/models.h>
+
+#include <CLI/CLI.hpp>
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include <pthread.h>
+#include <signal.h>
+
+int main(int argc, char** argv) {
+  CLI::App app{"Serves a Hugging Face decoder folder over OpenAI's API (chat and text completions, streamed or not)"};
+  std::string model_dir;
+  serve::ServerOptions server;
+  int64_t context = 4096, kv_tokens = 16384, block_size = 16, max_running = 32, max_waiting = 256;
+  int64_t prefill_chunk = 64, max_prefill_tokens = 64;
+  int threads = 0;
+  bool quiet = false;
+  app.add_option("model", model_dir, "a Hugging Face model folder (llama, qwen2, mistral)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  app.add_option("--host", server.host, "the address to listen on")->capture_default_str();
+  app.add_option("--port", server.port, "the port to listen on; 0: a free one")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  app.add_option("--api-key", server.api_key, "require 'Authorization: Bearer KEY' (all routes but /health)");
+  app.add_option("--model-name", server.model_name, "the model's id in the API (default: the folder's name)");
+  app.add_option("--context-length", context, "the most tokens of a request, prompt and answer (at most the "
+                 "config's max_position_embeddings)")->check(apps::at_least(1))->capture_default_str();
+  app.add_option("--kv-tokens", kv_tokens, "tokens the KV pool holds over all requests")
+      ->check(apps::at_least(1))->capture_default_str();
+  app.add_option("--block-size", block_size, "tokens per KV block")->check(apps::at_least(1))->capture_default_str();
+  app.add_option("--max-running", max_running, "requests generated at once")->check(apps::at_least(1))->capture_default_str();
+  app.add_option("--max-waiting", max_waiting, "requests queued; more get 503")->check(apps::at_least(0))->capture_default_str();
+  app.add_option("--prefill-chunk", prefill_chunk, "prompts are prefilled in chunks of this many tokens")
+      ->check(apps::at_least(1))->capture_default_str();
+  app.add_option("--max-prefill-tokens", max_prefill_tokens, "prompt tokens per step, over all prompts")
+      ->check(apps::at_least(1))->capture_default_str();
+  app.add_option("--max-body-bytes", server.max_body_bytes, "larger request bodies get 413")->capture_default_str();
+  app.add_option("--http-threads", server.http_threads, "connections served at once")
+      ->check(apps::at_least(1))->capture_default_str();
+  app.add_option("--threads", threads, "intra-op threads (default: LibTorch's)")->check(apps::at_least(1));
+  app.add_flag("--quiet", quiet, "no line per request on stderr");
+  CLI11_PARSE(app, argc, argv);
+  server.log = !quiet;
+  if (threads > 0) at::set_num_threads(threads);
+  if (server.model_name.empty()) server.model_name = std::filesystem::path(model_dir).lexically_normal().filename().string();
+  if (server.model_name.empty()) server.model_name = "model";
+
+  // SIGINT and SIGTERM go to one thread that shuts the server down (blocked here, before
+  // any other thread starts, so that every thread inherits the mask).
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  try {
+    auto lm = torchattn::models::LanguageModel::from_pretrained(
+        model_dir, torchattn::models::LoadOptions().context_length(context));
+    torchattn::models::Engine engine(lm.model(), torchattn::models::EngineOptions()
+                                                     .kv_tokens(kv_tokens)
+                                                     .block_size(block_size)
+                                                     .max_running(max_running)
+                                                     .max_waiting(max_waiting)
+                                                     .prefill_chunk(prefill_chunk)
+                                                     .max_prefill_tokens(max_prefill_tokens));
+    serve::Server http(lm, engine, server);
+    const int port = http.bind();
+    std::thread watcher([&] {
+      int got = 0;
+      sigwait(&signals, &got);
+      fmt::print(stderr, "torchattn_serve: {}: cancelling what runs and stopping\n", got == SIGINT ? "SIGINT" : "SIGTERM");
+      http.shutdown();
+    });
+    fmt::print("torchattn_serve: listening on http://{}:{}, model {} (context {} tokens, KV pool {} tokens, {} MiB)\n",
+               server.host, port, server.model_name, lm.model()->context_length(),
+               engine.cache().num_blocks() * engine.cache().block_size(),
+               engine.cache().num_blocks() * engine.cache().bytes_per_block() >> 20);
+    std::fflush(stdout);
+    http.run();
+    watcher.join();
+  } catch (const c10::Error& e) {
+    fmt::print(stderr, "torchattn_serve: {}\n", e.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "torchattn_serve: {}\n", e.what());
+    return 1;
+  }
+  fmt::print(stderr, "torchattn_serve: stopped\n");
+  return 0;
+}

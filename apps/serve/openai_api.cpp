@@ -1,0 +1,284 @@
+#include "openai_api.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <limits>
+
+namespace serve {
+
+namespace {
+
+using json = nlohmann::json;
+
+const char* kind_of(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned:
+      return "an integer";
+    case json::value_t::number_float:
+      return "a number";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    default:
+      return "something else";
+  }
+}
+
+// A field that is absent or null counts as not given, as the API treats them.
+bool given(const json& body, const char* field) { return body.contains(field) && !body[field].is_null(); }
+
+ApiError wrong_type(const std::string& field, const char* expected, const json& v) {
+  return bad_request("'" + field + "' must be " + expected + ", got " + kind_of(v), field);
+}
+
+int64_t get_int(const json& body, const char* field, int64_t lo, int64_t hi) {
+  const json& v = body[field];
+  if (!v.is_number_integer()) throw wrong_type(field, "an integer", v);
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi) {
+    throw bad_request("'" + std::string(field) + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                          "], got " + std::to_string(x),
+                      field);
+  }
+  return x;
+}
+
+double get_number(const json& body, const char* field, double lo, double hi, bool lo_open) {
+  const json& v = body[field];
+  if (!v.is_number()) throw wrong_type(field, "a number", v);
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || x > hi || (lo_open ? x <= lo : x < lo)) {
+    throw bad_request("'" + std::string(field) + "' must be in " + (lo_open ? "(" : "[") + json(lo).dump() + ", " +
+                          json(hi).dump() + "], got " + v.dump(),
+                      field);
+  }
+  return x;
+}
+
+bool get_bool(const json& body, const char* field) {
+  const json& v = body[field];
+  if (!v.is_boolean()) throw wrong_type(field, "a boolean", v);
+  return v.get<bool>();
+}
+
+// A message's content: a string, or an array of text parts.
+std::string content_text(const json& content, const std::string& field) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) throw wrong_type(field, "a string or an array of text parts", content);
+  std::string text;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const json& part = content[i];
+    const std::string where = field + "[" + std::to_string(i) + "]";
+    if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
+        !part["text"].is_string()) {
+      throw bad_request("'" + where + "' must be a text part {\"type\": \"text\", \"text\": ...}; this server takes "
+                        "text only", where);
+    }
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+json usage_object(const Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+}
+
+std::string event(const json& j) { return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n"; }
+
+} // namespace
+
+ApiError bad_request(const std::string& message, const std::string& param, const std::string& code) {
+  return ApiError(400, "invalid_request_error", message, param, code);
+}
+
+std::string error_json(const ApiError& e) {
+  json err = {{"message", e.what()}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
+  if (!e.param.empty()) err["param"] = e.param;
+  if (!e.code.empty()) err["code"] = e.code;
+  return json{{"error", err}}.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+CompletionRequest parse_completion_request(const std::string& text, bool chat) {
+  json body;
+  try {
+    body = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw bad_request(std::string("the body is not valid JSON: ") + e.what());
+  }
+  if (!body.is_object()) throw bad_request(std::string("the body must be a JSON object, got ") + kind_of(body));
+  CompletionRequest r;
+  r.chat = chat;
+  if (!given(body, "model")) throw bad_request("'model' is required", "model");
+  if (!body["model"].is_string()) throw wrong_type("model", "a string", body["model"]);
+  r.model = body["model"].get<std::string>();
+  if (chat) {
+    if (!given(body, "messages")) throw bad_request("'messages' is required", "messages");
+    const json& messages = body["messages"];
+    if (!messages.is_array()) throw wrong_type("messages", "an array", messages);
+    if (messages.empty()) throw bad_request("'messages' is empty: give at least one message", "messages");
+    for (size_t i = 0; i < messages.size(); ++i) {
+      const std::string where = "messages[" + std::to_string(i) + "]";
+      const json& m = messages[i];
+      if (!m.is_object()) throw wrong_type(where, "an object", m);
+      if (!m.contains("role") || !m["role"].is_string()) {
+        throw bad_request("'" + where + ".role' is required, a string", where + ".role");
+      }
+      const std::string role = m["role"].get<std::string>();
+      if (role != "system" && role != "user" && role != "assistant" && role != "developer") {
+        throw bad_request("'" + where + ".role' must be system, developer, user or assistant, got '" + role + "'",
+                          where + ".role");
+      }
+      if (!m.contains("content") || m["content"].is_null()) {
+        throw bad_request("'" + where + ".content' is required", where + ".content");
+      }
+      r.messages.push_back({role == "developer" ? "system" : role, content_text(m["content"], where + ".content")});
+    }
+    if (given(body, "tools") || given(body, "tool_choice")) {
+      throw bad_request("'tools' are not supported by this server", given(body, "tools") ? "tools" : "tool_choice");
+    }
+  } else {
+    if (!given(body, "prompt")) throw bad_request("'prompt' is required", "prompt");
+    const json& prompt = body["prompt"];
+    if (prompt.is_array()) {
+      if (prompt.size() != 1 || !prompt[0].is_string()) {
+        throw bad_request("'prompt' must be a string (or an array of one string): several prompts or token ids are "
+                          "not supported", "prompt");
+      }
+      r.prompt = prompt[0].get<std::string>();
+    } else if (prompt.is_string()) {
+      r.prompt = prompt.get<std::string>();
+    } else {
+      throw wrong_type("prompt", "a string", prompt);
+    }
+    if (r.prompt.empty()) throw bad_request("'prompt' is empty", "prompt");
+    if (given(body, "echo") && get_bool(body, "echo")) throw bad_request("'echo' is not supported", "echo");
+    if (given(body, "suffix")) throw bad_request("'suffix' is not supported", "suffix");
+  }
+  constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();
+  if (given(body, "max_completion_tokens")) {
+    r.max_tokens = get_int(body, "max_completion_tokens", 1, kIntMax);
+    r.max_tokens_field = "max_completion_tokens";
+  } else if (given(body, "max_tokens")) {
+    r.max_tokens = get_int(body, "max_tokens", 1, kIntMax);
+  }
+  if (given(body, "temperature")) r.temperature = get_number(body, "temperature", 0.0, 2.0, false);
+  if (given(body, "top_p")) r.top_p = get_number(body, "top_p", 0.0, 1.0, true);
+  if (given(body, "top_k")) r.top_k = get_int(body, "top_k", 0, kIntMax);
+  if (given(body, "seed")) {
+    const json& v = body["seed"];
+    if (!v.is_number_integer()) throw wrong_type("seed", "an integer", v);
+    r.seed = v.is_number_unsigned() ? v.get<uint64_t>() : static_cast<uint64_t>(v.get<int64_t>());
+  }
+  if (given(body, "n") && get_int(body, "n", 1, kIntMax) != 1) {
+    throw bad_request("'n' must be 1: this server returns one choice per request", "n");
+  }
+  if (given(body, "stream")) r.stream = get_bool(body, "stream");
+  if (given(body, "stream_options")) {
+    const json& o = body["stream_options"];
+    if (!o.is_object()) throw wrong_type("stream_options", "an object", o);
+    if (!r.stream) throw bad_request("'stream_options' is only allowed with stream: true", "stream_options");
+    if (given(o, "include_usage")) {
+      if (!o["include_usage"].is_boolean()) throw wrong_type("stream_options.include_usage", "a boolean", o["include_usage"]);
+      r.include_usage = o["include_usage"].get<bool>();
+    }
+  }
+  if (given(body, "stop")) {
+    const json& s = body["stop"];
+    if (s.is_string()) {
+      r.stop.push_back(s.get<std::string>());
+    } else if (s.is_array()) {
+      if (s.size() > 4) throw bad_request("'stop' takes at most 4 sequences, got " + std::to_string(s.size()), "stop");
+      for (const json& x : s) {
+        if (!x.is_string()) throw wrong_type("stop", "a string or an array of strings", x);
+        r.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      throw wrong_type("stop", "a string or an array of strings", s);
+    }
+    for (const auto& x : r.stop) {
+      if (x.empty()) throw bad_request("'stop' sequences must not be empty", "stop");
+    }
+  }
+  if (given(body, "logprobs") && body["logprobs"] != false) {
+    throw bad_request("'logprobs' is not supported by this server", "logprobs");
+  }
+  if (given(body, "return_token_ids")) r.return_token_ids = get_bool(body, "return_token_ids");
+  return r;
+}
+
+std::string completion_json(const CompletionRequest& request, const std::string& id, int64_t created,
+                            const std::string& model, const std::string& text, const std::string& finish_reason,
+                            const Usage& usage, const std::vector<int64_t>& token_ids) {
+  json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
+  if (request.chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  } else {
+    choice["text"] = text;
+  }
+  if (request.return_token_ids) choice["token_ids"] = token_ids;
+  json out = {{"id", id},
+              {"object", request.chat ? "chat.completion" : "text_completion"},
+              {"created", created},
+              {"model", model},
+              {"choices", json::array({choice})},
+              {"usage", usage_object(usage)}};
+  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string chunk_event(const CompletionRequest& request, const std::string& id, int64_t created,
+                        const std::string& model, const std::string& text, const std::string& finish_reason, bool role,
+                        const std::vector<int64_t>& token_ids) {
+  json choice = {{"index", 0}, {"logprobs", nullptr}};
+  choice["finish_reason"] = finish_reason.empty() ? json(nullptr) : json(finish_reason);
+  if (request.chat) {
+    json delta = json::object();
+    if (role) delta["role"] = "assistant";
+    if (role || !text.empty()) delta["content"] = text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = text;
+  }
+  if (request.return_token_ids) choice["token_ids"] = token_ids;
+  json out = {{"id", id},
+              {"object", request.chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", created},
+              {"model", model},
+              {"choices", json::array({choice})}};
+  if (request.include_usage) out["usage"] = nullptr;
+  return event(out);
+}
+
+std::string usage_event(const CompletionRequest& request, const std::string& id, int64_t created,
+                        const std::string& model, const Usage& usage) {
+  return event({{"id", id},
+                {"object", request.chat ? "chat.completion.chunk" : "text_completion"},
+                {"created", created},
+                {"model", model},
+                {"choices", json::array()},
+                {"usage", usage_object(usage)}});
+}
+
+std::string error_event(const ApiError& e) { return "data: " + error_json(e) + "\n\n"; }
+
+std::string models_json(const std::string& model, int64_t created, int64_t context_length) {
+  return json{{"object", "list"},
+              {"data", json::array({{{"id", model},
+                                     {"object", "model"},
+                                     {"created", created},
+                                     {"owned_by", "torchattn"},
+                                     {"max_model_len", context_length}}})}}
+      .dump();
+}
+
+} // namespace serve

@@ -1,0 +1,86 @@
+#pragma once
+
+// The OpenAI API's wire format, as torchattn_serve speaks it: requests of
+// POST /v1/chat/completions and /v1/completions parsed and checked (each bad field an
+// ApiError naming it), and the JSON of responses, stream chunks, model lists and
+// errors. No HTTP and no model here.
+
+#include <torchattn/models/chat.h>
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace serve {
+
+/// An error as the API returns it: an HTTP status and
+/// {"error": {"message", "type", "param", "code"}}.
+struct ApiError : std::runtime_error {
+  ApiError(int status, std::string type, const std::string& message, std::string param = "", std::string code = "")
+      : std::runtime_error(message), status(status), type(std::move(type)), param(std::move(param)), code(std::move(code)) {}
+  int status;
+  std::string type;   // invalid_request_error, authentication_error, not_found_error, unavailable_error, ...
+  std::string param;  // the request field it is about, or ""
+  std::string code;   // context_length_exceeded, model_not_found, ..., or ""
+};
+
+/// A 400 invalid_request_error about `param`.
+ApiError bad_request(const std::string& message, const std::string& param = "", const std::string& code = "");
+
+/// {"error": {...}} of `e`.
+std::string error_json(const ApiError& e);
+
+/// A request of either endpoint, checked.
+struct CompletionRequest {
+  bool chat = false;
+  std::string model;
+  std::vector<torchattn::models::ChatMessage> messages;  // chat
+  std::string prompt;                                     // completions
+  std::optional<int64_t> max_tokens;  // max_completion_tokens, else max_tokens; unset: the endpoint's default
+  std::string max_tokens_field = "max_tokens";  // which of the two gave it
+  double temperature = 1.0;           // [0, 2]; 0 is greedy
+  double top_p = 1.0;                 // (0, 1]
+  int64_t top_k = 0;                  // >= 0 (an extension, as llama.cpp's and vLLM's)
+  std::optional<uint64_t> seed;
+  bool stream = false;
+  bool include_usage = false;          // stream_options.include_usage
+  std::vector<std::string> stop;       // at most 4, each non-empty
+  bool return_token_ids = false;       // an extension: the generated token ids in each choice / chunk
+};
+
+/// Parses the body of POST /v1/chat/completions (chat) or /v1/completions. Malformed
+/// JSON, a missing or mistyped field, a value out of range, an empty prompt or
+/// conversation, n other than 1, or an unsupported feature (tools, logprobs, echo,
+/// several prompts) is an ApiError (400) naming the field. Unknown fields are ignored.
+CompletionRequest parse_completion_request(const std::string& body, bool chat);
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+};
+
+/// The non-streamed response (chat.completion or text_completion).
+std::string completion_json(const CompletionRequest& request, const std::string& id, int64_t created,
+                            const std::string& model, const std::string& text, const std::string& finish_reason,
+                            const Usage& usage, const std::vector<int64_t>& token_ids);
+
+/// One stream chunk (chat.completion.chunk or text_completion) as an SSE event,
+/// "data: {...}\n\n". role: the chat's first chunk (delta.role = assistant); finish:
+/// the last chunk's finish_reason, or "" while going on.
+std::string chunk_event(const CompletionRequest& request, const std::string& id, int64_t created,
+                        const std::string& model, const std::string& text, const std::string& finish_reason, bool role,
+                        const std::vector<int64_t>& token_ids);
+
+/// The usage chunk of stream_options.include_usage (choices empty), as an SSE event.
+std::string usage_event(const CompletionRequest& request, const std::string& id, int64_t created,
+                        const std::string& model, const Usage& usage);
+
+/// An error inside a stream, as an SSE event (the client raises it).
+std::string error_event(const ApiError& e);
+
+/// GET /v1/models.
+std::string models_json(const std::string& model, int64_t created, int64_t context_length);
+
+} // namespace serve

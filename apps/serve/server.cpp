@@ -1,0 +1,366 @@
+#include "server.h"
+
+#include "channel.h"
+#include "completion_run.h"
+#include "openai_api.h"
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+namespace serve {
+
+namespace models = torchattn::models;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+int64_t unix_time() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string random_id(const char* prefix) {
+  static const char alphabet[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::string id = prefix;
+  for (int i = 0; i < 24; ++i) id += alphabet[rng() % (sizeof(alphabet) - 1)];
+  return id;
+}
+
+void respond_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(error_json(e), "application/json");
+}
+
+bool is_completion_path(const std::string& path) { return path == "/v1/chat/completions" || path == "/v1/completions"; }
+
+// Writes an SSE event; false when the client is gone.
+bool send(httplib::DataSink& sink, const std::string& event) { return sink.write(event.data(), event.size()); }
+
+} // namespace
+
+struct Server::Impl {
+  Impl(models::LanguageModel& m, models::Engine& e, ServerOptions o) : model(m), engine(e), options(std::move(o)) {}
+
+  models::LanguageModel& model;
+  models::Engine& engine;
+  ServerOptions options;
+  httplib::Server http;
+  int64_t created = unix_time();
+  std::atomic<bool> stopping{false};
+  std::atomic<bool> failed{false};
+  std::string failure;
+  std::thread stepper;
+  std::atomic<bool> stop_stepping{false};
+  std::atomic<int64_t> served{0};
+  // The requests in flight: engine id -> their channel (to end them at shutdown).
+  std::mutex mutex;
+  std::map<int64_t, std::shared_ptr<Channel>> active;
+
+  void log(const std::string& line) {
+    if (options.log) std::fprintf(stderr, "torchattn_serve: %s\n", line.c_str());
+  }
+
+  // What a completion request's log line says.
+  std::string completion_line(const httplib::Request& req, int status, bool stream, const CompletionRun* run,
+                              Clock::time_point start) {
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    std::string line = req.remote_addr + " " + req.method + " " + req.path + " " + std::to_string(status) +
+                       (stream ? " stream" : "");
+    if (run != nullptr) {
+      line += " prompt=" + std::to_string(run->usage().prompt_tokens) +
+              " completion=" + std::to_string(run->usage().completion_tokens) +
+              " finish=" + (run->done() ? run->finish_reason() : std::string("disconnected"));
+    }
+    char took[32];
+    std::snprintf(took, sizeof(took), " %.0f ms", ms);
+    return line + took;
+  }
+
+  void unregister(int64_t id) {
+    std::lock_guard<std::mutex> lock(mutex);
+    active.erase(id);
+  }
+
+  void end_all(int status, const std::string& message) {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (auto& [id, channel] : active) {
+      engine.cancel(id);
+      channel->abort(status, message);
+    }
+  }
+
+  void step_loop() {
+    while (!stop_stepping) {
+      engine.wait_for_work(std::chrono::milliseconds(100));
+      try {
+        engine.step();
+      } catch (const std::exception& e) {
+        failure = std::string("the engine failed: ") + e.what();
+        failed = true;
+        log(failure);
+        end_all(500, failure);
+        return;
+      }
+    }
+  }
+
+  void completions(const httplib::Request& req, httplib::Response& res, bool chat);
+  void routes();
+};
+
+void Server::Impl::completions(const httplib::Request& req, httplib::Response& res, bool chat) {
+  const auto start = Clock::now();
+  CompletionRequest request;
+  EngineRequest engine_request;
+  try {
+    if (stopping) throw ApiError(503, "unavailable_error", "the server is shutting down", "", "server_shutting_down");
+    if (failed) throw ApiError(500, "server_error", failure);
+    request = parse_completion_request(req.body, chat);
+    if (request.model != options.model_name) {
+      throw ApiError(404, "invalid_request_error",
+                     "The model '" + request.model + "' does not exist; this server serves '" + options.model_name + "'",
+                     "model", "model_not_found");
+    }
+    engine_request = prepare(request, model);
+  } catch (const ApiError& e) {
+    respond_error(res, e);
+    log(completion_line(req, e.status, false, nullptr, start));
+    return;
+  }
+  auto channel = std::make_shared<Channel>();
+  int64_t id = 0;
+  try {
+    std::lock_guard<std::mutex> lock(mutex);  // registered before its first event can come
+    id = engine.submit(engine_request.prompt, engine_request.options,
+                       [channel](const models::TokenEvent& e) { channel->push(e); });
+    active[id] = channel;
+  } catch (const models::EngineFull& e) {
+    respond_error(res, ApiError(503, "unavailable_error", std::string("the server is overloaded: ") + e.what(), "",
+                                "server_overloaded"));
+    log(completion_line(req, 503, false, nullptr, start));
+    return;
+  } catch (const c10::Error& e) {
+    respond_error(res, bad_request(e.what_without_backtrace()));
+    log(completion_line(req, 400, false, nullptr, start));
+    return;
+  }
+  ++served;
+  auto run = std::make_shared<CompletionRun>(request, model, static_cast<int64_t>(engine_request.prompt.size()));
+  const std::string completion_id = random_id(chat ? "chatcmpl-" : "cmpl-");
+  const int64_t created = unix_time();
+  const std::string& name = options.model_name;
+
+  if (!request.stream) {
+    models::TokenEvent event;
+    while (!run->done()) {
+      const auto got = channel->pop(event, std::chrono::milliseconds(500));
+      if (got == Channel::Pop::Aborted) {
+        respond_error(res, ApiError(channel->abort_status(), channel->abort_status() == 503 ? "unavailable_error"
+                                                                                            : "server_error",
+                                    channel->abort_message()));
+        unregister(id);
+        log(completion_line(req, res.status, false, run.get(), start));
+        return;
+      }
+      if (got == Channel::Pop::Event) run->apply(event);
+    }
+    if (run->cancel_engine()) engine.cancel(id);
+    res.set_content(completion_json(request, completion_id, created, name, run->text(), run->finish_reason(),
+                                    run->usage(), run->ids()),
+                    "application/json");
+    unregister(id);
+    log(completion_line(req, 200, false, run.get(), start));
+    return;
+  }
+
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, request, run, channel, id, completion_id, created, name](size_t, httplib::DataSink& sink) {
+        if (request.chat && !send(sink, chunk_event(request, completion_id, created, name, "", "", true, {}))) {
+          engine.cancel(id);
+          return false;
+        }
+        models::TokenEvent event;
+        auto quiet_since = Clock::now();
+        while (!run->done()) {
+          const auto got = channel->pop(event, std::chrono::milliseconds(500));
+          if (got == Channel::Pop::Aborted) {
+            const ApiError e(channel->abort_status(), channel->abort_status() == 503 ? "unavailable_error" : "server_error",
+                             channel->abort_message());
+            send(sink, error_event(e));
+            send(sink, "data: [DONE]\n\n");
+            sink.done();
+            return true;
+          }
+          if (got == Channel::Pop::Timeout) {
+            // A comment every few seconds while nothing comes (a long prompt): a client
+            // that left is noticed by the failed write.
+            if (Clock::now() - quiet_since > std::chrono::seconds(2)) {
+              if (!send(sink, ": waiting\n\n")) {
+                engine.cancel(id);
+                return false;
+              }
+              quiet_since = Clock::now();
+            }
+            continue;
+          }
+          quiet_since = Clock::now();
+          const Delta delta = run->apply(event);
+          if (run->cancel_engine()) engine.cancel(id);
+          const bool show = !delta.text.empty() || (request.return_token_ids && !delta.ids.empty());
+          if (show && !send(sink, chunk_event(request, completion_id, created, name, delta.text, "", false, delta.ids))) {
+            engine.cancel(id);
+            return false;
+          }
+        }
+        bool ok = send(sink, chunk_event(request, completion_id, created, name, "", run->finish_reason(), false, {}));
+        if (ok && request.include_usage) ok = send(sink, usage_event(request, completion_id, created, name, run->usage()));
+        ok = ok && send(sink, "data: [DONE]\n\n");
+        if (!ok) return false;
+        sink.done();
+        return true;
+      },
+      [this, req_line = req.remote_addr + " " + req.method + " " + req.path, run, id, start](bool success) {
+        if (!run->done() || !success) engine.cancel(id);  // the client left: its blocks go back
+        unregister(id);
+        const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+        char took[32];
+        std::snprintf(took, sizeof(took), " %.0f ms", ms);
+        log(req_line + " 200 stream prompt=" + std::to_string(run->usage().prompt_tokens) +
+            " completion=" + std::to_string(run->usage().completion_tokens) +
+            " finish=" + (run->done() && success ? run->finish_reason() : std::string("disconnected")) + took);
+      });
+}
+
+void Server::Impl::routes() {
+  http.new_task_queue = [n = options.http_threads] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
+  http.set_payload_max_length(options.max_body_bytes);
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (options.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    if (req.get_header_value("Authorization") == "Bearer " + options.api_key) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    respond_error(res, ApiError(401, "authentication_error",
+                                "Invalid or missing API key: send the header 'Authorization: Bearer <key>'", "",
+                                "invalid_api_key"));
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  http.Post("/v1/chat/completions",
+            [this](const httplib::Request& req, httplib::Response& res) { completions(req, res, true); });
+  http.Post("/v1/completions",
+            [this](const httplib::Request& req, httplib::Response& res) { completions(req, res, false); });
+  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(models_json(options.model_name, created, model.model()->context_length()), "application/json");
+  });
+  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (failed) {
+      res.status = 500;
+      res.set_content(nlohmann::json{{"status", "error"}, {"error", failure}}.dump(), "application/json");
+    } else if (stopping) {
+      res.status = 503;
+      res.set_content(R"({"status": "shutting down"})", "application/json");
+    } else {
+      res.set_content(R"({"status": "ok"})", "application/json");
+    }
+  });
+  http.Get("/stats", [this](const httplib::Request&, httplib::Response& res) {
+    const auto s = engine.stats();
+    int64_t in_flight = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      in_flight = static_cast<int64_t>(active.size());
+    }
+    res.set_content(nlohmann::json{{"requests_in_flight", in_flight},
+                                   {"requests_served", served.load()},
+                                   {"running", s.running},
+                                   {"waiting", s.waiting},
+                                   {"kv_blocks", s.kv_blocks},
+                                   {"kv_blocks_used", s.kv_blocks_used},
+                                   {"kv_bytes_used", s.kv_bytes_used},
+                                   {"tokens_held", s.tokens_held},
+                                   {"steps", s.steps},
+                                   {"finished", s.finished},
+                                   {"preempted", s.preempted}}
+                        .dump(),
+                    "application/json");
+  });
+  // Errors that no handler wrote a body for: an unknown route (404), a body over the
+  // limit (413), a request httplib could not read (400).
+  http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    if (res.status == 404) {
+      respond_error(res, ApiError(404, "not_found_error", "no route " + req.method + " " + req.path));
+    } else if (res.status == 413) {
+      respond_error(res, bad_request("the request body is larger than " + std::to_string(options.max_body_bytes) +
+                                     " bytes"));
+      res.status = 413;
+    } else {
+      respond_error(res, ApiError(res.status, "invalid_request_error", "the request could not be read"));
+    }
+  });
+  http.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    log("internal error: " + what);
+    respond_error(res, ApiError(500, "server_error", "internal error: " + what));
+  });
+  http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    if (!is_completion_path(req.path) || res.status == 401 || res.status == 404 || res.status == 413) {
+      log(req.remote_addr + " " + req.method + " " + req.path + " " + std::to_string(res.status));
+    }
+  });
+}
+
+Server::Server(models::LanguageModel& model, models::Engine& engine, ServerOptions options)
+    : impl_(std::make_unique<Impl>(model, engine, std::move(options))) {
+  impl_->routes();
+}
+
+Server::~Server() {
+  impl_->stop_stepping = true;
+  impl_->engine.stop_waiting();
+  if (impl_->stepper.joinable()) impl_->stepper.join();
+}
+
+int Server::bind() {
+  const auto& o = impl_->options;
+  const int port = o.port == 0 ? impl_->http.bind_to_any_port(o.host) : o.port;
+  if (o.port != 0 && !impl_->http.bind_to_port(o.host, o.port)) {
+    throw std::runtime_error("cannot listen on " + o.host + ":" + std::to_string(o.port) + " (in use, or not an "
+                             "address of this machine?)");
+  }
+  if (port < 0) throw std::runtime_error("cannot listen on " + o.host + " (no free port?)");
+  return port;
+}
+
+void Server::run() {
+  impl_->stepper = std::thread([this] { impl_->step_loop(); });
+  impl_->http.listen_after_bind();
+  impl_->stop_stepping = true;
+  impl_->engine.stop_waiting();
+  impl_->stepper.join();
+}
+
+void Server::shutdown() {
+  impl_->stopping = true;
+  impl_->end_all(503, "the server is shutting down");
+  impl_->http.stop();
+}
+
+} // namespace serve

@@ -1,0 +1,52 @@
+#pragma once
+
+// torchattn_serve's HTTP side: OpenAI's API (POST /v1/chat/completions and
+// /v1/completions, streamed as server-sent events or not; GET /v1/models), GET /health
+// and GET /stats, over a models::Engine that a thread of its own steps. cpp-httplib
+// serves each connection on a thread of its pool; a request's tokens come from the
+// engine's thread through a channel of its own.
+
+#include <torchattn/models/engine.h>
+#include <torchattn/models/language_model.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace serve {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;                    // 0: a free port
+  std::string api_key;                // empty: none; else every route but /health wants "Authorization: Bearer KEY"
+  std::string model_name;             // the model's id in requests and /v1/models
+  size_t max_body_bytes = 1 << 20;    // larger bodies get 413
+  int http_threads = 64;              // connections served at once (a streaming request holds one)
+  bool log = true;                    // a line per request on stderr
+};
+
+class Server {
+ public:
+  /// `model` gives the tokenizer, the chat template and the context length; `engine`
+  /// runs its CausalLM.
+  Server(torchattn::models::LanguageModel& model, torchattn::models::Engine& engine, ServerOptions options);
+  ~Server();
+
+  /// Binds the socket; returns the port (a free one when options.port is 0). Throws
+  /// std::runtime_error naming the address when it cannot.
+  int bind();
+
+  /// Serves until shutdown(), stepping the engine on a thread of its own.
+  void run();
+
+  /// From any thread (a signal watcher): new requests get 503, running ones are
+  /// cancelled (a stream ends with an error event), and run() returns once every
+  /// connection is done.
+  void shutdown();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+} // namespace serve

@@ -1,0 +1,378 @@
+#!/usr/bin/env python3
+"""torchattn_serve with the official `openai` client (ctest -R serve): a server started
+here on a free loopback port with SmolLM2-135M-Instruct, then
+
+- /health, /v1/models, the API key (401 without it or with another);
+- chat and text completions, streamed and not: the streamed text, token ids and usage
+  equal the non-streamed; stop sequences end the text before them, streamed or not;
+- 16 clients at once, prompts of 30 to 700 tokens: each gets exactly the tokens it gets
+  alone from this server, and transformers' greedy tokens (the comparison stops where
+  transformers' own top two logits are within 1e-4, and says so);
+- every bad input answered with its status and an OpenAI error naming the field, and
+  the server still serving after them;
+- 50 streaming clients that hang up at random points: every KV block back in the pool;
+- a soak of a few hundred requests: resident memory stops growing after warm-up;
+- a second server with a queue of 1: 503 when full, then SIGINT cancels what runs and
+  it exits 0.
+
+Usage: serve_checks.py --server build/apps/serve/torchattn_serve --model .cache/smollm2
+"""
+
+import argparse
+import http.client
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+KEY = "test-key-123"
+FAILURES = []
+
+
+def check(ok, what):
+    print(f"[serve] {'ok  ' if ok else 'FAIL'} {what}", flush=True)
+    if not ok:
+        FAILURES.append(what)
+
+
+class Server:
+    def __init__(self, exe, model, *args):
+        self.log = open(os.path.join(os.environ.get("SERVE_LOG_DIR", "."), f"serve-{os.getpid()}-{time.time_ns()}.log"), "w")
+        self.proc = subprocess.Popen([exe, model, "--port", "0", *args], stdout=subprocess.PIPE, stderr=self.log,
+                                     text=True)
+        line = self.proc.stdout.readline()
+        if "listening on http://" not in line:
+            raise RuntimeError(f"the server did not start: {line!r} (log: {self.log.name})")
+        self.port = int(line.split("http://")[1].split(",")[0].split(":")[1])
+        self.base = f"http://127.0.0.1:{self.port}"
+        print(f"[serve] {line.strip()}", flush=True)
+
+    def client(self, key=KEY, **kw):
+        return openai.OpenAI(base_url=self.base + "/v1", api_key=key, max_retries=0, timeout=300, **kw)
+
+    def raw(self, method, path, body=None, headers=None):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        h = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+        h.update(headers or {})
+        conn.request(method, path, body=body, headers=h)
+        r = conn.getresponse()
+        data = r.read()
+        conn.close()
+        return r.status, (json.loads(data) if data else None)
+
+    def stats(self):
+        return self.raw("GET", "/stats")[1]
+
+    def rss_mib(self):
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        return 0.0
+
+    def stop(self, sig=signal.SIGINT, timeout=60):
+        self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = None
+        self.log.close()
+        return code
+
+
+def chat(client, text, max_tokens, stream=False, **kw):
+    """(text, token ids, finish_reason, usage) of a chat completion, streamed or not."""
+    extra = {"return_token_ids": True}
+    msgs = [{"role": "user", "content": text}]
+    if not stream:
+        r = client.chat.completions.create(model="smollm2", messages=msgs, max_tokens=max_tokens, temperature=0,
+                                           extra_body=extra, **kw)
+        c = r.choices[0]
+        return c.message.content, c.model_extra["token_ids"], c.finish_reason, r.usage
+    out, ids, finish, usage = "", [], None, None
+    for chunk in client.chat.completions.create(model="smollm2", messages=msgs, max_tokens=max_tokens, temperature=0,
+                                                stream=True, stream_options={"include_usage": True},
+                                                extra_body=extra, **kw):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            out += c.delta.content or ""
+            ids += (c.model_extra or {}).get("token_ids", [])
+            finish = c.finish_reason or finish
+    return out, ids, finish, usage
+
+
+def basics(srv):
+    status, body = srv.raw("GET", "/health", headers={"Authorization": ""})
+    check(status == 200 and body == {"status": "ok"}, f"/health without a key: {status} {body}")
+    models = srv.client().models.list()
+    check([m.id for m in models.data] == ["smollm2"], f"/v1/models lists smollm2: {[m.id for m in models.data]}")
+    try:
+        srv.client(key="wrong").models.list()
+        check(False, "another API key is refused")
+    except openai.AuthenticationError as e:
+        check(e.status_code == 401 and e.body["type"] == "authentication_error", f"another API key: 401 {e.body}")
+    status, body = srv.raw("GET", "/v1/models", headers={"Authorization": ""})
+    check(status == 401, f"no API key: {status}")
+
+
+def streamed_equals_whole(srv):
+    client = srv.client()
+    for prompt in ["What is the capital of France?", "Write a haiku about the sea."]:
+        whole = chat(client, prompt, 40)
+        streamed = chat(client, prompt, 40, stream=True)
+        check(whole[0] == streamed[0] and whole[1] == streamed[1] and whole[2] == streamed[2],
+              f"chat {prompt!r}: streamed == not streamed ({len(whole[1])} tokens, {whole[2]}): {whole[0]!r}")
+        check(whole[3].completion_tokens == len(whole[1]) == streamed[3].completion_tokens and
+              whole[3].prompt_tokens == streamed[3].prompt_tokens > 0, f"usage {whole[3]}")
+    # Text completions, 16 tokens by default.
+    r = client.completions.create(model="smollm2", prompt="The three primary colours are", temperature=0)
+    text = "".join(c.choices[0].text for c in client.completions.create(
+        model="smollm2", prompt="The three primary colours are", temperature=0, stream=True))
+    check(r.choices[0].text == text and r.usage.completion_tokens == 16 and r.choices[0].finish_reason == "length",
+          f"completion: streamed == not streamed, 16 tokens by default: {text!r}")
+    # A stop sequence: the text ends before it, the same streamed.
+    full = chat(client, "What is the capital of France?", 40)[0]
+    word = "Paris" if "Paris" in full else full.split()[-1]
+    stopped = chat(client, "What is the capital of France?", 40, stop=[word, "zzz"])
+    stopped_stream = chat(client, "What is the capital of France?", 40, stream=True, stop=word)
+    check(stopped[0] == full[:full.index(word)] == stopped_stream[0] and stopped[2] == stopped_stream[2] == "stop",
+          f"stop={word!r}: {stopped[0]!r}, streamed {stopped_stream[0]!r}")
+    # Sampling with a seed repeats; another seed differs.
+    kw = dict(model="smollm2", messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=24, temperature=1.0)
+    a = client.chat.completions.create(seed=7, **kw).choices[0].message.content
+    b = client.chat.completions.create(seed=7, **kw).choices[0].message.content
+    c = client.chat.completions.create(seed=8, **kw).choices[0].message.content
+    check(a == b and a != c, "temperature 1: the same seed gives the same text, another seed another")
+
+
+def prompts16():
+    base = open("/usr/share/games/fortunes/fortunes").read().split("\n%\n")
+    rng = random.Random(3)
+    out = []
+    for i in range(16):
+        n = [1, 3, 8, 20, 40][i % 5]
+        out.append("Summarize this in one sentence:\n" + "\n".join(rng.sample(base, n)))
+    return out
+
+
+def transformers_greedy(model_dir, texts, n):
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    out = []
+    for text in texts:
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                      return_tensors="pt")
+        if not isinstance(ids, torch.Tensor):
+            ids = ids["input_ids"]
+        with torch.no_grad():
+            g = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                               output_logits=True, return_dict_in_generate=True)
+        top2 = torch.stack([s[0].topk(2).values for s in g.logits])
+        out.append((g.sequences[0, ids.shape[1]:].tolist(), (top2[:, 0] - top2[:, 1]).tolist(), ids.shape[1]))
+    return out
+
+
+def concurrent_clients(srv, model_dir):
+    texts = prompts16()
+    client = srv.client()
+    n = 24
+    with ThreadPoolExecutor(16) as pool:
+        together = list(pool.map(lambda t: chat(client, t, n, stream=True), texts))
+    alone = [chat(client, t, n) for t in texts]
+    reference = transformers_greedy(model_dir, texts, n)
+    lengths = [r[2] for r in reference]
+    check(all(a[1] == b[1] for a, b in zip(together, alone)),
+          f"16 clients at once (prompts of {min(lengths)} to {max(lengths)} tokens): each got exactly its tokens alone")
+    for i, ((text, ids, finish, usage), (want, margins, plen)) in enumerate(zip(together, reference)):
+        same = 0
+        while same < min(len(ids), len(want)) and ids[same] == want[same]:
+            same += 1
+        tie = same < len(want) and same < len(ids) and margins[same] < 1e-4
+        ok = ids == want[:len(ids)] or tie
+        if tie:
+            print(f"[serve]      prompt {i}: transformers' top two logits are {margins[same]:.1e} apart at token "
+                  f"{same}: compared up to there")
+        check(ok and usage.prompt_tokens == plen, f"prompt {i} ({plen} tokens): {same} of {len(ids)} tokens as "
+              f"transformers' greedy generate ({finish})")
+
+
+def bad_inputs(srv):
+    client = srv.client()
+    msgs = [{"role": "user", "content": "Hi"}]
+
+    def expect(status, field_or_text, call):
+        try:
+            call()
+            check(False, f"expected {status} for {field_or_text}")
+        except openai.APIStatusError as e:
+            body = e.body if isinstance(e.body, dict) else {}
+            found = field_or_text in (body.get("param") or "") or field_or_text in (body.get("message") or "")
+            check(e.status_code == status and found and body.get("type"),
+                  f"{status} {body.get('type')} naming {field_or_text!r}: {body.get('message')}")
+
+    long_text = "word " * 5000
+    expect(400, "messages", lambda: client.chat.completions.create(model="smollm2", messages=[]))
+    expect(400, "max_tokens", lambda: client.chat.completions.create(model="smollm2", messages=msgs, max_tokens=0))
+    expect(400, "max_tokens", lambda: client.chat.completions.create(model="smollm2", messages=msgs, max_tokens=10**6))
+    expect(400, "temperature", lambda: client.chat.completions.create(model="smollm2", messages=msgs, temperature=3))
+    expect(400, "top_p", lambda: client.chat.completions.create(model="smollm2", messages=msgs, top_p=0))
+    expect(400, "'n' must be 1", lambda: client.chat.completions.create(model="smollm2", messages=msgs, n=2))
+    expect(400, "messages[0].role", lambda: client.chat.completions.create(
+        model="smollm2", messages=[{"role": "robot", "content": "x"}]))
+    expect(400, "context length", lambda: client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": long_text}]))
+    expect(400, "prompt", lambda: client.completions.create(model="smollm2", prompt=""))
+    expect(400, "stop", lambda: client.completions.create(model="smollm2", prompt="x", stop=["a", "b", "c", "d", "e"]))
+    expect(404, "model", lambda: client.chat.completions.create(model="gpt-4", messages=msgs))
+    for body, field in [("{not json", "not valid JSON"), ('{"model": "smollm2"}', "messages"),
+                        ('{"model": "smollm2", "messages": "hi"}', "messages"),
+                        ('{"model": "smollm2", "messages": [{"role": "user", "content": "x"}], "max_tokens": "8"}',
+                         "max_tokens"),
+                        ('{"model": "smollm2", "messages": [{"role": "user", "content": "x"}], "stream": 1}', "stream"),
+                        ('[1, 2]', "JSON object")]:
+        status, reply = srv.raw("POST", "/v1/chat/completions", body)
+        err = (reply or {}).get("error", {})
+        check(status == 400 and (field in (err.get("param") or "") or field in err.get("message", "")),
+              f"raw {body[:40]!r}: {status} {err.get('message')}")
+    status, reply = srv.raw("POST", "/v1/completions", "x" * (2 << 20))
+    check(status == 413 and "larger than" in reply["error"]["message"], f"a 2 MiB body: {status}")
+    status, reply = srv.raw("GET", "/v1/nothing")
+    check(status == 404 and reply["error"]["type"] == "not_found_error", f"an unknown route: {status}")
+    text = chat(client, "What is the capital of France?", 12)[0]
+    check(len(text) > 0, f"still serving after the bad inputs: {text!r}")
+
+
+def disconnects(srv, count=50):
+    rng = random.Random(11)
+
+    def hang_up(i):
+        sock = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
+        body = json.dumps({"model": "smollm2", "stream": True, "max_tokens": 200, "temperature": 0,
+                           "messages": [{"role": "user", "content": f"Count to {100 + i} slowly."}]})
+        sock.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+                      f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode())
+        wanted = rng.randint(0, 6) * 200  # bytes to read first: 0 hangs up before any token
+        got = b""
+        while len(got) < wanted:
+            data = sock.recv(4096)
+            if not data:
+                break
+            got += data
+        sock.close()
+        return len(got)
+
+    with ThreadPoolExecutor(count) as pool:
+        read = list(pool.map(hang_up, range(count)))
+    deadline = time.time() + 120
+    stats = srv.stats()
+    while time.time() < deadline and (stats["kv_blocks_used"] or stats["running"] or stats["waiting"] or
+                                      stats["requests_in_flight"]):
+        time.sleep(0.5)
+        stats = srv.stats()
+    check(stats["kv_blocks_used"] == 0 and stats["running"] == 0 and stats["requests_in_flight"] == 0,
+          f"{count} clients hung up ({sum(1 for r in read if r == 0)} before any byte): every block back in the pool "
+          f"({stats})")
+
+
+def soak(srv, total=300, warmup=60):
+    client = srv.client()
+    prompts = prompts16()
+    rss = []
+
+    def one(i):
+        kw = dict(model="smollm2", messages=[{"role": "user", "content": prompts[i % 16][:300]}], max_tokens=4 + i % 5,
+                  temperature=0.7, seed=i)
+        if i % 2:
+            return "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw)
+                           if c.choices)
+        return client.chat.completions.create(**kw).choices[0].message.content
+
+    done = 0
+    with ThreadPoolExecutor(8) as pool:
+        for start in range(0, total, 30):
+            list(pool.map(one, range(start, min(total, start + 30))))
+            done = min(total, start + 30)
+            rss.append((done, srv.rss_mib()))
+    after_warmup = [m for n, m in rss if n >= warmup]
+    growth = max(after_warmup) - after_warmup[0]
+    print("[serve]      resident MiB after each 30 requests: " + ", ".join(f"{m:.0f}" for _, m in rss))
+    check(growth < 24, f"soak of {total} requests: resident memory grew {growth:.1f} MiB after the first {warmup}")
+    check(srv.stats()["kv_blocks_used"] == 0, "soak: every block back in the pool")
+
+
+def queue_limit_and_signal(exe, model):
+    srv = Server(exe, model, "--max-running", "1", "--max-waiting", "1", "--api-key", KEY, "--kv-tokens", "4096")
+    client = srv.client()
+    results = []
+
+    def long_stream():
+        try:
+            got = ""
+            for c in client.chat.completions.create(model="smollm2", stream=True, max_tokens=3000, temperature=0,
+                                                    messages=[{"role": "user", "content": "Count to a thousand."}]):
+                if c.choices:
+                    got += c.choices[0].delta.content or ""
+            results.append(("done", got))
+        except openai.APIError as e:
+            results.append(("error", str(e)))
+
+    threads = [threading.Thread(target=long_stream) for _ in range(2)]
+    for t in threads:
+        t.start()
+    deadline = time.time() + 30
+    while time.time() < deadline and srv.stats()["running"] + srv.stats()["waiting"] < 2:
+        time.sleep(0.1)
+    try:
+        client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+        check(False, "a full queue answers 503")
+    except openai.APIStatusError as e:
+        check(e.status_code == 503 and e.body.get("code") == "server_overloaded", f"a full queue: 503 {e.body}")
+    code = srv.stop(signal.SIGINT)
+    for t in threads:
+        t.join(60)
+    check(code == 0, f"SIGINT with two requests running and waiting: exit {code}")
+    check(len(results) == 2 and all(r[0] == "error" and "shutting down" in r[1] for r in results),
+          f"their streams ended with an error saying so: {[r[0] for r in results]}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--server", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--log-dir", default=".")
+    a = ap.parse_args()
+    os.environ["SERVE_LOG_DIR"] = a.log_dir
+    torch.set_num_threads(2)
+    srv = Server(a.server, a.model, "--api-key", KEY, "--kv-tokens", "32768")
+    try:
+        basics(srv)
+        streamed_equals_whole(srv)
+        concurrent_clients(srv, a.model)
+        bad_inputs(srv)
+        disconnects(srv)
+        soak(srv)
+    finally:
+        code = srv.stop(signal.SIGTERM)
+    check(code == 0, f"SIGTERM: exit {code}")
+    queue_limit_and_signal(a.server, a.model)
+    if FAILURES:
+        print(f"[serve] {len(FAILURES)} checks failed:\n  " + "\n  ".join(FAILURES))
+        return 1
+    print("[serve] all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
