@@ -112,8 +112,10 @@ PagedKVCache::PagedKVCache(std::vector<PagedLayer> layers, const PagedKVCacheOpt
                 " and ", l.options.device(), " (layer ", i, ")");
     // Uninitialized: pages are touched as blocks are first written. No kernel reads a
     // slot that was not written.
-    s.keys.push_back(at::empty({s.num_blocks, s.block_size, l.num_kv_heads, l.head_dim}, l.options));
-    s.values.push_back(at::empty({s.num_blocks, s.block_size, l.num_kv_heads, l.head_dim}, l.options));
+    // Keys transposed within a block ([head_dim, block_size] per head): the CPU kernel
+    // computes a block's scores lane by key, with no horizontal sums.
+    s.keys.push_back(at::empty({s.num_blocks, l.num_kv_heads, l.head_dim, s.block_size}, l.options));
+    s.values.push_back(at::empty({s.num_blocks, l.num_kv_heads, s.block_size, l.head_dim}, l.options));
   }
   s.layers = std::move(layers);
   s.refs.assign(static_cast<size_t>(s.num_blocks), 0);
@@ -208,7 +210,7 @@ PagedStep PagedKVCache::begin_step(const std::vector<StepTokens>& tokens) {
               " free blocks and the pool has ", s.free.size(), " of ", s.num_blocks,
               "; finish or remove sequences first (or make a larger cache)");
   PagedStep step;
-  std::vector<int64_t> positions, slots, key_slots;
+  std::vector<int64_t> positions, write_blocks, write_offsets, key_slots;
   step.query_start.push_back(0);
   step.key_start.push_back(0);
   for (const auto& t : tokens) {
@@ -227,7 +229,8 @@ PagedStep PagedKVCache::begin_step(const std::vector<StepTokens>& tokens) {
     for (int64_t i = 0; i < t.count; ++i) {
       const int64_t p = q.length + i;
       positions.push_back(p);
-      slots.push_back(q.blocks[static_cast<size_t>(p / s.block_size)] * s.block_size + p % s.block_size);
+      write_blocks.push_back(q.blocks[static_cast<size_t>(p / s.block_size)]);
+      write_offsets.push_back(p % s.block_size);
     }
     q.length += t.count;
     for (int64_t p = 0; p < q.length; ++p) {
@@ -241,7 +244,8 @@ PagedStep PagedKVCache::begin_step(const std::vector<StepTokens>& tokens) {
   }
   const at::Device device = s.layers.front().options.device();
   step.positions = long_tensor(positions, device);
-  step.slots = long_tensor(slots, device);
+  step.write_blocks = long_tensor(write_blocks, device);
+  step.write_offsets = long_tensor(write_offsets, device);
   step.key_slots_cpu = long_tensor(key_slots, at::kCPU);
   step.key_slots = device.is_cpu() ? step.key_slots_cpu : step.key_slots_cpu.to(device);
   ++s.epoch;
@@ -287,31 +291,34 @@ void PagedKVCache::write(int64_t layer_index, const PagedStep& step, const at::T
                 ": write expected keys and values of dtype ", l.options.dtype(), " on ", l.options.device(), ", got ",
                 t->scalar_type(), " on ", t->device());
   }
-  State& s = *state_;
-  const int64_t slots = s.num_blocks * s.block_size;
-  const auto i = static_cast<size_t>(layer_index);
-  s.keys[i].view({slots, l.num_kv_heads, l.head_dim}).index_copy_(0, step.slots, k);
-  s.values[i].view({slots, l.num_kv_heads, l.head_dim}).index_copy_(0, step.slots, v);
+  const c10::List<std::optional<at::Tensor>> where({step.write_blocks, step.write_offsets});
+  by_token(keys(layer_index), true).index_put_(where, k);
+  by_token(values(layer_index), false).index_put_(where, v);
 }
 
-at::Tensor PagedKVCache::gather(const at::Tensor& storage, int64_t layer_index, int64_t sequence) const {
-  const PagedLayer& l = layer(layer_index);
+at::Tensor PagedKVCache::by_token(const at::Tensor& storage, bool keys) {
+  return keys ? storage.permute({0, 3, 1, 2}) : storage.permute({0, 2, 1, 3});
+}
+
+at::Tensor PagedKVCache::gather(const at::Tensor& storage, bool keys, int64_t sequence) const {
   const State& s = state();
   const auto& q = s.at(sequence, "sequence_keys");
-  std::vector<int64_t> slots;
+  std::vector<int64_t> blocks, offsets;
   for (int64_t p = 0; p < q.length; ++p) {
-    slots.push_back(q.blocks[static_cast<size_t>(p / s.block_size)] * s.block_size + p % s.block_size);
+    blocks.push_back(q.blocks[static_cast<size_t>(p / s.block_size)]);
+    offsets.push_back(p % s.block_size);
   }
-  const at::Tensor flat = storage.view({s.num_blocks * s.block_size, l.num_kv_heads, l.head_dim});
-  return flat.index_select(0, long_tensor(slots, storage.device())).transpose(0, 1).contiguous();
+  const c10::List<std::optional<at::Tensor>> where(
+      {long_tensor(blocks, storage.device()), long_tensor(offsets, storage.device())});
+  return by_token(storage, keys).index(where).transpose(0, 1).contiguous();
 }
 
 at::Tensor PagedKVCache::sequence_keys(int64_t layer_index, int64_t sequence) const {
-  return gather(keys(layer_index), layer_index, sequence);
+  return gather(keys(layer_index), true, sequence);
 }
 
 at::Tensor PagedKVCache::sequence_values(int64_t layer_index, int64_t sequence) const {
-  return gather(values(layer_index), layer_index, sequence);
+  return gather(values(layer_index), false, sequence);
 }
 
 } // namespace torchattn

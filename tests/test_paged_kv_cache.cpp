@@ -3,8 +3,9 @@
 // write after a fork, all-or-nothing steps), what it refuses and says; and every
 // sequence of mixed steps (prefill chunks of any size beside decoding tokens, forks)
 // against the contiguous KVCache path alone, over options (grouped heads, RoPE,
-// windows, biases), dtypes, backends, block sizes and devices: bit for bit where both
-// take the same CPU kernel (decoding rows, short chunks), within rounding elsewhere.
+// windows, biases), dtypes, backends, block sizes and devices, within rounding; and,
+// with packed projections on the CPU, each sequence's rows the same bits in any company
+// and any chunking.
 
 #include "devices.h"
 #include "expect_error.h"
@@ -13,10 +14,15 @@
 #include <torchattn/multi_head_attention.h>
 #include <torchattn/paged_kv_cache.h>
 
+#include "../src/kernels/cpu/paged_attention.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -151,6 +157,73 @@ TEST(PagedKVCache, BadUseIsAnErrorNamingWhatIsWrongAndChangesNothing) {
   EXPECT_EQ(moved.free_blocks(), 0);
 }
 
+// ---- the CPU kernel, for each instruction set this CPU has ----
+
+TEST(PagedKernel, EveryInstructionSetGivesTheMathAndEachRowAloneTheSameBits) {
+  namespace K = torchattn::kernels::cpu;
+  torch::manual_seed(33);
+  torch::NoGradGuard no_grad;
+  // Odd sizes: head_dim 20 and block_size 5 leave partial vectors everywhere.
+  const int64_t nb = 40, Hkv = 2, G = 3, d = 20, bs = 5;
+  const auto keys = torch::randn({nb, Hkv, d, bs}), values = torch::randn({nb, Hkv, bs, d});
+  // Three sequences: 1 new row after 17 keys, 7 new rows of 7 (a first chunk), 4 after 30.
+  const std::vector<std::pair<int64_t, int64_t>> seqs{{1, 18}, {7, 7}, {4, 34}};
+  std::vector<int64_t> qs{0}, ks{0}, slots;
+  std::vector<int64_t> free_blocks(nb);
+  std::iota(free_blocks.begin(), free_blocks.end(), 0);
+  std::shuffle(free_blocks.begin(), free_blocks.end(), std::mt19937(5));
+  size_t next = 0;
+  for (const auto& [n, L] : seqs) {
+    std::vector<int64_t> table;
+    for (int64_t p = 0; p < L; ++p) {
+      if (p % bs == 0) table.push_back(free_blocks[next++]);
+      slots.push_back(table.back() * bs + p % bs);
+    }
+    qs.push_back(qs.back() + n);
+    ks.push_back(ks.back() + L);
+  }
+  const auto q = torch::randn({qs.back(), Hkv * G, d});
+  const double scale = 0.3;
+  for (const std::optional<int64_t> window : {std::optional<int64_t>(), std::optional<int64_t>(6)}) {
+    // The math in float64: each sequence's keys gathered, causal from its position.
+    auto want = torch::zeros({qs.back(), Hkv * G, d}, torch::kDouble);
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      const auto [n, L] = seqs[s];
+      std::vector<torch::Tensor> k, v;
+      for (int64_t p = 0; p < L; ++p) {
+        const int64_t slot = slots[static_cast<size_t>(ks[s] + p)];
+        k.push_back(keys[slot / bs].select(2, slot % bs));   // [Hkv, d]
+        v.push_back(values[slot / bs].select(1, slot % bs));  // [Hkv, d]
+      }
+      const auto K_ = torch::stack(k, 1).to(torch::kDouble).repeat_interleave(G, 0);  // [H, L, d]
+      const auto V_ = torch::stack(v, 1).to(torch::kDouble).repeat_interleave(G, 0);
+      const auto Q = q.narrow(0, qs[s], n).transpose(0, 1).to(torch::kDouble);        // [H, n, d]
+      auto scores = torch::matmul(Q, K_.transpose(1, 2)) * scale;                       // [H, n, L]
+      const auto pos = torch::arange(L - n, L).unsqueeze(1), key = torch::arange(L).unsqueeze(0);
+      auto hide = key > pos;
+      if (window) hide = hide.logical_or(key <= pos - *window);
+      scores = scores.masked_fill(hide, -INFINITY);
+      want.narrow(0, qs[s], n).copy_(torch::matmul(torch::softmax(scores, -1), V_).transpose(0, 1));
+    }
+    for (const auto isa : K::paged_isas()) {
+      SCOPED_TRACE("isa " + std::to_string(static_cast<int>(isa)) + (window ? " window" : ""));
+      auto out = torch::zeros_like(q);
+      const K::PagedRows rows{slots.data(), &qs, &ks, window};
+      K::paged_attention(q, keys, values, rows, {0, 1, 2}, scale, out, isa);
+      EXPECT_LT((out.to(torch::kDouble) - want).abs().max().item<double>(), 2e-6);
+      // Sequence 1's last row alone (as if its chunk were that row): the same bits.
+      const std::vector<int64_t> qs1{0, 0, 1}, ks1{0, 0, 7};
+      const std::vector<int64_t> slots1(slots.begin() + ks[1], slots.begin() + ks[2]);
+      const auto q1 = q.narrow(0, qs[1] + 6, 1).contiguous();
+      auto out1 = torch::zeros_like(q1);
+      const K::PagedRows rows1{slots1.data(), &qs1, &ks1, window};
+      K::paged_attention(q1, keys, values, rows1, {1}, scale, out1, isa);
+      EXPECT_TRUE(torch::equal(out1[0], out[qs[1] + 6]));
+    }
+  }
+  EXPECT_GE(K::paged_isas().size(), 1u);
+}
+
 // ---- forward_paged against the contiguous cache ----
 
 struct PagedCase {
@@ -267,41 +340,39 @@ TEST_P(PagedForward, EverySequenceEqualsTheContiguousCacheAlone) {
     }
     return out;
   };
-  int bitwise = 0;
   for (size_t s = 0; s < lengths.size(); ++s) {
     SCOPED_TRACE("sequence " + std::to_string(s));
     ASSERT_EQ(done[s], lengths[s]);
     auto kv = mha->make_kv_cache(1);
     const auto want = contiguous(xs[s], chunks[s], kv);
     for (size_t i = 0; i < want.size(); ++i) {
-      // Bit for bit where both paths take the same kernels: packed projections (each
-      // row the same whatever the rows beside it) and the CPU decoding kernel (a chunk
-      // of at most 16 rows after cached tokens; a first chunk takes ATen's causal kernel
-      // in forward_cached).
-      const bool same_kernels = c.pack && device.is_cpu() && c.dtype == torch::kFloat &&
-                                c.backend == torchattn::Backend::Auto && chunks[s][i] <= 16 && i > 0;
-      if (same_kernels) {
-        ++bitwise;
-        EXPECT_TRUE(torch::equal(paged_out[s][i], want[i])) << "chunk " << i << " of " << chunks[s][i];
-      } else {
-        EXPECT_TRUE(tol::close(paged_out[s][i], want[i], tol)) << "chunk " << i << " of " << chunks[s][i];
-      }
+      EXPECT_TRUE(tol::close(paged_out[s][i], want[i], tol)) << "chunk " << i << " of " << chunks[s][i];
     }
     // And the full forward's rows.
     EXPECT_TRUE(tol::close(torch::cat(paged_out[s]), mha->forward(xs[s]), tol));
     // The cache holds the keys a contiguous cache holds.
     EXPECT_TRUE(tol::close(cache.sequence_keys(0, ids[s]), kv.keys()[0], tol));
   }
-  if (c.pack && device.is_cpu()) EXPECT_GE(bitwise, 2);  // the bit-for-bit case came up
+  // With packed projections on the CPU every row is computed alike whatever shares its
+  // step or chunk: each sequence fed alone, a token at a time, gives the same bits.
+  if (c.pack && device.is_cpu() && c.backend == torchattn::Backend::Auto) {
+    auto alone = mha->make_paged_kv_cache(PagedKVCacheOptions(num_blocks).block_size(c.block_size));
+    for (size_t s = 0; s < lengths.size(); ++s) {
+      const int64_t id = alone.add_sequence();
+      std::vector<torch::Tensor> rows;
+      for (int64_t p = 0; p < lengths[s]; ++p) {
+        auto step = alone.begin_step({{id, 1}});
+        rows.push_back(mha->forward_paged(xs[s].narrow(0, p, 1), alone, step));
+      }
+      EXPECT_TRUE(torch::equal(torch::cat(rows), torch::cat(paged_out[s]))) << "sequence " << s;
+    }
+  }
   // The fork continues from the first sequence's prompt as a clone of its cache would.
   auto kv = mha->make_kv_cache(1);
   (void)contiguous(xs[0], chunks[0], kv);
   auto branch = kv.clone();
   const auto want = contiguous(fork_x, chunks[lengths.size()], branch);
   EXPECT_TRUE(tol::close(torch::cat(paged_out[lengths.size()]), torch::cat(want), tol));
-  if (c.pack && device.is_cpu() && c.backend == torchattn::Backend::Auto) {  // decoding rows: the same kernels
-    EXPECT_TRUE(torch::equal(torch::cat(paged_out[lengths.size()]), torch::cat(want)));
-  }
   EXPECT_EQ(cache.length(*fork_id), fork_from + fork_x.size(0));
   for (const int64_t id : cache.sequences()) cache.remove(id);
   EXPECT_EQ(cache.free_blocks(), num_blocks);

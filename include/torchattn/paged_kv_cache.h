@@ -51,11 +51,13 @@ struct PagedStep {
   std::vector<int64_t> key_start;
   /// [N] int64 on the cache's device: each new token's position in its sequence.
   at::Tensor positions;
-  /// [N] int64 on the cache's device: where each new token's key and value are written
-  /// (block * block_size + offset into the flattened [num_blocks * block_size] tokens).
-  at::Tensor slots;
+  /// [N] int64 on the cache's device: the block and the offset in it where each new
+  /// token's key and value are written.
+  at::Tensor write_blocks;
+  at::Tensor write_offsets;
   /// [sum of context_lengths] int64 on the cache's device: for each sequence, in order,
-  /// the slot of each of its tokens (its keys, oldest first).
+  /// the slot (block * block_size + offset) of each of its tokens (its keys, oldest
+  /// first).
   at::Tensor key_slots;
   /// The same on the CPU (the CPU kernels read it; the same tensor on a CPU cache).
   at::Tensor key_slots_cpu;
@@ -152,12 +154,18 @@ class PagedKVCache {
 
   int64_t num_layers() const;
   const PagedLayer& layer(int64_t index) const;
-  /// [num_blocks, block_size, num_kv_heads, head_dim] of a layer.
+  /// A layer's storage: keys [num_blocks, num_kv_heads, head_dim, block_size] (each
+  /// block's keys transposed, a token per column) and values [num_blocks, num_kv_heads,
+  /// block_size, head_dim]. by_token() views either as [num_blocks, block_size,
+  /// num_kv_heads, head_dim].
   const at::Tensor& keys(int64_t layer) const;
   const at::Tensor& values(int64_t layer) const;
+  /// keys(l) or values(l) (keys: true) as [num_blocks, block_size, num_kv_heads,
+  /// head_dim] (a view).
+  static at::Tensor by_token(const at::Tensor& storage, bool keys);
 
   /// Writes the step's new keys and values of a layer ([N, num_kv_heads, head_dim]
-  /// each) at step.slots.
+  /// each) at step.write_blocks / write_offsets.
   void write(int64_t layer, const PagedStep& step, const at::Tensor& keys, const at::Tensor& values);
 
   /// A sequence's keys / values in one layer, oldest first: [num_kv_heads, length,
@@ -168,7 +176,7 @@ class PagedKVCache {
  private:
   struct State;
   State& state() const;
-  at::Tensor gather(const at::Tensor& storage, int64_t layer, int64_t sequence) const;
+  at::Tensor gather(const at::Tensor& storage, bool keys, int64_t sequence) const;
   std::unique_ptr<State> state_;
 };
 

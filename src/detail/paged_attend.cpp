@@ -15,14 +15,13 @@ namespace torchattn::detail {
 at::Tensor paged_attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const PagedStep& step,
                         const std::optional<int64_t>& window, const functional::AttentionConfig& config) {
   const int64_t N = q.size(0), H = q.size(1), d = q.size(2);
-  const int64_t Hkv = keys.size(2);
-  const at::Tensor k_flat = keys.view({-1, Hkv, d}), v_flat = values.view({-1, Hkv, d});
+  const int64_t block_size = keys.size(3);
   at::Tensor out = at::empty({N, H, d}, q.options());
   const auto& qs = step.query_start;
   const auto& ks = step.key_start;
 
   std::vector<int64_t> kernel_rows, engine_rows;
-  const bool kernel = config.backend == Backend::Auto && kernels::cpu::paged_attention_applies(q, k_flat, v_flat);
+  const bool kernel = config.backend == Backend::Auto && kernels::cpu::paged_attention_applies(q, keys, values);
   for (int64_t s = 0; s < step.num_sequences(); ++s) {
     const bool short_rows = qs[s + 1] - qs[s] <= kernels::cpu::kPagedKernelRows;
     (kernel && short_rows ? kernel_rows : engine_rows).push_back(s);
@@ -30,15 +29,16 @@ at::Tensor paged_attend(const at::Tensor& q, const at::Tensor& keys, const at::T
   if (!kernel_rows.empty()) {
     kernels::cpu::PagedRows rows{step.key_slots_cpu.const_data_ptr<int64_t>(), &qs, &ks, window};
     const double scale = config.scale.value_or(1.0 / std::sqrt(static_cast<double>(d)));
-    kernels::cpu::paged_attention(q, k_flat, v_flat, rows, kernel_rows, scale, out);
+    kernels::cpu::paged_attention(q, keys, values, rows, kernel_rows, scale, out);
   }
   for (const int64_t s : engine_rows) {
     // This sequence's keys gathered into [1, Hkv, L, d], its rows as [1, H, n, d]: the
     // last n of L positions, as forward_cached sees a chunk after L - n cached tokens.
     const int64_t n = qs[s + 1] - qs[s], L = ks[s + 1] - ks[s];
     const at::Tensor slots = step.key_slots.narrow(0, ks[s], L);
-    const at::Tensor k = k_flat.index_select(0, slots).transpose(0, 1).unsqueeze(0);
-    const at::Tensor v = v_flat.index_select(0, slots).transpose(0, 1).unsqueeze(0);
+    const c10::List<std::optional<at::Tensor>> where({slots.div(block_size, "floor"), slots.remainder(block_size)});
+    const at::Tensor k = PagedKVCache::by_token(keys, true).index(where).transpose(0, 1).unsqueeze(0);
+    const at::Tensor v = PagedKVCache::by_token(values, false).index(where).transpose(0, 1).unsqueeze(0);
     MaskSpec spec;
     spec.causal = true;
     spec.past = L - n;

@@ -14,7 +14,7 @@
 namespace torchattn::detail {
 
 /// q: [N, H, head_dim], the step's new rows (rotated where the module has RoPE), and
-/// keys, values: a layer's storage [num_blocks, block_size, Hkv, head_dim] holding
+/// keys, values: a layer's storage (PagedKVCache::keys and values) holding
 /// the step's keys already. Returns [N, H, head_dim].
 ///
 /// Sequences with at most kernels::cpu::kPagedKernelRows new rows (decoding, short

@@ -2,21 +2,242 @@
 
 #include "needs_grad.h"
 #include "stall_aware.h"
-#include "vec.h"
 
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define TORCHATTN_PAGED_X86 1
+#include <immintrin.h>
+#endif
+
+// One task is a sequence's key head: its new rows times the G query heads that share
+// that key head (R rows). The algorithm, for each task:
+//   1. scores: for each block of keys, W keys at a time (the block's keys are
+//      transposed, [d, block_size], so a lane is a key): acc += q[c] * k[c][lanes] over
+//      c in order, for 4 rows at once; times the scale; -inf where the row does not see
+//      the key (past its position, before its window);
+//   2. softmax numerators: p = exp(s - max) (0 where s is -inf), and their sum, W lanes
+//      at a time from key 0;
+//   3. out = sum_j p_j v_j / sum, W output features at a time, each value read once for
+//      4 rows.
+// A row's operations and their order depend only on its own query, position and
+// keys, never on the rows beside it or the number of rows.
 
 namespace torchattn::kernels::cpu {
 
 namespace {
 
-// Multiply-adds below which the whole step runs on the calling thread (see
+// Multiply-adds below which the step runs on the calling thread (see
 // decode_attention: a parallel region costs more than small work).
-constexpr int64_t kPagedSerialWork = 1 << 20;
+constexpr int64_t kPagedSerialWork = 1 << 18;
+
+struct Task {
+  const float* q;        // row 0, query head hk * G
+  int64_t q_row, q_head;  // strides between rows and between the G heads
+  float* out;
+  int64_t out_row, out_head;
+  int64_t rows, groups, keys, dim, block_size, window;  // window 0: none
+  float scale;
+  const float* const* key_blocks;    // [keys / block_size] blocks of [dim, block_size]
+  const float* const* value_blocks;  // [keys / block_size] blocks of [block_size, dim]
+};
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// ---- scalar: one lane ----
+struct Scalar {
+  using V = float;
+  static constexpr int W = 1;
+  static V zero() { return 0.0f; }
+  static V set1(float x) { return x; }
+  static V load(const float* p, int) { return *p; }
+  static V load_pad(const float* p, int) { return *p; }
+  static void store(float* p, V v, int) { *p = v; }
+  static V fma(V a, V b, V c) { return std::fma(a, b, c); }
+  static V mul(V a, V b) { return a * b; }
+  static V add(V a, V b) { return a + b; }
+  static V max(V a, V b) { return a > b ? a : b; }
+  static float reduce_add(V v) { return v; }
+  static float reduce_max(V v) { return v; }
+  static V visible(V s, int64_t j, int64_t lo, int64_t hi) { return j < lo || j > hi ? kNegInf : s; }
+  static V exp_shifted(V x, V m) { return x == kNegInf ? 0.0f : std::exp(x - m); }
+};
+
+#define PA_ISA Scalar
+#define PA_TARGET inline
+#define PA_ROWS rows_scalar
+#include "paged_attention_rows.inc"
+#undef PA_ISA
+#undef PA_TARGET
+#undef PA_ROWS
+
+#if defined(TORCHATTN_PAGED_X86)
+// exp(x) for x <= 0 (Cephes' polynomial on x - n ln 2, then * 2^n): within 2 ulp.
+#define PA_EXP_POLY(I, x)                                                                   \
+  const auto n = I::round(I::mul(x, I::set1(1.44269504088896341f)));                        \
+  const auto r = I::fma(n, I::set1(2.12194440e-4f), I::fma(n, I::set1(-0.693359375f), x));  \
+  auto y = I::set1(1.9875691500e-4f);                                                       \
+  y = I::fma(y, r, I::set1(1.3981999507e-3f));                                              \
+  y = I::fma(y, r, I::set1(8.3334519073e-3f));                                              \
+  y = I::fma(y, r, I::set1(4.1665795894e-2f));                                              \
+  y = I::fma(y, r, I::set1(1.6666665459e-1f));                                              \
+  y = I::fma(y, r, I::set1(5.0000001201e-1f));                                              \
+  y = I::fma(y, I::mul(r, r), I::add(r, I::set1(1.0f)));
+
+// ---- AVX2 + FMA: 8 lanes ----
+#define PA_AVX2 __attribute__((target("avx2,fma"), always_inline)) static inline
+struct Avx2 {
+  using V = __m256;
+  static constexpr int W = 8;
+  PA_AVX2 __m256i lanes_below(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  PA_AVX2 V zero() { return _mm256_setzero_ps(); }
+  PA_AVX2 V set1(float x) { return _mm256_set1_ps(x); }
+  PA_AVX2 V load(const float* p, int n) { return n == W ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lanes_below(n)); }
+  PA_AVX2 V load_pad(const float* p, int n) {
+    return n == W ? _mm256_loadu_ps(p)
+                  : _mm256_blendv_ps(_mm256_set1_ps(kNegInf), _mm256_maskload_ps(p, lanes_below(n)),
+                                     _mm256_castsi256_ps(lanes_below(n)));
+  }
+  PA_AVX2 void store(float* p, V v, int n) {
+    if (n == W) {
+      _mm256_storeu_ps(p, v);
+    } else {
+      _mm256_maskstore_ps(p, lanes_below(n), v);
+    }
+  }
+  PA_AVX2 V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  PA_AVX2 V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  PA_AVX2 V add(V a, V b) { return _mm256_add_ps(a, b); }
+  PA_AVX2 V max(V a, V b) { return _mm256_max_ps(a, b); }
+  PA_AVX2 V round(V a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  PA_AVX2 float reduce_add(V v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+  }
+  PA_AVX2 float reduce_max(V v) {
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+  }
+  PA_AVX2 V visible(V s, int64_t j0, int64_t lo, int64_t hi) {
+    const __m256i j = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(j0)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i out = _mm256_or_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(lo)), j),
+                                        _mm256_cmpgt_epi32(j, _mm256_set1_epi32(static_cast<int>(hi))));
+    return _mm256_blendv_ps(s, _mm256_set1_ps(kNegInf), _mm256_castsi256_ps(out));
+  }
+  PA_AVX2 V exp_shifted(V s, V m) {
+    const V x = _mm256_max_ps(_mm256_sub_ps(s, m), _mm256_set1_ps(-87.0f));
+    PA_EXP_POLY(Avx2, x)
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    const V p = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(_mm256_cmp_ps(s, _mm256_set1_ps(kNegInf), _CMP_EQ_OQ), p);
+  }
+};
+
+#define PA_ISA Avx2
+#define PA_TARGET __attribute__((target("avx2,fma")))
+#define PA_ROWS rows_avx2
+#include "paged_attention_rows.inc"
+#undef PA_ISA
+#undef PA_TARGET
+#undef PA_ROWS
+
+// ---- AVX-512F: 16 lanes ----
+#define PA_AVX512 __attribute__((target("avx512f,fma"), always_inline)) static inline
+struct Avx512 {
+  using V = __m512;
+  static constexpr int W = 16;
+  PA_AVX512 __mmask16 lanes_below(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
+  PA_AVX512 V zero() { return _mm512_setzero_ps(); }
+  PA_AVX512 V set1(float x) { return _mm512_set1_ps(x); }
+  PA_AVX512 V load(const float* p, int n) { return n == W ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(lanes_below(n), p); }
+  PA_AVX512 V load_pad(const float* p, int n) {
+    return n == W ? _mm512_loadu_ps(p) : _mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), lanes_below(n), p);
+  }
+  PA_AVX512 void store(float* p, V v, int n) {
+    if (n == W) {
+      _mm512_storeu_ps(p, v);
+    } else {
+      _mm512_mask_storeu_ps(p, lanes_below(n), v);
+    }
+  }
+  PA_AVX512 V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  PA_AVX512 V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  PA_AVX512 V add(V a, V b) { return _mm512_add_ps(a, b); }
+  PA_AVX512 V max(V a, V b) { return _mm512_max_ps(a, b); }
+  PA_AVX512 V round(V a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  PA_AVX512 float reduce_add(V v) {
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v),
+                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    return Avx2::reduce_add(h);
+  }
+  PA_AVX512 float reduce_max(V v) {
+    const __m256 h = _mm256_max_ps(_mm512_castps512_ps256(v),
+                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    return Avx2::reduce_max(h);
+  }
+  PA_AVX512 V visible(V s, int64_t j0, int64_t lo, int64_t hi) {
+    const __m512i j = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(j0)),
+                                       _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __mmask16 in = _mm512_cmpge_epi32_mask(j, _mm512_set1_epi32(static_cast<int>(lo))) &
+                         _mm512_cmple_epi32_mask(j, _mm512_set1_epi32(static_cast<int>(hi)));
+    return _mm512_mask_blend_ps(in, _mm512_set1_ps(kNegInf), s);
+  }
+  PA_AVX512 V exp_shifted(V s, V m) {
+    const V x = _mm512_max_ps(_mm512_sub_ps(s, m), _mm512_set1_ps(-87.0f));
+    PA_EXP_POLY(Avx512, x)
+    const __mmask16 finite = _mm512_cmp_ps_mask(s, _mm512_set1_ps(kNegInf), _CMP_NEQ_OQ);
+    return _mm512_maskz_mov_ps(finite, _mm512_scalef_ps(y, n));
+  }
+};
+
+#define PA_ISA Avx512
+#define PA_TARGET __attribute__((target("avx512f,fma")))
+#define PA_ROWS rows_avx512
+#include "paged_attention_rows.inc"
+#undef PA_ISA
+#undef PA_TARGET
+#undef PA_ROWS
+#undef PA_EXP_POLY
+#endif
+
+using RowsFn = void (*)(const Task&, float*);
+
+bool has_avx512() {
+#if defined(TORCHATTN_PAGED_X86)
+  static const bool yes = __builtin_cpu_supports("avx512f");
+  return yes;
+#else
+  return false;
+#endif
+}
+
+bool has_avx2_fma() {
+#if defined(TORCHATTN_PAGED_X86)
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+#else
+  return false;
+#endif
+}
+
+RowsFn rows_kernel(PagedIsa isa) {
+#if defined(TORCHATTN_PAGED_X86)
+  if (isa == PagedIsa::Avx512) return rows_avx512;
+  if (isa == PagedIsa::Avx2) return rows_avx2;
+#endif
+  return rows_scalar;
+}
 
 bool plain_float(const at::Tensor& t, int64_t dim) {
   return t.is_cpu() && t.scalar_type() == at::kFloat && t.layout() == at::kStrided && !t.is_nested() &&
@@ -25,20 +246,31 @@ bool plain_float(const at::Tensor& t, int64_t dim) {
 
 } // namespace
 
+std::vector<PagedIsa> paged_isas() {
+  std::vector<PagedIsa> out{PagedIsa::Scalar};
+  if (has_avx2_fma()) out.push_back(PagedIsa::Avx2);
+  if (has_avx512()) out.push_back(PagedIsa::Avx512);
+  return out;
+}
+
 bool paged_attention_applies(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values) {
-  if (!plain_float(q, 3) || !plain_float(keys, 3) || !plain_float(values, 3)) return false;
-  if (!keys.is_contiguous() || !values.is_contiguous() || keys.sizes() != values.sizes()) return false;
-  const int64_t H = q.size(1), Hkv = keys.size(1);
-  return Hkv >= 1 && H % Hkv == 0 && q.size(2) == keys.size(2) && q.size(2) >= 1;
+  if (!plain_float(q, 3) || !plain_float(keys, 4) || !plain_float(values, 4)) return false;
+  if (!keys.is_contiguous() || !values.is_contiguous()) return false;
+  const int64_t H = q.size(1), d = q.size(2), nb = keys.size(0), Hkv = keys.size(1), bs = keys.size(3);
+  const bool shapes = keys.size(2) == d && values.size(0) == nb && values.size(1) == Hkv && values.size(2) == bs &&
+                      values.size(3) == d;
+  return shapes && Hkv >= 1 && H % Hkv == 0 && d >= 1 && bs >= 1 &&
+         nb * bs <= std::numeric_limits<int32_t>::max();  // lanes compare key indices as int32
 }
 
 void paged_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const PagedRows& r,
-                     const std::vector<int64_t>& which, double scale, at::Tensor& out) {
-  TORCH_CHECK(paged_attention_applies(q, keys, values), "paged_attention: expected float32 CPU q [N, H, d] and "
-              "contiguous keys and values [slots, Hkv, d], H a multiple of Hkv, and no gradient");
+                     const std::vector<int64_t>& which, double scale, at::Tensor& out, std::optional<PagedIsa> isa) {
+  TORCH_CHECK(paged_attention_applies(q, keys, values), "paged_attention: expected float32 CPU q [N, H, d], "
+              "contiguous keys [blocks, Hkv, d, block_size] and values [blocks, Hkv, block_size, d], H a multiple of "
+              "Hkv, and no gradient");
   TORCH_CHECK(out.is_contiguous() && out.sizes() == q.sizes() && out.scalar_type() == at::kFloat,
               "paged_attention: expected a contiguous float32 out of q's shape ", q.sizes(), ", got ", out.sizes());
-  const int64_t H = q.size(1), d = q.size(2), Hkv = keys.size(1), G = H / Hkv;
+  const int64_t H = q.size(1), d = q.size(2), Hkv = keys.size(1), G = H / Hkv, bs = keys.size(3);
   const auto& qs = *r.query_start;
   const auto& ks = *r.key_start;
   for (const int64_t s : which) {
@@ -51,52 +283,32 @@ void paged_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tens
   const float* kp = keys.const_data_ptr<float>();
   const float* vp = values.const_data_ptr<float>();
   float* op = out.mutable_data_ptr<float>();
-  const int64_t q_row = q.stride(0), q_head = q.stride(1);
-  const int64_t slot_stride = Hkv * d;  // keys and values: [slots, Hkv, d]
-  const float fscale = static_cast<float>(scale);
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const int64_t block_floats = Hkv * d * bs;  // one block of one layer, keys or values
+  const auto isas = paged_isas();
+  TORCH_CHECK(!isa || std::find(isas.begin(), isas.end(), *isa) != isas.end(),
+              "paged_attention: this CPU does not run the instructions asked for");
+  const RowsFn rows_fn = rows_kernel(isa.value_or(isas.back()));
 
-  // One task: a sequence and one of its key heads, for each new row and each of the G
-  // query heads that share it. Keys are read once per task; each (row, head) keeps its
-  // own scores and sums in key order, as decode_attention does.
   auto tasks = [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
+    std::vector<const float*> key_blocks, value_blocks;
+    std::vector<float> scratch;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t s = which[static_cast<size_t>(task / Hkv)], hk = task % Hkv;
       const int64_t n = qs[s + 1] - qs[s], L = ks[s + 1] - ks[s];
       const int64_t* slots = r.key_slots + ks[s];
-      scores.assign(static_cast<size_t>(n * G * L), kNegInf);
-      auto first_key = [&](int64_t i) {
-        const int64_t position = L - n + i;
-        return r.window ? std::max<int64_t>(0, position - *r.window + 1) : int64_t{0};
-      };
-      const int64_t lo = first_key(0);
-      for (int64_t j = lo; j < L; ++j) {
-        const float* k = kp + slots[j] * slot_stride + hk * d;
-        for (int64_t i = std::max<int64_t>(0, j - (L - n)); i < n; ++i) {
-          if (j < first_key(i)) continue;  // left of the row's window
-          const float* qr = qp + (qs[s] + i) * q_row + (hk * G) * q_head;
-          for (int64_t g = 0; g < G; ++g) scores[static_cast<size_t>((i * G + g) * L + j)] = dot(qr + g * q_head, k, d) * fscale;
-        }
+      key_blocks.clear();
+      value_blocks.clear();
+      for (int64_t p = 0; p < L; p += bs) {
+        const int64_t block = slots[p] / bs;
+        key_blocks.push_back(kp + block * block_floats + hk * d * bs);
+        value_blocks.push_back(vp + block * block_floats + hk * bs * d);
       }
-      for (int64_t i = 0; i < n; ++i) {
-        for (int64_t g = 0; g < G; ++g) {
-          float* row = scores.data() + (i * G + g) * L;
-          float* o = op + ((qs[s] + i) * H + hk * G + g) * d;
-          std::fill(o, o + d, 0.0f);
-          float top = kNegInf;
-          for (int64_t j = 0; j < L; ++j) top = std::max(top, row[j]);
-          float total = 0.0f;
-          for (int64_t j = 0; j < L; ++j) {
-            if (row[j] == kNegInf) continue;
-            const float p = std::exp(row[j] - top);
-            total += p;
-            axpy(p, vp + slots[j] * slot_stride + hk * d, o, d);
-          }
-          const float inv = 1.0f / total;
-          for (int64_t c = 0; c < d; ++c) o[c] *= inv;
-        }
-      }
+      scratch.resize(static_cast<size_t>(n * G * (L + 1)));
+      const Task t{qp + qs[s] * q.stride(0) + hk * G * q.stride(1), q.stride(0), q.stride(1),
+                   op + (qs[s] * H + hk * G) * d, H * d, d,
+                   n, G, L, d, bs, r.window.value_or(0), static_cast<float>(scale),
+                   key_blocks.data(), value_blocks.data()};
+      rows_fn(t, scratch.data());
     }
   };
   const int64_t n_tasks = static_cast<int64_t>(which.size()) * Hkv;

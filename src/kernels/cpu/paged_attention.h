@@ -1,10 +1,13 @@
 #pragma once
 
-// Attention over a PagedKVCache on the CPU for the rows of a step that decode (one
-// token) or bring a short chunk: each query row reads its sequence's keys and values
-// from the pool through the step's key slots, so nothing is gathered. Row for row the
-// same arithmetic as decode_attention over a contiguous cache (the same scores, the
-// same order of sums), so a decoding step gives the bits the contiguous path gives.
+// Attention over a PagedKVCache on the CPU for the rows of one step: each query row reads
+// its sequence's keys and values from the pool's blocks (nothing gathered), softmax in
+// two passes, vectorized across the keys of a block (keys are kept transposed within
+// a block, [head_dim, block_size], so that a block's scores are broadcast-FMAs with no
+// horizontal sums) with AVX-512 or AVX2 where the CPU has them.
+//
+// Each row's arithmetic depends on its own query, position and keys only: a row gives
+// the same bits in any step, beside any rows, in a chunk of any size.
 
 #include <ATen/core/Tensor.h>
 
@@ -14,20 +17,21 @@
 
 namespace torchattn::kernels::cpu {
 
-/// The most new tokens of one sequence the kernel takes; a longer prefill chunk goes
-/// to ATen's fused kernels over its gathered keys.
-inline constexpr int64_t kPagedKernelRows = 16;
+/// The most new tokens of one sequence the kernel takes per step; a longer prefill
+/// chunk goes to ATen's fused kernels over its gathered keys.
+inline constexpr int64_t kPagedKernelRows = 64;
 
 /// Whether paged_attention applies: q a float32 CPU [N, H, d] with unit stride in d;
-/// keys and values float32 CPU [slots, Hkv, d] contiguous (a layer's storage,
-/// flattened); H a multiple of Hkv; no gradient to compute.
+/// keys a float32 CPU [num_blocks, Hkv, d, block_size] and values [num_blocks, Hkv,
+/// block_size, d], both contiguous (a layer's storage); H a multiple of Hkv; no
+/// gradient to compute.
 bool paged_attention_applies(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values);
 
 /// The keys and visible rows of one step (see PagedStep): sequence s brings the q rows
 /// query_start[s] .. query_start[s + 1] (n_s rows, the last n_s of its L_s tokens), and
-/// its keys are at key_slots[key_start[s] .. key_start[s + 1]) (L_s of them, oldest
-/// first). Row i of s stands at position L_s - n_s + i and sees keys max(0, position -
-/// window + 1) .. position.
+/// its token p sits in the pool at slot key_slots[key_start[s] + p] (block * block_size
+/// + offset). Row i of s stands at position L_s - n_s + i and sees keys max(0,
+/// position - window + 1) .. position.
 struct PagedRows {
   const int64_t* key_slots = nullptr;
   const std::vector<int64_t>* query_start = nullptr;
@@ -35,10 +39,17 @@ struct PagedRows {
   std::optional<int64_t> window;
 };
 
+/// The vector instructions of the kernel: the widest the CPU has by default.
+enum class PagedIsa { Scalar, Avx2, Avx512 };
+/// The ones this CPU runs (Scalar always).
+std::vector<PagedIsa> paged_isas();
+
 /// Computes the rows of the sequences listed in `which` (each with at most
 /// kPagedKernelRows rows) into out [N, H, d] (float32, contiguous); other rows are left
-/// as they are. scale: the factor of the scores. Requires paged_attention_applies.
+/// as they are. scale: the factor of the scores. isa: another of paged_isas() than the
+/// widest (tests). Requires paged_attention_applies.
 void paged_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const PagedRows& rows,
-                     const std::vector<int64_t>& which, double scale, at::Tensor& out);
+                     const std::vector<int64_t>& which, double scale, at::Tensor& out,
+                     std::optional<PagedIsa> isa = std::nullopt);
 
 } // namespace torchattn::kernels::cpu
