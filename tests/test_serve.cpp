@@ -54,14 +54,14 @@ TEST(ServeApi, ParsesRequestsWithTheApisDefaults) {
   const auto c = parse({{"model", "m"}, {"prompt", json::array({"once"})}, {"max_completion_tokens", 5}, {"max_tokens", 9},
                         {"temperature", 0}, {"top_p", 0.5}, {"top_k", 7}, {"seed", 3}, {"stream", true},
                         {"stream_options", {{"include_usage", true}}}, {"stop", "END"}, {"n", 1},
-                        {"return_token_ids", true}},
+                        {"return_token_ids", true}, {"ignore_eos", true}},
                        false);
   EXPECT_EQ(c.prompt, "once");
   EXPECT_EQ(*c.max_tokens, 5);  // max_completion_tokens wins
   EXPECT_EQ(c.max_tokens_field, "max_completion_tokens");
   EXPECT_EQ(c.top_k, 7);
   EXPECT_EQ(*c.seed, 3u);
-  EXPECT_TRUE(c.stream && c.include_usage && c.return_token_ids);
+  EXPECT_TRUE(c.stream && c.include_usage && c.return_token_ids && c.ignore_eos);
   EXPECT_EQ(c.stop, (std::vector<std::string>{"END"}));
 }
 

@@ -39,8 +39,11 @@ EngineRequest prepare(const CompletionRequest& request, const models::LanguageMo
                       request.max_tokens_field,
                       "context_length_exceeded");
   }
-  std::vector<int64_t> stop = hidden_tokens(model);
-  out.options.max_new_tokens(max_tokens).stop_token_ids(stop).stop_at_eos(true);
+  if (request.ignore_eos) {
+    out.options.max_new_tokens(max_tokens).stop_at_eos(false);
+  } else {
+    out.options.max_new_tokens(max_tokens).stop_token_ids(hidden_tokens(model)).stop_at_eos(true);
+  }
   if (request.temperature > 0.0) {
     static thread_local std::mt19937_64 seeds{std::random_device{}()};
     out.options.do_sample(true)

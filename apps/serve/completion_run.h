@@ -26,7 +26,8 @@ struct EngineRequest {
 /// The prompt (the chat template's text for a conversation), tokenized, and the
 /// options: max_tokens (default: the rest of the context for chat, 16 for
 /// completions, as OpenAI's), greedy at temperature 0 else sampled (top_p, top_k, the
-/// seed or a random one), stopping at the model's EOS and end-of-turn tokens. A prompt
+/// seed or a random one), stopping at the model's EOS and end-of-turn tokens unless
+/// ignore_eos. A prompt
 /// with no tokens, or prompt and max_tokens past the context, is an ApiError (400)
 /// naming the numbers.
 EngineRequest prepare(const CompletionRequest& request, const torchattn::models::LanguageModel& model);

@@ -214,6 +214,7 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
     throw bad_request("'logprobs' is not supported by this server", "logprobs");
   }
   if (given(body, "return_token_ids")) r.return_token_ids = get_bool(body, "return_token_ids");
+  if (given(body, "ignore_eos")) r.ignore_eos = get_bool(body, "ignore_eos");
   return r;
 }
 

@@ -48,6 +48,7 @@ struct CompletionRequest {
   bool include_usage = false;          // stream_options.include_usage
   std::vector<std::string> stop;       // at most 4, each non-empty
   bool return_token_ids = false;       // an extension: the generated token ids in each choice / chunk
+  bool ignore_eos = false;             // an extension (as vLLM's): go on past EOS and the end of a turn
 };
 
 /// Parses the body of POST /v1/chat/completions (chat) or /v1/completions. Malformed

@@ -288,6 +288,7 @@ void Server::Impl::routes() {
                                    {"kv_blocks", s.kv_blocks},
                                    {"kv_blocks_used", s.kv_blocks_used},
                                    {"kv_bytes_used", s.kv_bytes_used},
+                                   {"kv_block_size", engine.cache().block_size()},
                                    {"tokens_held", s.tokens_held},
                                    {"steps", s.steps},
                                    {"finished", s.finished},
