@@ -166,8 +166,9 @@ TEST(PagedKernel, EveryInstructionSetGivesTheMathAndEachRowAloneTheSameBits) {
   // Odd sizes: head_dim 20 and block_size 5 leave partial vectors everywhere.
   const int64_t nb = 40, Hkv = 2, G = 3, d = 20, bs = 5;
   const auto keys = torch::randn({nb, Hkv, d, bs}), values = torch::randn({nb, Hkv, bs, d});
-  // Three sequences: 1 new row after 17 keys, 7 new rows of 7 (a first chunk), 4 after 30.
-  const std::vector<std::pair<int64_t, int64_t>> seqs{{1, 18}, {7, 7}, {4, 34}};
+  // Four sequences: 1 new row after 17 keys, 7 new rows of 7 (a first chunk), 4 after 30,
+  // and 20 after 40 (three blocks of rows; with the others, work enough for the threads).
+  const std::vector<std::pair<int64_t, int64_t>> seqs{{1, 18}, {7, 7}, {4, 34}, {20, 60}};
   std::vector<int64_t> qs{0}, ks{0}, slots;
   std::vector<int64_t> free_blocks(nb);
   std::iota(free_blocks.begin(), free_blocks.end(), 0);
@@ -209,16 +210,21 @@ TEST(PagedKernel, EveryInstructionSetGivesTheMathAndEachRowAloneTheSameBits) {
       SCOPED_TRACE("isa " + std::to_string(static_cast<int>(isa)) + (window ? " window" : ""));
       auto out = torch::zeros_like(q);
       const K::PagedRows rows{slots.data(), &qs, &ks, window};
-      K::paged_attention(q, keys, values, rows, {0, 1, 2}, scale, out, isa);
+      K::paged_attention(q, keys, values, rows, {0, 1, 2, 3}, scale, out, isa);
       EXPECT_LT((out.to(torch::kDouble) - want).abs().max().item<double>(), 2e-6);
-      // Sequence 1's last row alone (as if its chunk were that row): the same bits.
-      const std::vector<int64_t> qs1{0, 0, 1}, ks1{0, 0, 7};
-      const std::vector<int64_t> slots1(slots.begin() + ks[1], slots.begin() + ks[2]);
-      const auto q1 = q.narrow(0, qs[1] + 6, 1).contiguous();
-      auto out1 = torch::zeros_like(q1);
-      const K::PagedRows rows1{slots1.data(), &qs1, &ks1, window};
-      K::paged_attention(q1, keys, values, rows1, {1}, scale, out1, isa);
-      EXPECT_TRUE(torch::equal(out1[0], out[qs[1] + 6]));
+      // A row alone (as if its chunk were that row, its keys the ones up to its own):
+      // the same bits, whatever block of rows or tile it had in the chunk.
+      for (const auto& [s, r] : std::vector<std::pair<int64_t, int64_t>>{{1, 6}, {1, 0}, {3, 0}, {3, 9}, {3, 19}}) {
+        const int64_t n = seqs[static_cast<size_t>(s)].first, L = seqs[static_cast<size_t>(s)].second;
+        const int64_t keys_seen = L - n + r + 1;
+        const std::vector<int64_t> qs1{0, 1}, ks1{0, keys_seen};
+        const std::vector<int64_t> slots1(slots.begin() + ks[s], slots.begin() + ks[s] + keys_seen);
+        const auto q1 = q.narrow(0, qs[s] + r, 1).contiguous();
+        auto out1 = torch::zeros_like(q1);
+        const K::PagedRows rows1{slots1.data(), &qs1, &ks1, window};
+        K::paged_attention(q1, keys, values, rows1, {0}, scale, out1, isa);
+        EXPECT_TRUE(torch::equal(out1[0], out[qs[s] + r])) << "sequence " << s << " row " << r;
+      }
     }
   }
   EXPECT_GE(K::paged_isas().size(), 1u);

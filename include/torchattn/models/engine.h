@@ -41,12 +41,14 @@ struct EngineOptions {
   TORCH_ARG(int64_t, max_running) = 32;
   /// Prompts are prefilled in chunks that end at multiples of this many tokens (and
   /// at the prompt's end), the same chunks whatever else runs, so that a request's
-  /// numbers never depend on the other requests. Default: 64.
-  TORCH_ARG(int64_t, prefill_chunk) = 64;
+  /// numbers never depend on the other requests. Default: 32.
+  TORCH_ARG(int64_t, prefill_chunk) = 32;
   /// Prompt tokens per step over all prefilling requests (at least one chunk always
   /// goes): the bound on how long a step of the decoding sequences takes while prompts
-  /// arrive. Default: 64.
-  TORCH_ARG(int64_t, max_prefill_tokens) = 64;
+  /// arrive (on a 2-core CPU with SmolLM2-135M, 32 keeps 16 decoding requests' time
+  /// per token under 4x a lone request's while a 2,000-token prompt arrives; 64 does
+  /// not: apps/bench/results/serve.md). Default: 32.
+  TORCH_ARG(int64_t, max_prefill_tokens) = 32;
   /// The most requests waiting to start; submit() beyond it is refused (EngineFull).
   /// Default: 256.
   TORCH_ARG(int64_t, max_waiting) = 256;

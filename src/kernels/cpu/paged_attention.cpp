@@ -3,6 +3,7 @@
 #include "needs_grad.h"
 #include "stall_aware.h"
 
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -15,18 +16,20 @@
 #include <immintrin.h>
 #endif
 
-// One task is a sequence's key head: its new rows times the G query heads that share
-// that key head (R rows). The algorithm, for each task:
+// One task is a sequence's key head and a block of up to 8 of its new rows, times the
+// G query heads that share that key head (R rows); tasks are cut into parts of equal
+// work for the threads. The algorithm, for each task:
 //   1. scores: for each block of keys, W keys at a time (the block's keys are
 //      transposed, [d, block_size], so a lane is a key): acc += q[c] * k[c][lanes] over
-//      c in order, for 4 rows at once; times the scale; -inf where the row does not see
-//      the key (past its position, before its window);
+//      c in order, for a tile of 4 rows times KT key vectors; times the scale; -inf
+//      where the row does not see the key (past its position, before its window);
 //   2. softmax numerators: p = exp(s - max) (0 where s is -inf), and their sum, W lanes
 //      at a time from key 0;
-//   3. out = sum_j p_j v_j / sum, W output features at a time, each value read once for
-//      4 rows.
+//   3. out = sum_j p_j v_j / sum over j in order, for a tile of 4 rows times CT vectors
+//      of W output features.
 // A row's operations and their order depend only on its own query, position and
-// keys, never on the rows beside it or the number of rows.
+// keys, never on the rows beside it, the number of rows or the tiles (a task that
+// stops at fewer keys drops only terms that are exactly zero).
 
 namespace torchattn::kernels::cpu {
 
@@ -35,6 +38,9 @@ namespace {
 // Multiply-adds below which the step runs on the calling thread (see
 // decode_attention: a parallel region costs more than small work).
 constexpr int64_t kPagedSerialWork = 1 << 18;
+
+// New rows of one sequence per task (times the query heads of a key head).
+constexpr int64_t kRowBlock = 8;
 
 struct Task {
   const float* q;        // row 0, query head hk * G
@@ -53,6 +59,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 struct Scalar {
   using V = float;
   static constexpr int W = 1;
+  static constexpr int KT = 4, CT = 4;  // key vectors and output vectors per tile
   static V zero() { return 0.0f; }
   static V set1(float x) { return x; }
   static V load(const float* p, int) { return *p; }
@@ -94,6 +101,7 @@ struct Scalar {
 struct Avx2 {
   using V = __m256;
   static constexpr int W = 8;
+  static constexpr int KT = 2, CT = 2;  // 16 registers: 4 rows x 2 accumulators, loads
   PA_AVX2 __m256i lanes_below(int n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }
@@ -157,6 +165,7 @@ struct Avx2 {
 struct Avx512 {
   using V = __m512;
   static constexpr int W = 16;
+  static constexpr int KT = 3, CT = 4;  // 32 registers
   PA_AVX512 __mmask16 lanes_below(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
   PA_AVX512 V zero() { return _mm512_setzero_ps(); }
   PA_AVX512 V set1(float x) { return _mm512_set1_ps(x); }
@@ -289,36 +298,68 @@ void paged_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tens
               "paged_attention: this CPU does not run the instructions asked for");
   const RowsFn rows_fn = rows_kernel(isa.value_or(isas.back()));
 
-  auto tasks = [&](int64_t begin, int64_t end) {
+  // Tasks: a sequence's key head and a block of at most kRowBlock of its new rows (the
+  // rows r0 .. r1 of n see at most the first L - n + r1 keys). Cut by rows, a long
+  // chunk spreads over the threads; each row's arithmetic stays its own.
+  struct Piece {
+    int64_t s, hk, r0, r1;
+  };
+  std::vector<Piece> pieces;
+  std::vector<int64_t> work_before{0};  // prefix sums of the pieces' multiply-adds
+  for (const int64_t s : which) {
+    const int64_t n = qs[s + 1] - qs[s], L = ks[s + 1] - ks[s];
+    for (int64_t hk = 0; hk < Hkv; ++hk) {
+      for (int64_t r0 = 0; r0 < n; r0 += kRowBlock) {
+        const int64_t r1 = std::min(n, r0 + kRowBlock);
+        pieces.push_back({s, hk, r0, r1});
+        work_before.push_back(work_before.back() + (r1 - r0) * G * (L - n + r1) * 2 * d);
+      }
+    }
+  }
+  auto run = [&](int64_t begin, int64_t end) {
     std::vector<const float*> key_blocks, value_blocks;
     std::vector<float> scratch;
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t s = which[static_cast<size_t>(task / Hkv)], hk = task % Hkv;
-      const int64_t n = qs[s + 1] - qs[s], L = ks[s + 1] - ks[s];
-      const int64_t* slots = r.key_slots + ks[s];
+    for (int64_t i = begin; i < end; ++i) {
+      const Piece& p = pieces[static_cast<size_t>(i)];
+      const int64_t n = qs[p.s + 1] - qs[p.s];
+      const int64_t rows = p.r1 - p.r0, L = ks[p.s + 1] - ks[p.s] - n + p.r1;
+      const int64_t* slots = r.key_slots + ks[p.s];
       key_blocks.clear();
       value_blocks.clear();
-      for (int64_t p = 0; p < L; p += bs) {
-        const int64_t block = slots[p] / bs;
-        key_blocks.push_back(kp + block * block_floats + hk * d * bs);
-        value_blocks.push_back(vp + block * block_floats + hk * bs * d);
+      for (int64_t j = 0; j < L; j += bs) {
+        const int64_t block = slots[j] / bs;
+        key_blocks.push_back(kp + block * block_floats + p.hk * d * bs);
+        value_blocks.push_back(vp + block * block_floats + p.hk * bs * d);
       }
-      scratch.resize(static_cast<size_t>(n * G * (L + 1)));
-      const Task t{qp + qs[s] * q.stride(0) + hk * G * q.stride(1), q.stride(0), q.stride(1),
-                   op + (qs[s] * H + hk * G) * d, H * d, d,
-                   n, G, L, d, bs, r.window.value_or(0), static_cast<float>(scale),
+      scratch.resize(static_cast<size_t>(rows * G * (L + 1)));
+      const int64_t row = qs[p.s] + p.r0;
+      const Task t{qp + row * q.stride(0) + p.hk * G * q.stride(1), q.stride(0), q.stride(1),
+                   op + (row * H + p.hk * G) * d, H * d, d,
+                   rows, G, L, d, bs, r.window.value_or(0), static_cast<float>(scale),
                    key_blocks.data(), value_blocks.data()};
       rows_fn(t, scratch.data());
     }
   };
-  const int64_t n_tasks = static_cast<int64_t>(which.size()) * Hkv;
-  int64_t work = 0;
-  for (const int64_t s : which) work += (qs[s + 1] - qs[s]) * G * (ks[s + 1] - ks[s]) * 2 * d * Hkv;
-  if (work <= kPagedSerialWork || n_tasks == 1) {
-    tasks(0, n_tasks);
-  } else {
-    parallel_for_unless_stalled(n_tasks, 1, tasks);
+  const int64_t n_pieces = static_cast<int64_t>(pieces.size());
+  const int64_t total = work_before.back();
+  if (total <= kPagedSerialWork || n_pieces == 1) {
+    run(0, n_pieces);
+    return;
   }
+  // The pieces cut into parts of about equal work (a long chunk's pieces weigh more
+  // than a decoding token's), a few per thread.
+  const int64_t n_parts = std::min<int64_t>(n_pieces, 4 * std::max(1, at::get_num_threads()));
+  std::vector<int64_t> bounds{0};
+  for (int64_t k = 1; k < n_parts; ++k) {
+    const int64_t target = total * k / n_parts;
+    const auto at_work = std::lower_bound(work_before.begin(), work_before.end(), target);
+    const int64_t cut = std::max(bounds.back(), static_cast<int64_t>(at_work - work_before.begin()));
+    if (cut > bounds.back() && cut < n_pieces) bounds.push_back(cut);
+  }
+  bounds.push_back(n_pieces);
+  parallel_for_unless_stalled(static_cast<int64_t>(bounds.size()) - 1, 1, [&](int64_t begin, int64_t end) {
+    run(bounds[static_cast<size_t>(begin)], bounds[static_cast<size_t>(end)]);
+  });
 }
 
 } // namespace torchattn::kernels::cpu
