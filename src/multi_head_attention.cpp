@@ -24,8 +24,13 @@ void MultiHeadAttentionImpl::reset() {
   detail::check_positive(kMultiHeadAttention, "d_out", options.d_out());
   detail::check_positive(kMultiHeadAttention, "context_length", options.context_length());
   detail::check_positive(kMultiHeadAttention, "num_heads", options.num_heads());
-  TORCH_CHECK(options.d_out() % options.num_heads() == 0, kMultiHeadAttention, ": expected d_out divisible by num_heads, got d_out=",
-              options.d_out(), " and num_heads=", options.num_heads());
+  if (options.head_dim()) {
+    detail::check_positive(kMultiHeadAttention, "head_dim", *options.head_dim());
+  } else {
+    TORCH_CHECK(options.d_out() % options.num_heads() == 0, kMultiHeadAttention,
+                ": expected d_out divisible by num_heads (or head_dim set), got d_out=", options.d_out(),
+                " and num_heads=", options.num_heads());
+  }
   TORCH_CHECK(num_kv_heads() >= 1 && options.num_heads() % num_kv_heads() == 0, kMultiHeadAttention,
               ": expected num_kv_heads >= 1 dividing num_heads=", options.num_heads(), ", got num_kv_heads=",
               num_kv_heads());
@@ -38,11 +43,12 @@ void MultiHeadAttentionImpl::reset() {
   }
   const auto qkv = [&](int64_t out) { return torch::nn::LinearOptions(options.d_in(), out).bias(options.qkv_bias()); };
   const int64_t kv_features = num_kv_heads() * head_dim();
-  W_query = register_module("W_query", torch::nn::Linear(qkv(options.d_out())));
+  const int64_t q_features = options.num_heads() * head_dim();  // d_out unless head_dim is set
+  W_query = register_module("W_query", torch::nn::Linear(qkv(q_features)));
   W_key = register_module("W_key", torch::nn::Linear(qkv(kv_features)));
   W_value = register_module("W_value", torch::nn::Linear(qkv(kv_features)));
   out_proj = register_module(
-      "out_proj", torch::nn::Linear(torch::nn::LinearOptions(options.d_out(), options.d_out()).bias(options.out_bias())));
+      "out_proj", torch::nn::Linear(torch::nn::LinearOptions(q_features, options.d_out()).bias(options.out_bias())));
   dropout = register_module("dropout", torch::nn::Dropout(options.dropout()));
   cache_owner_ = detail::new_cache_owner();
   rotary_ = options.rope()
@@ -72,6 +78,9 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
          << ", backend=" << options.backend();
   if (num_kv_heads() != options.num_heads()) {
     stream << ", num_kv_heads=" << num_kv_heads();
+  }
+  if (options.head_dim()) {
+    stream << ", head_dim=" << *options.head_dim();
   }
   if (!options.out_bias()) {
     stream << ", out_bias=false";

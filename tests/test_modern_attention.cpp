@@ -34,6 +34,7 @@ namespace {
 struct ModernConfig {
   int index;
   int64_t B, T, C, d_in, heads, kv_heads, head_dim;
+  int64_t d_out = 0;  // > 0: head_dim given as an option, out_proj maps heads * head_dim to d_out
   bool causal, qkv_bias, out_bias;
   std::optional<int64_t> window;
   std::optional<RoPEOptions> rope;
@@ -46,7 +47,8 @@ struct ModernConfig {
 std::string describe_modern(const ModernConfig& c) {
   std::ostringstream s;
   s << "config #" << c.index << ": B=" << c.B << " T=" << c.T << " C=" << c.C << " d_in=" << c.d_in
-    << " heads=" << c.heads << " kv_heads=" << c.kv_heads << " head_dim=" << c.head_dim << " causal=" << c.causal
+    << " heads=" << c.heads << " kv_heads=" << c.kv_heads << " head_dim=" << c.head_dim << " d_out=" << c.d_out
+    << " causal=" << c.causal
     << " qkv_bias=" << c.qkv_bias << " out_bias=" << c.out_bias << " window=" << c.window.value_or(0);
   if (c.rope) {
     s << " rope(theta=" << c.rope->theta() << ", interleaved=" << c.rope->interleaved()
@@ -63,6 +65,9 @@ std::vector<ModernConfig> modern_configs() {
   auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
   const torch::Dtype dtypes[] = {torch::kFloat32, torch::kFloat64, torch::kBFloat16, torch::kFloat16};
   const Backend backends[] = {Backend::Reference, Backend::SDPA, Backend::Auto};
+  // Heads of their own size (the head_dim option) from a generator of their own, so that
+  // the other draws stay those of the configurations before it.
+  std::mt19937 own(7);
   std::vector<ModernConfig> out;
   for (int i = 0; i < 360; ++i) {
     ModernConfig c{};
@@ -90,6 +95,7 @@ std::vector<ModernConfig> modern_configs() {
     c.padding = pick(0, 2) == 0;
     c.static_cache = c.cache && pick(0, 1) == 1;
     c.mask_buffer = pick(0, 1) == 1;
+    if (std::uniform_int_distribution<int>(0, 2)(own) == 0) c.d_out = std::uniform_int_distribution<int64_t>(1, 12)(own);
     out.push_back(c);
   }
   const size_t n = out.size();
@@ -105,7 +111,7 @@ std::vector<ModernConfig> modern_configs() {
 }
 
 torchattn::MultiHeadAttentionOptions options_of(const ModernConfig& c) {
-  auto o = torchattn::MultiHeadAttentionOptions(c.d_in, c.heads * c.head_dim, c.C, c.heads)
+  auto o = torchattn::MultiHeadAttentionOptions(c.d_in, c.d_out > 0 ? c.d_out : c.heads * c.head_dim, c.C, c.heads)
                .num_kv_heads(c.kv_heads)
                .causal(c.causal)
                .qkv_bias(c.qkv_bias)
@@ -114,6 +120,7 @@ torchattn::MultiHeadAttentionOptions options_of(const ModernConfig& c) {
                .mask_buffer(c.mask_buffer);
   o.window(c.window);
   o.rope(c.rope);
+  if (c.d_out > 0) o.head_dim(c.head_dim);
   return o;
 }
 
@@ -305,6 +312,45 @@ TEST(ModernAttention, StateDictKeysOfLlamaAndBertStyles) {
             "backend=auto, causal=false)");
 }
 
+// head_dim of its own (Qwen3, Gemma 2): W_query gives num_heads * head_dim features,
+// out_proj maps them back to d_out; caches hold head_dim features per head; the paged
+// path gives forward's rows; the same head_dim as d_out / num_heads changes nothing.
+TEST(ModernAttention, HeadDimOfItsOwn) {
+  torch::manual_seed(3);
+  const auto options = torchattn::MultiHeadAttentionOptions(24, 20, 16, 4).num_kv_heads(2).head_dim(8)
+                           .rope(RoPEOptions(1e4)).out_bias(false);
+  torchattn::MultiHeadAttention m(options);
+  m->eval();
+  EXPECT_EQ(m->head_dim(), 8);
+  EXPECT_EQ(m->W_query->weight.sizes(), (std::vector<int64_t>{32, 24}));
+  EXPECT_EQ(m->W_key->weight.sizes(), (std::vector<int64_t>{16, 24}));
+  EXPECT_EQ(m->out_proj->weight.sizes(), (std::vector<int64_t>{20, 32}));
+  EXPECT_EQ(m->make_kv_cache(1).key_storage().sizes(), (std::vector<int64_t>{1, 2, 16, 8}));
+  std::ostringstream s;
+  m->pretty_print(s);
+  EXPECT_NE(s.str().find(", num_kv_heads=2, head_dim=8,"), std::string::npos) << s.str();
+  torch::NoGradGuard no_grad;
+  const auto x = torch::randn({1, 11, 24});
+  const auto y = m(x);
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{1, 11, 20}));
+  auto cache = m->make_kv_cache(1);
+  const auto cached = torch::cat({m->forward_cached(x.narrow(1, 0, 7), cache), m->forward_cached(x.narrow(1, 7, 4), cache)}, 1);
+  EXPECT_TRUE(torch::allclose(cached, y, 1e-5, 1e-6));
+  auto paged = m->make_paged_kv_cache(torchattn::PagedKVCacheOptions(8).block_size(4));
+  const int64_t seq = paged.add_sequence();
+  auto first = paged.begin_step({{seq, 7}});
+  const auto a = m->forward_paged(x[0].narrow(0, 0, 7), paged, first);
+  auto second = paged.begin_step({{seq, 4}});
+  const auto b = m->forward_paged(x[0].narrow(0, 7, 4), paged, second);
+  EXPECT_TRUE(torch::allclose(torch::cat({a, b}), y[0], 1e-5, 1e-6));
+  // head_dim given equal to d_out / num_heads: the same module, the same numbers.
+  torch::manual_seed(4);
+  torchattn::MultiHeadAttention implied(torchattn::MultiHeadAttentionOptions(24, 32, 16, 4));
+  torch::manual_seed(4);
+  torchattn::MultiHeadAttention given(torchattn::MultiHeadAttentionOptions(24, 32, 16, 4).head_dim(8));
+  EXPECT_TRUE(torch::equal(implied(x), given(x)));
+}
+
 // The point of GQA: a cache num_heads / num_kv_heads times smaller.
 TEST(ModernAttention, GroupedCachesAreSmallerByTheGroupFactor) {
   torchattn::MultiHeadAttention mha(torchattn::MultiHeadAttentionOptions(64, 64, 128, 8));
@@ -347,6 +393,7 @@ TEST(ModernAttention, CheckpointsRecordTheNewOptions) {
       {torchattn::MultiHeadAttentionOptions(base).rope(std::nullopt), "saved with rope_theta=10000, this module has rope_theta=none"},
       {torchattn::MultiHeadAttentionOptions(base).window(std::nullopt).causal(false),
        "saved with causal=true, this module has causal=false"},
+      {torchattn::MultiHeadAttentionOptions(base).head_dim(8), "saved with head_dim=4, this module has head_dim=8"},
   };
   for (const auto& c : cases) {
     torchattn::MultiHeadAttention m(c.options);

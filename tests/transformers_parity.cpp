@@ -83,6 +83,9 @@ torchattn::MultiHeadAttentionOptions options_of(const Reference& r, Backend back
   if (r.integer("opt.window") > 0) {
     o.window(r.integer("opt.window"));
   }
+  if (r.integer("opt.head_dim") > 0) {
+    o.head_dim(r.integer("opt.head_dim"));
+  }
   if (r.real("opt.rope_theta") > 0) {
     auto rope = torchattn::RoPEOptions(r.real("opt.rope_theta")).interleaved(r.integer("opt.rope_interleaved") != 0);
     if (r.integer("opt.rope_rotary_dim") > 0) {

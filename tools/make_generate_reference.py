@@ -49,6 +49,10 @@ TINY = {
     "mistral_window4": (MistralConfig, MistralForCausalLM,
                         dict(num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, sliding_window=4,
                              tie_word_embeddings=False)),
+    # heads of their own size: 4 x 32 = 128 query features for a hidden size of 64
+    "llama_head_dim32": (LlamaConfig, LlamaForCausalLM,
+                         dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, rope_theta=10000.0,
+                              tie_word_embeddings=True)),
 }
 
 

@@ -44,10 +44,12 @@ B, T, STEPS = 2, 9, 4
 LEFT_PADDING = [3, 0]  # padding tokens before each sequence's prompt
 
 
-def llama_like(family, hidden, heads, kv_heads, theta, window=None, partial=None):
+def llama_like(family, hidden, heads, kv_heads, theta, window=None, partial=None, head_dim=None):
     common = dict(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1,
                   num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=64,
                   attention_dropout=0.0, rope_theta=theta)
+    if head_dim is not None:  # heads of their own size: num_heads * head_dim != hidden
+        common["head_dim"] = head_dim
     if family == "llama":
         return LlamaModel, LlamaConfig(**common)
     if family == "qwen2":
@@ -64,6 +66,8 @@ CASES = {
     "llama_gqa": ("llama", dict(hidden=32, heads=4, kv_heads=2, theta=10000.0)),
     "llama_mqa": ("llama", dict(hidden=32, heads=4, kv_heads=1, theta=100000.0)),
     "llama_mha": ("llama", dict(hidden=48, heads=6, kv_heads=6, theta=500000.0)),
+    "llama_head_dim16": ("llama", dict(hidden=32, heads=4, kv_heads=2, theta=10000.0, head_dim=16)),
+    "llama_head_dim4": ("llama", dict(hidden=48, heads=6, kv_heads=3, theta=10000.0, head_dim=4)),
     "qwen2_gqa": ("qwen2", dict(hidden=32, heads=4, kv_heads=2, theta=1000000.0)),
     "qwen2_gqa4": ("qwen2", dict(hidden=64, heads=8, kv_heads=2, theta=10000.0)),
     "mistral_window3": ("mistral", dict(hidden=32, heads=4, kv_heads=2, theta=10000.0, window=3)),
@@ -108,8 +112,9 @@ class Family:
     def options(self):
         """The torchattn options of this configuration, as the C++ test builds them."""
         a, c = self.args, self.config
-        head_dim = a["hidden"] // a["heads"]
+        head_dim = a.get("head_dim") or a["hidden"] // a["heads"]
         o = dict(d_model=a["hidden"], num_heads=a["heads"], num_kv_heads=a.get("kv_heads", a["heads"]),
+                 head_dim=a.get("head_dim") or 0,
                  context_length=64, causal=int(self.decoder), window=a.get("window") or 0,
                  qkv_bias=int(self.name in ("qwen2", "phi", "gpt2", "bert")),
                  out_bias=int(self.name in ("phi", "gpt2", "bert")), rope_theta=0.0, rope_interleaved=0,

@@ -43,12 +43,17 @@ struct MultiHeadAttentionOptions {
 
   /// Features per input token.
   TORCH_ARG(int64_t, d_in);
-  /// Features per output token; a multiple of num_heads.
+  /// Features per output token; a multiple of num_heads unless head_dim is set.
   TORCH_ARG(int64_t, d_out);
   /// Most tokens a sequence may have; the size of the `mask` buffer and of a KV cache.
   TORCH_ARG(int64_t, context_length);
-  /// Query heads; each sees head_dim = d_out / num_heads features.
+  /// Query heads; each sees head_dim features (d_out / num_heads unless set).
   TORCH_ARG(int64_t, num_heads);
+  /// Features per head, apart from d_out (Qwen3: 128 with d_out 1024 and 16 heads;
+  /// Gemma 2: 256 with d_out 2304 and 8 heads): W_query gives num_heads * head_dim
+  /// features, W_key and W_value num_kv_heads * head_dim, and out_proj maps
+  /// num_heads * head_dim back to d_out. >= 1. Default: unset, d_out / num_heads.
+  TORCH_ARG(std::optional<int64_t>, head_dim) = std::nullopt;
   /// Key/value heads (grouped-query attention, as Llama, Qwen2, Mistral): each is
   /// shared by num_heads / num_kv_heads query heads, W_key and W_value give
   /// num_kv_heads * head_dim features and a KV cache holds num_kv_heads heads (1 is
@@ -195,7 +200,8 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   /// context_length.
   at::Tensor forward_paged(const at::Tensor& x, PagedKVCache& cache, const PagedStep& step, int64_t layer = 0);
 
-  int64_t head_dim() const { return options.d_out() / options.num_heads(); }
+  /// options.head_dim(), else d_out / num_heads.
+  int64_t head_dim() const { return options.head_dim().value_or(options.d_out() / options.num_heads()); }
   int64_t num_kv_heads() const { return options.num_kv_heads().value_or(options.num_heads()); }
 
   MultiHeadAttentionOptions options;

@@ -66,6 +66,7 @@ std::optional<OptionValues> checkpoint_options(const torch::nn::Module& module) 
     const auto& o = m->options;
     OptionValues out{{"num_heads", text(o.num_heads())},
                      {"num_kv_heads", text(m->num_kv_heads())},
+                     {"head_dim", text(m->head_dim())},
                      {"scale", text(o.scale())}};
     add_attention_options(out, o.causal(), o.window(), o.rope());
     return out;

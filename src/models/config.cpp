@@ -59,10 +59,10 @@ static DecoderConfig read_decoder_config_unchecked(const std::string& path) {
                        ? positive(c, path, "num_key_value_heads")
                        : m.num_heads;
   m.max_position_embeddings = positive(c, path, "max_position_embeddings");
-  if (m.hidden_size % m.num_heads != 0) fail(path, "hidden_size is not a multiple of num_attention_heads");
-  if (c.contains("head_dim") && !c["head_dim"].is_null() && c["head_dim"].get<int64_t>() != m.head_dim()) {
-    fail(path, "head_dim " + std::to_string(c["head_dim"].get<int64_t>()) +
-                   " differs from hidden_size / num_attention_heads = " + std::to_string(m.head_dim()));
+  if (c.contains("head_dim") && !c["head_dim"].is_null()) {
+    m.own_head_dim = positive(c, path, "head_dim");  // heads of their own size
+  } else if (m.hidden_size % m.num_heads != 0) {
+    fail(path, "hidden_size is not a multiple of num_attention_heads (and no head_dim)");
   }
   if (c.value("hidden_act", std::string("silu")) != "silu") fail(path, "hidden_act is not silu");
   m.rms_norm_eps = c.value("rms_norm_eps", 1e-6);

@@ -31,7 +31,11 @@ struct DecoderConfig {
   std::vector<int64_t> eos_token_ids;
   std::optional<int64_t> bos_token_id;
 
-  int64_t head_dim() const { return hidden_size / num_heads; }
+  /// config.json's head_dim where it gives one (Qwen3's 128 with hidden 1024 and 16
+  /// heads), else 0.
+  int64_t own_head_dim = 0;
+
+  int64_t head_dim() const { return own_head_dim > 0 ? own_head_dim : hidden_size / num_heads; }
 };
 
 /// Reads a decoder's config.json at `path`. Another model type (the error names the
