@@ -7,6 +7,7 @@
 #include "detail/checks.h"
 #include "detail/strict_load.h"
 
+#include <cmath>
 #include <ostream>
 
 namespace torchattn {
@@ -50,6 +51,15 @@ void MultiHeadAttentionImpl::reset() {
   out_proj = register_module(
       "out_proj", torch::nn::Linear(torch::nn::LinearOptions(q_features, options.d_out()).bias(options.out_bias())));
   dropout = register_module("dropout", torch::nn::Dropout(options.dropout()));
+  if (const auto& qk = options.qk_norm()) {
+    TORCH_CHECK(qk->eps() > 0.0 && std::isfinite(qk->eps()), kMultiHeadAttention,
+                ": expected qk_norm eps > 0, got ", qk->eps());
+    q_norm = register_module("q_norm", RMSNorm(qk->per_head() ? head_dim() : q_features, qk->eps()));
+    k_norm = register_module("k_norm", RMSNorm(qk->per_head() ? head_dim() : kv_features, qk->eps()));
+  } else {
+    q_norm = nullptr;
+    k_norm = nullptr;
+  }
   cache_owner_ = detail::new_cache_owner();
   rotary_ = options.rope()
                 ? std::make_shared<const detail::RotaryCache>(*options.rope(), head_dim(), options.context_length())
@@ -81,6 +91,10 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
   }
   if (options.head_dim()) {
     stream << ", head_dim=" << *options.head_dim();
+  }
+  if (options.qk_norm()) {
+    stream << ", qk_norm=(eps=" << options.qk_norm()->eps() << ", per_head=" << std::boolalpha
+           << options.qk_norm()->per_head() << ")";
   }
   if (!options.out_bias()) {
     stream << ", out_bias=false";
@@ -136,7 +150,9 @@ at::Tensor MultiHeadAttentionImpl::forward_paged(const at::Tensor& x, PagedKVCac
   const bool packed = options.pack_weights();
   detail::AttentionBlock block{W_query, W_key, W_value, options.num_heads(), num_kv_heads(), options.causal(),
                                mask, options.window(), rotary_.get(), packed ? packed_qkv_.get() : nullptr,
-                               options.pack_min_rows()};
+                               options.pack_min_rows(), q_norm.is_empty() ? nullptr : q_norm.get(),
+                               k_norm.is_empty() ? nullptr : k_norm.get(),
+                               !options.qk_norm() || options.qk_norm()->per_head()};
   const functional::AttentionConfig config{options.scale(), 0.0, false, options.backend()};
   const at::Tensor context = detail::paged_attention_block_forward(block, x, cache, step, layer, config);
   if (packed && context.size(0) >= options.pack_min_rows() &&
@@ -155,7 +171,9 @@ at::Tensor MultiHeadAttentionImpl::attend(const at::Tensor& x, const at::Tensor&
   }
   detail::AttentionBlock block{W_query, W_key, W_value, options.num_heads(), num_kv_heads(), options.causal(),
                                mask, options.window(), rotary_.get(), packed ? packed_qkv_.get() : nullptr,
-                               options.pack_min_rows()};
+                               options.pack_min_rows(), q_norm.is_empty() ? nullptr : q_norm.get(),
+                               k_norm.is_empty() ? nullptr : k_norm.get(),
+                               !options.qk_norm() || options.qk_norm()->per_head()};
   const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend()};
   return detail::with_batch_dim(x, key_padding_mask, key_bias,
                                 [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {

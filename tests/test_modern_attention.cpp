@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 using torchattn::Backend;
+using torchattn::RMSNorm;
 using torchattn::RoPEOptions;
 
 namespace {
@@ -35,6 +36,7 @@ struct ModernConfig {
   int index;
   int64_t B, T, C, d_in, heads, kv_heads, head_dim;
   int64_t d_out = 0;  // > 0: head_dim given as an option, out_proj maps heads * head_dim to d_out
+  int qk_norm = 0;    // 0: none; 1: QK-norm of each head (Qwen3); 2: of all the heads' features (OLMo 2)
   bool causal, qkv_bias, out_bias;
   std::optional<int64_t> window;
   std::optional<RoPEOptions> rope;
@@ -47,7 +49,7 @@ struct ModernConfig {
 std::string describe_modern(const ModernConfig& c) {
   std::ostringstream s;
   s << "config #" << c.index << ": B=" << c.B << " T=" << c.T << " C=" << c.C << " d_in=" << c.d_in
-    << " heads=" << c.heads << " kv_heads=" << c.kv_heads << " head_dim=" << c.head_dim << " d_out=" << c.d_out
+    << " heads=" << c.heads << " kv_heads=" << c.kv_heads << " head_dim=" << c.head_dim << " d_out=" << c.d_out << " qk_norm=" << c.qk_norm
     << " causal=" << c.causal
     << " qkv_bias=" << c.qkv_bias << " out_bias=" << c.out_bias << " window=" << c.window.value_or(0);
   if (c.rope) {
@@ -96,6 +98,7 @@ std::vector<ModernConfig> modern_configs() {
     c.static_cache = c.cache && pick(0, 1) == 1;
     c.mask_buffer = pick(0, 1) == 1;
     if (std::uniform_int_distribution<int>(0, 2)(own) == 0) c.d_out = std::uniform_int_distribution<int64_t>(1, 12)(own);
+    c.qk_norm = std::uniform_int_distribution<int>(0, 3)(own) % 3;  // none half the time
     out.push_back(c);
   }
   const size_t n = out.size();
@@ -121,6 +124,7 @@ torchattn::MultiHeadAttentionOptions options_of(const ModernConfig& c) {
   o.window(c.window);
   o.rope(c.rope);
   if (c.d_out > 0) o.head_dim(c.head_dim);
+  if (c.qk_norm > 0) o.qk_norm(torchattn::QKNormOptions().eps(1e-5).per_head(c.qk_norm == 1));
   return o;
 }
 
@@ -157,8 +161,26 @@ torch::Tensor reference(const ModernConfig& c, torchattn::MultiHeadAttentionImpl
     return l->bias.defined() ? y + l->bias.detach().cpu().to(torch::kFloat64) : y;
   };
   const int64_t B = c.B, T = c.T, H = c.heads, Hkv = c.kv_heads, hd = c.head_dim;
-  auto q = w(m.W_query, x).view({B, T, H, hd}).transpose(1, 2);
-  auto k = w(m.W_key, x).view({B, T, Hkv, hd}).transpose(1, 2);
+  // QK-norm as transformers' RMSNorm computes it: in float32, back to float64, times
+  // the weight; over each head's features or over all of a token's.
+  auto rms = [&](const torch::Tensor& t, const RMSNorm& n) {
+    const auto h = t.to(torch::kFloat32);
+    const auto normed = (h * torch::rsqrt(h.pow(2).mean(-1, true) + n->eps)).to(torch::kFloat64);
+    return n->weight.detach().cpu().to(torch::kFloat64) * normed;
+  };
+  auto q = w(m.W_query, x), k = w(m.W_key, x);
+  if (c.qk_norm == 2) {
+    q = rms(q, m.q_norm);
+    k = rms(k, m.k_norm);
+  }
+  q = q.view({B, T, H, hd});
+  k = k.view({B, T, Hkv, hd});
+  if (c.qk_norm == 1) {
+    q = rms(q, m.q_norm);
+    k = rms(k, m.k_norm);
+  }
+  q = q.transpose(1, 2);
+  k = k.transpose(1, 2);
   auto v = w(m.W_value, x).view({B, T, Hkv, hd}).transpose(1, 2);
   const auto keep = pad.defined() ? pad.logical_not() : torch::ones({B, T}, torch::kBool);
   if (c.rope) {
@@ -188,6 +210,11 @@ TEST_P(Modern, MatchesTheLayerWrittenOutInFloat64) {
   SCOPED_TRACE(describe_modern(c));
   torch::manual_seed(c.index);
   torchattn::MultiHeadAttention m(options_of(c));
+  if (c.qk_norm > 0) {  // weights of ones at first: make them count
+    torch::NoGradGuard no_grad;
+    m->q_norm->weight.uniform_(0.5, 1.5);
+    m->k_norm->weight.uniform_(0.5, 1.5);
+  }
   m->to(c.dtype);
   m->eval();
   const auto x = torch::randn({c.B, c.T, c.d_in}, torch::kFloat64).to(c.dtype);  // rounded once
@@ -367,6 +394,42 @@ std::string error_of(const std::function<void()>& fn) {
     return e.what_without_backtrace();
   }
   return "(no error)";
+}
+
+// QK-norm (Qwen3, OLMo 2): q_norm and k_norm named as transformers names them, of
+// head_dim (per head) or of all the heads' features; recorded in checkpoints; a bad eps
+// is an error naming it.
+TEST(ModernAttention, QKNormWeightsAndOptions) {
+  const auto base = torchattn::MultiHeadAttentionOptions(16, 16, 12, 4).num_kv_heads(2).head_dim(8);
+  torchattn::MultiHeadAttention per_head(torchattn::MultiHeadAttentionOptions(base).qk_norm(torchattn::QKNormOptions()));
+  const auto params = per_head->named_parameters();
+  ASSERT_TRUE(params.contains("q_norm.weight") && params.contains("k_norm.weight"));
+  EXPECT_EQ(params["q_norm.weight"].sizes(), (std::vector<int64_t>{8}));
+  EXPECT_EQ(params["k_norm.weight"].sizes(), (std::vector<int64_t>{8}));
+  EXPECT_TRUE(torch::equal(params["q_norm.weight"], torch::ones({8})));
+  torchattn::MultiHeadAttention all_heads(
+      torchattn::MultiHeadAttentionOptions(base).qk_norm(torchattn::QKNormOptions().per_head(false).eps(1e-5)));
+  EXPECT_EQ(all_heads->q_norm->weight.sizes(), (std::vector<int64_t>{32}));
+  EXPECT_EQ(all_heads->k_norm->weight.sizes(), (std::vector<int64_t>{16}));
+  std::ostringstream s;
+  all_heads->pretty_print(s);
+  EXPECT_NE(s.str().find(", qk_norm=(eps=1e-05, per_head=false)"), std::string::npos) << s.str();
+  EXPECT_FALSE(torchattn::MultiHeadAttention(base)->named_parameters().contains("q_norm.weight"));
+  EXPECT_EQ(error_of([&] { torchattn::MultiHeadAttention(torchattn::MultiHeadAttentionOptions(base).qk_norm(
+                               torchattn::QKNormOptions().eps(0.0))); }),
+            "MultiHeadAttention: expected qk_norm eps > 0, got 0");
+  // Saved with per-head norms: another eps, or none, is named.
+  const auto path = temp_path("qk_norm.pt");
+  torch::save(per_head, path);
+  torchattn::MultiHeadAttention other_eps(
+      torchattn::MultiHeadAttentionOptions(base).qk_norm(torchattn::QKNormOptions().eps(1e-5)));
+  EXPECT_NE(error_of([&] { torch::load(other_eps, path); }).find("saved with qk_norm_eps=9.9999999999999995e-07, this module has qk_norm_eps=1.0000000000000001e-05"),
+            std::string::npos) << error_of([&] { torch::load(other_eps, path); });
+  torchattn::MultiHeadAttention none(base);
+  EXPECT_NE(error_of([&] { torch::load(none, path); }).find("saved with qk_norm=per_head, this module has qk_norm=none"),
+            std::string::npos) << error_of([&] { torch::load(none, path); });
+  torchattn::MultiHeadAttention same(torchattn::MultiHeadAttentionOptions(base).qk_norm(torchattn::QKNormOptions()));
+  torch::load(same, path);
 }
 
 // Each new option is recorded and checked; W_key of the wrong number of kv heads is

@@ -241,6 +241,7 @@ struct PagedCase {
   std::optional<int64_t> window;
   int64_t block_size;
   bool pack = false;
+  bool qk_norm_own_head_dim = false;  // QK-norm and a head_dim apart from d_out (Qwen3)
 };
 
 std::string describe(const PagedCase& c, const torch::Device& device) {
@@ -257,6 +258,7 @@ std::vector<PagedCase> paged_cases() {
       {"float_sdpa_gqa_rope", torch::kFloat, Backend::SDPA, 6, 2, true, std::nullopt, 4},
       {"double_reference_gqa_rope_window", torch::kDouble, Backend::Reference, 6, 3, true, int64_t{7}, 5},
       {"double_auto_mha_block1", torch::kDouble, Backend::Auto, 2, 2, false, std::nullopt, 1},
+      {"float_auto_gqa_rope_qknorm_headdim", torch::kFloat, Backend::Auto, 4, 2, true, std::nullopt, 4, false, true},
   };
 }
 
@@ -276,7 +278,12 @@ TEST_P(PagedForward, EverySequenceEqualsTheContiguousCacheAlone) {
                      .window(c.window)
                      .pack_weights(c.pack);
   if (c.rope) options.rope(torchattn::RoPEOptions(10000.0));
+  if (c.qk_norm_own_head_dim) options.d_out(20).head_dim(6).qk_norm(torchattn::QKNormOptions());
   torchattn::MultiHeadAttention mha(options);
+  if (c.qk_norm_own_head_dim) {
+    mha->q_norm->weight.data().uniform_(0.5, 1.5);
+    mha->k_norm->weight.data().uniform_(0.5, 1.5);
+  }
   mha->to(device, c.dtype);
   mha->eval();
   torch::NoGradGuard no_grad;
@@ -324,7 +331,7 @@ TEST_P(PagedForward, EverySequenceEqualsTheContiguousCacheAlone) {
     }
     auto step = cache.begin_step(tokens);
     const auto y = mha->forward_paged(torch::cat(parts), cache, step);
-    ASSERT_EQ(y.sizes(), (std::vector<int64_t>{step.num_tokens(), c.num_heads * head_dim}));
+    ASSERT_EQ(y.sizes(), (std::vector<int64_t>{step.num_tokens(), options.d_out()}));
     for (size_t i = 0; i < who.size(); ++i) {
       paged_out[who[i]].push_back(y.narrow(0, step.query_start[i], tokens[i].count));
     }

@@ -86,6 +86,9 @@ torchattn::MultiHeadAttentionOptions options_of(const Reference& r, Backend back
   if (r.integer("opt.head_dim") > 0) {
     o.head_dim(r.integer("opt.head_dim"));
   }
+  if (r.real("opt.qk_norm_eps") > 0) {
+    o.qk_norm(torchattn::QKNormOptions().eps(r.real("opt.qk_norm_eps")));
+  }
   if (r.real("opt.rope_theta") > 0) {
     auto rope = torchattn::RoPEOptions(r.real("opt.rope_theta")).interleaved(r.integer("opt.rope_interleaved") != 0);
     if (r.integer("opt.rope_rotary_dim") > 0) {
@@ -247,7 +250,7 @@ TEST(TransformersReference, IsPresentAndCoversEveryFamily) {
   const auto files = case_files();
   ASSERT_FALSE(files.empty()) << "no reference in TORCHATTN_TRANSFORMERS_REFERENCE='" << reference_dir()
                               << "' (ctest -R transformers makes it with tools/make_transformers_reference.py)";
-  for (const std::string family : {"llama", "qwen2", "mistral", "phi", "gptj", "gpt2", "bert"}) {
+  for (const std::string family : {"llama", "qwen2", "qwen3", "mistral", "phi", "gptj", "gpt2", "bert"}) {
     EXPECT_TRUE(std::any_of(files.begin(), files.end(), [&](const std::string& f) { return f.rfind(family, 0) == 0; }))
         << "no case of " << family;
   }

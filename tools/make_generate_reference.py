@@ -27,7 +27,7 @@ import os
 import torch
 import transformers
 from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 FORTUNES = "/usr/share/games/fortunes"
 PROMPTS = [
@@ -53,6 +53,10 @@ TINY = {
     "llama_head_dim32": (LlamaConfig, LlamaForCausalLM,
                          dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, rope_theta=10000.0,
                               tie_word_embeddings=True)),
+    # Qwen3: QK-norm (q_norm, k_norm of each head) and heads of their own size
+    "qwen3_qk_norm": (Qwen3Config, Qwen3ForCausalLM,
+                      dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, rope_theta=1000000.0,
+                           tie_word_embeddings=True)),
 }
 
 
@@ -62,6 +66,10 @@ def tiny_models(out):
         config = config_class(vocab_size=211, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                               max_position_embeddings=128, initializer_range=0.25, rms_norm_eps=1e-6, **extra)
         model = model_class(config).eval()
+        with torch.no_grad():  # norms' weights are ones at first: make them count
+            for key, p in model.named_parameters():
+                if key.endswith(("q_norm.weight", "k_norm.weight")):
+                    p.copy_(1.0 + 0.3 * torch.randn(p.shape))
         d = os.path.join(out, "tiny", name)
         model.save_pretrained(d)
         g = torch.Generator().manual_seed(7 + i)

@@ -37,7 +37,7 @@ import torch
 import transformers
 from transformers import (BertConfig, BertModel, DynamicCache, GPT2Config, GPT2Model, GPTJConfig, GPTJModel,
                           LlamaConfig, LlamaModel, MistralConfig, MistralModel, PhiConfig, PhiModel, Qwen2Config,
-                          Qwen2Model)
+                          Qwen2Model, Qwen3Config, Qwen3Model)
 
 VOCAB = 97
 B, T, STEPS = 2, 9, 4
@@ -54,6 +54,8 @@ def llama_like(family, hidden, heads, kv_heads, theta, window=None, partial=None
         return LlamaModel, LlamaConfig(**common)
     if family == "qwen2":
         return Qwen2Model, Qwen2Config(**common)
+    if family == "qwen3":  # QK-norm: an RMSNorm of each head's queries and keys, before RoPE
+        return Qwen3Model, Qwen3Config(rms_norm_eps=1e-6, **common)
     if family == "mistral":
         return MistralModel, MistralConfig(sliding_window=window, **common)
     if family == "phi":
@@ -70,6 +72,8 @@ CASES = {
     "llama_head_dim4": ("llama", dict(hidden=48, heads=6, kv_heads=3, theta=10000.0, head_dim=4)),
     "qwen2_gqa": ("qwen2", dict(hidden=32, heads=4, kv_heads=2, theta=1000000.0)),
     "qwen2_gqa4": ("qwen2", dict(hidden=64, heads=8, kv_heads=2, theta=10000.0)),
+    "qwen3_qk_norm": ("qwen3", dict(hidden=32, heads=4, kv_heads=2, theta=1000000.0, head_dim=16)),
+    "qwen3_qk_norm_mha": ("qwen3", dict(hidden=48, heads=6, kv_heads=6, theta=10000.0, head_dim=8)),  # Qwen3Config: 128 unless given
     "mistral_window3": ("mistral", dict(hidden=32, heads=4, kv_heads=2, theta=10000.0, window=3)),
     "mistral_window5": ("mistral", dict(hidden=32, heads=4, kv_heads=1, theta=1000000.0, window=5)),
     "phi_half": ("phi", dict(hidden=32, heads=4, kv_heads=4, theta=10000.0, partial=0.5)),
@@ -89,7 +93,7 @@ class Family:
     def __init__(self, name, args):
         self.name, self.args = name, args
         h, heads = args["hidden"], args["heads"]
-        if name in ("llama", "qwen2", "mistral", "phi"):
+        if name in ("llama", "qwen2", "qwen3", "mistral", "phi"):
             self.model_class, self.config = llama_like(name, **args)
         elif name == "gptj":
             self.model_class = GPTJModel
@@ -107,14 +111,14 @@ class Family:
                                      intermediate_size=2 * h, max_position_embeddings=64,
                                      attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0)
         self.decoder = name != "bert"
-        self.rope = name in ("llama", "qwen2", "mistral", "phi", "gptj")
+        self.rope = name in ("llama", "qwen2", "qwen3", "mistral", "phi", "gptj")
 
     def options(self):
         """The torchattn options of this configuration, as the C++ test builds them."""
         a, c = self.args, self.config
         head_dim = a.get("head_dim") or a["hidden"] // a["heads"]
         o = dict(d_model=a["hidden"], num_heads=a["heads"], num_kv_heads=a.get("kv_heads", a["heads"]),
-                 head_dim=a.get("head_dim") or 0,
+                 head_dim=a.get("head_dim") or 0, qk_norm_eps=1e-6 if self.name == "qwen3" else 0.0,
                  context_length=64, causal=int(self.decoder), window=a.get("window") or 0,
                  qkv_bias=int(self.name in ("qwen2", "phi", "gpt2", "bert")),
                  out_bias=int(self.name in ("phi", "gpt2", "bert")), rope_theta=0.0, rope_interleaved=0,
@@ -159,7 +163,7 @@ class Family:
             return out
         names = {"q_proj": "W_query", "k_proj": "W_key", "v_proj": "W_value", "o_proj": "out_proj",
                  "dense": "out_proj", "out_proj": "out_proj", "self.query": "W_query", "self.key": "W_key",
-                 "self.value": "W_value", "output.dense": "out_proj"}
+                 "self.value": "W_value", "output.dense": "out_proj", "q_norm": "q_norm", "k_norm": "k_norm"}
         out = {}
         for k, v in raw.items():
             module, leaf = k.rsplit(".", 1)
@@ -198,7 +202,7 @@ def positions_from_mask(mask):
 def run_case(name, dtype):
     family_name, args = CASES[name]
     family = Family(family_name, args)
-    implementation = "sdpa" if (dtype == torch.float64 and family.name in ("llama", "qwen2", "mistral", "phi")) \
+    implementation = "sdpa" if (dtype == torch.float64 and family.name in ("llama", "qwen2", "qwen3", "mistral", "phi")) \
         else "eager"
     family.config._attn_implementation = implementation
     seed = sum(map(ord, name))

@@ -1,4 +1,4 @@
-// torchattn_serve: a Hugging Face decoder folder (llama, qwen2, mistral) served over
+// torchattn_serve: a Hugging Face decoder folder (llama, qwen2, qwen3, mistral) served over
 // OpenAI's API, many users at once from one pool of KV blocks (models::Engine).
 //
 //   torchattn_serve MODEL_DIR [--host 127.0.0.1] [--port 8080] [--api-key KEY]
@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
   int64_t prefill_chunk = 32, max_prefill_tokens = 32;
   int threads = 0;
   bool quiet = false;
-  app.add_option("model", model_dir, "a Hugging Face model folder (llama, qwen2, mistral)")
+  app.add_option("model", model_dir, "a Hugging Face model folder (llama, qwen2, qwen3, mistral)")
       ->required()
       ->check(CLI::ExistingDirectory);
   app.add_option("--host", server.host, "the address to listen on")->capture_default_str();

@@ -3,6 +3,8 @@
 #include <torchattn/backend.h>
 #include <torchattn/kv_cache.h>
 #include <torchattn/paged_kv_cache.h>
+#include <torchattn/qk_norm.h>
+#include <torchattn/rms_norm.h>
 #include <torchattn/rope.h>
 
 #include <torch/arg.h>
@@ -76,6 +78,10 @@ struct MultiHeadAttentionOptions {
   /// from the cache in forward_cached, and in a padded batch count each sequence's
   /// real tokens only. Default: unset, no rotation (the notebooks).
   TORCH_ARG(std::optional<RoPEOptions>, rope) = std::nullopt;
+  /// An RMSNorm of the queries and of the keys after the projections, before RoPE
+  /// (Qwen3, OLMo 2): submodules `q_norm` and `k_norm` (RMSNorm, weights of ones at
+  /// first), named as transformers names them. Default: unset, none (the notebooks).
+  TORCH_ARG(std::optional<QKNormOptions>, qk_norm) = std::nullopt;
   /// Multiplies the scores (> 0). Default: unset, meaning divide by sqrt(head_dim).
   TORCH_ARG(std::optional<double>, scale) = std::nullopt;
   /// Which implementation computes attention. Default: Backend::Auto.
@@ -210,6 +216,9 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   torch::nn::Linear W_value{nullptr};
   torch::nn::Linear out_proj{nullptr};
   torch::nn::Dropout dropout{nullptr};
+  /// With qk_norm: the queries' and the keys' RMSNorm; null without.
+  RMSNorm q_norm{nullptr};
+  RMSNorm k_norm{nullptr};
   /// The `mask` buffer; undefined with mask_buffer(false).
   at::Tensor mask;
 

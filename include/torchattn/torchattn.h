@@ -18,6 +18,8 @@
 #include <torchattn/packed_linear.h>
 #include <torchattn/padding.h>
 #include <torchattn/paged_kv_cache.h>
+#include <torchattn/qk_norm.h>
+#include <torchattn/rms_norm.h>
 #include <torchattn/rope.h>
 #include <torchattn/safetensors.h>
 #include <torchattn/self_attention_v2.h>

@@ -33,6 +33,14 @@ std::array<at::Tensor, 3> project(AttentionBlock& block, const at::Tensor& x, bo
   return {queries, keys, one(block.W_value)};
 }
 
+// QK-norm where the block has it: called before the split into heads (per_head
+// false) and after it (true); the norm runs at the call that matches its kind.
+void normalize(const AttentionBlock& block, at::Tensor& queries, at::Tensor& keys, bool per_head) {
+  if (block.q_norm == nullptr || block.qk_norm_per_head != per_head) return;
+  queries = block.q_norm->forward(queries);
+  keys = block.k_norm->forward(keys);
+}
+
 } // namespace
 
 at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, KVCache* cache,
@@ -49,8 +57,10 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
   // projections' own layout, where the rotary embedding runs in one pass.
   const int64_t H = std::max<int64_t>(block.num_heads, 1), Hkv = std::max<int64_t>(block.num_kv_heads, 1);
   const int64_t head_dim = d_out / H;
+  normalize(block, queries, keys, /*per_head=*/false);
   queries = queries.view({B, T, H, head_dim});
   keys = keys.view({B, T, Hkv, head_dim});
+  normalize(block, queries, keys, /*per_head=*/true);
   if (block.rope != nullptr) {
     if (!queries.is_contiguous()) {  // views of a packed product: the one-pass CPU kernel wants them dense
       queries = queries.contiguous();
@@ -108,8 +118,10 @@ at::Tensor paged_attention_block_forward(AttentionBlock& block, const at::Tensor
   const int64_t H = block.num_heads, Hkv = block.num_kv_heads, head_dim = queries.size(-1) / H;
   // [N, heads, head_dim]: a batch of one sequence of N tokens for the rotary tables,
   // each token at its own position in its own sequence.
+  normalize(block, queries, keys, /*per_head=*/false);
   queries = queries.reshape({1, N, H, head_dim});
   keys = keys.reshape({1, N, Hkv, head_dim});
+  normalize(block, queries, keys, /*per_head=*/true);
   if (block.rope != nullptr) {
     queries = queries.contiguous();  // the one-pass CPU kernel wants them dense
     keys = keys.contiguous();

@@ -6,6 +6,7 @@
 #include <torchattn/kv_cache.h>
 #include <torchattn/packed_linear.h>
 #include <torchattn/paged_kv_cache.h>
+#include <torchattn/rms_norm.h>
 
 #include "rotary_cache.h"
 
@@ -43,6 +44,11 @@ struct AttentionBlock {
   PackedLinear* packed_qkv = nullptr;
   /// The fewest rows (B * T) that take packed_qkv.
   int64_t pack_min_rows = 1;
+  /// QK-norm (MultiHeadAttentionOptions::qk_norm): the queries' and keys' RMSNorm, or
+  /// null; over each head's features (per_head) or all of a token's.
+  RMSNormImpl* q_norm = nullptr;
+  RMSNormImpl* k_norm = nullptr;
+  bool qk_norm_per_head = true;
 };
 
 // ", causal=false, window=4, rope=(theta=10000, interleaved=false, rotary_dim=8)":

@@ -67,6 +67,8 @@ std::optional<OptionValues> checkpoint_options(const torch::nn::Module& module) 
     OptionValues out{{"num_heads", text(o.num_heads())},
                      {"num_kv_heads", text(m->num_kv_heads())},
                      {"head_dim", text(m->head_dim())},
+                     {"qk_norm", !o.qk_norm() ? "none" : o.qk_norm()->per_head() ? "per_head" : "all_heads"},
+                     {"qk_norm_eps", o.qk_norm() ? text(o.qk_norm()->eps()) : "none"},
                      {"scale", text(o.scale())}};
     add_attention_options(out, o.causal(), o.window(), o.rope());
     return out;

@@ -27,6 +27,7 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, int64_
                   .mask_buffer(false);
   attn.window(c.windows.at(static_cast<size_t>(layer)));
   if (c.own_head_dim > 0) attn.head_dim(c.own_head_dim);
+  if (c.qk_norm) attn.qk_norm(torchattn::QKNormOptions().eps(c.rms_norm_eps));
   self_attn = register_module("self_attn", torchattn::MultiHeadAttention(attn));
   post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
   const auto mlp = [&](int64_t in, int64_t out) { return torch::nn::LinearOptions(in, out).bias(c.mlp_bias); };

@@ -34,7 +34,7 @@ std::vector<int64_t> ids(const json& v) {
 
 } // namespace
 
-const char* supported_model_types() { return "llama, qwen2, mistral (decoders); bert (encoders)"; }
+const char* supported_model_types() { return "llama, qwen2, qwen3, mistral (decoders); bert (encoders)"; }
 
 std::string read_model_type(const std::string& path) {
   const json c = detail::read_json_file(path, "config");
@@ -46,7 +46,7 @@ static DecoderConfig read_decoder_config_unchecked(const std::string& path) {
   const json c = detail::read_json_file(path, "config");
   DecoderConfig m;
   m.model_type = c.value("model_type", std::string());
-  if (m.model_type != "llama" && m.model_type != "qwen2" && m.model_type != "mistral") {
+  if (m.model_type != "llama" && m.model_type != "qwen2" && m.model_type != "qwen3" && m.model_type != "mistral") {
     fail(path, "model_type '" + m.model_type + "' is not a decoder this library runs; supported: " +
                    supported_model_types());
   }
@@ -78,6 +78,7 @@ static DecoderConfig read_decoder_config_unchecked(const std::string& path) {
   } else {
     m.qkv_bias = m.o_bias = c.value("attention_bias", false);
   }
+  m.qk_norm = m.model_type == "qwen3";  // each head's queries and keys, eps rms_norm_eps
   m.mlp_bias = c.value("mlp_bias", false);
   m.windows.assign(static_cast<size_t>(m.num_layers), std::nullopt);
   const json window = c.value("sliding_window", json());

@@ -1,7 +1,7 @@
 #pragma once
 
 // A Hugging Face model folder's `config.json`, read into what a model needs: the
-// decoders of the Llama family (model_type llama, qwen2, mistral) and the BERT
+// decoders of the Llama family (model_type llama, qwen2, qwen3, mistral) and the BERT
 // encoders (model_type bert: BERT, MiniLM, ...).
 
 #include <cstdint>
@@ -12,7 +12,7 @@
 namespace torchattn::models {
 
 struct DecoderConfig {
-  std::string model_type;  // llama, qwen2, mistral
+  std::string model_type;  // llama, qwen2, qwen3, mistral
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -26,6 +26,7 @@ struct DecoderConfig {
   bool qkv_bias = false;  // Qwen2: true; Llama: attention_bias
   bool o_bias = false;    // Llama: attention_bias
   bool mlp_bias = false;
+  bool qk_norm = false;   // Qwen3: RMSNorm of each head's queries and keys (q_norm, k_norm)
   /// Per layer: a sliding window (Mistral; Qwen2's sliding_attention layers), or none.
   std::vector<std::optional<int64_t>> windows;
   std::vector<int64_t> eos_token_ids;
@@ -65,7 +66,7 @@ BertConfig read_bert_config(const std::string& path);
 std::string read_model_type(const std::string& path);
 
 /// The model types this library runs, for error messages:
-/// "llama, qwen2, mistral (decoders); bert (encoders)".
+/// "llama, qwen2, qwen3, mistral (decoders); bert (encoders)".
 const char* supported_model_types();
 
 } // namespace torchattn::models

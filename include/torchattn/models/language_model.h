@@ -1,6 +1,6 @@
 #pragma once
 
-// A Hugging Face decoder folder (llama, qwen2, mistral: config.json, safetensors
+// A Hugging Face decoder folder (llama, qwen2, qwen3, mistral: config.json, safetensors
 // weights, tokenizer.json) as one object: text in, text out.
 //
 //   auto lm = torchattn::models::LanguageModel::from_pretrained("SmolLM2-135M-Instruct");

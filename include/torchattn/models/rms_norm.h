@@ -1,24 +1,13 @@
 #pragma once
 
-// RMSNorm as the Llama family computes it (transformers' LlamaRMSNorm).
+// The decoders' RMSNorm is the library's (torchattn/rms_norm.h), under the models'
+// namespace too.
 
-#include <ATen/core/Tensor.h>
-#include <torch/nn/module.h>
-#include <torch/nn/pimpl.h>
-
-#include <cstdint>
+#include <torchattn/rms_norm.h>
 
 namespace torchattn::models {
 
-/// x [..., size] -> [..., size]: in float32, x / sqrt(mean(x^2) + eps), back to x's
-/// dtype, times the weight [size] (parameter `weight`, ones at first).
-class RMSNormImpl : public torch::nn::Module {
- public:
-  RMSNormImpl(int64_t size, double eps);
-  at::Tensor forward(const at::Tensor& x);
-  at::Tensor weight;
-  double eps;
-};
-TORCH_MODULE(RMSNorm);
+using torchattn::RMSNorm;
+using torchattn::RMSNormImpl;
 
 } // namespace torchattn::models

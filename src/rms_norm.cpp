@@ -1,4 +1,4 @@
-#include <torchattn/models/rms_norm.h>
+#include <torchattn/rms_norm.h>
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty_like.h>
@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cmath>
 
-namespace torchattn::models {
+namespace torchattn {
 
 RMSNormImpl::RMSNormImpl(int64_t size, double eps_) : eps(eps_) {
   weight = register_parameter("weight", at::ones({size}));
@@ -57,4 +57,4 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
   return weight * (h * at::rsqrt(variance + eps)).to(x.scalar_type());
 }
 
-} // namespace torchattn::models
+} // namespace torchattn
