@@ -340,12 +340,19 @@ def queue_limit_and_signal(exe, model):
         except openai.APIError as e:
             results.append(("error", str(e)))
 
+    def until(what, deadline_s=120):
+        deadline = time.time() + deadline_s
+        while time.time() < deadline and not what(srv.stats()):
+            time.sleep(0.1)
+
+    # One request running, then one waiting, in that order: a second sent at once could
+    # find the first still queued (the engine's first step packs the weights) and be
+    # refused itself.
     threads = [threading.Thread(target=long_stream) for _ in range(2)]
-    for t in threads:
-        t.start()
-    deadline = time.time() + 30
-    while time.time() < deadline and srv.stats()["running"] + srv.stats()["waiting"] < 2:
-        time.sleep(0.1)
+    threads[0].start()
+    until(lambda s: s["running"] >= 1)
+    threads[1].start()
+    until(lambda s: s["running"] >= 1 and s["waiting"] >= 1)
     try:
         client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
         check(False, "a full queue answers 503")
