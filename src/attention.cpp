@@ -55,7 +55,9 @@ at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
                 bool is_causal, const functional::AttentionConfig& config) {
   // A decoding step on the CPU (a few query rows, no gradient): torchattn's kernel,
   // which opens no parallel region for small work (kernels/cpu/decode_attention.h).
-  if (config.backend == Backend::Auto && !is_causal && dropout_p(config) == 0.0) {
+  // A mask of its own per head (ALiBi) neither folds grouped heads nor fits the kernel.
+  const bool per_head_mask = mask && mask->dim() == 4 && mask->size(1) > 1;
+  if (config.backend == Backend::Auto && !is_causal && dropout_p(config) == 0.0 && !per_head_mask) {
     const at::Tensor m = mask ? *mask : at::Tensor();
     if (kernels::cpu::decode_attention_applies(q, k, v, m)) {
       const double scale = config.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
@@ -64,7 +66,7 @@ at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
   }
   const bool allow_cudnn = config.backend == Backend::SDPA;
   const int64_t G = query_groups(q, k);
-  if (G > 1 && q.size(-2) == 1 && !is_causal) {
+  if (G > 1 && q.size(-2) == 1 && !is_causal && !per_head_mask) {
     const int64_t B = q.size(0), H = q.size(1);
     const at::Tensor folded = q.reshape({B, H / G, G, q.size(-1)});
     return detail::fused_attention(folded, k, v, mask, dropout_p(config), false, config.scale, allow_cudnn)
@@ -98,6 +100,12 @@ at::Tensor key_masked_attention(const at::Tensor& q, const at::Tensor& k, const 
     const at::Tensor neg_inf = spec.key_bias.isneginf();
     hide_also(per_key(neg_inf, q));
     bias = per_key(spec.key_bias.masked_fill(neg_inf, 0), q);
+  }
+  if (spec.score_bias.defined()) {
+    bias = bias.defined() ? bias + spec.score_bias : spec.score_bias;
+  }
+  if (!hide.defined()) {  // only a score bias: every key visible
+    hide = per_key(at::zeros({1, Tk}, q.options().dtype(at::kBool)), q);
   }
   const at::Tensor dead = hide.all(-1, /*keepdim=*/true);  // [B or 1, 1.., Tq or 1, 1]
   hide = at::logical_and(hide, dead.logical_not());

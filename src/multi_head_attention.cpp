@@ -3,6 +3,7 @@
 #include <torchattn/functional.h>
 #include <torchattn/packed_linear.h>
 
+#include "detail/alibi.h"
 #include "detail/attention_block.h"
 #include "detail/checks.h"
 #include "detail/strict_load.h"
@@ -39,6 +40,10 @@ void MultiHeadAttentionImpl::reset() {
   detail::check_dropout(kMultiHeadAttention, options.dropout());
   detail::check_scale(kMultiHeadAttention, options.scale());
   detail::check_window(kMultiHeadAttention, options.window(), options.causal());
+  TORCH_CHECK(!options.alibi() || options.causal(), kMultiHeadAttention,
+              ": alibi needs causal(true) (its distances are to earlier keys), got causal(false)");
+  TORCH_CHECK(!options.alibi() || !options.rope(), kMultiHeadAttention,
+              ": alibi and rope both give positions; choose one, got both");
   if (options.rope()) {
     detail::check_rope(kMultiHeadAttention, *options.rope(), head_dim());
   }
@@ -64,6 +69,7 @@ void MultiHeadAttentionImpl::reset() {
   rotary_ = options.rope()
                 ? std::make_shared<const detail::RotaryCache>(*options.rope(), head_dim(), options.context_length())
                 : nullptr;
+  alibi_slopes_ = options.alibi() ? detail::alibi_slopes(options.num_heads()) : at::Tensor();
   packed_qkv_ = std::make_shared<PackedLinear>();
   packed_out_ = std::make_shared<PackedLinear>();
   if (options.causal() && options.mask_buffer()) {
@@ -91,6 +97,9 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
   }
   if (options.head_dim()) {
     stream << ", head_dim=" << *options.head_dim();
+  }
+  if (options.alibi()) {
+    stream << ", alibi=true";
   }
   if (options.qk_norm()) {
     stream << ", qk_norm=(eps=" << options.qk_norm()->eps() << ", per_head=" << std::boolalpha
@@ -121,6 +130,8 @@ at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x, const at::Tensor
 
 KVCache MultiHeadAttentionImpl::make_kv_cache(int64_t batch_size, bool static_shapes) const {
   detail::check_positive(kMultiHeadAttention, "batch_size", batch_size);
+  TORCH_CHECK(!static_shapes || !options.alibi(), kMultiHeadAttention,
+              ": alibi is not available with static_shapes caches yet; use a dynamic cache");
   return KVCache({batch_size, num_kv_heads(), options.context_length(), head_dim()}, W_key->weight.options(),
                  static_shapes, cache_owner_);
 }
@@ -147,6 +158,7 @@ at::Tensor MultiHeadAttentionImpl::forward_paged(const at::Tensor& x, PagedKVCac
   detail::check_paged(kMultiHeadAttention, x, options.d_in(), options.context_length(), W_query->weight, cache, step,
                       layer, paged_layer(), is_training(), options.dropout());
   detail::check_causal_for_cache(kMultiHeadAttention, options.causal(), "forward_paged");
+  TORCH_CHECK(!options.alibi(), kMultiHeadAttention, ": alibi is not available with forward_paged yet");
   const bool packed = options.pack_weights();
   detail::AttentionBlock block{W_query, W_key, W_value, options.num_heads(), num_kv_heads(), options.causal(),
                                mask, options.window(), rotary_.get(), packed ? packed_qkv_.get() : nullptr,
@@ -173,7 +185,7 @@ at::Tensor MultiHeadAttentionImpl::attend(const at::Tensor& x, const at::Tensor&
                                mask, options.window(), rotary_.get(), packed ? packed_qkv_.get() : nullptr,
                                options.pack_min_rows(), q_norm.is_empty() ? nullptr : q_norm.get(),
                                k_norm.is_empty() ? nullptr : k_norm.get(),
-                               !options.qk_norm() || options.qk_norm()->per_head()};
+                               !options.qk_norm() || options.qk_norm()->per_head(), alibi_slopes_};
   const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend()};
   return detail::with_batch_dim(x, key_padding_mask, key_bias,
                                 [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {

@@ -37,6 +37,7 @@ struct ModernConfig {
   int64_t B, T, C, d_in, heads, kv_heads, head_dim;
   int64_t d_out = 0;  // > 0: head_dim given as an option, out_proj maps heads * head_dim to d_out
   int qk_norm = 0;    // 0: none; 1: QK-norm of each head (Qwen3); 2: of all the heads' features (OLMo 2)
+  bool alibi = false;
   bool causal, qkv_bias, out_bias;
   std::optional<int64_t> window;
   std::optional<RoPEOptions> rope;
@@ -49,7 +50,7 @@ struct ModernConfig {
 std::string describe_modern(const ModernConfig& c) {
   std::ostringstream s;
   s << "config #" << c.index << ": B=" << c.B << " T=" << c.T << " C=" << c.C << " d_in=" << c.d_in
-    << " heads=" << c.heads << " kv_heads=" << c.kv_heads << " head_dim=" << c.head_dim << " d_out=" << c.d_out << " qk_norm=" << c.qk_norm
+    << " heads=" << c.heads << " kv_heads=" << c.kv_heads << " head_dim=" << c.head_dim << " d_out=" << c.d_out << " qk_norm=" << c.qk_norm << " alibi=" << c.alibi
     << " causal=" << c.causal
     << " qkv_bias=" << c.qkv_bias << " out_bias=" << c.out_bias << " window=" << c.window.value_or(0);
   if (c.rope) {
@@ -99,6 +100,8 @@ std::vector<ModernConfig> modern_configs() {
     c.mask_buffer = pick(0, 1) == 1;
     if (std::uniform_int_distribution<int>(0, 2)(own) == 0) c.d_out = std::uniform_int_distribution<int64_t>(1, 12)(own);
     c.qk_norm = std::uniform_int_distribution<int>(0, 3)(own) % 3;  // none half the time
+    // ALiBi where it applies: causal, no RoPE, no static-shape cache.
+    c.alibi = std::uniform_int_distribution<int>(0, 2)(own) == 0 && c.causal && !c.rope && !c.static_cache;
     out.push_back(c);
   }
   const size_t n = out.size();
@@ -125,6 +128,7 @@ torchattn::MultiHeadAttentionOptions options_of(const ModernConfig& c) {
   o.rope(c.rope);
   if (c.d_out > 0) o.head_dim(c.head_dim);
   if (c.qk_norm > 0) o.qk_norm(torchattn::QKNormOptions().eps(1e-5).per_head(c.qk_norm == 1));
+  o.alibi(c.alibi);
   return o;
 }
 
@@ -151,6 +155,20 @@ torch::Tensor rotate(const torch::Tensor& x /*[B, H, T, hd] f64*/, const torch::
     turned = xr * c + torch::cat({-x2, x1}, -1) * s;
   }
   return rot == hd ? turned : torch::cat({turned, x.narrow(-1, rot, hd - rot)}, -1);
+}
+
+// ALiBi's slopes as BLOOM's build_alibi_tensor computes them (float32 powers of a
+// float32 base), written out apart from the library's.
+torch::Tensor bloom_slopes(int64_t heads) {
+  const int64_t n = int64_t{1} << static_cast<int64_t>(std::floor(std::log2(static_cast<double>(heads))));
+  auto base = [](double m) { return std::pow(2.0, -std::pow(2.0, -(std::log2(m) - 3.0))); };
+  auto slopes = torch::pow(torch::tensor(base(n), torch::kFloat32), torch::arange(1, 1 + n, torch::kInt32));
+  if (n != heads) {
+    const int64_t left = std::min(n, heads - n);
+    slopes = torch::cat({slopes, torch::pow(torch::tensor(base(2 * n), torch::kFloat32),
+                                            torch::arange(1, 1 + 2 * left, 2, torch::kInt32))});
+  }
+  return slopes;
 }
 
 // The whole layer in float64 from the module's weights.
@@ -195,6 +213,11 @@ torch::Tensor reference(const ModernConfig& c, torchattn::MultiHeadAttentionImpl
   if (c.causal) hide = hide | (j > i);
   if (c.window) hide = hide | (j <= i - *c.window);
   auto scores = q.matmul(k.transpose(2, 3)) / std::sqrt(static_cast<double>(hd));
+  if (c.alibi) {  // slope * (key position - query position), positions counting real tokens
+    const auto pos = (keep.to(torch::kLong).cumsum(-1) - 1).to(torch::kFloat64);  // [B, T]
+    const auto distance = pos.unsqueeze(1) - pos.unsqueeze(2);                    // [B, Tq, Tk]
+    scores = scores + bloom_slopes(H).to(torch::kFloat64).view({1, H, 1, 1}) * distance.unsqueeze(1);
+  }
   auto weights = torch::softmax(scores.masked_fill(hide, -std::numeric_limits<double>::infinity()), -1);
   weights = weights.masked_fill(hide.all(-1, true), 0.0);
   return w(m.out_proj, weights.matmul(v).transpose(1, 2).reshape({B, T, H * hd}));

@@ -35,7 +35,7 @@ import os
 
 import torch
 import transformers
-from transformers import (BertConfig, BertModel, DynamicCache, GPT2Config, GPT2Model, GPTJConfig, GPTJModel,
+from transformers import (BertConfig, BertModel, BloomConfig, BloomModel, DynamicCache, GPT2Config, GPT2Model, GPTJConfig, GPTJModel,
                           LlamaConfig, LlamaModel, MistralConfig, MistralModel, PhiConfig, PhiModel, Qwen2Config,
                           Qwen2Model, Qwen3Config, Qwen3Model)
 
@@ -82,6 +82,8 @@ CASES = {
     "gptj_rot8": ("gptj", dict(hidden=32, heads=2, rotary_dim=8)),
     "gpt2_4heads": ("gpt2", dict(hidden=32, heads=4)),
     "gpt2_2heads": ("gpt2", dict(hidden=24, heads=2)),
+    "bloom_4heads": ("bloom", dict(hidden=32, heads=4)),
+    "bloom_6heads": ("bloom", dict(hidden=48, heads=6)),  # not a power of two: the extra slopes
     "bert_4heads": ("bert", dict(hidden=32, heads=4)),
     "bert_2heads": ("bert", dict(hidden=24, heads=2)),
 }
@@ -105,6 +107,11 @@ class Family:
             self.config = GPT2Config(vocab_size=VOCAB, n_embd=h, n_layer=1, n_head=heads, n_positions=64,
                                      attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, bos_token_id=None,
                                      eos_token_id=None)
+        elif name == "bloom":  # ALiBi; the softmax in float32 (compared in float32 only)
+            self.model_class = BloomModel
+            self.config = BloomConfig(vocab_size=VOCAB, hidden_size=h, n_layer=1, n_head=heads,
+                                      attention_dropout=0.0, hidden_dropout=0.0, bos_token_id=None,
+                                      eos_token_id=None)
         elif name == "bert":
             self.model_class = BertModel
             self.config = BertConfig(vocab_size=VOCAB, hidden_size=h, num_hidden_layers=1, num_attention_heads=heads,
@@ -120,8 +127,9 @@ class Family:
         o = dict(d_model=a["hidden"], num_heads=a["heads"], num_kv_heads=a.get("kv_heads", a["heads"]),
                  head_dim=a.get("head_dim") or 0, qk_norm_eps=1e-6 if self.name == "qwen3" else 0.0,
                  context_length=64, causal=int(self.decoder), window=a.get("window") or 0,
-                 qkv_bias=int(self.name in ("qwen2", "phi", "gpt2", "bert")),
-                 out_bias=int(self.name in ("phi", "gpt2", "bert")), rope_theta=0.0, rope_interleaved=0,
+                 qkv_bias=int(self.name in ("qwen2", "phi", "gpt2", "bert", "bloom")),
+                 out_bias=int(self.name in ("phi", "gpt2", "bert", "bloom")), alibi=int(self.name == "bloom"),
+                 rope_theta=0.0, rope_interleaved=0,
                  rope_rotary_dim=0)
         if self.rope:
             o["rope_theta"] = a.get("theta", 10000.0)
@@ -139,6 +147,8 @@ class Family:
             return layer.self, layer.output.dense
         if self.name in ("gpt2", "gptj"):
             return model.h[0].attn, model.h[0].attn
+        if self.name == "bloom":  # its output adds the residual: read dense's
+            return model.h[0].self_attention, model.h[0].self_attention.dense
         return model.layers[0].self_attn, model.layers[0].self_attn
 
     def raw(self, model):
@@ -161,6 +171,19 @@ class Family:
             out["out_proj.weight"] = raw["c_proj.weight"].t()
             out["out_proj.bias"] = raw["c_proj.bias"]
             return out
+        if self.name == "bloom":
+            # query_key_value: per head, its queries', keys' and values' rows in turn.
+            h, heads = self.args["hidden"], self.args["heads"]
+            hd = h // heads
+            w = raw["query_key_value.weight"].view(heads, 3, hd, h)
+            b = raw["query_key_value.bias"].view(heads, 3, hd)
+            out = {}
+            for i, n in enumerate(("W_query", "W_key", "W_value")):
+                out[f"{n}.weight"] = w[:, i].reshape(heads * hd, h)
+                out[f"{n}.bias"] = b[:, i].reshape(heads * hd)
+            out["out_proj.weight"] = raw["dense.weight"]
+            out["out_proj.bias"] = raw["dense.bias"]
+            return out
         names = {"q_proj": "W_query", "k_proj": "W_key", "v_proj": "W_value", "o_proj": "out_proj",
                  "dense": "out_proj", "out_proj": "out_proj", "self.query": "W_query", "self.key": "W_key",
                  "self.value": "W_value", "output.dense": "out_proj", "q_norm": "q_norm", "k_norm": "k_norm"}
@@ -170,6 +193,10 @@ class Family:
             if module in names:
                 out[f"{names[module]}.{leaf}"] = v
         return out
+
+    def positions(self, position_ids):
+        """The position_ids keyword of a forward (none for BLOOM: ALiBi reads the mask)."""
+        return {} if self.name == "bloom" else {"position_ids": position_ids}
 
     def weights(self, model):
         return self.renamed(self.raw(model))
@@ -237,7 +264,7 @@ def run_case(name, dtype):
             pad[b, T - n:] = True
     attention_mask = (~pad).long()
     kwargs = dict(attention_mask=attention_mask, use_cache=False)
-    if family.decoder:
+    if family.decoder and family.name != "bloom":  # BLOOM's positions come from the mask (ALiBi)
         kwargs["position_ids"] = positions_from_mask(attention_mask)
     with torch.no_grad():
         model(ids[:, :T], **kwargs)
@@ -247,13 +274,13 @@ def run_case(name, dtype):
         cache = DynamicCache(config=family.config)
         mask = attention_mask
         with torch.no_grad():
-            model(ids[:, :T], attention_mask=mask, position_ids=positions_from_mask(mask), past_key_values=cache,
-                  use_cache=True)
+            model(ids[:, :T], attention_mask=mask, past_key_values=cache, use_cache=True,
+                  **family.positions(positions_from_mask(mask)))
             out["cached.prompt.x"], out["cached.prompt.y"] = seen["x"], seen["y"]
             for s in range(STEPS):
                 mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype)], 1)
-                model(ids[:, T + s:T + s + 1], attention_mask=mask, position_ids=positions_from_mask(mask)[:, -1:],
-                      past_key_values=cache, use_cache=True)
+                model(ids[:, T + s:T + s + 1], attention_mask=mask, past_key_values=cache, use_cache=True,
+                      **family.positions(positions_from_mask(mask)[:, -1:]))
                 out[f"cached.step{s}.x"], out[f"cached.step{s}.y"] = seen["x"], seen["y"]
         out["cached.steps"] = STEPS
 
@@ -263,6 +290,8 @@ def run_case(name, dtype):
     y = first(x, *full_args, **full_kwargs)[0]
     if family.name == "bert":
         y = last(y)
+    if family.name == "bloom":  # its output is dense's plus the residual (another tensor than x)
+        y = y - (full_kwargs["residual"] if "residual" in full_kwargs else full_args[0])
     grad_out = torch.randn(y.shape, generator=gen, dtype=torch.float64).to(dtype)
     assert torch.allclose(y.detach(), out["full.y"], rtol=1e-5, atol=1e-6), "re-running the layer differs"
     raw = family.raw(model)
@@ -283,7 +312,7 @@ def main():
     written = 0
     for name in a.cases:
         for dtype in (torch.float32, torch.float64):
-            if dtype == torch.float64 and CASES[name][0] == "gptj":
+            if dtype == torch.float64 and CASES[name][0] in ("gptj", "bloom"):
                 continue
             torch.save(run_case(name, dtype), os.path.join(a.out, f"{name}_{str(dtype)[6:]}.pt"))
             written += 1

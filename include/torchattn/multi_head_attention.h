@@ -82,6 +82,13 @@ struct MultiHeadAttentionOptions {
   /// (Qwen3, OLMo 2): submodules `q_norm` and `k_norm` (RMSNorm, weights of ones at
   /// first), named as transformers names them. Default: unset, none (the notebooks).
   TORCH_ARG(std::optional<QKNormOptions>, qk_norm) = std::nullopt;
+  /// ALiBi (BLOOM, MPT): no position embeddings; each head adds slope * (key position -
+  /// query position) to its scaled scores, the slopes of the ALiBi paper for any head
+  /// count (as BLOOM computes them); positions count each sequence's real tokens. The
+  /// bias is [B, num_heads, T, keys] per call (a fused kernel takes it as a mask).
+  /// Needs causal(true); not with rope, static-shape caches or forward_paged.
+  /// Default: false.
+  TORCH_ARG(bool, alibi) = false;
   /// Multiplies the scores (> 0). Default: unset, meaning divide by sqrt(head_dim).
   TORCH_ARG(std::optional<double>, scale) = std::nullopt;
   /// Which implementation computes attention. Default: Backend::Auto.
@@ -237,6 +244,8 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   // with pack_weights).
   std::shared_ptr<PackedLinear> packed_qkv_;
   std::shared_ptr<PackedLinear> packed_out_;
+  // With alibi: the [num_heads] slopes, float32 on the CPU.
+  at::Tensor alibi_slopes_;
 };
 
 TORCH_MODULE(MultiHeadAttention);

@@ -1,5 +1,6 @@
 #include "attention_block.h"
 
+#include "alibi.h"
 #include "engine.h"
 #include "paged_attend.h"
 #include "positions.h"
@@ -100,6 +101,10 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
     }
   }
 
+  if (block.alibi_slopes.defined()) {
+    spec.score_bias = alibi_bias(block.alibi_slopes.to(queries.device()), spec.key_padding, T, keys.size(-2),
+                                 queries.scalar_type());
+  }
   at::Tensor context = attend(queries, keys, values, spec, config);
 
   if (block.num_heads > 0) {

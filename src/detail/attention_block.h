@@ -49,6 +49,8 @@ struct AttentionBlock {
   RMSNormImpl* q_norm = nullptr;
   RMSNormImpl* k_norm = nullptr;
   bool qk_norm_per_head = true;
+  /// ALiBi's [num_heads] slopes (float32, any device), or undefined: none.
+  at::Tensor alibi_slopes = at::Tensor();
 };
 
 // ", causal=false, window=4, rope=(theta=10000, interleaved=false, rotary_dim=8)":

@@ -69,6 +69,7 @@ std::optional<OptionValues> checkpoint_options(const torch::nn::Module& module) 
                      {"head_dim", text(m->head_dim())},
                      {"qk_norm", !o.qk_norm() ? "none" : o.qk_norm()->per_head() ? "per_head" : "all_heads"},
                      {"qk_norm_eps", o.qk_norm() ? text(o.qk_norm()->eps()) : "none"},
+                     {"alibi", text(o.alibi())},
                      {"scale", text(o.scale())}};
     add_attention_options(out, o.causal(), o.window(), o.rope());
     return out;

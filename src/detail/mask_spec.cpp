@@ -42,6 +42,15 @@ void check_mask_spec(const char* fn, const MaskSpec& spec, const at::Tensor& q, 
     TORCH_CHECK(spec.key_bias.scalar_type() == q.scalar_type(), fn, ": expected key_bias of q's dtype ",
                 q.scalar_type(), " (added to the scores), got ", spec.key_bias.scalar_type());
   }
+  if (spec.score_bias.defined()) {
+    const at::Tensor& b = spec.score_bias;
+    TORCH_CHECK(q.dim() == 4 && b.dim() == 4 && (b.size(0) == 1 || b.size(0) == q.size(0)) &&
+                    (b.size(1) == 1 || b.size(1) == q.size(1)) && b.size(2) == Tq && b.size(3) == Tk,
+                fn, ": expected a score bias [B or 1, H or 1, Tq, Tk] = [", q.size(0), ", ", q.dim() == 4 ? q.size(1) : 1,
+                ", ", Tq, ", ", Tk, "] for q ", q.sizes(), ", got ", b.sizes());
+    TORCH_CHECK(b.scalar_type() == q.scalar_type() && b.device() == q.device(), fn,
+                ": expected a score bias of q's dtype and device, got ", b.scalar_type(), " on ", b.device());
+  }
   TORCH_CHECK(!spec.window || *spec.window >= 1, fn, ": expected window >= 1, got ", spec.window.value_or(0));
   TORCH_CHECK(!spec.window || spec.causal, fn, ": a sliding window needs causal attention");
   if (spec.is_static()) {

@@ -33,10 +33,13 @@ struct MaskSpec {
   /// [B, Tk] or [1, Tk] of q's dtype, added to the scaled scores of each key
   /// (-inf hides it); undefined: none.
   at::Tensor key_bias;
+  /// [B or 1, H or 1, Tq, Tk] of q's dtype, added to the scaled scores of each query
+  /// and key (ALiBi's per-head distances); q is [B, H, Tq, d]. Undefined: none.
+  at::Tensor score_bias;
 
   bool is_static() const { return positions.defined(); }
   /// Some query may be left with no key: its output is zeros (see attend).
-  bool has_key_masks() const { return key_padding.defined() || key_bias.defined(); }
+  bool has_key_masks() const { return key_padding.defined() || key_bias.defined() || score_bias.defined(); }
 };
 
 // Checks the spec against the shapes of one call (q: [B, ..., Tq, d], Tk keys) and
