@@ -5,6 +5,7 @@
 
 #include <torchattn/functional.h>
 
+#include "backends/blocked.h"
 #include "backends/reference.h"
 #include "backends/sdpa.h"
 #include "detail/checks.h"
@@ -138,6 +139,11 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
               ": expected q's heads a multiple of k's (grouped-query attention), got q ", q.sizes(), " and k ",
               k.sizes());
   const int64_t Tq = q.size(-2), Tk = k.size(-2);
+  if (needs_blocked_attention(config)) {
+    // Softcapping and sinks: no fused kernel takes them; blocks of queries (every
+    // backend: the Reference's math, without Tq x Tk memory).
+    return blocked_attention(q, k, v, spec, config);
+  }
   const Backend backend = functional::resolve_backend(config);
   if (q.dim() == 3 && backend == Backend::SDPA) {
     // ATen's fused CPU kernels take [B, H, T, d]; a single-head [B, T, d] would fall

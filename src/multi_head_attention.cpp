@@ -8,6 +8,8 @@
 #include "detail/checks.h"
 #include "detail/strict_load.h"
 
+#include <ATen/ops/zeros.h>
+
 #include <cmath>
 #include <ostream>
 
@@ -70,6 +72,9 @@ void MultiHeadAttentionImpl::reset() {
                 ? std::make_shared<const detail::RotaryCache>(*options.rope(), head_dim(), options.context_length())
                 : nullptr;
   alibi_slopes_ = options.alibi() ? detail::alibi_slopes(options.num_heads()) : at::Tensor();
+  TORCH_CHECK(!options.softcap() || (*options.softcap() > 0.0 && std::isfinite(*options.softcap())),
+              kMultiHeadAttention, ": expected softcap > 0, got ", options.softcap().value_or(0.0));
+  sinks = options.sinks() ? register_parameter("sinks", at::zeros({options.num_heads()})) : at::Tensor();
   packed_qkv_ = std::make_shared<PackedLinear>();
   packed_out_ = std::make_shared<PackedLinear>();
   if (options.causal() && options.mask_buffer()) {
@@ -100,6 +105,12 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
   }
   if (options.alibi()) {
     stream << ", alibi=true";
+  }
+  if (options.softcap()) {
+    stream << ", softcap=" << *options.softcap();
+  }
+  if (options.sinks()) {
+    stream << ", sinks=true";
   }
   if (options.qk_norm()) {
     stream << ", qk_norm=(eps=" << options.qk_norm()->eps() << ", per_head=" << std::boolalpha
@@ -158,7 +169,8 @@ at::Tensor MultiHeadAttentionImpl::forward_paged(const at::Tensor& x, PagedKVCac
   detail::check_paged(kMultiHeadAttention, x, options.d_in(), options.context_length(), W_query->weight, cache, step,
                       layer, paged_layer(), is_training(), options.dropout());
   detail::check_causal_for_cache(kMultiHeadAttention, options.causal(), "forward_paged");
-  TORCH_CHECK(!options.alibi(), kMultiHeadAttention, ": alibi is not available with forward_paged yet");
+  TORCH_CHECK(!options.alibi() && !options.softcap() && !options.sinks(), kMultiHeadAttention,
+              ": alibi, softcap and sinks are not available with forward_paged yet");
   const bool packed = options.pack_weights();
   detail::AttentionBlock block{W_query, W_key, W_value, options.num_heads(), num_kv_heads(), options.causal(),
                                mask, options.window(), rotary_.get(), packed ? packed_qkv_.get() : nullptr,
@@ -186,7 +198,8 @@ at::Tensor MultiHeadAttentionImpl::attend(const at::Tensor& x, const at::Tensor&
                                options.pack_min_rows(), q_norm.is_empty() ? nullptr : q_norm.get(),
                                k_norm.is_empty() ? nullptr : k_norm.get(),
                                !options.qk_norm() || options.qk_norm()->per_head(), alibi_slopes_};
-  const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend()};
+  const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend(),
+                                           options.softcap(), sinks};
   return detail::with_batch_dim(x, key_padding_mask, key_bias,
                                 [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {
     const at::Tensor context = detail::attention_block_forward(block, xb, cache, config, mb, bb);

@@ -53,6 +53,8 @@ std::vector<ErrorCase> error_cases() {
        "MultiHeadAttention: alibi and rope both give positions; choose one, got both"},
       {"AlibiStaticCache", [] { MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).alibi(true))->make_kv_cache(1, true); },
        "MultiHeadAttention: alibi is not available with static_shapes caches yet; use a dynamic cache"},
+      {"SoftcapZero", [] { MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).softcap(0.0)); },
+       "MultiHeadAttention: expected softcap > 0, got 0"},
       {"HeadDimZero", [] { MultiHeadAttention(MultiHeadAttentionOptions(3, 5, 6, 2).head_dim(0)); },
        "MultiHeadAttention: expected head_dim > 0, got 0"},
       {"WrongFeatures", [] { MultiHeadAttention(3, 2, 6, 0.0, 2)(x3(2, 4, 4)); },

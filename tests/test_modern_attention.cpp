@@ -38,6 +38,8 @@ struct ModernConfig {
   int64_t d_out = 0;  // > 0: head_dim given as an option, out_proj maps heads * head_dim to d_out
   int qk_norm = 0;    // 0: none; 1: QK-norm of each head (Qwen3); 2: of all the heads' features (OLMo 2)
   bool alibi = false;
+  double softcap = 0.0;  // > 0: Gemma 2's softcapping
+  bool sinks = false;    // gpt-oss' attention sinks
   bool causal, qkv_bias, out_bias;
   std::optional<int64_t> window;
   std::optional<RoPEOptions> rope;
@@ -50,7 +52,7 @@ struct ModernConfig {
 std::string describe_modern(const ModernConfig& c) {
   std::ostringstream s;
   s << "config #" << c.index << ": B=" << c.B << " T=" << c.T << " C=" << c.C << " d_in=" << c.d_in
-    << " heads=" << c.heads << " kv_heads=" << c.kv_heads << " head_dim=" << c.head_dim << " d_out=" << c.d_out << " qk_norm=" << c.qk_norm << " alibi=" << c.alibi
+    << " heads=" << c.heads << " kv_heads=" << c.kv_heads << " head_dim=" << c.head_dim << " d_out=" << c.d_out << " qk_norm=" << c.qk_norm << " alibi=" << c.alibi << " softcap=" << c.softcap << " sinks=" << c.sinks
     << " causal=" << c.causal
     << " qkv_bias=" << c.qkv_bias << " out_bias=" << c.out_bias << " window=" << c.window.value_or(0);
   if (c.rope) {
@@ -102,6 +104,8 @@ std::vector<ModernConfig> modern_configs() {
     c.qk_norm = std::uniform_int_distribution<int>(0, 3)(own) % 3;  // none half the time
     // ALiBi where it applies: causal, no RoPE, no static-shape cache.
     c.alibi = std::uniform_int_distribution<int>(0, 2)(own) == 0 && c.causal && !c.rope && !c.static_cache;
+    if (std::uniform_int_distribution<int>(0, 3)(own) == 0) c.softcap = 0.5 + std::uniform_int_distribution<int>(0, 4)(own);
+    c.sinks = std::uniform_int_distribution<int>(0, 3)(own) == 0;
     out.push_back(c);
   }
   const size_t n = out.size();
@@ -129,6 +133,8 @@ torchattn::MultiHeadAttentionOptions options_of(const ModernConfig& c) {
   if (c.d_out > 0) o.head_dim(c.head_dim);
   if (c.qk_norm > 0) o.qk_norm(torchattn::QKNormOptions().eps(1e-5).per_head(c.qk_norm == 1));
   o.alibi(c.alibi);
+  if (c.softcap > 0) o.softcap(c.softcap);
+  o.sinks(c.sinks);
   return o;
 }
 
@@ -213,12 +219,20 @@ torch::Tensor reference(const ModernConfig& c, torchattn::MultiHeadAttentionImpl
   if (c.causal) hide = hide | (j > i);
   if (c.window) hide = hide | (j <= i - *c.window);
   auto scores = q.matmul(k.transpose(2, 3)) / std::sqrt(static_cast<double>(hd));
+  if (c.softcap > 0) scores = torch::tanh(scores / c.softcap) * c.softcap;
   if (c.alibi) {  // slope * (key position - query position), positions counting real tokens
     const auto pos = (keep.to(torch::kLong).cumsum(-1) - 1).to(torch::kFloat64);  // [B, T]
     const auto distance = pos.unsqueeze(1) - pos.unsqueeze(2);                    // [B, Tq, Tk]
     scores = scores + bloom_slopes(H).to(torch::kFloat64).view({1, H, 1, 1}) * distance.unsqueeze(1);
   }
-  auto weights = torch::softmax(scores.masked_fill(hide, -std::numeric_limits<double>::infinity()), -1);
+  scores = scores.masked_fill(hide, -std::numeric_limits<double>::infinity());
+  torch::Tensor weights;
+  if (c.sinks) {  // a column of the head's sink logit joins the softmax, then goes
+    const auto sink = m.sinks.detach().cpu().to(torch::kFloat64).view({1, H, 1, 1}).expand({B, H, T, 1});
+    weights = torch::softmax(torch::cat({scores, sink}, -1), -1).narrow(-1, 0, T);
+  } else {
+    weights = torch::softmax(scores, -1);
+  }
   weights = weights.masked_fill(hide.all(-1, true), 0.0);
   return w(m.out_proj, weights.matmul(v).transpose(1, 2).reshape({B, T, H * hd}));
 }
@@ -237,6 +251,10 @@ TEST_P(Modern, MatchesTheLayerWrittenOutInFloat64) {
     torch::NoGradGuard no_grad;
     m->q_norm->weight.uniform_(0.5, 1.5);
     m->k_norm->weight.uniform_(0.5, 1.5);
+  }
+  if (c.sinks) {  // zeros at first
+    torch::NoGradGuard no_grad;
+    m->sinks.uniform_(-2.0, 2.0);
   }
   m->to(c.dtype);
   m->eval();
@@ -399,6 +417,59 @@ TEST(ModernAttention, HeadDimOfItsOwn) {
   torch::manual_seed(4);
   torchattn::MultiHeadAttention given(torchattn::MultiHeadAttentionOptions(24, 32, 16, 4).head_dim(8));
   EXPECT_TRUE(torch::equal(implied(x), given(x)));
+}
+
+// Softcapping and sinks take the blocked path: its gradients (each block recomputed in
+// backward) against autograd through the layer written out; and a sequence long enough
+// for several blocks against the whole-matrix math.
+namespace {
+torch::Tensor softcap_sinks_layer(const torch::Tensor& x, const torch::Tensor& wq, const torch::Tensor& wk,
+                                  const torch::Tensor& wv, const torch::Tensor& wo, const torch::Tensor& bo,
+                                  const torch::Tensor& sinks, int64_t H, int64_t Hkv, double cap) {
+  const int64_t B = x.size(0), T = x.size(1), hd = wq.size(0) / H;
+  auto q = x.matmul(wq.t()).view({B, T, H, hd}).transpose(1, 2);
+  auto k = x.matmul(wk.t()).view({B, T, Hkv, hd}).transpose(1, 2).repeat_interleave(H / Hkv, 1);
+  auto v = x.matmul(wv.t()).view({B, T, Hkv, hd}).transpose(1, 2).repeat_interleave(H / Hkv, 1);
+  auto s = q.matmul(k.transpose(2, 3)) / std::sqrt(static_cast<double>(hd));
+  s = torch::tanh(s / cap) * cap;
+  s = s.masked_fill(torch::ones({T, T}, torch::kBool).triu(1), -std::numeric_limits<double>::infinity());
+  auto p = torch::softmax(torch::cat({s, sinks.view({1, H, 1, 1}).expand({B, H, T, 1})}, -1), -1).narrow(-1, 0, T);
+  return p.matmul(v).transpose(1, 2).reshape({B, T, H * hd}).matmul(wo.t()) + bo;
+}
+}  // namespace
+
+TEST(ModernAttention, SoftcapAndSinksGradientsAreTheMath) {
+  for (const auto& [T, dtype] : std::vector<std::pair<int64_t, torch::Dtype>>{{9, torch::kFloat64},
+                                                                              {1100, torch::kFloat32}}) {
+    SCOPED_TRACE("T=" + std::to_string(T));
+    torch::manual_seed(11);
+    const int64_t H = T > 100 ? 2 : 4, Hkv = T > 100 ? 1 : 2;
+    torchattn::MultiHeadAttention m(
+        torchattn::MultiHeadAttentionOptions(12, 16, T, H).num_kv_heads(Hkv).softcap(2.0).sinks(true).mask_buffer(false));
+    m->to(dtype);
+    {
+      torch::NoGradGuard no_grad;
+      m->sinks.uniform_(-1.0, 1.0);
+    }
+    const auto x = torch::randn({1, T, 12}, dtype).requires_grad_(true);
+    const auto g = torch::randn({1, T, 16}, dtype);
+    (m(x) * g).sum().backward();  // two blocks at T = 1100 (2 heads x 1100 keys a row)
+    auto leaf = [&](const torch::Tensor& t) { return t.detach().to(torch::kFloat64).requires_grad_(true); };
+    const auto x2 = leaf(x), wq = leaf(m->W_query->weight), wk = leaf(m->W_key->weight), wv = leaf(m->W_value->weight),
+               wo = leaf(m->out_proj->weight), bo = leaf(m->out_proj->bias), s2 = leaf(m->sinks);
+    (softcap_sinks_layer(x2, wq, wk, wv, wo, bo, s2, H, Hkv, 2.0) * g.to(torch::kFloat64)).sum().backward();
+    const double tol = dtype == torch::kFloat64 ? 1e-10 : 2e-4;
+    auto close = [&](const torch::Tensor& a, const torch::Tensor& b, const char* what) {
+      const double err = (a.to(torch::kFloat64) - b).abs().max().item<double>() / (b.abs().max().item<double>() + 1e-30);
+      EXPECT_LT(err, tol) << what;
+    };
+    close(x.grad(), x2.grad(), "grad of x");
+    close(m->W_query->weight.grad(), wq.grad(), "grad of W_query");
+    close(m->W_key->weight.grad(), wk.grad(), "grad of W_key");
+    close(m->W_value->weight.grad(), wv.grad(), "grad of W_value");
+    close(m->out_proj->weight.grad(), wo.grad(), "grad of out_proj");
+    close(m->sinks.grad(), s2.grad(), "grad of sinks");
+  }
 }
 
 // The point of GQA: a cache num_heads / num_kv_heads times smaller.

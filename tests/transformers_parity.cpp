@@ -89,6 +89,15 @@ torchattn::MultiHeadAttentionOptions options_of(const Reference& r, Backend back
   if (r.integer("opt.alibi") != 0) {
     o.alibi(true);
   }
+  if (r.integer("opt.sinks") != 0) {
+    o.sinks(true);
+  }
+  if (r.real("opt.softcap") > 0) {
+    o.softcap(r.real("opt.softcap"));
+  }
+  if (r.real("opt.scale") > 0) {
+    o.scale(r.real("opt.scale"));
+  }
   if (r.real("opt.qk_norm_eps") > 0) {
     o.qk_norm(torchattn::QKNormOptions().eps(r.real("opt.qk_norm_eps")));
   }
@@ -254,7 +263,7 @@ TEST(TransformersReference, IsPresentAndCoversEveryFamily) {
   const auto files = case_files();
   ASSERT_FALSE(files.empty()) << "no reference in TORCHATTN_TRANSFORMERS_REFERENCE='" << reference_dir()
                               << "' (ctest -R transformers makes it with tools/make_transformers_reference.py)";
-  for (const std::string family : {"llama", "qwen2", "qwen3", "mistral", "phi", "gptj", "gpt2", "bert", "bloom"}) {
+  for (const std::string family : {"llama", "qwen2", "qwen3", "mistral", "phi", "gptj", "gpt2", "bert", "bloom", "gpt_oss", "gemma2"}) {
     EXPECT_TRUE(std::any_of(files.begin(), files.end(), [&](const std::string& f) { return f.rfind(family, 0) == 0; }))
         << "no case of " << family;
   }

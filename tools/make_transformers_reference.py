@@ -35,13 +35,17 @@ import os
 
 import torch
 import transformers
-from transformers import (BertConfig, BertModel, BloomConfig, BloomModel, DynamicCache, GPT2Config, GPT2Model, GPTJConfig, GPTJModel,
+from transformers import (BertConfig, BertModel, BloomConfig, BloomModel, DynamicCache, Gemma2Config, Gemma2Model,
+                          GptOssConfig, GptOssModel, GPT2Config, GPT2Model, GPTJConfig, GPTJModel,
                           LlamaConfig, LlamaModel, MistralConfig, MistralModel, PhiConfig, PhiModel, Qwen2Config,
                           Qwen2Model, Qwen3Config, Qwen3Model)
 
 VOCAB = 97
 B, T, STEPS = 2, 9, 4
 LEFT_PADDING = [3, 0]  # padding tokens before each sequence's prompt
+
+
+GEMMA2_QUERY_SCALAR, GEMMA2_SOFTCAP = 24, 3.0  # scores * 24^-0.5, softcapped at 3 (real: 256, 50)
 
 
 def llama_like(family, hidden, heads, kv_heads, theta, window=None, partial=None, head_dim=None):
@@ -54,6 +58,17 @@ def llama_like(family, hidden, heads, kv_heads, theta, window=None, partial=None
         return LlamaModel, LlamaConfig(**common)
     if family == "qwen2":
         return Qwen2Model, Qwen2Config(**common)
+    if family == "gemma2":  # logit softcapping, query_pre_attn_scalar; its layer 0 slides
+        common.pop("rope_theta")
+        return Gemma2Model, Gemma2Config(sliding_window=window, query_pre_attn_scalar=GEMMA2_QUERY_SCALAR,
+                                         attn_logit_softcapping=GEMMA2_SOFTCAP,
+                                         rope_parameters={"rope_type": "default", "rope_theta": theta}, **common)
+    if family == "gpt_oss":  # attention sinks; its layer 0 slides (window); default RoPE here (not YaRN)
+        common.pop("rope_theta")
+        config = GptOssConfig(sliding_window=window, num_local_experts=2, num_experts_per_tok=1,
+                              rope_parameters={"rope_type": "default", "rope_theta": theta}, **common)
+        config._experts_implementation = "eager"  # its grouped_mm takes no float64
+        return GptOssModel, config
     if family == "qwen3":  # QK-norm: an RMSNorm of each head's queries and keys, before RoPE
         return Qwen3Model, Qwen3Config(rms_norm_eps=1e-6, **common)
     if family == "mistral":
@@ -74,6 +89,10 @@ CASES = {
     "qwen2_gqa4": ("qwen2", dict(hidden=64, heads=8, kv_heads=2, theta=10000.0)),
     "qwen3_qk_norm": ("qwen3", dict(hidden=32, heads=4, kv_heads=2, theta=1000000.0, head_dim=16)),
     "qwen3_qk_norm_mha": ("qwen3", dict(hidden=48, heads=6, kv_heads=6, theta=10000.0, head_dim=8)),  # Qwen3Config: 128 unless given
+    "gemma2_softcap": ("gemma2", dict(hidden=32, heads=4, kv_heads=2, theta=10000.0, head_dim=16, window=5)),
+    "gemma2_softcap_mha": ("gemma2", dict(hidden=48, heads=4, kv_heads=4, theta=10000.0, head_dim=8, window=3)),
+    "gpt_oss_sinks": ("gpt_oss", dict(hidden=32, heads=4, kv_heads=2, theta=10000.0, head_dim=8, window=5)),
+    "gpt_oss_sinks_mqa": ("gpt_oss", dict(hidden=48, heads=6, kv_heads=1, theta=150000.0, head_dim=16, window=4)),
     "mistral_window3": ("mistral", dict(hidden=32, heads=4, kv_heads=2, theta=10000.0, window=3)),
     "mistral_window5": ("mistral", dict(hidden=32, heads=4, kv_heads=1, theta=1000000.0, window=5)),
     "phi_half": ("phi", dict(hidden=32, heads=4, kv_heads=4, theta=10000.0, partial=0.5)),
@@ -95,7 +114,7 @@ class Family:
     def __init__(self, name, args):
         self.name, self.args = name, args
         h, heads = args["hidden"], args["heads"]
-        if name in ("llama", "qwen2", "qwen3", "mistral", "phi"):
+        if name in ("llama", "qwen2", "qwen3", "mistral", "phi", "gpt_oss", "gemma2"):
             self.model_class, self.config = llama_like(name, **args)
         elif name == "gptj":
             self.model_class = GPTJModel
@@ -118,7 +137,7 @@ class Family:
                                      intermediate_size=2 * h, max_position_embeddings=64,
                                      attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0)
         self.decoder = name != "bert"
-        self.rope = name in ("llama", "qwen2", "qwen3", "mistral", "phi", "gptj")
+        self.rope = name in ("llama", "qwen2", "qwen3", "mistral", "phi", "gptj", "gpt_oss", "gemma2")
 
     def options(self):
         """The torchattn options of this configuration, as the C++ test builds them."""
@@ -127,8 +146,10 @@ class Family:
         o = dict(d_model=a["hidden"], num_heads=a["heads"], num_kv_heads=a.get("kv_heads", a["heads"]),
                  head_dim=a.get("head_dim") or 0, qk_norm_eps=1e-6 if self.name == "qwen3" else 0.0,
                  context_length=64, causal=int(self.decoder), window=a.get("window") or 0,
-                 qkv_bias=int(self.name in ("qwen2", "phi", "gpt2", "bert", "bloom")),
-                 out_bias=int(self.name in ("phi", "gpt2", "bert", "bloom")), alibi=int(self.name == "bloom"),
+                 qkv_bias=int(self.name in ("qwen2", "phi", "gpt2", "bert", "bloom", "gpt_oss")),
+                 out_bias=int(self.name in ("phi", "gpt2", "bert", "bloom", "gpt_oss")), alibi=int(self.name == "bloom"),
+                 sinks=int(self.name == "gpt_oss"), softcap=GEMMA2_SOFTCAP if self.name == "gemma2" else 0.0,
+                 scale=GEMMA2_QUERY_SCALAR ** -0.5 if self.name == "gemma2" else 0.0,
                  rope_theta=0.0, rope_interleaved=0,
                  rope_rotary_dim=0)
         if self.rope:
@@ -189,6 +210,9 @@ class Family:
                  "self.value": "W_value", "output.dense": "out_proj", "q_norm": "q_norm", "k_norm": "k_norm"}
         out = {}
         for k, v in raw.items():
+            if k == "sinks":  # gpt-oss: a parameter of the attention itself, the same name
+                out[k] = v
+                continue
             module, leaf = k.rsplit(".", 1)
             if module in names:
                 out[f"{names[module]}.{leaf}"] = v
@@ -312,7 +336,7 @@ def main():
     written = 0
     for name in a.cases:
         for dtype in (torch.float32, torch.float64):
-            if dtype == torch.float64 and CASES[name][0] in ("gptj", "bloom"):
+            if dtype == torch.float64 and CASES[name][0] in ("gptj", "bloom", "gemma2"):
                 continue
             torch.save(run_case(name, dtype), os.path.join(a.out, f"{name}_{str(dtype)[6:]}.pt"))
             written += 1

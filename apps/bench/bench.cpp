@@ -374,6 +374,55 @@ int main(int argc, char** argv) {
                        .n("overhead", mb / ma - 1.0));
   }
 
+  // ---- softcap and sinks: scores that no fused kernel takes, in blocks of queries ----
+  {
+    const int64_t B = quick ? 1 : 4, T = quick ? 256 : 1024, long_T = quick ? 2048 : 16384;
+    auto build = [&](int variant, int64_t context) {
+      torch::manual_seed(6);  // the same weights for each
+      auto o = torchattn::MultiHeadAttentionOptions(kDim, kDim, context, kHeads).mask_buffer(false);
+      if (variant == 1) o.softcap(50.0);
+      if (variant == 2) o.sinks(true);
+      torchattn::MultiHeadAttention m(o);
+      m->eval();
+      return m;
+    };
+    const char* names[] = {"without", "softcap", "sinks"};
+    torch::NoGradGuard ng;
+    fmt::print("\n[scores] B={} T={} forward without, with softcap(50), with sinks (ms, median of interleaved runs)\n",
+               B, T);
+    std::vector<torchattn::MultiHeadAttention> ms{build(0, T), build(1, T), build(2, T)};
+    auto x = torch::randn({B, T, kDim});
+    std::vector<std::vector<double>> times(3);
+    for (auto& m : ms) m(x);
+    for (int rep = 0; rep < (quick ? 2 : 7); ++rep) {
+      for (int i = 0; i < 3; ++i) times[i].push_back(time_it([&] { ms[i](x); }, 1, 0).median_ms);
+    }
+    std::vector<double> med(3);
+    for (int i = 0; i < 3; ++i) {
+      std::sort(times[i].begin(), times[i].end());
+      med[i] = times[i][times[i].size() / 2];
+      fmt::print("  {:<8} {:8.1f} ms ({:.2f}x)\n", names[i], med[i], med[i] / med[0]);
+      rows.push_back(Row().s("section", "scores").s("variant", names[i]).n("B", B).n("T", T).n("median_ms", med[i])
+                         .n("ratio", med[i] / med[0]));
+    }
+    // Peak memory of one forward at B=1 and a long sequence: blocks of queries, never T x T.
+    fmt::print("[scores] B=1 T={} forward: peak RSS growth (MiB)\n", long_T);
+    auto long_x = torch::randn({1, long_T, kDim});
+    for (int i = 0; i < 3; ++i) {
+      auto m = build(i, long_T);
+      malloc_trim(0);
+      const int64_t rss0 = status_kb("VmRSS:");
+      reset_peak_rss();
+      const auto t0 = Clock::now();
+      m(long_x);
+      const double ms_taken = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      const double peak_mib = (status_kb("VmHWM:") - rss0) / 1024.0;
+      fmt::print("  {:<8} {:8.1f} MiB {:10.0f} ms\n", names[i], peak_mib, ms_taken);
+      rows.push_back(Row().s("section", "scores_memory").s("variant", names[i]).n("B", 1).n("T", long_T)
+                         .n("peak_rss_growth_mib", peak_mib).n("ms", ms_taken));
+    }
+  }
+
   if (!json_path.empty()) {
     std::ostringstream meta;
     meta << "\"tool\": \"torchattn_bench\", \"torchattn\": \"" << TORCHATTN_VERSION << "\", \"threads\": " << threads

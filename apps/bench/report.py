@@ -102,6 +102,17 @@ def main():
            f"## RoPE, forward B={rope_on['B']}, T={rope_on['T']} (medians of interleaved runs)", "",
            table(["variant", "median ms"], [["without RoPE", f"{rope_off['median_ms']:.1f}"],
                                             ["with RoPE", f"{rope_on['median_ms']:.1f}"]]), ""]
+    sc = {v: pick("scores", v) for v in ("without", "softcap", "sinks")}
+    sm = {v: pick("scores_memory", v) for v in ("without", "softcap", "sinks")}
+    if all(sc.values()) and all(sm.values()):
+        md += [f"## Softcapping and sinks, forward B={sc['without']['B']}, T={sc['without']['T']} "
+               "(medians of interleaved runs)", "",
+               "Gemma 2's `softcap(50)` and gpt-oss' `sinks(true)` take no fused kernel: torchattn computes them a "
+               "block of queries at a time (never T x T scores). Peak RSS growth of one forward at "
+               f"B=1, T={sm['without']['T']}.", "",
+               table(["variant", "median ms", "x without", f"T={sm['without']['T']}: peak MiB", "ms"],
+                     [[v, f"{sc[v]['median_ms']:.1f}", f"{sc[v]['ratio']:.2f}",
+                       f"{sm[v]['peak_rss_growth_mib']:.0f}", f"{sm[v]['ms']:.0f}"] for v in sc]), ""]
 
     auto_f, ref_f = pick("forward", "auto"), pick("forward", "reference")
     hand_f = pick("forward", "linear+aten_sdpa")
@@ -118,6 +129,14 @@ def main():
         ("GQA 4:1 decoding no slower than MHA (tokens/s ratio)", gqa["tokens_per_s"] / mha["tokens_per_s"], ">=", 1.0),
         ("RoPE adds <= 10% to the forward (time ratio)", rope_on["median_ms"] / rope_off["median_ms"], "<=", 1.10),
     ]
+    if all(sc.values()) and all(sm.values()):
+        checks += [
+            ("softcap forward <= 1.5x the forward without (time ratio)", sc["softcap"]["ratio"], "<=", 1.5),
+            ("sinks forward <= 1.5x the forward without (time ratio)", sc["sinks"]["ratio"], "<=", 1.5),
+            (f"softcap, B=1, T={sm['softcap']['T']}: peak RSS growth < 512 MiB",
+             sm["softcap"]["peak_rss_growth_mib"], "<", 512),
+            (f"sinks, B=1, T={sm['sinks']['T']}: peak RSS growth < 512 MiB", sm["sinks"]["peak_rss_growth_mib"], "<", 512),
+        ]
     md += ["## Targets", "", table(["target", "measured", "met"], [
         [name, f"{val:.2f}", "yes" if (val >= bound if op == ">=" else val <= bound if op == "<=" else val < bound)
          else "**no**"] for name, val, op, bound in checks]), ""]

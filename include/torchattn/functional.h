@@ -94,6 +94,13 @@ struct AttentionConfig {
   /// Dropout only acts in training mode.
   bool training = false;
   Backend backend = Backend::Auto;
+  /// Gemma 2's logit softcapping (> 0): the scaled scores become
+  /// softcap * tanh(scores / softcap). Unset: none.
+  std::optional<double> softcap = std::nullopt;
+  /// gpt-oss' attention sinks: [num_heads] logits, one per query head, that join each
+  /// row's softmax (their column then dropped), so a row may give its keys less than
+  /// all of its weight. Undefined: none.
+  at::Tensor sinks = at::Tensor();
 };
 
 /// The backend that `attention` runs for this configuration: Auto becomes SDPA,

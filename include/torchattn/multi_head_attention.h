@@ -82,6 +82,16 @@ struct MultiHeadAttentionOptions {
   /// (Qwen3, OLMo 2): submodules `q_norm` and `k_norm` (RMSNorm, weights of ones at
   /// first), named as transformers names them. Default: unset, none (the notebooks).
   TORCH_ARG(std::optional<QKNormOptions>, qk_norm) = std::nullopt;
+  /// Gemma 2's logit softcapping (> 0): the scaled scores become softcap *
+  /// tanh(scores / softcap) before the masks (Gemma 2: 50). No fused kernel takes it:
+  /// attention runs a block of queries at a time (memory grows with T, not T^2; backward
+  /// recomputes each block). Not with forward_paged. Default: unset, none.
+  TORCH_ARG(std::optional<double>, softcap) = std::nullopt;
+  /// gpt-oss' attention sinks: a parameter `sinks` of num_heads logits (zeros at first),
+  /// named as transformers names it, that joins each row's softmax denominator, so a
+  /// query may give its keys less than all of its weight. Computed in blocks as softcap.
+  /// Not with forward_paged. Default: false.
+  TORCH_ARG(bool, sinks) = false;
   /// ALiBi (BLOOM, MPT): no position embeddings; each head adds slope * (key position -
   /// query position) to its scaled scores, the slopes of the ALiBi paper for any head
   /// count (as BLOOM computes them); positions count each sequence's real tokens. The
@@ -223,6 +233,8 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   torch::nn::Linear W_value{nullptr};
   torch::nn::Linear out_proj{nullptr};
   torch::nn::Dropout dropout{nullptr};
+  /// With sinks: the [num_heads] sink logits (parameter `sinks`); undefined without.
+  at::Tensor sinks;
   /// With qk_norm: the queries' and the keys' RMSNorm; null without.
   RMSNorm q_norm{nullptr};
   RMSNorm k_norm{nullptr};

@@ -70,6 +70,8 @@ std::optional<OptionValues> checkpoint_options(const torch::nn::Module& module) 
                      {"qk_norm", !o.qk_norm() ? "none" : o.qk_norm()->per_head() ? "per_head" : "all_heads"},
                      {"qk_norm_eps", o.qk_norm() ? text(o.qk_norm()->eps()) : "none"},
                      {"alibi", text(o.alibi())},
+                     {"softcap", o.softcap() ? text(*o.softcap()) : "none"},
+                     {"sinks", text(o.sinks())},
                      {"scale", text(o.scale())}};
     add_attention_options(out, o.causal(), o.window(), o.rope());
     return out;
