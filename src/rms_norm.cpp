@@ -2,8 +2,10 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/TensorOperators.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/rsqrt.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
@@ -11,8 +13,8 @@
 
 namespace torchattn {
 
-RMSNormImpl::RMSNormImpl(int64_t size, double eps_) : eps(eps_) {
-  weight = register_parameter("weight", at::ones({size}));
+RMSNormImpl::RMSNormImpl(int64_t size, double eps_, bool unit_offset_) : eps(eps_), unit_offset(unit_offset_) {
+  weight = register_parameter("weight", unit_offset ? at::zeros({size}) : at::ones({size}));
 }
 
 namespace {
@@ -51,9 +53,12 @@ at::Tensor fused_rms_norm(const at::Tensor& x_in, const at::Tensor& weight, doub
 } // namespace
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
-  if (fused_rms_norm_applies(x, weight)) return fused_rms_norm(x, weight, eps);
+  if (fused_rms_norm_applies(x, weight)) {
+    return fused_rms_norm(x, unit_offset ? (weight + 1.0).contiguous() : weight, eps);
+  }
   const at::Tensor h = x.to(at::kFloat);
   const at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
+  if (unit_offset) return ((h * at::rsqrt(variance + eps)) * (weight.to(at::kFloat) + 1.0)).to(x.scalar_type());
   return weight * (h * at::rsqrt(variance + eps)).to(x.scalar_type());
 }
 

@@ -3,7 +3,7 @@
 // TORCHATTN_GENERATE_REFERENCE names; TORCHATTN_SMOLLM2 names the converted
 // SmolLM2 folder; ctest -R generate sets both).
 //
-// - tiny random Llama (one with heads of their own size), Qwen2, Qwen3 and Mistral checkpoints: prompt logits within 1e-4
+// - tiny random Llama (one with heads of their own size), Qwen2, Qwen3, Mistral and Gemma 2 checkpoints: prompt logits within 1e-4
 //   (relative to the largest), 32 greedy tokens equal, cached decoding equal to
 //   recomputing the whole sequence;
 // - the tokenizers: every line of the fortunes text, ids and decoded text equal
@@ -167,7 +167,7 @@ INSTANTIATE_TEST_SUITE_P(Generate, TinyModel, ::testing::ValuesIn(tiny_models())
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 TEST(GenerateReference, IsPresent) {
-  ASSERT_EQ(tiny_models().size(), 6u) << "no reference in TORCHATTN_GENERATE_REFERENCE='" << reference().string()
+  ASSERT_EQ(tiny_models().size(), 7u) << "no reference in TORCHATTN_GENERATE_REFERENCE='" << reference().string()
                                       << "' (ctest -R generate makes it)";
   ASSERT_TRUE(fs::exists(smollm2() / "model.safetensors")) << "no SmolLM2 in TORCHATTN_SMOLLM2='" << smollm2().string()
                                                            << "'";

@@ -330,13 +330,13 @@ TEST(ModelFolders, WrongKindsAndUnsupportedTypesNameTheSupportedOnes) {
   fs::create_directories(tmp);
   std::ofstream(tmp / "config.json") << R"({"model_type": "t5", "vocab_size": 10})";
   EXPECT_HAS(error_of([&] { models::SentenceEncoder::from_pretrained(tmp.string()); }),
-             "holds a t5 model; SentenceEncoder runs bert encoders; supported: llama, qwen2, qwen3, mistral (decoders); bert "
-             "(encoders)");
-  EXPECT_HAS(error_of([&] { models::LanguageModel::from_pretrained(tmp.string()); }),
-             "holds a t5 model; LanguageModel runs llama, qwen2, qwen3 and mistral; supported: llama, qwen2, qwen3, mistral "
+             "holds a t5 model; SentenceEncoder runs bert encoders; supported: llama, qwen2, qwen3, mistral, gemma2 "
              "(decoders); bert (encoders)");
+  EXPECT_HAS(error_of([&] { models::LanguageModel::from_pretrained(tmp.string()); }),
+             "holds a t5 model; LanguageModel runs llama, qwen2, qwen3, mistral and gemma2; supported: llama, qwen2, qwen3, "
+             "mistral, gemma2 (decoders); bert (encoders)");
   EXPECT_HAS(error_of([&] { models::LanguageModel::from_pretrained(minilm()); }),
-             "holds a bert model; LanguageModel runs llama, qwen2, qwen3 and mistral (load a bert folder with "
+             "holds a bert model; LanguageModel runs llama, qwen2, qwen3, mistral and gemma2 (load a bert folder with "
              "SentenceEncoder::from_pretrained)");
   std::ofstream(tmp / "config.json") << R"({"model_type": "bert", "vocab_size": 10, "hidden_size": 8,
       "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 16,

@@ -2,10 +2,12 @@
 """Writes what tests/generate_checks.cpp compares torchattn_generate's model, tokenizer
 and chat template with, all from transformers (offline, float32, CPU):
 
-- tiny/<name>/: small random Llama, Qwen2 and Mistral checkpoints (save_pretrained:
-  config.json and model.safetensors), covering grouped-query heads, several RoPE
-  thetas, a sliding window shorter than the prompt, tied and untied embeddings, and
-  Qwen2's q/k/v biases; with expected.pt: a prompt's logits and 32 greedy tokens from
+- tiny/<name>/: small random Llama, Qwen2, Qwen3, Mistral and Gemma 2 checkpoints
+  (save_pretrained: config.json and model.safetensors), covering grouped-query heads,
+  several RoPE thetas, a sliding window shorter than the prompt, tied and untied
+  embeddings, Qwen2's q/k/v biases, Qwen3's QK-norm, and Gemma 2's softcapped scores and
+  logits, query_pre_attn_scalar, alternating sliding layers and norms around each
+  sublayer; with expected.pt: a prompt's logits and 32 greedy tokens from
   transformers' generate, and each step's margin between its top two logits;
 - tokenizer_smollm2.json and tokenizer_qwen2style/: every line of the fortunes text
   (Debian's `fortunes`, the text train_gpt learns) with its ids under SmolLM2's
@@ -26,8 +28,9 @@ import os
 
 import torch
 import transformers
-from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+from transformers import (AutoModelForCausalLM, AutoTokenizer, Gemma2Config, Gemma2ForCausalLM, LlamaConfig,
+                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM)
 
 FORTUNES = "/usr/share/games/fortunes"
 PROMPTS = [
@@ -57,6 +60,13 @@ TINY = {
     "qwen3_qk_norm": (Qwen3Config, Qwen3ForCausalLM,
                       dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, rope_theta=1000000.0,
                            tie_word_embeddings=True)),
+    # Gemma 2: caps small enough to bite (raw logits reach 8 against a cap of 10), a scale
+    # of its own (query_pre_attn_scalar 24, heads of 16), layer 0 sliding over 4 tokens;
+    # untied (tied, this random model repeats one token)
+    "gemma2_softcap": (Gemma2Config, Gemma2ForCausalLM,
+                       dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=10000.0,
+                            query_pre_attn_scalar=24, attn_logit_softcapping=3.0, final_logit_softcapping=10.0,
+                            sliding_window=4, tie_word_embeddings=False)),
 }
 
 
@@ -66,10 +76,12 @@ def tiny_models(out):
         config = config_class(vocab_size=211, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                               max_position_embeddings=128, initializer_range=0.25, rms_norm_eps=1e-6, **extra)
         model = model_class(config).eval()
-        with torch.no_grad():  # norms' weights are ones at first: make them count
+        with torch.no_grad():  # norms' weights are ones at first (Gemma 2's zeros): make them count
             for key, p in model.named_parameters():
                 if key.endswith(("q_norm.weight", "k_norm.weight")):
                     p.copy_(1.0 + 0.3 * torch.randn(p.shape))
+                elif config_class is Gemma2Config and key.endswith("norm.weight"):
+                    p.copy_(0.3 * torch.randn(p.shape))
         d = os.path.join(out, "tiny", name)
         model.save_pretrained(d)
         g = torch.Generator().manual_seed(7 + i)

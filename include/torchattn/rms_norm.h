@@ -1,7 +1,8 @@
 #pragma once
 
 // RMSNorm as the Llama family computes it (transformers' LlamaRMSNorm): the decoders'
-// norms, and the queries' and keys' norms of MultiHeadAttention's qk_norm (Qwen3).
+// norms, and the queries' and keys' norms of MultiHeadAttention's qk_norm (Qwen3); and
+// as Gemma 2 does (Gemma2RMSNorm: a weight that scales by 1 + weight).
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
@@ -13,12 +14,15 @@ namespace torchattn {
 
 /// x [..., size] -> [..., size]: in float32, x / sqrt(mean(x^2) + eps), back to x's
 /// dtype, times the weight [size] (parameter `weight`, ones at first).
+/// With unit_offset (Gemma 2): times 1 + weight in float32, then back to x's dtype
+/// (`weight` zeros at first).
 class RMSNormImpl : public torch::nn::Module {
  public:
-  RMSNormImpl(int64_t size, double eps);
+  RMSNormImpl(int64_t size, double eps, bool unit_offset = false);
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight;
   double eps;
+  bool unit_offset;
 };
 TORCH_MODULE(RMSNorm);
 

@@ -1,11 +1,15 @@
 #include <torchattn/models/causal_lm.h>
 
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/silu.h>
+#include <ATen/ops/tanh.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 namespace torchattn::models {
@@ -18,7 +22,11 @@ int64_t rows_of(const at::Tensor& x) { return x.size(-1) == 0 ? 0 : x.numel() / 
 } // namespace
 
 DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, int64_t context_length) {
-  input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  TORCH_CHECK(c.activation == "silu" || c.activation == "gelu_tanh", "DecoderLayer: expected the activation silu or "
+              "gelu_tanh, got '", c.activation, "'");
+  gelu_tanh_ = c.activation == "gelu_tanh";
+  const bool gemma = c.gemma_norms;
+  input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps, gemma));
   auto attn = torchattn::MultiHeadAttentionOptions(c.hidden_size, c.hidden_size, context_length, c.num_heads)
                   .num_kv_heads(c.num_kv_heads)
                   .rope(torchattn::RoPEOptions(c.rope_theta))
@@ -28,8 +36,15 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, int64_
   attn.window(c.windows.at(static_cast<size_t>(layer)));
   if (c.own_head_dim > 0) attn.head_dim(c.own_head_dim);
   if (c.qk_norm) attn.qk_norm(torchattn::QKNormOptions().eps(c.rms_norm_eps));
+  if (c.attn_softcap > 0.0) attn.softcap(c.attn_softcap);
+  if (c.attn_scale) attn.scale(*c.attn_scale);
   self_attn = register_module("self_attn", torchattn::MultiHeadAttention(attn));
-  post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps, gemma));
+  if (gemma) {
+    pre_feedforward_layernorm = register_module("pre_feedforward_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps, true));
+    post_feedforward_layernorm =
+        register_module("post_feedforward_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps, true));
+  }
   const auto mlp = [&](int64_t in, int64_t out) { return torch::nn::LinearOptions(in, out).bias(c.mlp_bias); };
   gate_proj = register_module("gate_proj", torch::nn::Linear(mlp(c.hidden_size, c.intermediate_size)));
   up_proj = register_module("up_proj", torch::nn::Linear(mlp(c.hidden_size, c.intermediate_size)));
@@ -51,9 +66,28 @@ void DecoderLayerImpl::pack_weights(bool on, int64_t min_rows) {
 
 at::Tensor DecoderLayerImpl::forward_paged(const at::Tensor& x, torchattn::PagedKVCache& cache,
                                            const torchattn::PagedStep& step, int64_t layer) {
-  at::Tensor h = self_attn->forward_paged(input_layernorm(x), cache, step, layer);
-  h.add_(x);  // inference only (forward_paged refuses autograd): sums in place
-  return mlp(post_attention_layernorm(h)).add_(h);
+  return rest(self_attn->forward_paged(input_layernorm(x), cache, step, layer), x);
+}
+
+at::Tensor DecoderLayerImpl::rest(at::Tensor attn, const at::Tensor& x) {
+  // Residual sums written in place where no gradient is kept (generation, and
+  // forward_paged, which refuses autograd): the same values, one allocation fewer each.
+  const bool in_place = !c10::GradMode::is_enabled();
+  if (!pre_feedforward_layernorm) {  // the Llama family: x + attn, then h + mlp(norm(h))
+    const at::Tensor h = in_place ? attn.add_(x) : attn + x;
+    const at::Tensor out = mlp(post_attention_layernorm(h));
+    return in_place ? out.add_(h) : out + h;
+  }
+  // Gemma 2: each sublayer's output normed before its residual sum.
+  at::Tensor h = post_attention_layernorm(attn);
+  h = in_place ? h.add_(x) : h + x;
+  const at::Tensor out = post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)));
+  return in_place ? out.add_(h) : out + h;
+}
+
+at::Tensor DecoderLayerImpl::activate(at::Tensor gate, bool in_place) const {
+  if (gelu_tanh_) return in_place ? at::gelu_(gate, "tanh") : at::gelu(gate, "tanh");
+  return in_place ? at::silu_(gate) : at::silu(gate);
 }
 
 at::Tensor DecoderLayerImpl::mlp(const at::Tensor& m) {
@@ -66,13 +100,13 @@ at::Tensor DecoderLayerImpl::mlp(const at::Tensor& m) {
         packed_gate_up_->forward(m, {gate_proj->weight, up_proj->weight}, {gate_proj->bias, up_proj->bias});
     const int64_t I = gate_proj->weight.size(0);
     gate = both.narrow(-1, 0, I);
-    at::silu_(gate).mul_(both.narrow(-1, I, I));
+    activate(gate, true).mul_(both.narrow(-1, I, I));
   } else {
     auto linear = [](const torch::nn::Linear& l, const at::Tensor& in) {
       return torchattn::functional::linear(in, l->weight, l->bias);
     };
     gate = linear(gate_proj, m);
-    gate = in_place ? at::silu_(gate).mul_(linear(up_proj, m)) : at::silu(gate) * linear(up_proj, m);
+    gate = in_place ? activate(gate, true).mul_(linear(up_proj, m)) : activate(gate, false) * linear(up_proj, m);
   }
   if (packed && torchattn::PackedLinear::applies(gate, {down_proj->weight}, {down_proj->bias})) {
     return packed_down_->forward(gate, {down_proj->weight}, {down_proj->bias});
@@ -82,14 +116,9 @@ at::Tensor DecoderLayerImpl::mlp(const at::Tensor& m) {
 
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, torchattn::KVCache* cache, const at::Tensor& key_padding_mask) {
   const at::Tensor a = input_layernorm(x);
-  at::Tensor h = cache != nullptr ? self_attn->forward_cached(a, *cache, key_padding_mask)
-                                  : self_attn->forward(a, key_padding_mask);
-  // Residual sums written in place where no gradient is kept (generation): the same
-  // values, one allocation fewer each.
-  const bool in_place = !c10::GradMode::is_enabled();
-  h = in_place ? h.add_(x) : h + x;
-  const at::Tensor out = mlp(post_attention_layernorm(h));
-  return in_place ? out.add_(h) : out + h;
+  return rest(cache != nullptr ? self_attn->forward_cached(a, *cache, key_padding_mask)
+                               : self_attn->forward(a, key_padding_mask),
+              x);
 }
 
 CausalLMImpl::CausalLMImpl(const DecoderConfig& config, int64_t context_length)
@@ -100,7 +129,7 @@ CausalLMImpl::CausalLMImpl(const DecoderConfig& config, int64_t context_length)
   embed_tokens = register_module("embed_tokens", torch::nn::Embedding(config.vocab_size, config.hidden_size));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.num_layers; ++i) layers->push_back(DecoderLayer(config, i, context_length));
-  norm = register_module("norm", RMSNorm(config.hidden_size, config.rms_norm_eps));
+  norm = register_module("norm", RMSNorm(config.hidden_size, config.rms_norm_eps, config.gemma_norms));
   if (!config.tie_word_embeddings) {
     lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(config.hidden_size, config.vocab_size)
                                                                .bias(false)));
@@ -149,7 +178,7 @@ at::Tensor CausalLMImpl::forward_paged(const at::Tensor& ids, torchattn::PagedKV
               layers->size(), " layers (make_paged_cache), got one of ", cache.num_layers());
   TORCH_CHECK(!logit_rows.defined() || (logit_rows.dim() == 1 && logit_rows.scalar_type() == at::kLong), "CausalLM: "
               "expected logit_rows as int64 indices [R], got ", logit_rows.sizes(), " of ", logit_rows.scalar_type());
-  at::Tensor x = embed_tokens(ids);
+  at::Tensor x = embed(ids);
   for (size_t i = 0; i < layers->size(); ++i) {
     x = layers[i]->as<DecoderLayerImpl>()->forward_paged(x, cache, step, static_cast<int64_t>(i));
   }
@@ -157,11 +186,22 @@ at::Tensor CausalLMImpl::forward_paged(const at::Tensor& ids, torchattn::PagedKV
   return head(norm(x));
 }
 
+at::Tensor CausalLMImpl::embed(const at::Tensor& ids) {
+  const at::Tensor x = embed_tokens(ids);
+  if (!config_.gemma_norms) return x;
+  // Gemma 2: times sqrt(hidden_size) rounded to the embeddings' dtype, as transformers.
+  return x * at::scalar_tensor(std::sqrt(static_cast<double>(config_.hidden_size)), x.options());
+}
+
 at::Tensor CausalLMImpl::head(const at::Tensor& x) {
   const at::Tensor& weight = lm_head ? lm_head->weight : embed_tokens->weight;
   // The packed head is faster even for one row (a vocabulary's worth of outputs).
-  if (pack_ && torchattn::PackedLinear::applies(x, {weight})) return packed_head_->forward(x, {weight});
-  return torchattn::functional::linear(x, weight);
+  at::Tensor logits = pack_ && torchattn::PackedLinear::applies(x, {weight}) ? packed_head_->forward(x, {weight})
+                                                                            : torchattn::functional::linear(x, weight);
+  if (config_.final_softcap > 0.0) {  // Gemma 2: cap * tanh(logits / cap)
+    logits = at::tanh(logits / config_.final_softcap) * config_.final_softcap;
+  }
+  return logits;
 }
 
 at::Tensor CausalLMImpl::forward(const at::Tensor& ids, std::vector<torchattn::KVCache>* caches,
@@ -170,7 +210,7 @@ at::Tensor CausalLMImpl::forward(const at::Tensor& ids, std::vector<torchattn::K
               ids.sizes(), " of ", ids.scalar_type());
   TORCH_CHECK(caches == nullptr || caches->size() == layers->size(), "CausalLM: expected ", layers->size(),
               " caches, got ", caches == nullptr ? 0 : caches->size());
-  at::Tensor x = embed_tokens(ids);
+  at::Tensor x = embed(ids);
   for (size_t i = 0; i < layers->size(); ++i) {
     x = layers[i]->as<DecoderLayerImpl>()->forward(x, caches != nullptr ? &(*caches)[i] : nullptr, key_padding_mask);
   }

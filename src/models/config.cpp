@@ -6,6 +6,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <cmath>
+
 namespace torchattn::models {
 
 namespace {
@@ -34,7 +36,7 @@ std::vector<int64_t> ids(const json& v) {
 
 } // namespace
 
-const char* supported_model_types() { return "llama, qwen2, qwen3, mistral (decoders); bert (encoders)"; }
+const char* supported_model_types() { return "llama, qwen2, qwen3, mistral, gemma2 (decoders); bert (encoders)"; }
 
 std::string read_model_type(const std::string& path) {
   const json c = detail::read_json_file(path, "config");
@@ -46,7 +48,8 @@ static DecoderConfig read_decoder_config_unchecked(const std::string& path) {
   const json c = detail::read_json_file(path, "config");
   DecoderConfig m;
   m.model_type = c.value("model_type", std::string());
-  if (m.model_type != "llama" && m.model_type != "qwen2" && m.model_type != "qwen3" && m.model_type != "mistral") {
+  if (m.model_type != "llama" && m.model_type != "qwen2" && m.model_type != "qwen3" && m.model_type != "mistral" &&
+      m.model_type != "gemma2") {
     fail(path, "model_type '" + m.model_type + "' is not a decoder this library runs; supported: " +
                    supported_model_types());
   }
@@ -64,7 +67,32 @@ static DecoderConfig read_decoder_config_unchecked(const std::string& path) {
   } else if (m.hidden_size % m.num_heads != 0) {
     fail(path, "hidden_size is not a multiple of num_attention_heads (and no head_dim)");
   }
-  if (c.value("hidden_act", std::string("silu")) != "silu") fail(path, "hidden_act is not silu");
+  if (m.model_type == "gemma2") {
+    // Gemma 2 names its activation hidden_activation (hidden_act where older configs give it).
+    const json act = c.contains("hidden_activation") && !c["hidden_activation"].is_null() ? c["hidden_activation"]
+                                                                                          : c.value("hidden_act", json());
+    if (!act.is_string() || act.get<std::string>() != "gelu_pytorch_tanh") {
+      fail(path, "hidden_activation is not gelu_pytorch_tanh");
+    }
+    m.activation = "gelu_tanh";
+    m.gemma_norms = true;
+    auto cap = [&](const char* key, double fallback) {
+      if (!c.contains(key)) return fallback;
+      if (c[key].is_null()) return 0.0;
+      if (!c[key].is_number() || c[key].get<double>() <= 0.0) fail(path, std::string(key) + " is not a positive number");
+      return c[key].get<double>();
+    };
+    m.attn_softcap = cap("attn_logit_softcapping", 50.0);
+    m.final_softcap = cap("final_logit_softcapping", 30.0);
+    if (c.contains("query_pre_attn_scalar") && !c["query_pre_attn_scalar"].is_number()) {
+      fail(path, "query_pre_attn_scalar is not a number");
+    }
+    const double scalar = c.value("query_pre_attn_scalar", 256.0);
+    if (!(scalar > 0.0)) fail(path, "query_pre_attn_scalar is not positive");
+    m.attn_scale = std::pow(scalar, -0.5);
+  } else if (c.value("hidden_act", std::string("silu")) != "silu") {
+    fail(path, "hidden_act is not silu");
+  }
   m.rms_norm_eps = c.value("rms_norm_eps", 1e-6);
   // RoPE: rope_parameters (transformers 5) or rope_theta; only the default kind.
   const json rope = c.contains("rope_parameters") && c["rope_parameters"].is_object() ? c["rope_parameters"] : c;

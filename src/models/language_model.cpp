@@ -20,8 +20,9 @@ LanguageModel LanguageModel::from_pretrained(const std::string& folder, const Lo
   TORCH_CHECK(fs::is_directory(folder), "LanguageModel::from_pretrained: '", folder, "' is not a folder");
   const std::string config_path = (fs::path(folder) / "config.json").string();
   const std::string type = read_model_type(config_path);
-  TORCH_CHECK(type == "llama" || type == "qwen2" || type == "qwen3" || type == "mistral", "LanguageModel::from_pretrained: '", folder,
-              "' holds a ", type, " model; LanguageModel runs llama, qwen2, qwen3 and mistral",
+  TORCH_CHECK(type == "llama" || type == "qwen2" || type == "qwen3" || type == "mistral" || type == "gemma2",
+              "LanguageModel::from_pretrained: '", folder,
+              "' holds a ", type, " model; LanguageModel runs llama, qwen2, qwen3, mistral and gemma2",
               type == "bert" ? " (load a bert folder with SentenceEncoder::from_pretrained)" : "",
               "; supported: ", supported_model_types());
   const DecoderConfig config = read_decoder_config(config_path);

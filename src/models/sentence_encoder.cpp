@@ -34,7 +34,7 @@ SentenceEncoder SentenceEncoder::from_pretrained(const std::string& folder, cons
   const std::string type = read_model_type((dir / "config.json").string());
   TORCH_CHECK(type == "bert", "SentenceEncoder::from_pretrained: '", folder, "' holds a ", type,
               " model; SentenceEncoder runs bert encoders",
-              type == "llama" || type == "qwen2" || type == "qwen3" || type == "mistral" ? " (load a decoder with LanguageModel::from_pretrained)" : "",
+              type == "llama" || type == "qwen2" || type == "qwen3" || type == "mistral" || type == "gemma2" ? " (load a decoder with LanguageModel::from_pretrained)" : "",
               "; supported: ", supported_model_types());
   const BertConfig config = read_bert_config((dir / "config.json").string());
   Tokenizer tokenizer((dir / "tokenizer.json").string());

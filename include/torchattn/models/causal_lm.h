@@ -1,9 +1,11 @@
 #pragma once
 
-// A Llama-family decoder (Llama, Qwen2, Mistral) built on torchattn's
-// MultiHeadAttention: token embeddings, pre-norm layers (RMSNorm -> grouped-query
-// attention with RoPE -> residual, RMSNorm -> SwiGLU MLP -> residual), a final RMSNorm
-// and an output head (tied to the embeddings or not), with transformers' numerics.
+// A Llama-family decoder (Llama, Qwen2, Qwen3, Mistral; and Gemma 2) built on
+// torchattn's MultiHeadAttention: token embeddings, pre-norm layers (RMSNorm ->
+// grouped-query attention with RoPE -> residual, RMSNorm -> SwiGLU MLP -> residual), a
+// final RMSNorm and an output head (tied to the embeddings or not), with transformers'
+// numerics. Gemma 2 (DecoderConfig::gemma_norms): embeddings times sqrt(hidden), norms
+// after each sublayer too, GeGLU, softcapped scores and logits.
 
 #include <torchattn/models/config.h>
 #include <torchattn/models/rms_norm.h>
@@ -39,10 +41,17 @@ class DecoderLayerImpl : public torch::nn::Module {
   void pack_weights(bool on, int64_t min_rows);
 
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  RMSNorm pre_feedforward_layernorm{nullptr}, post_feedforward_layernorm{nullptr};  // Gemma 2 only
   torchattn::MultiHeadAttention self_attn{nullptr};
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 
  private:
+  // attn: the attention's output for x -> the layer's output (residual sums and MLP).
+  at::Tensor rest(at::Tensor attn, const at::Tensor& x);
+  // The gate's activation, in place where `in_place`.
+  at::Tensor activate(at::Tensor gate, bool in_place) const;
+
+  bool gelu_tanh_ = false;
   std::shared_ptr<torchattn::PackedLinear> packed_gate_up_, packed_down_;
   bool pack_ = false;
   int64_t pack_min_rows_ = 2;
@@ -110,6 +119,8 @@ class CausalLMImpl : public torch::nn::Module {
  private:
   // The output head over final hidden states [..., hidden] -> logits.
   at::Tensor head(const at::Tensor& x);
+  // ids -> the embeddings the first layer takes (Gemma 2: scaled).
+  at::Tensor embed(const at::Tensor& ids);
 
   DecoderConfig config_;
   int64_t context_length_;

@@ -1,7 +1,8 @@
 #pragma once
 
 // A Hugging Face model folder's `config.json`, read into what a model needs: the
-// decoders of the Llama family (model_type llama, qwen2, qwen3, mistral) and the BERT
+// decoders of the Llama family (model_type llama, qwen2, qwen3, mistral), Gemma 2
+// (gemma2) and the BERT
 // encoders (model_type bert: BERT, MiniLM, ...).
 
 #include <cstdint>
@@ -12,7 +13,7 @@
 namespace torchattn::models {
 
 struct DecoderConfig {
-  std::string model_type;  // llama, qwen2, qwen3, mistral
+  std::string model_type;  // llama, qwen2, qwen3, mistral, gemma2
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -27,7 +28,21 @@ struct DecoderConfig {
   bool o_bias = false;    // Llama: attention_bias
   bool mlp_bias = false;
   bool qk_norm = false;   // Qwen3: RMSNorm of each head's queries and keys (q_norm, k_norm)
-  /// Per layer: a sliding window (Mistral; Qwen2's sliding_attention layers), or none.
+  /// The gate's activation in the MLP: "silu" (SwiGLU, the Llama family) or "gelu_tanh"
+  /// (GeGLU, Gemma 2's gelu_pytorch_tanh).
+  std::string activation = "silu";
+  /// Gemma 2: a norm after each sublayer as well as before it (post_attention_layernorm
+  /// on the attention's output, pre_ and post_feedforward_layernorm around the MLP),
+  /// norms that scale by 1 + weight, and the embeddings times sqrt(hidden_size).
+  bool gemma_norms = false;
+  /// Gemma 2: attn_logit_softcapping (the scores) and final_logit_softcapping (the
+  /// logits), cap * tanh(x / cap); 0: none.
+  double attn_softcap = 0.0;
+  double final_softcap = 0.0;
+  /// Gemma 2: query_pre_attn_scalar^-0.5, the scores' scale (else 1 / sqrt(head_dim)).
+  std::optional<double> attn_scale;
+  /// Per layer: a sliding window (Mistral; the sliding_attention layers of Qwen2 and
+  /// Gemma 2), or none.
   std::vector<std::optional<int64_t>> windows;
   std::vector<int64_t> eos_token_ids;
   std::optional<int64_t> bos_token_id;
@@ -66,7 +81,7 @@ BertConfig read_bert_config(const std::string& path);
 std::string read_model_type(const std::string& path);
 
 /// The model types this library runs, for error messages:
-/// "llama, qwen2, qwen3, mistral (decoders); bert (encoders)".
+/// "llama, qwen2, qwen3, mistral, gemma2 (decoders); bert (encoders)".
 const char* supported_model_types();
 
 } // namespace torchattn::models
