@@ -88,8 +88,11 @@ def tiny_models(out):
         prompt = torch.randint(3, 211, (1, 10), generator=g)
         with torch.no_grad():
             logits = model(prompt).logits[0]
-            gen = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32, min_new_tokens=32,
-                                 do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+            # 32 tokens with no end-of-sequence token, as the checks generate them (stop_at_eos
+            # false): EOS may be chosen like any other (min_new_tokens would mask it instead).
+            model.generation_config.eos_token_id = None
+            gen = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32, do_sample=False,
+                                 output_logits=True, return_dict_in_generate=True, pad_token_id=0)
         new = gen.sequences[0, prompt.shape[1]:]
         top2 = torch.stack([s[0].topk(2).values for s in gen.logits])
         torch.save({"prompt": prompt[0].clone(), "logits": logits.clone(), "tokens": new.clone(),
