@@ -141,8 +141,6 @@ at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x, const at::Tensor
 
 KVCache MultiHeadAttentionImpl::make_kv_cache(int64_t batch_size, bool static_shapes) const {
   detail::check_positive(kMultiHeadAttention, "batch_size", batch_size);
-  TORCH_CHECK(!static_shapes || !options.alibi(), kMultiHeadAttention,
-              ": alibi is not available with static_shapes caches yet; use a dynamic cache");
   return KVCache({batch_size, num_kv_heads(), options.context_length(), head_dim()}, W_key->weight.options(),
                  static_shapes, cache_owner_);
 }
@@ -169,15 +167,13 @@ at::Tensor MultiHeadAttentionImpl::forward_paged(const at::Tensor& x, PagedKVCac
   detail::check_paged(kMultiHeadAttention, x, options.d_in(), options.context_length(), W_query->weight, cache, step,
                       layer, paged_layer(), is_training(), options.dropout());
   detail::check_causal_for_cache(kMultiHeadAttention, options.causal(), "forward_paged");
-  TORCH_CHECK(!options.alibi() && !options.softcap() && !options.sinks(), kMultiHeadAttention,
-              ": alibi, softcap and sinks are not available with forward_paged yet");
   const bool packed = options.pack_weights();
   detail::AttentionBlock block{W_query, W_key, W_value, options.num_heads(), num_kv_heads(), options.causal(),
                                mask, options.window(), rotary_.get(), packed ? packed_qkv_.get() : nullptr,
                                options.pack_min_rows(), q_norm.is_empty() ? nullptr : q_norm.get(),
                                k_norm.is_empty() ? nullptr : k_norm.get(),
-                               !options.qk_norm() || options.qk_norm()->per_head()};
-  const functional::AttentionConfig config{options.scale(), 0.0, false, options.backend()};
+                               !options.qk_norm() || options.qk_norm()->per_head(), alibi_slopes_};
+  const functional::AttentionConfig config{options.scale(), 0.0, false, options.backend(), options.softcap(), sinks};
   const at::Tensor context = detail::paged_attention_block_forward(block, x, cache, step, layer, config);
   if (packed && context.size(0) >= options.pack_min_rows() &&
       PackedLinear::applies(context, {out_proj->weight}, {out_proj->bias})) {

@@ -163,6 +163,23 @@ TEST_P(TinyModel, PackedWeightsGiveTheLogitsAndTokensOfTheLayersOwnProducts) {
   EXPECT_TRUE(torch::equal(model->forward(prompt.unsqueeze(0))[0], plain));
 }
 
+// Continuous batching over the paged cache (its CPU kernel: windows, softcap, ...):
+// the prompt beside two others, prefilled in chunks of 5 that share steps with the
+// others' decoding, gets transformers' greedy tokens.
+TEST_P(TinyModel, TheEngineGivesTransformersTokensBesideOtherRequests) {
+  const auto dir = reference() / "tiny" / GetParam();
+  const auto expected = read_pickle(dir / "expected.pt");
+  models::Engine engine(load_model(dir),
+                        models::EngineOptions().kv_tokens(512).block_size(4).prefill_chunk(5).max_prefill_tokens(8));
+  const auto prompt = to_ids(expected.at("prompt").toTensor());
+  const std::vector<int64_t> other_a(prompt.rbegin(), prompt.rend()), other_b(prompt.begin(), prompt.begin() + 3);
+  const auto results =
+      engine.generate({other_a, prompt, other_b}, models::GenerationOptions().max_new_tokens(32).stop_at_eos(false));
+  EXPECT_EQ(results[1].ids, to_ids(expected.at("tokens").toTensor()));
+  EXPECT_GT(engine.stats().steps, 32);
+  EXPECT_EQ(engine.cache().free_blocks(), engine.cache().num_blocks());
+}
+
 INSTANTIATE_TEST_SUITE_P(Generate, TinyModel, ::testing::ValuesIn(tiny_models()),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 

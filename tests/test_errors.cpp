@@ -51,8 +51,6 @@ std::vector<ErrorCase> error_cases() {
        "MultiHeadAttention: alibi needs causal(true) (its distances are to earlier keys), got causal(false)"},
       {"AlibiAndRope", [] { MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).alibi(true).rope(torchattn::RoPEOptions())); },
        "MultiHeadAttention: alibi and rope both give positions; choose one, got both"},
-      {"AlibiStaticCache", [] { MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).alibi(true))->make_kv_cache(1, true); },
-       "MultiHeadAttention: alibi is not available with static_shapes caches yet; use a dynamic cache"},
       {"SoftcapZero", [] { MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).softcap(0.0)); },
        "MultiHeadAttention: expected softcap > 0, got 0"},
       {"HeadDimZero", [] { MultiHeadAttention(MultiHeadAttentionOptions(3, 5, 6, 2).head_dim(0)); },

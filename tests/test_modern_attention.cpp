@@ -102,8 +102,8 @@ std::vector<ModernConfig> modern_configs() {
     c.mask_buffer = pick(0, 1) == 1;
     if (std::uniform_int_distribution<int>(0, 2)(own) == 0) c.d_out = std::uniform_int_distribution<int64_t>(1, 12)(own);
     c.qk_norm = std::uniform_int_distribution<int>(0, 3)(own) % 3;  // none half the time
-    // ALiBi where it applies: causal, no RoPE, no static-shape cache.
-    c.alibi = std::uniform_int_distribution<int>(0, 2)(own) == 0 && c.causal && !c.rope && !c.static_cache;
+    // ALiBi where it applies: causal, no RoPE.
+    c.alibi = std::uniform_int_distribution<int>(0, 2)(own) == 0 && c.causal && !c.rope;
     if (std::uniform_int_distribution<int>(0, 3)(own) == 0) c.softcap = 0.5 + std::uniform_int_distribution<int>(0, 4)(own);
     c.sinks = std::uniform_int_distribution<int>(0, 3)(own) == 0;
     out.push_back(c);

@@ -185,48 +185,79 @@ TEST(PagedKernel, EveryInstructionSetGivesTheMathAndEachRowAloneTheSameBits) {
   }
   const auto q = torch::randn({qs.back(), Hkv * G, d});
   const double scale = 0.3;
-  for (const std::optional<int64_t> window : {std::optional<int64_t>(), std::optional<int64_t>(6)}) {
-    // The math in float64: each sequence's keys gathered, causal from its position.
-    auto want = torch::zeros({qs.back(), Hkv * G, d}, torch::kDouble);
-    for (size_t s = 0; s < seqs.size(); ++s) {
-      const auto [n, L] = seqs[s];
-      std::vector<torch::Tensor> k, v;
-      for (int64_t p = 0; p < L; ++p) {
-        const int64_t slot = slots[static_cast<size_t>(ks[s] + p)];
-        k.push_back(keys[slot / bs].select(2, slot % bs));   // [Hkv, d]
-        v.push_back(values[slot / bs].select(1, slot % bs));  // [Hkv, d]
+  // What may change the scores (scores here reach about 4: a cap of 2 bites).
+  struct Extra {
+    std::string name;
+    std::optional<double> softcap;
+    torch::Tensor slopes, sinks;  // [H] float32, or undefined
+  };
+  const auto slopes = torch::rand({Hkv * G}) * 0.5, sinks = torch::randn({Hkv * G}) * 2;
+  const std::vector<Extra> extras{{"plain", std::nullopt, {}, {}},
+                                  {"softcap", 2.0, {}, {}},
+                                  {"alibi", std::nullopt, slopes, {}},
+                                  {"sinks", std::nullopt, {}, sinks},
+                                  {"softcap_alibi_sinks", 1.5, slopes, sinks}};
+  for (const auto& extra : extras) {
+    for (const std::optional<int64_t> window : {std::optional<int64_t>(), std::optional<int64_t>(6)}) {
+      // The math in float64: each sequence's keys gathered, causal from its position.
+      auto want = torch::zeros({qs.back(), Hkv * G, d}, torch::kDouble);
+      for (size_t s = 0; s < seqs.size(); ++s) {
+        const auto [n, L] = seqs[s];
+        std::vector<torch::Tensor> k, v;
+        for (int64_t p = 0; p < L; ++p) {
+          const int64_t slot = slots[static_cast<size_t>(ks[s] + p)];
+          k.push_back(keys[slot / bs].select(2, slot % bs));   // [Hkv, d]
+          v.push_back(values[slot / bs].select(1, slot % bs));  // [Hkv, d]
+        }
+        const auto K_ = torch::stack(k, 1).to(torch::kDouble).repeat_interleave(G, 0);  // [H, L, d]
+        const auto V_ = torch::stack(v, 1).to(torch::kDouble).repeat_interleave(G, 0);
+        const auto Q = q.narrow(0, qs[s], n).transpose(0, 1).to(torch::kDouble);        // [H, n, d]
+        auto scores = torch::matmul(Q, K_.transpose(1, 2)) * scale;                       // [H, n, L]
+        const auto pos = torch::arange(L - n, L).unsqueeze(1), key = torch::arange(L).unsqueeze(0);
+        if (extra.softcap) scores = torch::tanh(scores / *extra.softcap) * *extra.softcap;
+        if (extra.slopes.defined()) scores = scores + extra.slopes.to(torch::kDouble).view({-1, 1, 1}) * (key - pos);
+        auto hide = key > pos;
+        if (window) hide = hide.logical_or(key <= pos - *window);
+        scores = scores.masked_fill(hide, -INFINITY);
+        torch::Tensor p;
+        if (extra.sinks.defined()) {  // a column of the sink's logit, dropped after the softmax
+          const auto sink = extra.sinks.to(torch::kDouble).view({-1, 1, 1}).expand({Hkv * G, n, 1});
+          p = torch::softmax(torch::cat({scores, sink}, -1), -1).narrow(-1, 0, L);
+        } else {
+          p = torch::softmax(scores, -1);
+        }
+        want.narrow(0, qs[s], n).copy_(torch::matmul(p, V_).transpose(0, 1));
       }
-      const auto K_ = torch::stack(k, 1).to(torch::kDouble).repeat_interleave(G, 0);  // [H, L, d]
-      const auto V_ = torch::stack(v, 1).to(torch::kDouble).repeat_interleave(G, 0);
-      const auto Q = q.narrow(0, qs[s], n).transpose(0, 1).to(torch::kDouble);        // [H, n, d]
-      auto scores = torch::matmul(Q, K_.transpose(1, 2)) * scale;                       // [H, n, L]
-      const auto pos = torch::arange(L - n, L).unsqueeze(1), key = torch::arange(L).unsqueeze(0);
-      auto hide = key > pos;
-      if (window) hide = hide.logical_or(key <= pos - *window);
-      scores = scores.masked_fill(hide, -INFINITY);
-      want.narrow(0, qs[s], n).copy_(torch::matmul(torch::softmax(scores, -1), V_).transpose(0, 1));
-    }
-    for (const auto isa : K::paged_isas()) {
-      SCOPED_TRACE("isa " + std::to_string(static_cast<int>(isa)) + (window ? " window" : ""));
-      auto out = torch::zeros_like(q);
-      const K::PagedRows rows{slots.data(), &qs, &ks, window};
-      K::paged_attention(q, keys, values, rows, {0, 1, 2, 3}, scale, out, isa);
-      EXPECT_LT((out.to(torch::kDouble) - want).abs().max().item<double>(), 2e-6);
-      // A row alone (as if its chunk were that row, its keys the ones up to its own):
-      // the same bits, whatever block of rows or tile it had in the chunk.
-      for (const auto& [s, r] : std::vector<std::pair<int64_t, int64_t>>{{1, 6}, {1, 0}, {3, 0}, {3, 9}, {3, 19}}) {
-        const int64_t n = seqs[static_cast<size_t>(s)].first, L = seqs[static_cast<size_t>(s)].second;
-        const int64_t keys_seen = L - n + r + 1;
-        const std::vector<int64_t> qs1{0, 1}, ks1{0, keys_seen};
-        const std::vector<int64_t> slots1(slots.begin() + ks[s], slots.begin() + ks[s] + keys_seen);
-        const auto q1 = q.narrow(0, qs[s] + r, 1).contiguous();
-        auto out1 = torch::zeros_like(q1);
-        const K::PagedRows rows1{slots1.data(), &qs1, &ks1, window};
-        K::paged_attention(q1, keys, values, rows1, {0}, scale, out1, isa);
-        EXPECT_TRUE(torch::equal(out1[0], out[qs[s] + r])) << "sequence " << s << " row " << r;
+      const K::PagedScores scores{extra.softcap,
+                                  extra.slopes.defined() ? extra.slopes.const_data_ptr<float>() : nullptr,
+                                  extra.sinks.defined() ? extra.sinks.const_data_ptr<float>() : nullptr};
+      for (const auto isa : K::paged_isas()) {
+        SCOPED_TRACE("isa " + std::to_string(static_cast<int>(isa)) + (window ? " window " : " ") + extra.name);
+        auto out = torch::zeros_like(q);
+        const K::PagedRows rows{slots.data(), &qs, &ks, window};
+        K::paged_attention(q, keys, values, rows, {0, 1, 2, 3}, scale, out, isa, scores);
+        EXPECT_LT((out.to(torch::kDouble) - want).abs().max().item<double>(), 2e-6);
+        // A row alone (as if its chunk were that row, its keys the ones up to its own):
+        // the same bits, whatever block of rows or tile it had in the chunk.
+        for (const auto& [s, r] : std::vector<std::pair<int64_t, int64_t>>{{1, 6}, {1, 0}, {3, 0}, {3, 9}, {3, 19}}) {
+          const int64_t n = seqs[static_cast<size_t>(s)].first, L = seqs[static_cast<size_t>(s)].second;
+          const int64_t keys_seen = L - n + r + 1;
+          const std::vector<int64_t> qs1{0, 1}, ks1{0, keys_seen};
+          const std::vector<int64_t> slots1(slots.begin() + ks[s], slots.begin() + ks[s] + keys_seen);
+          const auto q1 = q.narrow(0, qs[s] + r, 1).contiguous();
+          auto out1 = torch::zeros_like(q1);
+          const K::PagedRows rows1{slots1.data(), &qs1, &ks1, window};
+          K::paged_attention(q1, keys, values, rows1, {0}, scale, out1, isa, scores);
+          EXPECT_TRUE(torch::equal(out1[0], out[qs[s] + r])) << "sequence " << s << " row " << r;
+        }
       }
     }
   }
+  expect_error([&] {
+    auto out = torch::zeros_like(q);
+    const K::PagedRows rows{slots.data(), &qs, &ks, std::nullopt};
+    K::paged_attention(q, keys, values, rows, {0}, scale, out, std::nullopt, K::PagedScores{-1.0, nullptr, nullptr});
+  }, "paged_attention: expected softcap > 0, got -1");
   EXPECT_GE(K::paged_isas().size(), 1u);
 }
 
@@ -242,6 +273,9 @@ struct PagedCase {
   int64_t block_size;
   bool pack = false;
   bool qk_norm_own_head_dim = false;  // QK-norm and a head_dim apart from d_out (Qwen3)
+  std::optional<double> softcap = std::nullopt;
+  bool sinks = false;
+  bool alibi = false;
 };
 
 std::string describe(const PagedCase& c, const torch::Device& device) {
@@ -259,6 +293,15 @@ std::vector<PagedCase> paged_cases() {
       {"double_reference_gqa_rope_window", torch::kDouble, Backend::Reference, 6, 3, true, int64_t{7}, 5},
       {"double_auto_mha_block1", torch::kDouble, Backend::Auto, 2, 2, false, std::nullopt, 1},
       {"float_auto_gqa_rope_qknorm_headdim", torch::kFloat, Backend::Auto, 4, 2, true, std::nullopt, 4, false, true},
+      // Gemma 2's softcap beside a window, gpt-oss' sinks, BLOOM's ALiBi.
+      {"float_auto_gqa_rope_window_softcap_sinks", torch::kFloat, Backend::Auto, 6, 2, true, int64_t{5}, 4, false, false,
+       0.5, true},
+      {"float_auto_gqa_alibi", torch::kFloat, Backend::Auto, 6, 3, false, std::nullopt, 4, false, false, std::nullopt,
+       false, true},
+      {"float_auto_packed_alibi_softcap_sinks", torch::kFloat, Backend::Auto, 6, 2, false, std::nullopt, 8, true, false,
+       0.5, true, true},
+      {"double_reference_window_alibi_softcap_sinks", torch::kDouble, Backend::Reference, 4, 2, false, int64_t{7}, 5,
+       false, false, 0.5, true, true},
   };
 }
 
@@ -279,7 +322,9 @@ TEST_P(PagedForward, EverySequenceEqualsTheContiguousCacheAlone) {
                      .pack_weights(c.pack);
   if (c.rope) options.rope(torchattn::RoPEOptions(10000.0));
   if (c.qk_norm_own_head_dim) options.d_out(20).head_dim(6).qk_norm(torchattn::QKNormOptions());
+  options.softcap(c.softcap).sinks(c.sinks).alibi(c.alibi);
   torchattn::MultiHeadAttention mha(options);
+  if (c.sinks) mha->sinks.data().normal_(0.0, 2.0);
   if (c.qk_norm_own_head_dim) {
     mha->q_norm->weight.data().uniform_(0.5, 1.5);
     mha->k_norm->weight.data().uniform_(0.5, 1.5);

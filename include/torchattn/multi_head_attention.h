@@ -85,18 +85,19 @@ struct MultiHeadAttentionOptions {
   /// Gemma 2's logit softcapping (> 0): the scaled scores become softcap *
   /// tanh(scores / softcap) before the masks (Gemma 2: 50). No fused kernel takes it:
   /// attention runs a block of queries at a time (memory grows with T, not T^2; backward
-  /// recomputes each block). Not with forward_paged. Default: unset, none.
+  /// recomputes each block; forward_paged's CPU kernel takes it in place). Default:
+  /// unset, none.
   TORCH_ARG(std::optional<double>, softcap) = std::nullopt;
   /// gpt-oss' attention sinks: a parameter `sinks` of num_heads logits (zeros at first),
   /// named as transformers names it, that joins each row's softmax denominator, so a
   /// query may give its keys less than all of its weight. Computed in blocks as softcap.
-  /// Not with forward_paged. Default: false.
+  /// Default: false.
   TORCH_ARG(bool, sinks) = false;
   /// ALiBi (BLOOM, MPT): no position embeddings; each head adds slope * (key position -
   /// query position) to its scaled scores, the slopes of the ALiBi paper for any head
   /// count (as BLOOM computes them); positions count each sequence's real tokens. The
-  /// bias is [B, num_heads, T, keys] per call (a fused kernel takes it as a mask).
-  /// Needs causal(true); not with rope, static-shape caches or forward_paged.
+  /// bias is [B, num_heads, T, keys] per call (a fused kernel takes it as a mask;
+  /// forward_paged's CPU kernel adds it in place). Needs causal(true); not with rope.
   /// Default: false.
   TORCH_ARG(bool, alibi) = false;
   /// Multiplies the scores (> 0). Default: unset, meaning divide by sqrt(head_dim).

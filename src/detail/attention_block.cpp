@@ -103,7 +103,7 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
 
   if (block.alibi_slopes.defined()) {
     spec.score_bias = alibi_bias(block.alibi_slopes.to(queries.device()), spec.key_padding, T, keys.size(-2),
-                                 queries.scalar_type());
+                                 queries.scalar_type(), spec.positions);
   }
   at::Tensor context = attend(queries, keys, values, spec, config);
 
@@ -134,7 +134,8 @@ at::Tensor paged_attention_block_forward(AttentionBlock& block, const at::Tensor
     keys = block.rope->apply(keys, step.positions);
   }
   cache.write(layer, step, keys[0], values.reshape({N, Hkv, head_dim}));
-  const at::Tensor context = paged_attend(queries[0], cache.keys(layer), cache.values(layer), step, block.window, config);
+  const at::Tensor context =
+      paged_attend(queries[0], cache.keys(layer), cache.values(layer), step, block.window, config, block.alibi_slopes);
   return context.reshape({N, H * head_dim});
 }
 

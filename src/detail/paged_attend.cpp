@@ -1,5 +1,6 @@
 #include "paged_attend.h"
 
+#include "alibi.h"
 #include "engine.h"
 #include "mask_spec.h"
 
@@ -13,7 +14,8 @@
 namespace torchattn::detail {
 
 at::Tensor paged_attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const PagedStep& step,
-                        const std::optional<int64_t>& window, const functional::AttentionConfig& config) {
+                        const std::optional<int64_t>& window, const functional::AttentionConfig& config,
+                        const at::Tensor& alibi_slopes) {
   const int64_t N = q.size(0), H = q.size(1), d = q.size(2);
   const int64_t block_size = keys.size(3);
   at::Tensor out = at::empty({N, H, d}, q.options());
@@ -29,7 +31,13 @@ at::Tensor paged_attend(const at::Tensor& q, const at::Tensor& keys, const at::T
   if (!kernel_rows.empty()) {
     kernels::cpu::PagedRows rows{step.key_slots_cpu.const_data_ptr<int64_t>(), &qs, &ks, window};
     const double scale = config.scale.value_or(1.0 / std::sqrt(static_cast<double>(d)));
-    kernels::cpu::paged_attention(q, keys, values, rows, kernel_rows, scale, out);
+    // The kernel reads the slopes and sinks as float32 [H] on the CPU (q is float32 there).
+    const at::Tensor slopes = alibi_slopes.defined() ? alibi_slopes.to(at::kFloat).contiguous() : at::Tensor();
+    const at::Tensor sinks = config.sinks.defined() ? config.sinks.to(at::kFloat).contiguous() : at::Tensor();
+    const kernels::cpu::PagedScores extra{config.softcap,
+                                          slopes.defined() ? slopes.const_data_ptr<float>() : nullptr,
+                                          sinks.defined() ? sinks.const_data_ptr<float>() : nullptr};
+    kernels::cpu::paged_attention(q, keys, values, rows, kernel_rows, scale, out, std::nullopt, extra);
   }
   for (const int64_t s : engine_rows) {
     // This sequence's keys gathered into [1, Hkv, L, d], its rows as [1, H, n, d]: the
@@ -43,6 +51,7 @@ at::Tensor paged_attend(const at::Tensor& q, const at::Tensor& keys, const at::T
     spec.causal = true;
     spec.past = L - n;
     spec.window = window;
+    if (alibi_slopes.defined()) spec.score_bias = alibi_bias(alibi_slopes.to(q.device()), at::Tensor(), n, L, q.scalar_type());
     const at::Tensor rows = attend(q.narrow(0, qs[s], n).transpose(0, 1).unsqueeze(0), k, v, spec, config);
     out.narrow(0, qs[s], n).copy_(rows[0].transpose(0, 1));
   }

@@ -21,10 +21,11 @@
 // work for the threads. The algorithm, for each task:
 //   1. scores: for each block of keys, W keys at a time (the block's keys are
 //      transposed, [d, block_size], so a lane is a key): acc += q[c] * k[c][lanes] over
-//      c in order, for a tile of 4 rows times KT key vectors; times the scale; -inf
+//      c in order, for a tile of 4 rows times KT key vectors; times the scale; then
+//      softcap * tanh(s / softcap) and + slope * (key - position) where asked; -inf
 //      where the row does not see the key (past its position, before its window);
 //   2. softmax numerators: p = exp(s - max) (0 where s is -inf), and their sum, W lanes
-//      at a time from key 0;
+//      at a time from key 0; with a sink, the max takes it in and the sum its exp;
 //   3. out = sum_j p_j v_j / sum over j in order, for a tile of 4 rows times CT vectors
 //      of W output features.
 // A row's operations and their order depend only on its own query, position and
@@ -49,6 +50,9 @@ struct Task {
   int64_t out_row, out_head;
   int64_t rows, groups, keys, dim, block_size, window;  // window 0: none
   float scale;
+  float softcap;          // 0: none
+  const float* slopes;    // ALiBi: G slopes from the task's first query head; null: none
+  const float* sinks;     // G sink logits from the task's first query head; null: none
   const float* const* key_blocks;    // [keys / block_size] blocks of [dim, block_size]
   const float* const* value_blocks;  // [keys / block_size] blocks of [block_size, dim]
 };
@@ -73,6 +77,10 @@ struct Scalar {
   static float reduce_max(V v) { return v; }
   static V visible(V s, int64_t j, int64_t lo, int64_t hi) { return j < lo || j > hi ? kNegInf : s; }
   static V exp_shifted(V x, V m) { return x == kNegInf ? 0.0f : std::exp(x - m); }
+  static V softcap(V s, float cap) { return std::tanh(s / cap) * cap; }
+  static V alibi(V s, float slope, int64_t j, int64_t position) {
+    return s + slope * static_cast<float>(j - position);
+  }
 };
 
 #define PA_ISA Scalar
@@ -84,6 +92,12 @@ struct Scalar {
 #undef PA_ROWS
 
 #if defined(TORCHATTN_PAGED_X86)
+// GCC's AVX-512 headers pass _mm512_undefined_* through some intrinsics (roundscale,
+// scalef, extract), which its -Wmaybe-uninitialized reports once per inlining.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 // exp(x) for x <= 0 (Cephes' polynomial on x - n ln 2, then * 2^n): within 2 ulp.
 #define PA_EXP_POLY(I, x)                                                                   \
   const auto n = I::round(I::mul(x, I::set1(1.44269504088896341f)));                        \
@@ -95,6 +109,22 @@ struct Scalar {
   y = I::fma(y, r, I::set1(1.6666665459e-1f));                                              \
   y = I::fma(y, r, I::set1(5.0000001201e-1f));                                              \
   y = I::fma(y, I::mul(r, r), I::add(r, I::set1(1.0f)));
+
+// cap * tanh(s / cap) (Cephes' tanhf: an odd polynomial below |x| = 0.625, else
+// 1 - 2 / (exp(2|x|) + 1) written with e = exp(-2|x|)), within a few ulp.
+#define PA_SOFTCAP(I, s, cap)                                                                     \
+  const auto x = I::div(s, I::set1(cap));                                                         \
+  const auto a = I::abs(x);                                                                       \
+  const auto z = I::mul(x, x);                                                                    \
+  auto small = I::set1(-5.70498872745e-3f);                                                       \
+  small = I::fma(small, z, I::set1(2.06390887954e-2f));                                           \
+  small = I::fma(small, z, I::set1(-5.37397155531e-2f));                                          \
+  small = I::fma(small, z, I::set1(1.33314422036e-1f));                                           \
+  small = I::fma(small, z, I::set1(-3.33332819422e-1f));                                          \
+  small = I::fma(I::mul(small, z), x, x);                                                         \
+  const auto e = I::exp_neg(I::mul(a, I::set1(-2.0f)));                                           \
+  const auto large = I::with_sign(I::div(I::sub(I::set1(1.0f), e), I::add(I::set1(1.0f), e)), x); \
+  return I::mul(I::below(a, 0.625f, small, large), I::set1(cap));
 
 // ---- AVX2 + FMA: 8 lanes ----
 #define PA_AVX2 __attribute__((target("avx2,fma"), always_inline)) static inline
@@ -143,12 +173,31 @@ struct Avx2 {
                                         _mm256_cmpgt_epi32(j, _mm256_set1_epi32(static_cast<int>(hi))));
     return _mm256_blendv_ps(s, _mm256_set1_ps(kNegInf), _mm256_castsi256_ps(out));
   }
-  PA_AVX2 V exp_shifted(V s, V m) {
-    const V x = _mm256_max_ps(_mm256_sub_ps(s, m), _mm256_set1_ps(-87.0f));
+  PA_AVX2 V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  PA_AVX2 V div(V a, V b) { return _mm256_div_ps(a, b); }
+  PA_AVX2 V abs(V a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+  PA_AVX2 V with_sign(V magnitude, V sign) {
+    return _mm256_or_ps(magnitude, _mm256_and_ps(sign, _mm256_set1_ps(-0.0f)));
+  }
+  PA_AVX2 V below(V a, float bound, V yes, V no) {
+    return _mm256_blendv_ps(no, yes, _mm256_cmp_ps(a, _mm256_set1_ps(bound), _CMP_LT_OQ));
+  }
+  // exp(x) for x <= 0, x clamped at -87.
+  PA_AVX2 V exp_neg(V x_in) {
+    const V x = _mm256_max_ps(x_in, _mm256_set1_ps(-87.0f));
     PA_EXP_POLY(Avx2, x)
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    const V p = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  }
+  PA_AVX2 V exp_shifted(V s, V m) {
+    const V p = exp_neg(_mm256_sub_ps(s, m));
     return _mm256_andnot_ps(_mm256_cmp_ps(s, _mm256_set1_ps(kNegInf), _CMP_EQ_OQ), p);
+  }
+  PA_AVX2 V softcap(V s, float cap) { PA_SOFTCAP(Avx2, s, cap) }
+  PA_AVX2 V alibi(V s, float slope, int64_t j0, int64_t position) {
+    const __m256i j = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(j0 - position)),
+                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return _mm256_add_ps(s, _mm256_mul_ps(_mm256_set1_ps(slope), _mm256_cvtepi32_ps(j)));
   }
 };
 
@@ -202,11 +251,33 @@ struct Avx512 {
                          _mm512_cmple_epi32_mask(j, _mm512_set1_epi32(static_cast<int>(hi)));
     return _mm512_mask_blend_ps(in, _mm512_set1_ps(kNegInf), s);
   }
-  PA_AVX512 V exp_shifted(V s, V m) {
-    const V x = _mm512_max_ps(_mm512_sub_ps(s, m), _mm512_set1_ps(-87.0f));
+  PA_AVX512 V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  PA_AVX512 V div(V a, V b) { return _mm512_div_ps(a, b); }
+  PA_AVX512 V abs(V a) {
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7fffffff)));
+  }
+  PA_AVX512 V with_sign(V magnitude, V sign) {
+    const __m512i bit = _mm512_and_si512(_mm512_castps_si512(sign), _mm512_set1_epi32(static_cast<int>(0x80000000u)));
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(magnitude), bit));
+  }
+  PA_AVX512 V below(V a, float bound, V yes, V no) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, _mm512_set1_ps(bound), _CMP_LT_OQ), no, yes);
+  }
+  // exp(x) for x <= 0, x clamped at -87.
+  PA_AVX512 V exp_neg(V x_in) {
+    const V x = _mm512_max_ps(x_in, _mm512_set1_ps(-87.0f));
     PA_EXP_POLY(Avx512, x)
+    return _mm512_scalef_ps(y, n);
+  }
+  PA_AVX512 V exp_shifted(V s, V m) {
     const __mmask16 finite = _mm512_cmp_ps_mask(s, _mm512_set1_ps(kNegInf), _CMP_NEQ_OQ);
-    return _mm512_maskz_mov_ps(finite, _mm512_scalef_ps(y, n));
+    return _mm512_maskz_mov_ps(finite, exp_neg(_mm512_sub_ps(s, m)));
+  }
+  PA_AVX512 V softcap(V s, float cap) { PA_SOFTCAP(Avx512, s, cap) }
+  PA_AVX512 V alibi(V s, float slope, int64_t j0, int64_t position) {
+    const __m512i j = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(j0 - position)),
+                                       _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    return _mm512_add_ps(s, _mm512_mul_ps(_mm512_set1_ps(slope), _mm512_maskz_cvtepi32_ps(0xFFFF, j)));
   }
 };
 
@@ -218,6 +289,10 @@ struct Avx512 {
 #undef PA_TARGET
 #undef PA_ROWS
 #undef PA_EXP_POLY
+#undef PA_SOFTCAP
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #endif
 
 using RowsFn = void (*)(const Task&, float*);
@@ -273,7 +348,10 @@ bool paged_attention_applies(const at::Tensor& q, const at::Tensor& keys, const 
 }
 
 void paged_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const PagedRows& r,
-                     const std::vector<int64_t>& which, double scale, at::Tensor& out, std::optional<PagedIsa> isa) {
+                     const std::vector<int64_t>& which, double scale, at::Tensor& out, std::optional<PagedIsa> isa,
+                     const PagedScores& extra) {
+  TORCH_CHECK(!extra.softcap || (*extra.softcap > 0.0 && std::isfinite(*extra.softcap)),
+              "paged_attention: expected softcap > 0, got ", extra.softcap.value_or(0.0));
   TORCH_CHECK(paged_attention_applies(q, keys, values), "paged_attention: expected float32 CPU q [N, H, d], "
               "contiguous keys [blocks, Hkv, d, block_size] and values [blocks, Hkv, block_size, d], H a multiple of "
               "Hkv, and no gradient");
@@ -336,6 +414,9 @@ void paged_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tens
       const Task t{qp + row * q.stride(0) + p.hk * G * q.stride(1), q.stride(0), q.stride(1),
                    op + (row * H + p.hk * G) * d, H * d, d,
                    rows, G, L, d, bs, r.window.value_or(0), static_cast<float>(scale),
+                   static_cast<float>(extra.softcap.value_or(0.0)),
+                   extra.alibi_slopes != nullptr ? extra.alibi_slopes + p.hk * G : nullptr,
+                   extra.sinks != nullptr ? extra.sinks + p.hk * G : nullptr,
                    key_blocks.data(), value_blocks.data()};
       rows_fn(t, scratch.data());
     }

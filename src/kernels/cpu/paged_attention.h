@@ -39,6 +39,17 @@ struct PagedRows {
   std::optional<int64_t> window;
 };
 
+/// What changes the scores beyond q k^T * scale, in the order the attention engine
+/// applies it (see backends/blocked.cpp): softcap * tanh(s / softcap) (Gemma 2), then
+/// + slope_h * (key position - query position) (ALiBi); and sink logits that join each
+/// row's softmax denominator (gpt-oss). The pointers: float32 [H], one per query head;
+/// null: none.
+struct PagedScores {
+  std::optional<double> softcap;
+  const float* alibi_slopes = nullptr;
+  const float* sinks = nullptr;
+};
+
 /// The vector instructions of the kernel: the widest the CPU has by default.
 enum class PagedIsa { Scalar, Avx2, Avx512 };
 /// The ones this CPU runs (Scalar always).
@@ -46,10 +57,11 @@ std::vector<PagedIsa> paged_isas();
 
 /// Computes the rows of the sequences listed in `which` (each with at most
 /// kPagedKernelRows rows) into out [N, H, d] (float32, contiguous); other rows are left
-/// as they are. scale: the factor of the scores. isa: another of paged_isas() than the
-/// widest (tests). Requires paged_attention_applies.
+/// as they are. scale: the factor of the scores; extra: softcap, ALiBi and sinks.
+/// isa: another of paged_isas() than the widest (tests). Requires
+/// paged_attention_applies.
 void paged_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const PagedRows& rows,
                      const std::vector<int64_t>& which, double scale, at::Tensor& out,
-                     std::optional<PagedIsa> isa = std::nullopt);
+                     std::optional<PagedIsa> isa = std::nullopt, const PagedScores& extra = {});
 
 } // namespace torchattn::kernels::cpu
