@@ -6,6 +6,7 @@
 #include "detail/alibi.h"
 #include "detail/attention_block.h"
 #include "detail/checks.h"
+#include "detail/cross_attention_block.h"
 #include "detail/strict_load.h"
 
 #include <ATen/ops/zeros.h>
@@ -49,12 +50,14 @@ void MultiHeadAttentionImpl::reset() {
   if (options.rope()) {
     detail::check_rope(kMultiHeadAttention, *options.rope(), head_dim());
   }
-  const auto qkv = [&](int64_t out) { return torch::nn::LinearOptions(options.d_in(), out).bias(options.qkv_bias()); };
+  if (options.kdim()) detail::check_positive(kMultiHeadAttention, "kdim", *options.kdim());
+  if (options.vdim()) detail::check_positive(kMultiHeadAttention, "vdim", *options.vdim());
+  const auto qkv = [&](int64_t in, int64_t out) { return torch::nn::LinearOptions(in, out).bias(options.qkv_bias()); };
   const int64_t kv_features = num_kv_heads() * head_dim();
   const int64_t q_features = options.num_heads() * head_dim();  // d_out unless head_dim is set
-  W_query = register_module("W_query", torch::nn::Linear(qkv(q_features)));
-  W_key = register_module("W_key", torch::nn::Linear(qkv(kv_features)));
-  W_value = register_module("W_value", torch::nn::Linear(qkv(kv_features)));
+  W_query = register_module("W_query", torch::nn::Linear(qkv(options.d_in(), q_features)));
+  W_key = register_module("W_key", torch::nn::Linear(qkv(options.kdim().value_or(options.d_in()), kv_features)));
+  W_value = register_module("W_value", torch::nn::Linear(qkv(options.vdim().value_or(options.d_in()), kv_features)));
   out_proj = register_module(
       "out_proj", torch::nn::Linear(torch::nn::LinearOptions(q_features, options.d_out()).bias(options.out_bias())));
   dropout = register_module("dropout", torch::nn::Dropout(options.dropout()));
@@ -103,6 +106,12 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
   if (options.head_dim()) {
     stream << ", head_dim=" << *options.head_dim();
   }
+  if (options.kdim()) {
+    stream << ", kdim=" << *options.kdim();
+  }
+  if (options.vdim()) {
+    stream << ", vdim=" << *options.vdim();
+  }
   if (options.alibi()) {
     stream << ", alibi=true";
   }
@@ -130,8 +139,16 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
   stream << ")";
 }
 
+void MultiHeadAttentionImpl::check_self_attention(const char* fn) const {
+  const int64_t kdim = options.kdim().value_or(options.d_in()), vdim = options.vdim().value_or(options.d_in());
+  TORCH_CHECK(kdim == options.d_in() && vdim == options.d_in(), kMultiHeadAttention, ": ", fn,
+              " reads keys and values from x, so it needs kdim and vdim equal to d_in=", options.d_in(), ", got kdim=",
+              kdim, " and vdim=", vdim, "; attend over a context with forward_cross");
+}
+
 at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask,
                                            const at::Tensor& key_bias) {
+  check_self_attention("forward");
   detail::check_input(kMultiHeadAttention, x, options.d_in(), options.context_length(), W_query->weight);
   detail::check_key_padding_mask(kMultiHeadAttention, key_padding_mask, x);
   detail::check_key_bias(kMultiHeadAttention, key_bias, x);
@@ -147,6 +164,7 @@ KVCache MultiHeadAttentionImpl::make_kv_cache(int64_t batch_size, bool static_sh
 
 at::Tensor MultiHeadAttentionImpl::forward_cached(const at::Tensor& x_new, KVCache& cache,
                                                   const at::Tensor& key_padding_mask) {
+  check_self_attention("forward_cached");
   detail::check_input(kMultiHeadAttention, x_new, options.d_in(), options.context_length(), W_query->weight);
   detail::check_causal_for_cache(kMultiHeadAttention, options.causal());
   detail::check_cache(kMultiHeadAttention, cache, x_new, options.context_length(), cache_owner_, is_training(), options.dropout());
@@ -164,6 +182,7 @@ PagedKVCache MultiHeadAttentionImpl::make_paged_kv_cache(const PagedKVCacheOptio
 
 at::Tensor MultiHeadAttentionImpl::forward_paged(const at::Tensor& x, PagedKVCache& cache, const PagedStep& step,
                                                  int64_t layer) {
+  check_self_attention("forward_paged");
   detail::check_paged(kMultiHeadAttention, x, options.d_in(), options.context_length(), W_query->weight, cache, step,
                       layer, paged_layer(), is_training(), options.dropout());
   detail::check_causal_for_cache(kMultiHeadAttention, options.causal(), "forward_paged");
@@ -180,6 +199,86 @@ at::Tensor MultiHeadAttentionImpl::forward_paged(const at::Tensor& x, PagedKVCac
     return packed_out_->forward(context, {out_proj->weight}, {out_proj->bias});
   }
   return functional::linear(context, out_proj->weight, out_proj->bias);
+}
+
+void MultiHeadAttentionImpl::check_cross_attention(const char* fn) const {
+  TORCH_CHECK(!options.causal(), kMultiHeadAttention, ": ", fn,
+              " attends over the whole context, so it needs causal(false), got causal(true)");
+  TORCH_CHECK(!options.rope(), kMultiHeadAttention, ": ", fn,
+              " gives the context no positions, so it is not available with rope");
+}
+
+CrossKV MultiHeadAttentionImpl::cross_kv(const at::Tensor& context, const at::Tensor& context_padding_mask,
+                                         const at::Tensor& value_context) {
+  check_cross_attention("cross_kv");
+  const int64_t kdim = options.kdim().value_or(options.d_in()), vdim = options.vdim().value_or(options.d_in());
+  TORCH_CHECK(context.defined() && (context.dim() == 2 || context.dim() == 3), kMultiHeadAttention,
+              ": cross_kv expected context of rank 2 [S, kdim] or 3 [B, S, kdim], got ",
+              context.defined() ? context.sizes() : c10::IntArrayRef{});
+  TORCH_CHECK(context.size(-1) == kdim && context.size(-2) >= 1, kMultiHeadAttention,
+              ": cross_kv expected context with kdim=", kdim, " features and at least one token, got ",
+              context.sizes());
+  TORCH_CHECK(context.scalar_type() == W_key->weight.scalar_type() && context.device() == W_key->weight.device(),
+              kMultiHeadAttention, ": cross_kv expected context of the module's dtype ", W_key->weight.scalar_type(),
+              " on ", W_key->weight.device(), ", got ", context.scalar_type(), " on ", context.device());
+  if (value_context.defined()) {
+    TORCH_CHECK(value_context.dim() == context.dim() && value_context.size(-1) == vdim &&
+                    value_context.sizes().slice(0, context.dim() - 1) == context.sizes().slice(0, context.dim() - 1),
+                kMultiHeadAttention, ": cross_kv expected value_context of the context's tokens with vdim=", vdim,
+                " features, got ", value_context.sizes(), " beside context ", context.sizes());
+    TORCH_CHECK(value_context.scalar_type() == context.scalar_type() && value_context.device() == context.device(),
+                kMultiHeadAttention, ": cross_kv expected value_context of the context's dtype and device");
+  } else {
+    TORCH_CHECK(vdim == kdim, kMultiHeadAttention, ": cross_kv needs a value_context [..., S, vdim=", vdim,
+                "] when vdim differs from kdim=", kdim);
+  }
+  if (context_padding_mask.defined()) {
+    TORCH_CHECK(context_padding_mask.scalar_type() == at::kBool, kMultiHeadAttention,
+                ": expected a bool context_padding_mask (true = a padding token of the context), got ",
+                context_padding_mask.scalar_type());
+    detail::check_key_mask_shape(kMultiHeadAttention, "context_padding_mask", context_padding_mask, context);
+    detail::check_some_key_kept(kMultiHeadAttention, context_padding_mask);
+  }
+  const bool batched = context.dim() == 3;
+  const auto batch = [&](const at::Tensor& t) { return !t.defined() || batched ? t : t.unsqueeze(0); };
+  at::Tensor padding = batch(context_padding_mask);
+  if (padding.defined() && padding.size(0) == 1 && context.dim() == 3 && context.size(0) > 1) {
+    padding = padding.expand({context.size(0), padding.size(1)});
+  }
+  detail::AttentionBlock block{W_query, W_key, W_value, options.num_heads(), num_kv_heads(), false, mask,
+                               std::nullopt, nullptr, nullptr, options.pack_min_rows(),
+                               q_norm.is_empty() ? nullptr : q_norm.get(), k_norm.is_empty() ? nullptr : k_norm.get(),
+                               !options.qk_norm() || options.qk_norm()->per_head()};
+  return detail::cross_project(block, batch(context), batch(value_context), padding);
+}
+
+at::Tensor MultiHeadAttentionImpl::forward_cross(const at::Tensor& x, const CrossKV& kv) {
+  check_cross_attention("forward_cross");
+  detail::check_input(kMultiHeadAttention, x, options.d_in(), options.context_length(), W_query->weight);
+  TORCH_CHECK(kv.keys.defined() && kv.values.defined() && kv.keys.dim() == 4 &&
+                  kv.keys.size(1) == num_kv_heads() && kv.keys.size(3) == head_dim(),
+              kMultiHeadAttention, ": forward_cross expected a CrossKV from this module's cross_kv (keys [B, ",
+              num_kv_heads(), ", S, ", head_dim(), "]), got keys ",
+              kv.keys.defined() ? kv.keys.sizes() : c10::IntArrayRef{});
+  const int64_t B = x.dim() == 3 ? x.size(0) : 1;
+  TORCH_CHECK(kv.batch_size() == B, kMultiHeadAttention, ": forward_cross expected x of the CrossKV's batch_size=",
+              kv.batch_size(), ", got ", B);
+  TORCH_CHECK(kv.keys.device() == x.device() && kv.keys.scalar_type() == x.scalar_type(), kMultiHeadAttention,
+              ": forward_cross expected a CrossKV on x's device and of its dtype");
+  detail::AttentionBlock block{W_query, W_key, W_value, options.num_heads(), num_kv_heads(), false, mask,
+                               std::nullopt, nullptr, nullptr, options.pack_min_rows(),
+                               q_norm.is_empty() ? nullptr : q_norm.get(), k_norm.is_empty() ? nullptr : k_norm.get(),
+                               !options.qk_norm() || options.qk_norm()->per_head()};
+  const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend(),
+                                           options.softcap(), sinks};
+  const at::Tensor xb = x.dim() == 3 ? x : x.unsqueeze(0);
+  const at::Tensor y = out_proj->forward(detail::cross_attention_block_forward(block, xb, kv, config));
+  return x.dim() == 3 ? y : y[0];
+}
+
+at::Tensor MultiHeadAttentionImpl::forward_cross(const at::Tensor& x, const at::Tensor& context,
+                                                 const at::Tensor& context_padding_mask) {
+  return forward_cross(x, cross_kv(context, context_padding_mask));
 }
 
 at::Tensor MultiHeadAttentionImpl::attend(const at::Tensor& x, const at::Tensor& key_padding_mask,

@@ -51,6 +51,41 @@ std::vector<ErrorCase> error_cases() {
        "MultiHeadAttention: alibi needs causal(true) (its distances are to earlier keys), got causal(false)"},
       {"AlibiAndRope", [] { MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).alibi(true).rope(torchattn::RoPEOptions())); },
        "MultiHeadAttention: alibi and rope both give positions; choose one, got both"},
+      {"KdimZero", [] { MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).kdim(0)); },
+       "MultiHeadAttention: expected kdim > 0, got 0"},
+      {"SelfAttentionWithKdim", [] { MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).kdim(6))(x3(1, 3, 4)); },
+       "MultiHeadAttention: forward reads keys and values from x, so it needs kdim and vdim equal to d_in=4, got kdim=6 "
+       "and vdim=4; attend over a context with forward_cross"},
+      {"CrossOnCausal", [] { MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2))->forward_cross(x3(1, 3, 4), x3(1, 5, 4)); },
+       "MultiHeadAttention: cross_kv attends over the whole context, so it needs causal(false), got causal(true)"},
+      {"CrossWithRope", [] {
+         MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).causal(false).rope(torchattn::RoPEOptions()))
+             ->forward_cross(x3(1, 3, 4), x3(1, 5, 4));
+       },
+       "MultiHeadAttention: cross_kv gives the context no positions, so it is not available with rope"},
+      {"CrossContextWidth", [] {
+         MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).causal(false).kdim(6))->cross_kv(x3(1, 5, 4));
+       },
+       "MultiHeadAttention: cross_kv expected context with kdim=6 features and at least one token, got [1, 5, 4]"},
+      {"CrossValueWidth", [] {
+         MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).causal(false).vdim(3))->cross_kv(x3(1, 5, 4));
+       },
+       "MultiHeadAttention: cross_kv needs a value_context [..., S, vdim=3] when vdim differs from kdim=4"},
+      {"CrossPaddingAll", [] {
+         MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).causal(false))
+             ->cross_kv(x3(1, 5, 4), torch::ones({1, 5}, torch::kBool));
+       },
+       "MultiHeadAttention: key_padding_mask ignores every key of sequence 0"},
+      {"CrossPaddingShape", [] {
+         MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).causal(false))
+             ->cross_kv(x3(2, 5, 4), torch::zeros({2, 4}, torch::kBool));
+       },
+       "MultiHeadAttention: expected context_padding_mask of shape [B, T] = [2, 5] (or [1, 5]), got [2, 4]"},
+      {"CrossBatch", [] {
+         MultiHeadAttention m(MultiHeadAttentionOptions(4, 4, 6, 2).causal(false));
+         m->forward_cross(x3(3, 2, 4), m->cross_kv(x3(2, 5, 4)));
+       },
+       "MultiHeadAttention: forward_cross expected x of the CrossKV's batch_size=2, got 3"},
       {"SoftcapZero", [] { MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).softcap(0.0)); },
        "MultiHeadAttention: expected softcap > 0, got 0"},
       {"HeadDimZero", [] { MultiHeadAttention(MultiHeadAttentionOptions(3, 5, 6, 2).head_dim(0)); },

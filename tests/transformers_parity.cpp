@@ -1,7 +1,8 @@
 // torchattn::MultiHeadAttention against Hugging Face transformers' own attention
 // layers: Llama (grouped-query heads, RoPE), Qwen2 (q/k/v biases), Mistral (sliding
 // window), Phi (partial rotary), GPT-J (interleaved rotary), GPT-2 (fused c_attn)
-// and BERT (bidirectional, padding). tools/make_transformers_reference.py records
+// and BERT (bidirectional, padding), and the decoder cross-attention of BART and
+// Whisper (forward_cross, CrossKV). tools/make_transformers_reference.py records
 // what each layer does (full forward, left-padded forward, a padded prompt then
 // cached decoding through transformers' DynamicCache, gradients); ctest runs it into
 // a folder and points TORCHATTN_TRANSFORMERS_REFERENCE at it.
@@ -46,9 +47,25 @@ std::vector<std::string> case_files(bool decoders_only = false) {
   }
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     const std::string name = entry.path().stem().string();
-    if (entry.path().extension() == ".pt" && !(decoders_only && name.rfind("bert", 0) == 0)) {
+    const bool cross = name.find("_cross_") != std::string::npos;  // cross-attention: a suite of its own
+    if (entry.path().extension() == ".pt" && !cross && !(decoders_only && name.rfind("bert", 0) == 0)) {
       out.push_back(name);
     }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The cross-attention cases (BART's and Whisper's decoder over the encoder's output).
+std::vector<std::string> cross_case_files() {
+  std::vector<std::string> out;
+  const std::string dir = reference_dir();
+  if (dir.empty() || !std::filesystem::is_directory(dir)) {
+    return out;
+  }
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().stem().string();
+    if (entry.path().extension() == ".pt" && name.find("_cross_") != std::string::npos) out.push_back(name);
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -257,12 +274,110 @@ INSTANTIATE_TEST_SUITE_P(Transformers, TransformersDecoding,
                                             ::testing::Bool(), ::testing::ValuesIn(devices::all())),
                          param_name);
 
+// ---- cross-attention: MultiHeadAttention::forward_cross against BART's and Whisper's
+// decoder encoder_attn ----
+
+using CrossParam = std::tuple<std::string /*case*/, Backend, torch::Device>;
+
+class TransformersCross : public ::testing::TestWithParam<CrossParam> {
+ protected:
+  void SetUp() override {
+    const auto& [name, backend, device] = GetParam();
+    devices::skip_unless_present(device);
+    if (IsSkipped() || HasFatalFailure()) return;
+    ref_ = std::make_unique<Reference>(name);
+    dtype_ = ref_->text("dtype") == "float64" ? torch::kFloat64 : torch::kFloat32;
+    bound_ = dtype_ == torch::kFloat64 ? 1e-10 : 1e-5;
+    key_ = ref_->text("family") + " " + ref_->text("dtype");
+  }
+
+  torchattn::MultiHeadAttention make() const {
+    const int64_t d = ref_->integer("opt.d_model");
+    torchattn::MultiHeadAttention m(torchattn::MultiHeadAttentionOptions(d, d, ref_->integer("opt.context_length"),
+                                                                         ref_->integer("opt.num_heads"))
+                                        .kdim(ref_->integer("opt.kdim"))
+                                        .vdim(ref_->integer("opt.kdim"))
+                                        .causal(false)
+                                        .qkv_bias(true)
+                                        .backend(std::get<1>(GetParam())));
+    m->to(dtype_);
+    torch::NoGradGuard no_grad;
+    for (auto& p : m->named_parameters()) {
+      TORCH_CHECK(ref_->has("w." + p.key()), "the reference has no weight ", p.key());
+      p.value().copy_(ref_->tensor("w." + p.key()));
+    }
+    m->to(std::get<2>(GetParam()));
+    m->eval();
+    return m;
+  }
+
+  torch::Tensor in(const std::string& key) const { return ref_->tensor(key).to(std::get<2>(GetParam())); }
+
+  void expect_close(const std::string& what, const torch::Tensor& actual, const torch::Tensor& expected,
+                    double scale = 0.0) {
+    const double err = relative_error(actual, expected, scale);
+    errors.add(key_, err);
+    EXPECT_LE(err, bound_) << what << ": error " << err << " relative to the largest reference value";
+  }
+
+  std::unique_ptr<Reference> ref_;
+  torch::Dtype dtype_ = torch::kFloat32;
+  double bound_ = 0.0;
+  std::string key_;
+};
+
+TEST_P(TransformersCross, ForwardPaddedContextAndDecodingSteps) {
+  auto m = make();
+  torch::NoGradGuard no_grad;
+  expect_close("forward over the context", m->forward_cross(in("full.x"), in("full.context")), ref_->tensor("full.y"));
+  const auto pad = in("padded.mask");
+  expect_close("forward over the padded context", m->forward_cross(in("full.x"), in("full.context"), pad),
+               ref_->tensor("padded.y"));
+  // The cross cache: the context's keys and values once, then one token at a time.
+  const torchattn::CrossKV kv = m->cross_kv(in("full.context"), pad);
+  EXPECT_EQ(kv.length(), pad.size(1));
+  for (int64_t s = 0; s < ref_->integer("cached.steps"); ++s) {
+    const std::string step = "cached.step" + std::to_string(s);
+    expect_close(step, m->forward_cross(in(step + ".x"), kv), ref_->tensor(step + ".y"));
+  }
+}
+
+TEST_P(TransformersCross, GradientsOfInputContextAndWeights) {
+  auto m = make();
+  auto x = in("full.x").requires_grad_(true);
+  auto context = in("full.context").requires_grad_(true);
+  m->forward_cross(x, context, in("padded.mask")).backward(in("grad.out"));
+  expect_close("grad of the input", x.grad(), ref_->tensor("grad.x"));
+  expect_close("grad of the context", context.grad(), ref_->tensor("grad.context"));
+  double scale = 0.0;  // as in GradientsOfInputAndWeights: W_key's bias gets rounding noise only
+  for (const auto& p : m->named_parameters()) {
+    scale = std::max(scale, ref_->tensor("grad." + p.key()).abs().max().item<double>());
+  }
+  for (const auto& p : m->named_parameters()) {
+    expect_close("grad of " + p.key(), p.value().grad(), ref_->tensor("grad." + p.key()), scale);
+  }
+}
+
+std::string cross_param_name(const ::testing::TestParamInfo<CrossParam>& info) {
+  const auto& [name, backend, device] = info.param;
+  return devices::prefix(device) + name + "_" + std::string(torchattn::to_string(backend));
+}
+
+INSTANTIATE_TEST_SUITE_P(Transformers, TransformersCross,
+                         ::testing::Combine(::testing::ValuesIn(cross_case_files()),
+                                            ::testing::Values(Backend::Reference, Backend::SDPA, Backend::Auto),
+                                            ::testing::ValuesIn(devices::all())),
+                         cross_param_name);
+
 // An empty or missing reference folder is a failure, not a suite that quietly runs nothing.
 TEST(TransformersReference, IsPresentAndCoversEveryFamily) {
-  const auto files = case_files();
+  auto files = case_files();
+  const auto cross = cross_case_files();
+  files.insert(files.end(), cross.begin(), cross.end());
   ASSERT_FALSE(files.empty()) << "no reference in TORCHATTN_TRANSFORMERS_REFERENCE='" << reference_dir()
                               << "' (ctest -R transformers makes it with tools/make_transformers_reference.py)";
-  for (const std::string family : {"llama", "qwen2", "qwen3", "mistral", "phi", "gptj", "gpt2", "bert", "bloom", "gpt_oss", "gemma2"}) {
+  for (const std::string family : {"llama", "qwen2", "qwen3", "mistral", "phi", "gptj", "gpt2", "bert", "bloom",
+                                   "gpt_oss", "gemma2", "bart_cross", "whisper_cross"}) {
     EXPECT_TRUE(std::any_of(files.begin(), files.end(), [&](const std::string& f) { return f.rfind(family, 0) == 0; }))
         << "no case of " << family;
   }

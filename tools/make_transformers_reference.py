@@ -1,6 +1,11 @@
 #!/usr/bin/env python3
 """Writes the reference that torchattn's transformers parity tests compare with.
 
+Cross-attention (BART's and Whisper's decoder over the encoder's output) has cases of
+its own (CROSS_CASES): the layer over a context, with the context padded, decoding
+steps through transformers' EncoderDecoderCache, and gradients of the input, the
+context and every weight.
+
 For each model family (Llama, Qwen2, Mistral, Phi, GPT-J, GPT-2, BERT) and a few small
 configurations each, this builds a one-layer transformers model with random weights
 (offline: nothing is downloaded), and records what its attention layer does:
@@ -35,7 +40,8 @@ import os
 
 import torch
 import transformers
-from transformers import (BertConfig, BertModel, BloomConfig, BloomModel, DynamicCache, Gemma2Config, Gemma2Model,
+from transformers import (BartConfig, BartModel, BertConfig, BertModel, BloomConfig, BloomModel, DynamicCache,
+                          EncoderDecoderCache, Gemma2Config, Gemma2Model, WhisperConfig, WhisperModel,
                           GptOssConfig, GptOssModel, GPT2Config, GPT2Model, GPTJConfig, GPTJModel,
                           LlamaConfig, LlamaModel, MistralConfig, MistralModel, PhiConfig, PhiModel, Qwen2Config,
                           Qwen2Model, Qwen3Config, Qwen3Model)
@@ -326,6 +332,96 @@ def run_case(name, dtype):
     return out
 
 
+# ---- cross-attention: a decoder layer's attention over its encoder's output ----
+
+CROSS_CASES = {
+    "bart_cross_4heads": ("bart", dict(hidden=32, heads=4)),
+    "whisper_cross_2heads": ("whisper", dict(hidden=24, heads=2)),  # k_proj without a bias
+}
+CROSS_S, CROSS_T, CROSS_STEPS = 7, 5, 3
+CROSS_PADDING = [2, 0]  # padding tokens at the end of each sequence's context
+
+
+def cross_layer(family, hidden, heads):
+    """The decoder's encoder_attn of a one-layer model (random weights, offline)."""
+    if family == "bart":
+        config = BartConfig(vocab_size=VOCAB, d_model=hidden, encoder_layers=1, decoder_layers=1,
+                            encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=2 * hidden,
+                            decoder_ffn_dim=2 * hidden, max_position_embeddings=64, dropout=0.0,
+                            attention_dropout=0.0, activation_dropout=0.0)
+        model = BartModel(config)
+    else:
+        config = WhisperConfig(vocab_size=VOCAB, d_model=hidden, encoder_layers=1, decoder_layers=1,
+                               encoder_attention_heads=heads, decoder_attention_heads=heads,
+                               encoder_ffn_dim=2 * hidden, decoder_ffn_dim=2 * hidden, num_mel_bins=8,
+                               max_source_positions=16, max_target_positions=64, pad_token_id=1, bos_token_id=0,
+                               eos_token_id=2, decoder_start_token_id=0, dropout=0.0,
+                               attention_dropout=0.0, activation_dropout=0.0)
+        model = WhisperModel(config)
+    return model, model.decoder.layers[0].encoder_attn
+
+
+def run_cross_case(name, dtype):
+    family, args = CROSS_CASES[name]
+    seed = sum(map(ord, name))
+    torch.manual_seed(seed)
+    model, attn = cross_layer(family, args["hidden"], args["heads"])
+    model.config._attn_implementation = "eager"
+    model = model.to(dtype).eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    raw = dict(attn.named_parameters())
+    with torch.no_grad():
+        for p in raw.values():
+            std = (1.5 / math.sqrt(p.shape[-1])) if p.dim() == 2 else 0.2
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64).to(dtype) * std)
+    names = {"q_proj": "W_query", "k_proj": "W_key", "v_proj": "W_value", "out_proj": "out_proj"}
+
+    def renamed(d):
+        out = {f"{names[k.split('.')[0]]}.{k.split('.')[1]}": v for k, v in d.items()}
+        if "W_key.bias" not in out:  # Whisper: a key bias of zeros is the same layer
+            out["W_key.bias"] = torch.zeros_like(out["W_query.bias"])
+        return out
+
+    h = args["hidden"]
+    out = {"case": name, "family": f"{family}_cross", "dtype": str(dtype).replace("torch.", ""),
+           "transformers_version": transformers.__version__, "torch_version": str(torch.__version__),
+           "attn_implementation": "eager", "opt.d_model": h, "opt.num_heads": args["heads"], "opt.kdim": h,
+           "opt.context_length": 64}
+    out.update({f"w.{k}": v.detach().contiguous().clone() for k, v in renamed(raw).items()})
+    x = torch.randn(B, CROSS_T, h, generator=gen, dtype=torch.float64).to(dtype)
+    context = torch.randn(B, CROSS_S, h, generator=gen, dtype=torch.float64).to(dtype)
+    pad = torch.zeros(B, CROSS_S, dtype=torch.bool)
+    for b, n in enumerate(CROSS_PADDING):
+        pad[b, CROSS_S - n:] = True
+
+    def additive(rows):  # the encoder attention mask as transformers' eager attention takes it, [B, 1, rows, S]
+        return torch.zeros(B, 1, rows, CROSS_S, dtype=dtype).masked_fill(pad.view(B, 1, 1, CROSS_S),
+                                                                          torch.finfo(dtype).min)
+
+    with torch.no_grad():
+        out["full.x"], out["full.context"] = x, context
+        out["full.y"] = attn(x, key_value_states=context)[0]
+        out["padded.mask"] = pad
+        out["padded.y"] = attn(x, key_value_states=context, attention_mask=additive(CROSS_T))[0]
+        # Decoding: transformers' EncoderDecoderCache computes the context's keys and
+        # values at the first step and reuses them.
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        for s in range(CROSS_STEPS):
+            step = torch.randn(B, 1, h, generator=gen, dtype=torch.float64).to(dtype)
+            out[f"cached.step{s}.x"] = step
+            out[f"cached.step{s}.y"] = attn(step, key_value_states=context, past_key_values=cache,
+                                            attention_mask=additive(1))[0]
+        out["cached.steps"] = CROSS_STEPS
+    xg, cg = x.clone().requires_grad_(True), context.clone().requires_grad_(True)
+    y = attn(xg, key_value_states=cg, attention_mask=additive(CROSS_T))[0]
+    grad_out = torch.randn(y.shape, generator=gen, dtype=torch.float64).to(dtype)
+    grads = torch.autograd.grad(y, [xg, cg] + list(raw.values()), grad_out)
+    out["grad.out"], out["grad.x"], out["grad.context"] = grad_out, grads[0], grads[1]
+    out.update({f"grad.{k}": g.detach().contiguous().clone()
+                for k, g in renamed(dict(zip(raw.keys(), grads[2:]))).items()})
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out")
@@ -339,6 +435,10 @@ def main():
             if dtype == torch.float64 and CASES[name][0] in ("gptj", "bloom", "gemma2"):
                 continue
             torch.save(run_case(name, dtype), os.path.join(a.out, f"{name}_{str(dtype)[6:]}.pt"))
+            written += 1
+    for name in CROSS_CASES:
+        for dtype in (torch.float32, torch.float64):
+            torch.save(run_cross_case(name, dtype), os.path.join(a.out, f"{name}_{str(dtype)[6:]}.pt"))
             written += 1
     print(f"make_transformers_reference: {written} cases from transformers {transformers.__version__} in {a.out}")
 

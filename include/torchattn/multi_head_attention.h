@@ -1,6 +1,7 @@
 #pragma once
 
 #include <torchattn/backend.h>
+#include <torchattn/cross_kv.h>
 #include <torchattn/kv_cache.h>
 #include <torchattn/paged_kv_cache.h>
 #include <torchattn/qk_norm.h>
@@ -100,6 +101,12 @@ struct MultiHeadAttentionOptions {
   /// forward_paged's CPU kernel adds it in place). Needs causal(true); not with rope.
   /// Default: false.
   TORCH_ARG(bool, alibi) = false;
+  /// Cross-attention (forward_cross): the features of the context that W_key and
+  /// W_value read, as torch.nn.MultiheadAttention's kdim and vdim (an encoder's width;
+  /// Whisper's and BART's decoders: d_model). Unset: d_in. forward, forward_cached
+  /// and forward_paged read keys from x, so they need both equal to d_in.
+  TORCH_ARG(std::optional<int64_t>, kdim) = std::nullopt;
+  TORCH_ARG(std::optional<int64_t>, vdim) = std::nullopt;
   /// Multiplies the scores (> 0). Default: unset, meaning divide by sqrt(head_dim).
   TORCH_ARG(std::optional<double>, scale) = std::nullopt;
   /// Which implementation computes attention. Default: Backend::Auto.
@@ -176,6 +183,25 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   /// argument.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& key_padding_mask = {}, const at::Tensor& key_bias = {});
 
+  /// Cross-attention (the decoder of BART, T5 or Whisper over its encoder's output):
+  /// the queries from x, the keys and values from a context of its own length and
+  /// width (kdim, vdim), every query seeing every real token of the context (no
+  /// causal mask, no positions). Needs causal(false); not with rope.
+  ///
+  /// cross_kv: context [B, S, kdim] (or [S, kdim]) -> its keys and values, computed
+  /// once for all the decoding steps (see CrossKV). context_padding_mask: optional
+  /// bool [B, S] ([S] unbatched), true = padding, at least one real token per
+  /// sequence. value_context: optional [B, S, vdim] for W_value when it differs
+  /// from the keys' input (vdim != kdim); undefined: the context.
+  CrossKV cross_kv(const at::Tensor& context, const at::Tensor& context_padding_mask = {},
+                   const at::Tensor& value_context = {});
+  /// x: [B, T, d_in] (or [T, d_in] with an unbatched kv) -> [B, T, d_out], each row
+  /// attending over the whole context. Gradients flow to x, the weights and, through
+  /// kv, the context.
+  at::Tensor forward_cross(const at::Tensor& x, const CrossKV& kv);
+  /// forward_cross(x, cross_kv(context, context_padding_mask)).
+  at::Tensor forward_cross(const at::Tensor& x, const at::Tensor& context, const at::Tensor& context_padding_mask = {});
+
   /// An empty cache for `batch_size` sequences:
   /// [batch_size, num_kv_heads, context_length, head_dim], of the module's dtype and device.
   /// static_shapes: a cache whose steps have fixed shapes and no host
@@ -246,6 +272,10 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(at::Tensor())}, {2, torch::nn::AnyValue(at::Tensor())})
 
  private:
+  // forward, forward_cached and forward_paged: kdim and vdim equal to d_in.
+  void check_self_attention(const char* fn) const;
+  // cross_kv and forward_cross: causal(false), no rope.
+  void check_cross_attention(const char* fn) const;
   // forward and forward_cached after their checks: x [B, T, d_in] or [T, d_in].
   at::Tensor attend(const at::Tensor& x, const at::Tensor& key_padding_mask, const at::Tensor& key_bias,
                     KVCache* cache);
