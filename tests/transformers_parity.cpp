@@ -154,35 +154,36 @@ double relative_error(const torch::Tensor& actual, const torch::Tensor& expected
   return (a - e).abs().max().item<double>() / scale;
 }
 
-using Param = std::tuple<std::string /*case*/, Backend, bool /*mask_buffer*/, torch::Device>;
-
-class TransformersParity : public ::testing::TestWithParam<Param> {
+// A case of the reference on the device of the parameter's element kDevice: the
+// reference read, its dtype and error bound, and the errors recorded per family.
+template <typename P, size_t kDevice>
+class ReferenceFixture : public ::testing::TestWithParam<P> {
  protected:
   void SetUp() override {
-    const auto& [name, backend, mask_buffer, device] = GetParam();
-    devices::skip_unless_present(device);
-    if (IsSkipped() || HasFatalFailure()) return;
-    ref_ = std::make_unique<Reference>(name);
+    devices::skip_unless_present(device());
+    if (this->IsSkipped() || this->HasFatalFailure()) return;
+    ref_ = std::make_unique<Reference>(std::get<0>(this->GetParam()));
     dtype_ = ref_->text("dtype") == "float64" ? torch::kFloat64 : torch::kFloat32;
     bound_ = dtype_ == torch::kFloat64 ? 1e-10 : 1e-5;
     key_ = ref_->text("family") + " " + ref_->text("dtype");
   }
 
-  torchattn::MultiHeadAttention make() const {
-    const auto& [name, backend, mask_buffer, device] = GetParam();
-    torchattn::MultiHeadAttention m(options_of(*ref_, backend, mask_buffer));
+  torch::Device device() const { return std::get<kDevice>(this->GetParam()); }
+
+  // m with the reference's weights, in its dtype, on the device, in eval mode.
+  torchattn::MultiHeadAttention with_weights(torchattn::MultiHeadAttention m) const {
     m->to(dtype_);
     torch::NoGradGuard no_grad;
     for (auto& p : m->named_parameters()) {
       TORCH_CHECK(ref_->has("w." + p.key()), "the reference has no weight ", p.key());
       p.value().copy_(ref_->tensor("w." + p.key()));
     }
-    m->to(std::get<3>(GetParam()));
+    m->to(device());
     m->eval();
     return m;
   }
 
-  torch::Tensor in(const std::string& key) const { return ref_->tensor(key).to(std::get<3>(GetParam())); }
+  torch::Tensor in(const std::string& key) const { return ref_->tensor(key).to(device()); }
 
   void expect_close(const std::string& what, const torch::Tensor& actual, const torch::Tensor& expected,
                     double scale = 0.0) {
@@ -191,15 +192,38 @@ class TransformersParity : public ::testing::TestWithParam<Param> {
     EXPECT_LE(err, bound_) << what << ": error " << err << " relative to the largest reference value";
   }
 
-  // Rows of real tokens (not padding) of [B, T, d] outputs, as [N, d].
-  static torch::Tensor real_rows(const torch::Tensor& y, const torch::Tensor& pad) {
-    return y.cpu().index({pad.logical_not()});
+  // Each weight's gradient against the reference's, relative to the layer's largest:
+  // W_key's bias gets none through the softmax (it shifts a row's scores all alike), so
+  // its reference is rounding noise around 0, meaningful only on the layer's scale.
+  void expect_weight_grads(torchattn::MultiHeadAttention& m) {
+    double scale = 0.0;
+    for (const auto& p : m->named_parameters()) {
+      scale = std::max(scale, ref_->tensor("grad." + p.key()).abs().max().item<double>());
+    }
+    for (const auto& p : m->named_parameters()) {
+      expect_close("grad of " + p.key(), p.value().grad(), ref_->tensor("grad." + p.key()), scale);
+    }
   }
 
   std::unique_ptr<Reference> ref_;
   torch::Dtype dtype_ = torch::kFloat32;
   double bound_ = 0.0;
   std::string key_;
+};
+
+using Param = std::tuple<std::string /*case*/, Backend, bool /*mask_buffer*/, torch::Device>;
+
+class TransformersParity : public ReferenceFixture<Param, 3> {
+ protected:
+  torchattn::MultiHeadAttention make() const {
+    const auto& [name, backend, mask_buffer, device] = GetParam();
+    return with_weights(torchattn::MultiHeadAttention(options_of(*ref_, backend, mask_buffer)));
+  }
+
+  // Rows of real tokens (not padding) of [B, T, d] outputs, as [N, d].
+  static torch::Tensor real_rows(const torch::Tensor& y, const torch::Tensor& pad) {
+    return y.cpu().index({pad.logical_not()});
+  }
 };
 
 TEST_P(TransformersParity, FullForward) {
@@ -212,7 +236,7 @@ TEST_P(TransformersParity, PaddedForward) {
   auto m = make();
   torch::NoGradGuard no_grad;
   const auto pad = ref_->tensor("padded.mask");
-  const auto y = m(in("padded.x"), pad.to(std::get<3>(GetParam())));
+  const auto y = m(in("padded.x"), pad.to(device()));
   expect_close("padded forward (real tokens)", real_rows(y, pad), real_rows(ref_->tensor("padded.y"), pad));
 }
 
@@ -222,7 +246,7 @@ class TransformersDecoding : public TransformersParity {};
 TEST_P(TransformersDecoding, PaddedPromptThenCachedDecoding) {
   ASSERT_TRUE(ref_->has("cached.steps"));
   auto m = make();
-  const auto device = std::get<3>(GetParam());
+  const auto device = this->device();
   const auto pad = ref_->tensor("padded.mask");
   for (bool static_shapes : {false, true}) {
     SCOPED_TRACE(static_shapes ? "static-shape cache" : "dynamic cache");
@@ -245,16 +269,7 @@ TEST_P(TransformersParity, GradientsOfInputAndWeights) {
   auto y = m(x);
   y.backward(in("grad.out"));
   expect_close("grad of the input", x.grad(), ref_->tensor("grad.x"));
-  // Each weight's gradient relative to the layer's largest: W_key's bias gets none
-  // through the softmax (it shifts a row's scores all alike), so its reference is
-  // rounding noise around 0, meaningful only on the layer's scale.
-  double scale = 0.0;
-  for (const auto& p : m->named_parameters()) {
-    scale = std::max(scale, ref_->tensor("grad." + p.key()).abs().max().item<double>());
-  }
-  for (const auto& p : m->named_parameters()) {
-    expect_close("grad of " + p.key(), p.value().grad(), ref_->tensor("grad." + p.key()), scale);
-  }
+  expect_weight_grads(m);
 }
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {
@@ -279,51 +294,18 @@ INSTANTIATE_TEST_SUITE_P(Transformers, TransformersDecoding,
 
 using CrossParam = std::tuple<std::string /*case*/, Backend, torch::Device>;
 
-class TransformersCross : public ::testing::TestWithParam<CrossParam> {
+class TransformersCross : public ReferenceFixture<CrossParam, 2> {
  protected:
-  void SetUp() override {
-    const auto& [name, backend, device] = GetParam();
-    devices::skip_unless_present(device);
-    if (IsSkipped() || HasFatalFailure()) return;
-    ref_ = std::make_unique<Reference>(name);
-    dtype_ = ref_->text("dtype") == "float64" ? torch::kFloat64 : torch::kFloat32;
-    bound_ = dtype_ == torch::kFloat64 ? 1e-10 : 1e-5;
-    key_ = ref_->text("family") + " " + ref_->text("dtype");
-  }
-
   torchattn::MultiHeadAttention make() const {
     const int64_t d = ref_->integer("opt.d_model");
-    torchattn::MultiHeadAttention m(torchattn::MultiHeadAttentionOptions(d, d, ref_->integer("opt.context_length"),
-                                                                         ref_->integer("opt.num_heads"))
-                                        .kdim(ref_->integer("opt.kdim"))
-                                        .vdim(ref_->integer("opt.kdim"))
-                                        .causal(false)
-                                        .qkv_bias(true)
-                                        .backend(std::get<1>(GetParam())));
-    m->to(dtype_);
-    torch::NoGradGuard no_grad;
-    for (auto& p : m->named_parameters()) {
-      TORCH_CHECK(ref_->has("w." + p.key()), "the reference has no weight ", p.key());
-      p.value().copy_(ref_->tensor("w." + p.key()));
-    }
-    m->to(std::get<2>(GetParam()));
-    m->eval();
-    return m;
+    return with_weights(torchattn::MultiHeadAttention(
+        torchattn::MultiHeadAttentionOptions(d, d, ref_->integer("opt.context_length"), ref_->integer("opt.num_heads"))
+            .kdim(ref_->integer("opt.kdim"))
+            .vdim(ref_->integer("opt.kdim"))
+            .causal(false)
+            .qkv_bias(true)
+            .backend(std::get<1>(GetParam()))));
   }
-
-  torch::Tensor in(const std::string& key) const { return ref_->tensor(key).to(std::get<2>(GetParam())); }
-
-  void expect_close(const std::string& what, const torch::Tensor& actual, const torch::Tensor& expected,
-                    double scale = 0.0) {
-    const double err = relative_error(actual, expected, scale);
-    errors.add(key_, err);
-    EXPECT_LE(err, bound_) << what << ": error " << err << " relative to the largest reference value";
-  }
-
-  std::unique_ptr<Reference> ref_;
-  torch::Dtype dtype_ = torch::kFloat32;
-  double bound_ = 0.0;
-  std::string key_;
 };
 
 TEST_P(TransformersCross, ForwardPaddedContextAndDecodingSteps) {
@@ -349,13 +331,7 @@ TEST_P(TransformersCross, GradientsOfInputContextAndWeights) {
   m->forward_cross(x, context, in("padded.mask")).backward(in("grad.out"));
   expect_close("grad of the input", x.grad(), ref_->tensor("grad.x"));
   expect_close("grad of the context", context.grad(), ref_->tensor("grad.context"));
-  double scale = 0.0;  // as in GradientsOfInputAndWeights: W_key's bias gets rounding noise only
-  for (const auto& p : m->named_parameters()) {
-    scale = std::max(scale, ref_->tensor("grad." + p.key()).abs().max().item<double>());
-  }
-  for (const auto& p : m->named_parameters()) {
-    expect_close("grad of " + p.key(), p.value().grad(), ref_->tensor("grad." + p.key()), scale);
-  }
+  expect_weight_grads(m);
 }
 
 std::string cross_param_name(const ::testing::TestParamInfo<CrossParam>& info) {
