@@ -38,8 +38,9 @@ std::string reference_dir() {
   return dir == nullptr ? "" : dir;
 }
 
-// The reference's cases; decoders_only: those with cached decoding (all but BERT).
-std::vector<std::string> case_files(bool decoders_only = false) {
+// The names of the reference's cases that `keep` accepts, sorted.
+template <typename Keep>
+std::vector<std::string> reference_cases(Keep keep) {
   std::vector<std::string> out;
   const std::string dir = reference_dir();
   if (dir.empty() || !std::filesystem::is_directory(dir)) {
@@ -47,29 +48,23 @@ std::vector<std::string> case_files(bool decoders_only = false) {
   }
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     const std::string name = entry.path().stem().string();
-    const bool cross = name.find("_cross_") != std::string::npos;  // cross-attention: a suite of its own
-    if (entry.path().extension() == ".pt" && !cross && !(decoders_only && name.rfind("bert", 0) == 0)) {
-      out.push_back(name);
-    }
+    if (entry.path().extension() == ".pt" && keep(name)) out.push_back(name);
   }
   std::sort(out.begin(), out.end());
   return out;
 }
 
-// The cross-attention cases (BART's and Whisper's decoder over the encoder's output).
-std::vector<std::string> cross_case_files() {
-  std::vector<std::string> out;
-  const std::string dir = reference_dir();
-  if (dir.empty() || !std::filesystem::is_directory(dir)) {
-    return out;
-  }
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    const std::string name = entry.path().stem().string();
-    if (entry.path().extension() == ".pt" && name.find("_cross_") != std::string::npos) out.push_back(name);
-  }
-  std::sort(out.begin(), out.end());
-  return out;
+bool is_cross(const std::string& name) { return name.find("_cross_") != std::string::npos; }
+
+// The self-attention cases; decoders_only: those with cached decoding (all but BERT).
+std::vector<std::string> case_files(bool decoders_only = false) {
+  return reference_cases([&](const std::string& name) {
+    return !is_cross(name) && !(decoders_only && name.rfind("bert", 0) == 0);
+  });
 }
+
+// The cross-attention cases (BART's and Whisper's decoder over the encoder's output).
+std::vector<std::string> cross_case_files() { return reference_cases(is_cross); }
 
 // The reference written by make_transformers_reference.py: a dict of tensors,
 // numbers and strings.
