@@ -133,13 +133,16 @@ at::Tensor all_blocks(const at::Tensor& q, const at::Tensor& k, const at::Tensor
                       const MaskSpec& spec, const functional::AttentionConfig& config) {
   const int64_t Tq = q.size(2), step = rows_per_block(q, k.size(2));
   if (step >= Tq) return attend_block(q, k, v, sinks, spec, config, Tq, 0);
+  // Keys and values dense once (the modules' are views of [B, T, heads, d] projections):
+  // else every block's products would copy the keys it reads again.
+  const at::Tensor k_dense = k.contiguous(), v_dense = v.contiguous();
   const bool grad = c10::GradMode::is_enabled();
   std::vector<at::Tensor> parts;
   at::Tensor out;
   if (!grad) out = at::empty({q.size(0), q.size(1), Tq, v.size(-1)}, q.options());
   for (int64_t r0 = 0; r0 < Tq; r0 += step) {
     const int64_t rows = std::min(step, Tq - r0);
-    at::Tensor block = attend_block(q.narrow(2, r0, rows), k, v, sinks, spec, config, Tq, r0);
+    at::Tensor block = attend_block(q.narrow(2, r0, rows), k_dense, v_dense, sinks, spec, config, Tq, r0);
     if (grad) {
       parts.push_back(std::move(block));
     } else {
