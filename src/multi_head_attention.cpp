@@ -18,7 +18,16 @@ namespace torchattn {
 
 namespace {
 constexpr const char* kMultiHeadAttention = "MultiHeadAttention";
+
+// The block of forward_cross: no causal mask, window, positions or packed products.
+detail::AttentionBlock cross_block(MultiHeadAttentionImpl& m) {
+  return detail::AttentionBlock{m.W_query, m.W_key, m.W_value, m.options.num_heads(), m.num_kv_heads(), false, m.mask,
+                                std::nullopt, nullptr, nullptr, m.options.pack_min_rows(),
+                                m.q_norm.is_empty() ? nullptr : m.q_norm.get(),
+                                m.k_norm.is_empty() ? nullptr : m.k_norm.get(),
+                                !m.options.qk_norm() || m.options.qk_norm()->per_head()};
 }
+} // namespace
 
 MultiHeadAttentionImpl::MultiHeadAttentionImpl(const MultiHeadAttentionOptions& options_) : options(options_) {
   reset();
@@ -211,64 +220,24 @@ void MultiHeadAttentionImpl::check_cross_attention(const char* fn) const {
 CrossKV MultiHeadAttentionImpl::cross_kv(const at::Tensor& context, const at::Tensor& context_padding_mask,
                                          const at::Tensor& value_context) {
   check_cross_attention("cross_kv");
-  const int64_t kdim = options.kdim().value_or(options.d_in()), vdim = options.vdim().value_or(options.d_in());
-  TORCH_CHECK(context.defined() && (context.dim() == 2 || context.dim() == 3), kMultiHeadAttention,
-              ": cross_kv expected context of rank 2 [S, kdim] or 3 [B, S, kdim], got ",
-              context.defined() ? context.sizes() : c10::IntArrayRef{});
-  TORCH_CHECK(context.size(-1) == kdim && context.size(-2) >= 1, kMultiHeadAttention,
-              ": cross_kv expected context with kdim=", kdim, " features and at least one token, got ",
-              context.sizes());
-  TORCH_CHECK(context.scalar_type() == W_key->weight.scalar_type() && context.device() == W_key->weight.device(),
-              kMultiHeadAttention, ": cross_kv expected context of the module's dtype ", W_key->weight.scalar_type(),
-              " on ", W_key->weight.device(), ", got ", context.scalar_type(), " on ", context.device());
-  if (value_context.defined()) {
-    TORCH_CHECK(value_context.dim() == context.dim() && value_context.size(-1) == vdim &&
-                    value_context.sizes().slice(0, context.dim() - 1) == context.sizes().slice(0, context.dim() - 1),
-                kMultiHeadAttention, ": cross_kv expected value_context of the context's tokens with vdim=", vdim,
-                " features, got ", value_context.sizes(), " beside context ", context.sizes());
-    TORCH_CHECK(value_context.scalar_type() == context.scalar_type() && value_context.device() == context.device(),
-                kMultiHeadAttention, ": cross_kv expected value_context of the context's dtype and device");
-  } else {
-    TORCH_CHECK(vdim == kdim, kMultiHeadAttention, ": cross_kv needs a value_context [..., S, vdim=", vdim,
-                "] when vdim differs from kdim=", kdim);
-  }
-  if (context_padding_mask.defined()) {
-    TORCH_CHECK(context_padding_mask.scalar_type() == at::kBool, kMultiHeadAttention,
-                ": expected a bool context_padding_mask (true = a padding token of the context), got ",
-                context_padding_mask.scalar_type());
-    detail::check_key_mask_shape(kMultiHeadAttention, "context_padding_mask", context_padding_mask, context);
-    detail::check_some_key_kept(kMultiHeadAttention, context_padding_mask);
-  }
+  detail::check_cross_context(kMultiHeadAttention, context, value_context, context_padding_mask,
+                              options.kdim().value_or(options.d_in()), options.vdim().value_or(options.d_in()),
+                              W_key->weight);
   const bool batched = context.dim() == 3;
   const auto batch = [&](const at::Tensor& t) { return !t.defined() || batched ? t : t.unsqueeze(0); };
   at::Tensor padding = batch(context_padding_mask);
   if (padding.defined() && padding.size(0) == 1 && context.dim() == 3 && context.size(0) > 1) {
     padding = padding.expand({context.size(0), padding.size(1)});
   }
-  detail::AttentionBlock block{W_query, W_key, W_value, options.num_heads(), num_kv_heads(), false, mask,
-                               std::nullopt, nullptr, nullptr, options.pack_min_rows(),
-                               q_norm.is_empty() ? nullptr : q_norm.get(), k_norm.is_empty() ? nullptr : k_norm.get(),
-                               !options.qk_norm() || options.qk_norm()->per_head()};
+  detail::AttentionBlock block = cross_block(*this);
   return detail::cross_project(block, batch(context), batch(value_context), padding);
 }
 
 at::Tensor MultiHeadAttentionImpl::forward_cross(const at::Tensor& x, const CrossKV& kv) {
   check_cross_attention("forward_cross");
   detail::check_input(kMultiHeadAttention, x, options.d_in(), options.context_length(), W_query->weight);
-  TORCH_CHECK(kv.keys.defined() && kv.values.defined() && kv.keys.dim() == 4 &&
-                  kv.keys.size(1) == num_kv_heads() && kv.keys.size(3) == head_dim(),
-              kMultiHeadAttention, ": forward_cross expected a CrossKV from this module's cross_kv (keys [B, ",
-              num_kv_heads(), ", S, ", head_dim(), "]), got keys ",
-              kv.keys.defined() ? kv.keys.sizes() : c10::IntArrayRef{});
-  const int64_t B = x.dim() == 3 ? x.size(0) : 1;
-  TORCH_CHECK(kv.batch_size() == B, kMultiHeadAttention, ": forward_cross expected x of the CrossKV's batch_size=",
-              kv.batch_size(), ", got ", B);
-  TORCH_CHECK(kv.keys.device() == x.device() && kv.keys.scalar_type() == x.scalar_type(), kMultiHeadAttention,
-              ": forward_cross expected a CrossKV on x's device and of its dtype");
-  detail::AttentionBlock block{W_query, W_key, W_value, options.num_heads(), num_kv_heads(), false, mask,
-                               std::nullopt, nullptr, nullptr, options.pack_min_rows(),
-                               q_norm.is_empty() ? nullptr : q_norm.get(), k_norm.is_empty() ? nullptr : k_norm.get(),
-                               !options.qk_norm() || options.qk_norm()->per_head()};
+  detail::check_cross_kv(kMultiHeadAttention, kv, x, num_kv_heads(), head_dim());
+  detail::AttentionBlock block = cross_block(*this);
   const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend(),
                                            options.softcap(), sinks};
   const at::Tensor xb = x.dim() == 3 ? x : x.unsqueeze(0);

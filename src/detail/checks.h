@@ -3,6 +3,7 @@
 // Argument checks shared by the functional layer and the modules. Each message names
 // the function, the argument, what was expected and what came.
 
+#include <torchattn/cross_kv.h>
 #include <torchattn/kv_cache.h>
 #include <torchattn/paged_kv_cache.h>
 #include <torchattn/rope.h>
@@ -206,6 +207,58 @@ inline void check_some_key_kept(const char* module, const at::Tensor& key_paddin
               "; true marks a padding key to ignore (as in torch.nn.MultiheadAttention), the opposite of "
               "at::scaled_dot_product_attention's attn_mask (true = attend): pass mask.logical_not(); a Hugging Face "
               "attention_mask (1 = token) converts with attention_mask == 0, not .to(torch::kBool)");
+}
+
+// cross_kv: context [B, S, kdim] or [S, kdim] of the module's dtype and device (taken
+// from `weight`); value_context the same tokens with vdim features, required when vdim
+// differs from kdim; context_padding_mask bool [B, S] (or [1, S]; [S] unbatched) keeping
+// some token of each sequence.
+inline void check_cross_context(const char* module, const at::Tensor& context, const at::Tensor& value_context,
+                                const at::Tensor& context_padding_mask, int64_t kdim, int64_t vdim,
+                                const at::Tensor& weight) {
+  TORCH_CHECK(context.defined() && (context.dim() == 2 || context.dim() == 3), module,
+              ": cross_kv expected context of rank 2 [S, kdim] or 3 [B, S, kdim], got ",
+              context.defined() ? context.sizes() : c10::IntArrayRef{});
+  TORCH_CHECK(context.size(-1) == kdim && context.size(-2) >= 1, module,
+              ": cross_kv expected context with kdim=", kdim, " features and at least one token, got ",
+              context.sizes());
+  TORCH_CHECK(context.scalar_type() == weight.scalar_type() && context.device() == weight.device(),
+              module, ": cross_kv expected context of the module's dtype ", weight.scalar_type(),
+              " on ", weight.device(), ", got ", context.scalar_type(), " on ", context.device());
+  if (value_context.defined()) {
+    TORCH_CHECK(value_context.dim() == context.dim() && value_context.size(-1) == vdim &&
+                    value_context.sizes().slice(0, context.dim() - 1) == context.sizes().slice(0, context.dim() - 1),
+                module, ": cross_kv expected value_context of the context's tokens with vdim=", vdim,
+                " features, got ", value_context.sizes(), " beside context ", context.sizes());
+    TORCH_CHECK(value_context.scalar_type() == context.scalar_type() && value_context.device() == context.device(),
+                module, ": cross_kv expected value_context of the context's dtype and device");
+  } else {
+    TORCH_CHECK(vdim == kdim, module, ": cross_kv needs a value_context [..., S, vdim=", vdim,
+                "] when vdim differs from kdim=", kdim);
+  }
+  if (context_padding_mask.defined()) {
+    TORCH_CHECK(context_padding_mask.scalar_type() == at::kBool, module,
+                ": expected a bool context_padding_mask (true = a padding token of the context), got ",
+                context_padding_mask.scalar_type());
+    check_key_mask_shape(module, "context_padding_mask", context_padding_mask, context);
+    check_some_key_kept(module, context_padding_mask);
+  }
+}
+
+// forward_cross: a CrossKV of this module's heads ([B, num_kv_heads, S, head_dim]) for
+// x's batch, on x's device and of its dtype.
+inline void check_cross_kv(const char* module, const CrossKV& kv, const at::Tensor& x, int64_t num_kv_heads,
+                           int64_t head_dim) {
+  TORCH_CHECK(kv.keys.defined() && kv.values.defined() && kv.keys.dim() == 4 &&
+                  kv.keys.size(1) == num_kv_heads && kv.keys.size(3) == head_dim,
+              module, ": forward_cross expected a CrossKV from this module's cross_kv (keys [B, ",
+              num_kv_heads, ", S, ", head_dim, "]), got keys ",
+              kv.keys.defined() ? kv.keys.sizes() : c10::IntArrayRef{});
+  const int64_t B = x.dim() == 3 ? x.size(0) : 1;
+  TORCH_CHECK(kv.batch_size() == B, module, ": forward_cross expected x of the CrossKV's batch_size=",
+              kv.batch_size(), ", got ", B);
+  TORCH_CHECK(kv.keys.device() == x.device() && kv.keys.scalar_type() == x.scalar_type(), module,
+              ": forward_cross expected a CrossKV on x's device and of its dtype");
 }
 
 // forward_paged: x [N, d_in] of the module's dtype and device, the step's N tokens;
