@@ -39,6 +39,8 @@ at::Tensor paged_attend(const at::Tensor& q, const at::Tensor& keys, const at::T
                                           sinks.defined() ? sinks.const_data_ptr<float>() : nullptr};
     kernels::cpu::paged_attention(q, keys, values, rows, kernel_rows, scale, out, std::nullopt, extra);
   }
+  const at::Tensor slopes_here =  // ALiBi's slopes on q's device, once for the gathered sequences
+      alibi_slopes.defined() && !engine_rows.empty() ? alibi_slopes.to(q.device()) : at::Tensor();
   for (const int64_t s : engine_rows) {
     // This sequence's keys gathered into [1, Hkv, L, d], its rows as [1, H, n, d]: the
     // last n of L positions, as forward_cached sees a chunk after L - n cached tokens.
@@ -51,7 +53,7 @@ at::Tensor paged_attend(const at::Tensor& q, const at::Tensor& keys, const at::T
     spec.causal = true;
     spec.past = L - n;
     spec.window = window;
-    if (alibi_slopes.defined()) spec.score_bias = alibi_bias(alibi_slopes.to(q.device()), at::Tensor(), n, L, q.scalar_type());
+    if (slopes_here.defined()) spec.score_bias = alibi_bias(slopes_here, at::Tensor(), n, L, q.scalar_type());
     const at::Tensor rows = attend(q.narrow(0, qs[s], n).transpose(0, 1).unsqueeze(0), k, v, spec, config);
     out.narrow(0, qs[s], n).copy_(rows[0].transpose(0, 1));
   }
