@@ -7,6 +7,7 @@ run("${PYTHON}" "${SOURCE_DIR}/tools/make_generate_reference.py" "${WORK_DIR}" -
 set(ENV{TORCHATTN_GENERATE_REFERENCE} "${WORK_DIR}")
 set(ENV{TORCHATTN_SMOLLM2} "${SMOLLM2}")
 run("${CHECK}" --gtest_brief=1)
+run("${SEQ2SEQ_CHECK}" --gtest_brief=1)
 # The command line, exactly as documented: the same greedy ids as transformers.
 execute_process(COMMAND "${CLI}" --model "${SMOLLM2}" --prompt "What is the capital of France?" --chat
                   --max-new-tokens 48 --greedy --print-ids

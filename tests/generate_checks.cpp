@@ -17,6 +17,8 @@
 
 #include <torchattn/safetensors.h>
 
+#include "reference_io.h"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -45,21 +47,11 @@ fs::path reference() { return env("TORCHATTN_GENERATE_REFERENCE"); }
 fs::path smollm2() { return env("TORCHATTN_SMOLLM2"); }
 
 c10::impl::GenericDict read_pickle(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read " + path.string() + " (ctest -R generate writes it)");
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return torch::pickle_load(bytes).toGenericDict();
+  return torchattn::testing::read_pickle(path, "ctest -R generate");
 }
 
-std::vector<int64_t> to_ids(const torch::Tensor& t) {
-  auto c = t.to(torch::kLong).contiguous();
-  return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()};
-}
-
-double relative_error(const torch::Tensor& a, const torch::Tensor& e) {
-  return (a.to(torch::kFloat64) - e.to(torch::kFloat64)).abs().max().item<double>() /
-         e.abs().max().item<double>();
-}
+using torchattn::testing::relative_error;
+using torchattn::testing::to_ids;
 
 namespace models = torchattn::models;
 

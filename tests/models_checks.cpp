@@ -331,10 +331,10 @@ TEST(ModelFolders, WrongKindsAndUnsupportedTypesNameTheSupportedOnes) {
   std::ofstream(tmp / "config.json") << R"({"model_type": "t5", "vocab_size": 10})";
   EXPECT_HAS(error_of([&] { models::SentenceEncoder::from_pretrained(tmp.string()); }),
              "holds a t5 model; SentenceEncoder runs bert encoders; supported: llama, qwen2, qwen3, mistral, gemma2 "
-             "(decoders); bert (encoders)");
+             "(decoders); bert (encoders); bart (encoder-decoders)");
   EXPECT_HAS(error_of([&] { models::LanguageModel::from_pretrained(tmp.string()); }),
              "holds a t5 model; LanguageModel runs llama, qwen2, qwen3, mistral and gemma2; supported: llama, qwen2, qwen3, "
-             "mistral, gemma2 (decoders); bert (encoders)");
+             "mistral, gemma2 (decoders); bert (encoders); bart (encoder-decoders)");
   EXPECT_HAS(error_of([&] { models::LanguageModel::from_pretrained(minilm()); }),
              "holds a bert model; LanguageModel runs llama, qwen2, qwen3, mistral and gemma2 (load a bert folder with "
              "SentenceEncoder::from_pretrained)");

@@ -9,6 +9,12 @@ and chat template with, all from transformers (offline, float32, CPU):
   logits, query_pre_attn_scalar, alternating sliding layers and norms around each
   sublayer; with expected.pt: a prompt's logits and 32 greedy tokens from
   transformers' generate, and each step's margin between its top two logits;
+- tiny_seq2seq/<name>/: small random BART checkpoints (GELU and ReLU, scaled
+  embeddings, encoder and decoder of different depths and head counts, forced BOS and
+  EOS tokens, a non-zero final_logits_bias), with expected.pt: two prompts, the
+  logits of a teacher-forced decoding (float32 and float64), 32 greedy tokens of each prompt alone and of
+  both in one right-padded batch from generate (no EOS, no forced tokens), and a
+  short generate with the config's EOS and forced tokens;
 - tokenizer_smollm2.json and tokenizer_qwen2style/: every line of the fortunes text
   (Debian's `fortunes`, the text train_gpt learns) with its ids under SmolLM2's
   tokenizer and under a Qwen2-style tokenizer (NFC, Qwen2's split regex, byte-level
@@ -22,13 +28,14 @@ Usage: .venv/bin/python tools/make_generate_reference.py OUT_DIR --smollm2 DIR
 """
 
 import argparse
+import copy
 import glob
 import json
 import os
 
 import torch
 import transformers
-from transformers import (AutoModelForCausalLM, AutoTokenizer, Gemma2Config, Gemma2ForCausalLM, LlamaConfig,
+from transformers import (AutoModelForCausalLM, AutoTokenizer, BartConfig, BartForConditionalGeneration, Gemma2Config, Gemma2ForCausalLM, LlamaConfig,
                           LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
                           Qwen3ForCausalLM)
 
@@ -98,6 +105,93 @@ def tiny_models(out):
         torch.save({"prompt": prompt[0].clone(), "logits": logits.clone(), "tokens": new.clone(),
                     "margins": (top2[:, 0] - top2[:, 1]).clone()}, os.path.join(d, "expected.pt"))
     print(f"make_generate_reference: {len(TINY)} tiny models")
+
+
+SEQ2SEQ = {
+    # name: BartConfig arguments besides the shared ones
+    "bart_gelu": dict(encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                      encoder_ffn_dim=128, decoder_ffn_dim=128, activation_function="gelu"),
+    # ReLU, embeddings times sqrt(d_model), a deeper encoder of more heads, the first new
+    # token forced to BOS
+    "bart_relu_scaled": dict(encoder_layers=3, decoder_layers=1, encoder_attention_heads=8, decoder_attention_heads=2,
+                             encoder_ffn_dim=96, decoder_ffn_dim=160, activation_function="relu", scale_embedding=True,
+                             forced_bos_token_id=0),
+}
+
+
+def greedy_seq2seq(model, ids, mask, n):
+    gen = model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, output_logits=True,
+                         return_dict_in_generate=True)
+    top2 = torch.stack([s.topk(2).values for s in gen.logits], 1)  # [B, n, 2]
+    return gen.sequences[:, 1:].clone(), (top2[..., 0] - top2[..., 1]).clone()  # without decoder_start_token_id
+
+
+def random_bart(extra, seed):
+    """A random BART whose greedy tokens vary: small embeddings under large positions and
+    layers (at one scale for all, a random tied model repeats one token)."""
+    torch.manual_seed(seed)
+    config = BartConfig(vocab_size=211, d_model=64, max_position_embeddings=64, init_std=0.5, dropout=0.1,
+                        **{k: v for k, v in extra.items() if k != "forced_bos_token_id"})
+    model = BartForConditionalGeneration(config).eval()
+    with torch.no_grad():  # norms and the logits' bias start as ones and zeros: make them count
+        for key, p in model.named_parameters():
+            if "norm" in key:
+                p.copy_((1.0 if key.endswith("weight") else 0.0) + 0.3 * torch.randn(p.shape))
+        model.model.shared.weight.normal_(0.0, 0.1)
+        model.model.encoder.embed_positions.weight.normal_(0.0, 1.0)
+        model.model.decoder.embed_positions.weight.normal_(0.0, 1.0)
+        model.final_logits_bias.normal_(0.0, 0.1)
+    # transformers 5 keeps forced_bos_token_id in the generation config only.
+    model.generation_config.forced_bos_token_id = extra.get("forced_bos_token_id")
+    return config, model
+
+
+def tiny_seq2seq(out):
+    for i, (name, extra) in enumerate(SEQ2SEQ.items()):
+        # The first seed from 200 + 10 i whose prompt gets 32 greedy tokens of 4 kinds or more.
+        g = torch.Generator().manual_seed(30 + i)
+        lengths = [11, 6]
+        prompts = [torch.randint(3, 211, (n,), generator=g) for n in lengths]
+        for seed in range(200 + 10 * i, 210 + 10 * i):
+            config, model = random_bart(extra, seed)
+            with torch.no_grad():
+                ids = prompts[0].unsqueeze(0)
+                free = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False,
+                                      eos_token_id=None, forced_eos_token_id=None, forced_bos_token_id=None)
+            if len(set(free[0, 1:].tolist())) >= 4:
+                break
+        d = os.path.join(out, "tiny_seq2seq", name)
+        model.save_pretrained(d)
+        batch = torch.full((2, max(lengths)), config.pad_token_id)  # right-padded, as BART's tokenizers pad
+        mask = torch.zeros(2, max(lengths), dtype=torch.long)
+        for b, p in enumerate(prompts):
+            batch[b, :len(p)] = p
+            mask[b, :len(p)] = 1
+        expected = {"prompt0": prompts[0].clone(), "prompt1": prompts[1].clone()}
+        with torch.no_grad():
+            decoder_ids = torch.cat([torch.tensor([config.decoder_start_token_id]),
+                                     torch.randint(3, 211, (9,), generator=g)]).unsqueeze(0)
+            expected["decoder_ids"] = decoder_ids[0].clone()
+            expected["logits"] = model(input_ids=prompts[0].unsqueeze(0), decoder_input_ids=decoder_ids).logits[0].clone()
+            expected["logits64"] = copy.deepcopy(model).double()(input_ids=prompts[0].unsqueeze(0),
+                                                                 decoder_input_ids=decoder_ids).logits[0].clone()
+            # The config's EOS and forced tokens, over 12 new tokens (the last one forced to EOS).
+            for b, p in enumerate(prompts):
+                ids = p.unsqueeze(0)
+                expected[f"short{b}"] = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,
+                                                       do_sample=False)[0, 1:].clone()
+            # 32 tokens with no EOS and no forced tokens, as the checks generate them
+            # (stop_at_eos and forced_tokens false).
+            gc = model.generation_config
+            gc.eos_token_id = gc.forced_eos_token_id = gc.forced_bos_token_id = None
+            for b, p in enumerate(prompts):
+                ids = p.unsqueeze(0)
+                tokens, margins = greedy_seq2seq(model, ids, torch.ones_like(ids), 32)
+                expected[f"tokens{b}"], expected[f"margins{b}"] = tokens[0], margins[0]
+            tokens, margins = greedy_seq2seq(model, batch, mask, 32)
+            expected["batch_tokens"], expected["batch_margins"] = tokens, margins
+        torch.save(expected, os.path.join(d, "expected.pt"))
+    print(f"make_generate_reference: {len(SEQ2SEQ)} tiny encoder-decoders")
 
 
 def fortune_lines():
@@ -185,6 +279,7 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     torch.set_num_threads(2)
     tiny_models(a.out)
+    tiny_seq2seq(a.out)
     tokenizers_reference(a.out, a.smollm2)
     smollm2_reference(a.out, a.smollm2)
 

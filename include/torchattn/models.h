@@ -6,6 +6,7 @@
 //   #include <torchattn/models.h>
 //   auto lm = torchattn::models::LanguageModel::from_pretrained("SmolLM2-135M-Instruct");
 //   auto encoder = torchattn::models::SentenceEncoder::from_pretrained("all-MiniLM-L6-v2");
+//   torchattn::models::Seq2SeqLM bart(torchattn::models::read_bart_config("bart/config.json"));
 
 #include <torchattn/models/bert.h>
 #include <torchattn/models/causal_lm.h>
@@ -18,5 +19,7 @@
 #include <torchattn/models/rms_norm.h>
 #include <torchattn/models/sampler.h>
 #include <torchattn/models/sentence_encoder.h>
+#include <torchattn/models/seq2seq_generation.h>
+#include <torchattn/models/seq2seq_lm.h>
 #include <torchattn/models/tokenizer.h>
 #include <torchattn/models/weights.h>

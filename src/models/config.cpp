@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <filesystem>
 
 namespace torchattn::models {
 
@@ -36,7 +37,8 @@ std::vector<int64_t> ids(const json& v) {
 
 } // namespace
 
-const char* supported_model_types() { return "llama, qwen2, qwen3, mistral, gemma2 (decoders); bert (encoders)"; }
+const char* supported_model_types() { return "llama, qwen2, qwen3, mistral, gemma2 (decoders); bert (encoders); bart (encoder-decoders)";
+}
 
 std::string read_model_type(const std::string& path) {
   const json c = detail::read_json_file(path, "config");
@@ -151,6 +153,68 @@ static BertConfig read_bert_config_unchecked(const std::string& path) {
   return m;
 }
 
+static BartConfig read_bart_config_unchecked(const std::string& path) {
+  const json c = detail::read_json_file(path, "config");
+  const std::string type = c.value("model_type", std::string());
+  if (type != "bart") {
+    fail(path, "model_type '" + type + "' is not an encoder-decoder this library runs; supported: " +
+                   supported_model_types());
+  }
+  BartConfig m;
+  m.vocab_size = positive(c, path, "vocab_size");
+  m.d_model = positive(c, path, "d_model");
+  m.encoder_layers = positive(c, path, "encoder_layers");
+  m.decoder_layers = positive(c, path, "decoder_layers");
+  m.encoder_attention_heads = positive(c, path, "encoder_attention_heads");
+  m.decoder_attention_heads = positive(c, path, "decoder_attention_heads");
+  m.encoder_ffn_dim = positive(c, path, "encoder_ffn_dim");
+  m.decoder_ffn_dim = positive(c, path, "decoder_ffn_dim");
+  m.max_position_embeddings = positive(c, path, "max_position_embeddings");
+  if (m.d_model % m.encoder_attention_heads != 0 || m.d_model % m.decoder_attention_heads != 0) {
+    fail(path, "d_model is not a multiple of encoder_attention_heads and decoder_attention_heads");
+  }
+  m.activation = c.value("activation_function", std::string("gelu"));
+  if (m.activation != "gelu" && m.activation != "relu") {
+    fail(path, "activation_function '" + m.activation + "' is not supported (gelu or relu)");
+  }
+  // mBART's pre-norm layers (normalize_before) are another architecture.
+  if (c.value("normalize_before", false)) fail(path, "normalize_before: pre-norm layers are not supported (BART's are post-norm)");
+  m.scale_embedding = c.value("scale_embedding", false);
+  // Untied, transformers gives the encoder, the decoder and the head embeddings of their own.
+  if (!c.value("tie_word_embeddings", true)) fail(path, "tie_word_embeddings false is not supported (only BART's tied embeddings)");
+  m.dropout = c.value("dropout", 0.1);
+  m.attention_dropout = c.value("attention_dropout", 0.0);
+  m.activation_dropout = c.value("activation_dropout", 0.0);
+  auto id = [&](const json& j, const std::string& file, const char* key) -> std::optional<int64_t> {
+    if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+    if (!j[key].is_number_integer() || j[key].get<int64_t>() < 0 || j[key].get<int64_t>() >= m.vocab_size) {
+      fail(file, std::string("expected ") + key + " to be a token id in [0, vocab_size " + std::to_string(m.vocab_size) +
+                     "), got " + j[key].dump());
+    }
+    return j[key].get<int64_t>();
+  };
+  m.pad_token_id = id(c, path, "pad_token_id").value_or(1);
+  m.bos_token_id = id(c, path, "bos_token_id");
+  m.eos_token_ids = ids(c.value("eos_token_id", json()));
+  std::optional<int64_t> start = id(c, path, "decoder_start_token_id");
+  m.forced_bos_token_id = id(c, path, "forced_bos_token_id");
+  m.forced_eos_token_id = id(c, path, "forced_eos_token_id");
+  // generate's settings: generation_config.json beside config.json wins where it has
+  // them, as in transformers (which keeps forced_bos_token_id only there).
+  const std::filesystem::path generation = std::filesystem::path(path).parent_path() / "generation_config.json";
+  if (std::filesystem::exists(generation)) {
+    const std::string gpath = generation.string();
+    const json g = detail::read_json_file(gpath, "config");
+    if (g.contains("decoder_start_token_id")) start = id(g, gpath, "decoder_start_token_id");
+    if (g.contains("eos_token_id")) m.eos_token_ids = ids(g["eos_token_id"]);
+    if (g.contains("forced_bos_token_id")) m.forced_bos_token_id = id(g, gpath, "forced_bos_token_id");
+    if (g.contains("forced_eos_token_id")) m.forced_eos_token_id = id(g, gpath, "forced_eos_token_id");
+  }
+  if (!start) fail(path, "expected a decoder_start_token_id (the decoder's first input)");
+  m.decoder_start_token_id = *start;
+  return m;
+}
+
 // A field of the wrong JSON type (a string for a number, ...) is named by the JSON
 // library; the error says which file.
 template <typename F>
@@ -167,5 +231,7 @@ DecoderConfig read_decoder_config(const std::string& path) {
 }
 
 BertConfig read_bert_config(const std::string& path) { return with_json_errors(path, read_bert_config_unchecked); }
+
+BartConfig read_bart_config(const std::string& path) { return with_json_errors(path, read_bart_config_unchecked); }
 
 } // namespace torchattn::models

@@ -23,7 +23,9 @@ LanguageModel LanguageModel::from_pretrained(const std::string& folder, const Lo
   TORCH_CHECK(type == "llama" || type == "qwen2" || type == "qwen3" || type == "mistral" || type == "gemma2",
               "LanguageModel::from_pretrained: '", folder,
               "' holds a ", type, " model; LanguageModel runs llama, qwen2, qwen3, mistral and gemma2",
-              type == "bert" ? " (load a bert folder with SentenceEncoder::from_pretrained)" : "",
+              type == "bert"   ? " (load a bert folder with SentenceEncoder::from_pretrained)"
+              : type == "bart" ? " (load a bart folder with Seq2SeqLM and read_bart_config)"
+                               : "",
               "; supported: ", supported_model_types());
   const DecoderConfig config = read_decoder_config(config_path);
   const int64_t context = options.context_length().value_or(std::min<int64_t>(config.max_position_embeddings, 4096));

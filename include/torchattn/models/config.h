@@ -2,8 +2,8 @@
 
 // A Hugging Face model folder's `config.json`, read into what a model needs: the
 // decoders of the Llama family (model_type llama, qwen2, qwen3, mistral), Gemma 2
-// (gemma2) and the BERT
-// encoders (model_type bert: BERT, MiniLM, ...).
+// (gemma2), the BERT encoders (model_type bert: BERT, MiniLM, ...) and the BART
+// encoder-decoders (model_type bart).
 
 #include <cstdint>
 #include <optional>
@@ -77,11 +77,49 @@ struct BertConfig {
 /// position embeddings). Errors as read_decoder_config's.
 BertConfig read_bert_config(const std::string& path);
 
+struct BartConfig {
+  int64_t vocab_size = 0;
+  int64_t d_model = 0;
+  int64_t encoder_layers = 0;
+  int64_t decoder_layers = 0;
+  int64_t encoder_attention_heads = 0;
+  int64_t decoder_attention_heads = 0;
+  int64_t encoder_ffn_dim = 0;
+  int64_t decoder_ffn_dim = 0;
+  /// Learned positions for this many tokens in the encoder's input and in the
+  /// decoder's (each table has two rows more: BART's offset of 2).
+  int64_t max_position_embeddings = 0;
+  /// The MLP's activation: "gelu" (BART's, exact) or "relu".
+  std::string activation = "gelu";
+  /// The token embeddings times sqrt(d_model) (scale_embedding), else 1.
+  bool scale_embedding = false;
+  double dropout = 0.1;             // after each sublayer and the embeddings, in training mode
+  double attention_dropout = 0.0;
+  double activation_dropout = 0.0;  // after the MLP's activation
+  int64_t pad_token_id = 1;
+  std::optional<int64_t> bos_token_id;
+  std::vector<int64_t> eos_token_ids;
+  /// The decoder's first input token (BART: 2, its </s>).
+  int64_t decoder_start_token_id = 2;
+  /// Generation: the first new token forced to this (forced_bos_token_id), the last
+  /// one allowed by max_new_tokens forced to this (forced_eos_token_id), as
+  /// transformers' generate does; none when absent or null.
+  std::optional<int64_t> forced_bos_token_id;
+  std::optional<int64_t> forced_eos_token_id;
+};
+
+/// Reads a BART encoder-decoder's config.json (model_type bart: post-norm layers,
+/// learned positions, activation_function gelu or relu, tied embeddings); where a
+/// generation_config.json lies beside it, its decoder_start_token_id, eos_token_id,
+/// forced_bos_token_id and forced_eos_token_id win, as in transformers' generate.
+/// Errors as read_decoder_config's.
+BartConfig read_bart_config(const std::string& path);
+
 /// The model_type of the config.json at `path` (an error naming the file when it has none).
 std::string read_model_type(const std::string& path);
 
 /// The model types this library runs, for error messages:
-/// "llama, qwen2, qwen3, mistral, gemma2 (decoders); bert (encoders)".
+/// "llama, qwen2, qwen3, mistral, gemma2 (decoders); bert (encoders); bart (encoder-decoders)".
 const char* supported_model_types();
 
 } // namespace torchattn::models

@@ -35,6 +35,10 @@ struct GenerationOptions {
   TORCH_ARG(std::vector<int64_t>, stop_token_ids) = {};
   /// Stop at the config's eos_token_id too. Default: true.
   TORCH_ARG(bool, stop_at_eos) = true;
+  /// Encoder-decoder models (Seq2SeqLM): the config's forced_bos_token_id as the first
+  /// new token and forced_eos_token_id as the last one max_new_tokens allows, as
+  /// transformers' generate does. Default: true. Decoders have no forced tokens.
+  TORCH_ARG(bool, forced_tokens) = true;
   /// Called with (prompt index, token id) for each new token as soon as it is chosen.
   TORCH_ARG(std::function<void(size_t, int64_t)>, on_token) = nullptr;
 };
