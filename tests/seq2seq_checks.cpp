@@ -232,7 +232,7 @@ TEST(Seq2SeqErrors, WeightsAndInputsOutsideTheModelAreErrorsNamingThem) {
   EXPECT_HAS(gen({{5, 6}, {}}, o), "generate: prompt 1 has no tokens");
   EXPECT_HAS(gen({{5, 211}}, o), "generate: prompt 0 has token id 211, outside the vocabulary [0, 211)");
   EXPECT_HAS(gen({std::vector<int64_t>(65, 5)}, o),
-             "generate: prompt 0 has 65 tokens; the encoder has positions for 64 (max_position_embeddings)");
+             "generate: prompt 0 has 65 tokens; the encoder's max_position_embeddings is 64");
   EXPECT_HAS(gen({{5}}, models::GenerationOptions().max_new_tokens(65)),
              "generate: expected max_new_tokens in [1, 64] (the decoder's max_position_embeddings), got 65");
 

@@ -2,24 +2,19 @@
 
 #include <torchattn/decode_graph.h>
 
+#include "generation_steps.h"
+
 #include <ATen/ops/tensor.h>
 #include <c10/core/InferenceMode.h>
 
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <chrono>
 #include <memory>
+#include <optional>
+#include <utility>
 
 namespace torchattn::models {
-
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-} // namespace
 
 SamplingOptions sampling_options(const GenerationOptions& o) {
   SamplingOptions s;
@@ -33,26 +28,14 @@ SamplingOptions sampling_options(const GenerationOptions& o) {
 
 std::vector<GenerationResult> generate(CausalLMImpl& model, const std::vector<std::vector<int64_t>>& prompts,
                                        const GenerationOptions& options) {
-  TORCH_CHECK(!prompts.empty(), "generate: expected at least one prompt, got none");
-  TORCH_CHECK(options.max_new_tokens() >= 1, "generate: expected max_new_tokens >= 1, got ", options.max_new_tokens());
-  const int64_t batch = static_cast<int64_t>(prompts.size());
-  int64_t longest = 0;
-  for (size_t b = 0; b < prompts.size(); ++b) {
-    TORCH_CHECK(!prompts[b].empty(), "generate: prompt ", b, " has no tokens");
-    for (const int64_t id : prompts[b]) {
-      TORCH_CHECK(id >= 0 && id < model.config().vocab_size, "generate: prompt ", b, " has token id ", id,
-                  ", outside the vocabulary [0, ", model.config().vocab_size, ")");
-    }
-    longest = std::max<int64_t>(longest, static_cast<int64_t>(prompts[b].size()));
-  }
+  const int64_t longest = detail::check_prompts(prompts, options, model.config().vocab_size);
   TORCH_CHECK(longest + options.max_new_tokens() <= model.context_length(), "generate: ", longest,
               " prompt tokens and ", options.max_new_tokens(), " new ones pass the context length ",
               model.context_length());
+  const int64_t batch = static_cast<int64_t>(prompts.size());
   std::vector<int64_t> stop = options.stop_token_ids();
   if (options.stop_at_eos()) stop.insert(stop.end(), model.config().eos_token_ids.begin(), model.config().eos_token_ids.end());
-  const SamplingOptions sampling = sampling_options(options);
-  std::vector<Sampler> samplers;
-  for (int64_t b = 0; b < batch; ++b) samplers.emplace_back(sampling);  // validates the options
+  detail::GenerationSteps steps(prompts, options, std::move(stop));
 
   c10::InferenceMode inference;
   model.eval();
@@ -67,29 +50,18 @@ std::vector<GenerationResult> generate(CausalLMImpl& model, const std::vector<st
   std::vector<int64_t> flat(static_cast<size_t>(batch * longest), 0);
   std::vector<uint8_t> pad(flat.size(), 0);
   bool padded = false;
-  std::vector<GenerationResult> results(prompts.size());
   for (int64_t b = 0; b < batch; ++b) {
     const auto& p = prompts[static_cast<size_t>(b)];
     const int64_t offset = longest - static_cast<int64_t>(p.size());
-    for (int64_t t = 0; t < longest; ++t) {
-      const size_t at = static_cast<size_t>(b * longest + t);
-      if (t < offset) {
-        pad[at] = 1;
-        padded = true;
-      } else {
-        flat[at] = p[static_cast<size_t>(t - offset)];
-      }
-    }
-    results[static_cast<size_t>(b)].prompt_tokens = static_cast<int64_t>(p.size());
+    std::fill_n(pad.begin() + b * longest, offset, 1);
+    std::copy(p.begin(), p.end(), flat.begin() + b * longest + offset);
+    padded = padded || offset > 0;
   }
   at::Tensor ids = at::tensor(flat, at::kLong).view({batch, longest}).to(device);
   at::Tensor mask = padded ? at::tensor(at::ArrayRef<uint8_t>(pad), at::kByte).view({batch, longest}).to(device, at::kBool)
                            : at::Tensor();
-  std::vector<bool> done(prompts.size(), false);
-  size_t remaining = prompts.size();
-  auto start = std::chrono::steady_clock::now();
-  double prefill = 0.0;
-  for (int64_t i = 0; i < options.max_new_tokens() && remaining > 0; ++i) {
+  steps.begin();
+  for (int64_t i = 0; i < options.max_new_tokens() && !steps.finished(); ++i) {
     at::Tensor logits;
     if (graphs && i > 0) {
       if (!step) {
@@ -100,32 +72,11 @@ std::vector<GenerationResult> generate(CausalLMImpl& model, const std::vector<st
     } else {
       logits = model.forward(ids, &caches, i == 0 ? mask : at::Tensor(), /*last_only=*/true);
     }
-    const at::Tensor last = logits.select(1, 0);  // [B, vocab]
-    std::vector<int64_t> next(prompts.size(), 0);
-    for (size_t b = 0; b < prompts.size(); ++b) {
-      if (done[b]) continue;
-      next[b] = samplers[b].next(last[static_cast<int64_t>(b)]);
-      results[b].ids.push_back(next[b]);
-      if (options.on_token()) options.on_token()(b, next[b]);
-      if (std::find(stop.begin(), stop.end(), next[b]) != stop.end()) {
-        results[b].stopped = true;
-        done[b] = true;
-        --remaining;
-      }
-    }
-    if (i == 0) {
-      prefill = seconds_since(start);
-      start = std::chrono::steady_clock::now();
-    }
     // A finished sequence goes on with token 0, whose outputs nobody reads.
+    const std::vector<int64_t> next = steps.choose(logits.select(1, 0), std::nullopt, 0);
     ids = at::tensor(next, at::kLong).view({batch, 1}).to(device);
   }
-  const double decode = seconds_since(start);
-  for (auto& r : results) {
-    r.prefill_seconds = prefill;
-    r.decode_seconds = r.ids.size() > 1 ? decode : 0.0;
-  }
-  return results;
+  return steps.results();
 }
 
 std::string Utf8Stream::push(const std::string& bytes) {

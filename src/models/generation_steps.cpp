@@ -1,0 +1,77 @@
+#include "generation_steps.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <utility>
+
+namespace torchattn::models::detail {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+} // namespace
+
+int64_t check_prompts(const std::vector<std::vector<int64_t>>& prompts, const GenerationOptions& options,
+                      int64_t vocab_size, int64_t max_tokens, const char* what) {
+  TORCH_CHECK(!prompts.empty(), "generate: expected at least one prompt, got none");
+  TORCH_CHECK(options.max_new_tokens() >= 1, "generate: expected max_new_tokens >= 1, got ", options.max_new_tokens());
+  int64_t longest = 0;
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    const auto n = static_cast<int64_t>(prompts[b].size());
+    TORCH_CHECK(n > 0, "generate: prompt ", b, " has no tokens");
+    TORCH_CHECK(max_tokens <= 0 || n <= max_tokens, "generate: prompt ", b, " has ", n, " tokens; ", what, " ",
+                max_tokens);
+    for (const int64_t id : prompts[b]) {
+      TORCH_CHECK(id >= 0 && id < vocab_size, "generate: prompt ", b, " has token id ", id,
+                  ", outside the vocabulary [0, ", vocab_size, ")");
+    }
+    longest = std::max(longest, n);
+  }
+  return longest;
+}
+
+GenerationSteps::GenerationSteps(const std::vector<std::vector<int64_t>>& prompts, const GenerationOptions& options,
+                                 std::vector<int64_t> stop)
+    : options_(options), stop_(std::move(stop)), results_(prompts.size()), done_(prompts.size(), false),
+      remaining_(prompts.size()) {
+  const SamplingOptions sampling = sampling_options(options);
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    samplers_.emplace_back(sampling);
+    results_[b].prompt_tokens = static_cast<int64_t>(prompts[b].size());
+  }
+}
+
+std::vector<int64_t> GenerationSteps::choose(const at::Tensor& logits, std::optional<int64_t> forced, int64_t filler) {
+  std::vector<int64_t> next(results_.size(), filler);
+  for (size_t b = 0; b < results_.size(); ++b) {
+    if (done_[b]) continue;
+    next[b] = forced ? *forced : samplers_[b].next(logits[static_cast<int64_t>(b)]);
+    results_[b].ids.push_back(next[b]);
+    if (options_.on_token()) options_.on_token()(b, next[b]);
+    if (std::find(stop_.begin(), stop_.end(), next[b]) != stop_.end()) {
+      results_[b].stopped = true;
+      done_[b] = true;
+      --remaining_;
+    }
+  }
+  if (steps_++ == 0) {
+    prefill_ = seconds_since(start_);
+    start_ = std::chrono::steady_clock::now();
+  }
+  return next;
+}
+
+std::vector<GenerationResult> GenerationSteps::results() {
+  const double decode = seconds_since(start_);
+  for (auto& r : results_) {
+    r.prefill_seconds = prefill_;
+    r.decode_seconds = r.ids.size() > 1 ? decode : 0.0;
+  }
+  return results_;
+}
+
+} // namespace torchattn::models::detail

@@ -1,0 +1,54 @@
+#pragma once
+
+// What the generate loops (a decoder's, an encoder-decoder's) share: checking the
+// prompts, and each step's choice of every unfinished prompt's next token (its own
+// Sampler, forced tokens, stop tokens, on_token), with the results and timings.
+
+#include <torchattn/models/generation.h>
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace torchattn::models::detail {
+
+/// Checks that there are prompts, each non-empty, each at most max_tokens long (when
+/// > 0; `what` names the limit), each id in [0, vocab_size), and that max_new_tokens
+/// >= 1. Returns the longest prompt's length.
+int64_t check_prompts(const std::vector<std::vector<int64_t>>& prompts, const GenerationOptions& options,
+                      int64_t vocab_size, int64_t max_tokens = 0, const char* what = "");
+
+class GenerationSteps {
+ public:
+  /// One Sampler per prompt (which validates the sampling options); `stop`: the
+  /// tokens that end a sequence (the options' stop_token_ids and the model's EOS).
+  GenerationSteps(const std::vector<std::vector<int64_t>>& prompts, const GenerationOptions& options,
+                  std::vector<int64_t> stop);
+
+  /// logits: [B, vocab], the next token's for every prompt. Chooses each unfinished
+  /// prompt's token (`forced` where given), calls on_token, and marks the ones that
+  /// stop. Returns the tokens to feed next, `filler` for the finished ones.
+  std::vector<int64_t> choose(const at::Tensor& logits, std::optional<int64_t> forced, int64_t filler);
+
+  /// Starts the clock: the prefill's time runs from here to the first choose().
+  void begin() { start_ = std::chrono::steady_clock::now(); }
+  bool finished() const { return remaining_ == 0; }
+  /// The results, with the prefill's time (to the first choice) and the rest's.
+  std::vector<GenerationResult> results();
+
+ private:
+  GenerationOptions options_;
+  std::vector<int64_t> stop_;
+  std::vector<Sampler> samplers_;
+  std::vector<GenerationResult> results_;
+  std::vector<bool> done_;
+  size_t remaining_;
+  int64_t steps_ = 0;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  double prefill_ = 0.0;
+};
+
+} // namespace torchattn::models::detail
