@@ -577,8 +577,8 @@ TEST(ModernAttention, QKNormWeightsAndOptions) {
   torch::load(same, path);
 }
 
-// Each new option is recorded and checked; W_key of the wrong number of kv heads is
-// named with the option that explains its shape.
+// Each new option is recorded and checked; W_key of the wrong number of kv heads (or
+// of another context width) is named with the option that explains its shape.
 TEST(ModernAttention, CheckpointsRecordTheNewOptions) {
   const auto path = temp_path("modern_options.pt");
   const auto base = torchattn::MultiHeadAttentionOptions(16, 16, 12, 4).num_kv_heads(2).rope(RoPEOptions(1e4)).window(4);
@@ -609,6 +609,22 @@ TEST(ModernAttention, CheckpointsRecordTheNewOptions) {
               std::string::npos)
         << c.message << "\n got: " << error_of([&] { torch::load(m, path); });
   }
+  // Cross-attention's context widths: recorded as the widths W_key and W_value read
+  // (d_in where unset, so an explicit kdim equal to d_in loads a file saved without one).
+  const auto cross = torchattn::MultiHeadAttentionOptions(16, 16, 12, 4).causal(false).kdim(12).vdim(8);
+  torch::save(torchattn::MultiHeadAttention(cross), path);
+  torchattn::MultiHeadAttention cross_kdim10(torchattn::MultiHeadAttentionOptions(cross).kdim(10));
+  EXPECT_EQ(error_of([&] { torch::load(cross_kdim10, path); }),
+            "MultiHeadAttention: checkpoint of the module was saved with kdim=12, this module has kdim=10 (the tensors' "
+            "shapes differ with it)");
+  torchattn::MultiHeadAttention cross_vdim(torchattn::MultiHeadAttentionOptions(cross).vdim(std::nullopt));
+  EXPECT_EQ(error_of([&] { torch::load(cross_vdim, path); }),
+            "MultiHeadAttention: checkpoint of the module was saved with vdim=8, this module has vdim=16 (the tensors' "
+            "shapes differ with it)");
+  torch::save(torchattn::MultiHeadAttention(torchattn::MultiHeadAttentionOptions(16, 16, 12, 4).causal(false)), path);
+  torchattn::MultiHeadAttention explicit_width(torchattn::MultiHeadAttentionOptions(16, 16, 12, 4).causal(false).kdim(16));
+  torch::load(explicit_width, path);
+  torch::save(torchattn::MultiHeadAttention(base), path);
   // num_kv_heads changes W_key's shape: the recorded option names it first, and a file
   // without options (LibTorch's own Module::save; a Python state dict) explains the shape.
   torchattn::MultiHeadAttention one_kv_head(torchattn::MultiHeadAttentionOptions(base).num_kv_heads(1));

@@ -72,7 +72,10 @@ std::optional<OptionValues> checkpoint_options(const torch::nn::Module& module) 
                      {"alibi", text(o.alibi())},
                      {"softcap", o.softcap() ? text(*o.softcap()) : "none"},
                      {"sinks", text(o.sinks())},
-                     {"scale", text(o.scale())}};
+                     {"scale", text(o.scale())},
+                     // The context's widths for cross-attention (d_in where not set).
+                     {"kdim", text(o.kdim().value_or(o.d_in()))},
+                     {"vdim", text(o.vdim().value_or(o.d_in()))}};
     add_attention_options(out, o.causal(), o.window(), o.rope());
     return out;
   }
@@ -102,9 +105,12 @@ void check_saved_options(const char* fn, const std::string& path, const std::str
   const std::string where = path.empty() ? "the module" : "'" + path.substr(0, path.size() - 1) + "'";
   for (const auto& [name, value] : module_options) {
     const auto it = values.find(name);
+    // Options that set the tensors' shapes are named before the shapes are compared.
+    const bool shapes = name == "num_kv_heads" || name == "head_dim" || name == "kdim" || name == "vdim";
     TORCH_CHECK(it == values.end() || it->second == value, fn, ": checkpoint of ", where, " was saved with ", name,
                 "=", it->second, ", this module has ", name, "=", value,
-                " (the tensors have the same shapes, but the numbers would differ)");
+                shapes ? " (the tensors' shapes differ with it)"
+                       : " (the tensors have the same shapes, but the numbers would differ)");
   }
 }
 
