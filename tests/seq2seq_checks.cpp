@@ -8,6 +8,8 @@
 // - greedy generate: 32 tokens of each prompt alone and of both in one right-padded
 //   batch, equal to transformers' generate; with the config's EOS and forced BOS/EOS
 //   tokens, 12 tokens equal;
+// - training: a padded batch's cross-entropy and the gradient of every parameter, in
+//   float64, equal to transformers' within 1e-10;
 // - cached decoding (KVCache per layer, the encoder's keys and values computed once)
 //   equal to recomputing the decoder, and a padded row equal to its prompt alone;
 // - config, weights and generate errors naming what is wrong.
@@ -29,6 +31,7 @@
 #include <functional>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -164,6 +167,49 @@ TEST_P(TinySeq2Seq, CachedDecodingEqualsRecomputingAndAPaddedRowEqualsItsPromptA
   EXPECT_LE(relative_error(full.narrow(0, 1, 1), alone), 1e-5);
   // The padding matters: without the mask the second row's logits differ.
   EXPECT_GT(relative_error(model->forward(ids, {}, decoder_ids).narrow(0, 1, 1), alone), 1e-3);
+}
+
+// This module's parameter name -> transformers' ("encoder.layers.0.self_attn.W_query.weight"
+// -> "model.encoder.layers.0.self_attn.q_proj.weight").
+std::string hf_name(std::string name) {
+  for (const auto& [ours, theirs] : {std::pair<std::string, std::string>{"W_query", "q_proj"}, {"W_key", "k_proj"},
+                                     {"W_value", "v_proj"}}) {
+    if (const auto at = name.find("." + ours + "."); at != std::string::npos) name.replace(at + 1, ours.size(), theirs);
+  }
+  return "model." + name;
+}
+
+TEST_P(TinySeq2Seq, TrainingLossAndTheGradientOfEveryParameterAreTransformers) {
+  const auto expected = expected_of(dir());
+  auto model = load_model(dir());
+  model->to(torch::kFloat64);
+  const auto padding = expected.at("train.mask").toTensor().eq(0);  // transformers' attention_mask: 1 = a token
+  const auto logits = model->forward(expected.at("train.batch").toTensor(), padding,
+                                     expected.at("train.decoder_ids").toTensor());
+  const auto loss = torch::nn::functional::cross_entropy(logits.flatten(0, 1),
+                                                         expected.at("train.labels").toTensor().flatten());
+  EXPECT_NEAR(loss.item<double>(), expected.at("train.loss").toTensor().item<double>(), 1e-12);
+  loss.backward();
+  size_t theirs = 0;
+  for (const auto& e : expected) theirs += e.key().toStringRef().rfind("grad.", 0) == 0;
+  size_t compared = 0;
+  double worst = 0.0;
+  for (const auto& p : model->named_parameters()) {
+    const std::string key = "grad." + hf_name(p.key());
+    ASSERT_TRUE(expected.contains(key)) << key;
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    const auto want = expected.at(key).toTensor();
+    // W_key's bias adds the same to every score of a row: its gradient is zero up to
+    // rounding (1e-17 on both sides), compared absolutely.
+    const bool zero = want.abs().max().item<double>() < 1e-12;
+    const double err = zero ? p.value().grad().abs().max().item<double>() : relative_error(p.value().grad(), want);
+    EXPECT_LE(err, zero ? 1e-12 : 1e-10) << p.key();
+    worst = std::max(worst, err);
+    ++compared;
+  }
+  EXPECT_EQ(compared, theirs);
+  std::printf("[seq2seq] %s: %zu parameters' gradients, largest error %.2e relative\n", GetParam().c_str(), compared,
+              worst);
 }
 
 INSTANTIATE_TEST_SUITE_P(Generate, TinySeq2Seq, ::testing::ValuesIn(tiny_models()),

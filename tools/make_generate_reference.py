@@ -14,7 +14,8 @@ and chat template with, all from transformers (offline, float32, CPU):
   EOS tokens, a non-zero final_logits_bias), with expected.pt: two prompts, the
   logits of a teacher-forced decoding (float32 and float64), 32 greedy tokens of each prompt alone and of
   both in one right-padded batch from generate (no EOS, no forced tokens), and a
-  short generate with the config's EOS and forced tokens;
+  short generate with the config's EOS and forced tokens; a training step's loss and
+  the gradient of every parameter (float64, dropout off, a padded batch);
 - tokenizer_smollm2.json and tokenizer_qwen2style/: every line of the fortunes text
   (Debian's `fortunes`, the text train_gpt learns) with its ids under SmolLM2's
   tokenizer and under a Qwen2-style tokenizer (NFC, Qwen2's split regex, byte-level
@@ -175,6 +176,19 @@ def tiny_seq2seq(out):
             expected["logits"] = model(input_ids=prompts[0].unsqueeze(0), decoder_input_ids=decoder_ids).logits[0].clone()
             expected["logits64"] = copy.deepcopy(model).double()(input_ids=prompts[0].unsqueeze(0),
                                                                  decoder_input_ids=decoder_ids).logits[0].clone()
+        # Training's gradients in float64 (eval mode: no dropout): a teacher-forced
+        # cross-entropy over the padded batch against random labels, to every parameter.
+        m64 = copy.deepcopy(model).double()
+        train_ids = torch.randint(3, 211, (2, 8), generator=g)
+        labels = torch.randint(3, 211, (2, 8), generator=g)
+        loss = torch.nn.functional.cross_entropy(
+            m64(input_ids=batch, attention_mask=mask, decoder_input_ids=train_ids).logits.flatten(0, 1), labels.flatten())
+        loss.backward()
+        expected.update({"train.batch": batch.clone(), "train.mask": mask.clone(), "train.decoder_ids": train_ids,
+                         "train.labels": labels, "train.loss": loss.detach().clone()})
+        for k, p in m64.named_parameters():
+            expected["grad." + k] = p.grad.clone()
+        with torch.no_grad():
             # The config's EOS and forced tokens, over 12 new tokens (the last one forced to EOS).
             for b, p in enumerate(prompts):
                 ids = p.unsqueeze(0)
