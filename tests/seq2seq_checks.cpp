@@ -221,42 +221,87 @@ TEST(Seq2SeqReference, IsPresent) {
 
 // ---- errors ----
 
-// A copy of the tiny folder `name` with config.json's `key` set to `json_value`
-// (null_json: removed); returns the copy's config.json.
-fs::path edited_config(const std::string& name, const std::string& key, const std::string& json_value) {
-  const auto tmp = fs::temp_directory_path() / ("torchattn_seq2seq_" + std::to_string(::getpid()) + "_" + key);
-  fs::create_directories(tmp);
-  std::ifstream in(reference() / name / "config.json");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const std::string quoted = "\"" + key + "\"";
-  const auto at = text.find(quoted);
-  if (at != std::string::npos) {
-    const auto end = text.find_first_of(",\n}", text.find(':', at));
-    text.erase(at, end - at + (text[end] == ',' ? 1 : 0));
+// A folder holding a copy of the tiny folder `name`'s config.json with `edits` made
+// (key, JSON value; an empty value removes the key), and `generation_config` as its
+// generation_config.json when not empty. Removed when it goes out of scope.
+struct EditedConfig {
+  fs::path dir;
+  EditedConfig(const std::string& name, const std::vector<std::pair<std::string, std::string>>& edits,
+               const std::string& generation_config = "") {
+    static int count = 0;
+    dir = fs::temp_directory_path() / ("torchattn_seq2seq_" + std::to_string(::getpid()) + "_" + std::to_string(count++));
+    fs::create_directories(dir);
+    std::ifstream in(reference() / name / "config.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (const auto& [key, value] : edits) {
+      const std::string quoted = "\"" + key + "\"";
+      if (const auto at = text.find(quoted); at != std::string::npos) {
+        const auto end = text.find_first_of(",\n}", text.find(':', at));
+        text.erase(at, end - at + (text[end] == ',' ? 1 : 0));
+      }
+      if (!value.empty()) text.insert(text.find('{') + 1, "\n  " + quoted + ": " + value + ",");
+    }
+    std::ofstream(dir / "config.json") << text;
+    if (!generation_config.empty()) std::ofstream(dir / "generation_config.json") << generation_config;
   }
-  if (!json_value.empty()) text.insert(text.find('{') + 1, "\n  " + quoted + ": " + json_value + ",");
-  std::ofstream(tmp / "config.json") << text;
-  return tmp / "config.json";
-}
+  ~EditedConfig() { fs::remove_all(dir); }
+  std::string config() const { return (dir / "config.json").string(); }
+};
 
 TEST(Seq2SeqErrors, ConfigsThisLibraryCannotRunAreErrorsNamingTheField) {
-  const auto read = [](const fs::path& p) { return error_of([&] { models::read_bart_config(p.string()); }); };
-  EXPECT_HAS(read(edited_config("bart_gelu", "tie_word_embeddings", "false")),
-             "tie_word_embeddings false is not supported");
-  EXPECT_HAS(read(edited_config("bart_gelu", "activation_function", "\"swish\"")),
+  const auto read = [](const std::string& name, const std::vector<std::pair<std::string, std::string>>& edits,
+                       const std::string& generation = "") {
+    const EditedConfig e(name, edits, generation);
+    return error_of([&] { models::read_bart_config(e.config()); });
+  };
+  EXPECT_HAS(read("bart_gelu", {{"tie_word_embeddings", "false"}}), "tie_word_embeddings false is not supported");
+  EXPECT_HAS(read("bart_gelu", {{"activation_function", "\"swish\""}}),
              "activation_function 'swish' is not supported (gelu or relu)");
-  EXPECT_HAS(read(edited_config("bart_gelu", "normalize_before", "true")), "normalize_before: pre-norm layers");
-  EXPECT_HAS(read(edited_config("bart_gelu", "d_model", "0")), "expected a positive integer d_model");
-  EXPECT_HAS(read(edited_config("bart_gelu", "decoder_start_token_id", "")), "expected a decoder_start_token_id");
-  EXPECT_HAS(read(edited_config("bart_gelu", "decoder_start_token_id", "500")),
+  EXPECT_HAS(read("bart_gelu", {{"normalize_before", "true"}}), "normalize_before: pre-norm layers");
+  EXPECT_HAS(read("bart_gelu", {{"d_model", "0"}}), "expected a positive integer d_model");
+  EXPECT_HAS(read("bart_gelu", {{"decoder_start_token_id", ""}, {"bos_token_id", ""}}),
+             "expected a decoder_start_token_id or a bos_token_id (the decoder's first input)");
+  EXPECT_HAS(read("bart_gelu", {{"decoder_start_token_id", "500"}}),
              "expected decoder_start_token_id to be a token id in [0, vocab_size 211), got 500");
-  EXPECT_HAS(read(edited_config("bart_gelu", "model_type", "\"t5\"")),
+  EXPECT_HAS(read("bart_gelu", {{"eos_token_id", "\"2\""}}), "expected eos_token_id to be token ids in [0, vocab_size 211), got \"2\"");
+  EXPECT_HAS(read("bart_gelu", {{"model_type", "\"t5\""}}),
              "model_type 't5' is not an encoder-decoder this library runs; supported: llama, qwen2, qwen3, mistral, "
              "gemma2 (decoders); bert (encoders); bart (encoder-decoders)");
+  // generation_config.json's errors name it.
+  const std::string bad = read("bart_gelu", {}, R"({"decoder_start_token_id": 2, "eos_token_id": [2, null]})");
+  EXPECT_HAS(bad, "generation_config.json': expected eos_token_id to be token ids in [0, vocab_size 211), got [2,null]");
   // A bart folder given to LanguageModel says where it goes.
   EXPECT_HAS(error_of([] { models::LanguageModel::from_pretrained((reference() / "bart_gelu").string()); }),
              "holds a bart model; LanguageModel runs llama, qwen2, qwen3, mistral and gemma2 (load a bart folder with "
              "Seq2SeqLM and read_bart_config)");
+  models::BartConfig c = models::read_bart_config((reference() / "bart_gelu" / "config.json").string());
+  c.decoder_layers = 0;
+  EXPECT_HAS(error_of([&] { models::Seq2SeqLM m(c); }), "Seq2SeqLM: expected decoder_layers >= 1, got 0");
+  c.decoder_layers = 1;
+  c.forced_eos_token_id = 211;
+  EXPECT_HAS(error_of([&] { models::Seq2SeqLM m(c); }), "Seq2SeqLM: expected forced_eos_token_id in [0, vocab_size 211), got 211");
+}
+
+// generate's settings as transformers reads them: generation_config.json alone where the
+// folder has one (a field it lacks is none), else config.json; the decoder starts with
+// bos_token_id where no decoder_start_token_id is given.
+TEST(Seq2SeqConfig, GenerationSettingsComeFromGenerationConfigAloneWhereThereIsOne) {
+  const auto from_config = models::read_bart_config(EditedConfig("bart_relu_scaled", {}).config());
+  EXPECT_EQ(from_config.decoder_start_token_id, 2);
+  EXPECT_EQ(from_config.eos_token_ids, std::vector<int64_t>{2});
+  EXPECT_EQ(from_config.forced_eos_token_id, 2);
+  EXPECT_FALSE(from_config.forced_bos_token_id.has_value());  // transformers 5 keeps it in generation_config.json
+  const auto from_folder = models::read_bart_config((reference() / "bart_relu_scaled" / "config.json").string());
+  EXPECT_EQ(from_folder.forced_bos_token_id, 0);
+  const EditedConfig own("bart_relu_scaled", {}, R"({"bos_token_id": 5, "eos_token_id": [3, 4]})");
+  const auto from_generation = models::read_bart_config(own.config());
+  EXPECT_EQ(from_generation.decoder_start_token_id, 5);
+  EXPECT_EQ(from_generation.eos_token_ids, (std::vector<int64_t>{3, 4}));
+  EXPECT_FALSE(from_generation.forced_eos_token_id.has_value());
+  EXPECT_FALSE(from_generation.forced_bos_token_id.has_value());
+  EXPECT_EQ(models::read_bart_config(EditedConfig("bart_gelu", {{"decoder_start_token_id", ""}}).config())
+                .decoder_start_token_id,
+            0);  // bos_token_id
 }
 
 TEST(Seq2SeqErrors, WeightsAndInputsOutsideTheModelAreErrorsNamingThem) {

@@ -180,6 +180,7 @@ def tiny_seq2seq(out):
         # cross-entropy over the padded batch against random labels, to every parameter.
         m64 = copy.deepcopy(model).double()
         train_ids = torch.randint(3, 211, (2, 8), generator=g)
+        train_ids[1, -2:] = config.pad_token_id  # the pad token's embedding row gets no gradient from them
         labels = torch.randint(3, 211, (2, 8), generator=g)
         loss = torch.nn.functional.cross_entropy(
             m64(input_ids=batch, attention_mask=mask, decoder_input_ids=train_ids).logits.flatten(0, 1), labels.flatten())

@@ -195,23 +195,42 @@ static BartConfig read_bart_config_unchecked(const std::string& path) {
   };
   m.pad_token_id = id(c, path, "pad_token_id").value_or(1);
   m.bos_token_id = id(c, path, "bos_token_id");
-  m.eos_token_ids = ids(c.value("eos_token_id", json()));
-  std::optional<int64_t> start = id(c, path, "decoder_start_token_id");
-  m.forced_bos_token_id = id(c, path, "forced_bos_token_id");
-  m.forced_eos_token_id = id(c, path, "forced_eos_token_id");
-  // generate's settings: generation_config.json beside config.json wins where it has
-  // them, as in transformers (which keeps forced_bos_token_id only there).
-  const std::filesystem::path generation = std::filesystem::path(path).parent_path() / "generation_config.json";
-  if (std::filesystem::exists(generation)) {
-    const std::string gpath = generation.string();
-    const json g = detail::read_json_file(gpath, "config");
-    if (g.contains("decoder_start_token_id")) start = id(g, gpath, "decoder_start_token_id");
-    if (g.contains("eos_token_id")) m.eos_token_ids = ids(g["eos_token_id"]);
-    if (g.contains("forced_bos_token_id")) m.forced_bos_token_id = id(g, gpath, "forced_bos_token_id");
-    if (g.contains("forced_eos_token_id")) m.forced_eos_token_id = id(g, gpath, "forced_eos_token_id");
+  // generate's settings come from generation_config.json where the folder has one (in
+  // place of config.json's: transformers reads that file alone, fields it lacks are
+  // none), else from config.json.
+  auto generation = [&](const json& j, const std::string& file) {
+    m.eos_token_ids.clear();
+    if (j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
+      const json& eos = j["eos_token_id"];
+      for (const json& e : eos.is_array() ? eos : json::array({eos})) {
+        if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= m.vocab_size) {
+          fail(file, "expected eos_token_id to be token ids in [0, vocab_size " + std::to_string(m.vocab_size) +
+                         "), got " + eos.dump());
+        }
+        m.eos_token_ids.push_back(e.get<int64_t>());
+      }
+    }
+    m.forced_bos_token_id = id(j, file, "forced_bos_token_id");
+    m.forced_eos_token_id = id(j, file, "forced_eos_token_id");
+    // transformers starts the decoder with bos_token_id where no decoder_start_token_id is given.
+    std::optional<int64_t> start = id(j, file, "decoder_start_token_id");
+    if (!start) start = id(j, file, "bos_token_id");
+    if (!start) fail(file, "expected a decoder_start_token_id or a bos_token_id (the decoder's first input)");
+    m.decoder_start_token_id = *start;
+  };
+  const std::filesystem::path generation_file = std::filesystem::path(path).parent_path() / "generation_config.json";
+  if (std::filesystem::exists(generation_file)) {
+    const std::string gpath = generation_file.string();
+    try {
+      const json g = detail::read_json_file(gpath, "config");
+      if (!g.is_object()) fail(gpath, "expected a JSON object");
+      generation(g, gpath);
+    } catch (const nlohmann::json::exception& e) {
+      fail(gpath, e.what());
+    }
+  } else {
+    generation(c, path);
   }
-  if (!start) fail(path, "expected a decoder_start_token_id (the decoder's first input)");
-  m.decoder_start_token_id = *start;
   return m;
 }
 

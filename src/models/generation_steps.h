@@ -25,6 +25,7 @@ class GenerationSteps {
  public:
   /// One Sampler per prompt (which validates the sampling options); `stop`: the
   /// tokens that end a sequence (the options' stop_token_ids and the model's EOS).
+  /// `options` must outlive this object (its on_token is called, not copied).
   GenerationSteps(const std::vector<std::vector<int64_t>>& prompts, const GenerationOptions& options,
                   std::vector<int64_t> stop);
 
@@ -40,7 +41,7 @@ class GenerationSteps {
   std::vector<GenerationResult> results();
 
  private:
-  GenerationOptions options_;
+  const GenerationOptions& options_;  // the caller's, on_token included
   std::vector<int64_t> stop_;
   std::vector<Sampler> samplers_;
   std::vector<GenerationResult> results_;

@@ -3,7 +3,9 @@
 #include <torchattn/functional.h>
 
 #include <ATen/ops/arange.h>
+#include <ATen/ops/clamp.h>
 #include <ATen/ops/gelu.h>
+#include <ATen/ops/isfinite.h>
 #include <ATen/ops/relu.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros.h>
@@ -11,6 +13,7 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <utility>
 
 namespace torchattn::models {
 
@@ -62,7 +65,14 @@ BartEncoderLayerImpl::BartEncoderLayerImpl(const BartConfig& c) : relu_(c.activa
 
 at::Tensor BartEncoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask) {
   const at::Tensor h = post_norm(self_attn_layer_norm, dropout, self_attn(x, key_padding_mask), x);
-  return post_norm(final_layer_norm, dropout, mlp(fc1, fc2, activation_dropout, relu_, h), h);
+  at::Tensor out = post_norm(final_layer_norm, dropout, mlp(fc1, fc2, activation_dropout, relu_, h), h);
+  // transformers' BartEncoderLayer: a float16 output that overflowed is clamped to
+  // finite values (BART-large's activations pass float16's range).
+  if (out.scalar_type() == at::kHalf && !at::isfinite(out).all().item<bool>()) {
+    const double limit = 65504.0 - 1000.0;  // torch.finfo(torch.float16).max - 1000
+    out = at::clamp(out, -limit, limit);
+  }
+  return out;
 }
 
 BartDecoderLayerImpl::BartDecoderLayerImpl(const BartConfig& c) : relu_(c.activation == "relu") {
@@ -109,10 +119,26 @@ at::Tensor BartStackImpl::embed(const at::Tensor& embeds, int64_t past) {
 Seq2SeqLMImpl::Seq2SeqLMImpl(const BartConfig& config) : config_(config) {
   TORCH_CHECK(config.activation == "gelu" || config.activation == "relu",
               "Seq2SeqLM: expected the activation gelu or relu, got '", config.activation, "'");
-  TORCH_CHECK(config.vocab_size > 0 && config.d_model > 0 && config.max_position_embeddings > 0,
-              "Seq2SeqLM: expected a positive vocab_size, d_model and max_position_embeddings, got ", config.vocab_size,
-              ", ", config.d_model, " and ", config.max_position_embeddings);
-  shared = register_module("shared", torch::nn::Embedding(config.vocab_size, config.d_model));
+  for (const auto& [name, value] :
+       {std::pair<const char*, int64_t>{"vocab_size", config.vocab_size}, {"d_model", config.d_model},
+        {"max_position_embeddings", config.max_position_embeddings}, {"encoder_layers", config.encoder_layers},
+        {"decoder_layers", config.decoder_layers}, {"encoder_attention_heads", config.encoder_attention_heads},
+        {"decoder_attention_heads", config.decoder_attention_heads}, {"encoder_ffn_dim", config.encoder_ffn_dim},
+        {"decoder_ffn_dim", config.decoder_ffn_dim}}) {
+    TORCH_CHECK(value >= 1, "Seq2SeqLM: expected ", name, " >= 1, got ", value);
+  }
+  auto check_id = [&](const char* name, int64_t id) {
+    TORCH_CHECK(id >= 0 && id < config.vocab_size, "Seq2SeqLM: expected ", name, " in [0, vocab_size ",
+                config.vocab_size, "), got ", id);
+  };
+  check_id("pad_token_id", config.pad_token_id);
+  check_id("decoder_start_token_id", config.decoder_start_token_id);
+  if (config.forced_bos_token_id) check_id("forced_bos_token_id", *config.forced_bos_token_id);
+  if (config.forced_eos_token_id) check_id("forced_eos_token_id", *config.forced_eos_token_id);
+  // BartScaledWordEmbedding's padding_idx: no gradient reaches the pad token's row
+  // through the lookups (the tied head's still does).
+  shared = register_module("shared", torch::nn::Embedding(torch::nn::EmbeddingOptions(config.vocab_size, config.d_model)
+                                                              .padding_idx(config.pad_token_id)));
   encoder = register_module("encoder", BartStack(config, /*decoder=*/false));
   decoder = register_module("decoder", BartStack(config, /*decoder=*/true));
   final_logits_bias = register_buffer("final_logits_bias", at::zeros({1, config.vocab_size}));

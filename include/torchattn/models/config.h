@@ -99,7 +99,8 @@ struct BartConfig {
   int64_t pad_token_id = 1;
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;
-  /// The decoder's first input token (BART: 2, its </s>).
+  /// The decoder's first input token (BART: 2, its </s>); bos_token_id where the
+  /// folder gives none.
   int64_t decoder_start_token_id = 2;
   /// Generation: the first new token forced to this (forced_bos_token_id), the last
   /// one allowed by max_new_tokens forced to this (forced_eos_token_id), as
@@ -109,10 +110,11 @@ struct BartConfig {
 };
 
 /// Reads a BART encoder-decoder's config.json (model_type bart: post-norm layers,
-/// learned positions, activation_function gelu or relu, tied embeddings); where a
-/// generation_config.json lies beside it, its decoder_start_token_id, eos_token_id,
-/// forced_bos_token_id and forced_eos_token_id win, as in transformers' generate.
-/// Errors as read_decoder_config's.
+/// learned positions, activation_function gelu or relu, tied embeddings). generate's
+/// settings (decoder_start_token_id, or bos_token_id where it has none; eos_token_id,
+/// forced_bos_token_id, forced_eos_token_id) come from the generation_config.json beside
+/// it when there is one, and then from it alone, as transformers' generate reads them;
+/// else from config.json. Errors as read_decoder_config's, naming the file.
 BartConfig read_bart_config(const std::string& path);
 
 /// The model_type of the config.json at `path` (an error naming the file when it has none).

@@ -4,7 +4,10 @@
 // the right, as BART's tokenizers pad), each decoder layer's cross-attention keys and
 // values computed once from the encoder's output, then the decoder run token by token
 // from decoder_start_token_id with self-attention KV caches; greedy or sampled, with
-// the config's forced tokens, as transformers' generate.
+// the config's forced tokens, as transformers' generate with num_beams=1. A folder's
+// other generation settings (num_beams, min_length, no_repeat_ngram_size,
+// repetition_penalty, length_penalty) are not applied: transformers' generate gives
+// these tokens when they are off.
 //
 //   auto model = torchattn::models::Seq2SeqLM(torchattn::models::read_bart_config("bart/config.json"));
 //   model->load_hf_weights("bart");
