@@ -1,5 +1,7 @@
 #include <torchattn/paged_kv_cache.h>
 
+#include "detail/prefix_index.h"
+
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/util/Exception.h>
@@ -35,12 +37,16 @@ struct PagedKVCache::State {
   struct Sequence {
     std::vector<int64_t> blocks;
     int64_t length = 0;
+    // The prefix ids of its leading blocks that are published (or match published ones).
+    std::vector<uint64_t> prefix_ids;
   };
 
   std::vector<PagedLayer> layers;
   std::vector<at::Tensor> keys, values;  // [num_blocks, block_size, Hkv, d] per layer
   int64_t num_blocks = 0, block_size = 0;
-  std::vector<int32_t> refs;  // sequences holding each block
+  std::vector<int32_t> refs;  // sequences holding each block, and the prefix index (one) where published
+  detail::PrefixIndex prefix;
+  int64_t touched = 0;  // blocks ever taken: [0, touched)
   std::priority_queue<int64_t, std::vector<int64_t>, std::greater<>> free;  // lowest first
   std::map<int64_t, Sequence> sequences;  // ordered: ids grow, so the order they were added
   int64_t next_sequence = 0;
@@ -54,15 +60,36 @@ struct PagedKVCache::State {
   }
   const Sequence& at(int64_t s, const char* what) const { return const_cast<State*>(this)->at(s, what); }
 
+  // Free blocks, and published ones no sequence holds (reusable, given back when needed).
+  int64_t available() const { return static_cast<int64_t>(free.size()) + prefix.reusable(); }
+  // The lowest free block, unless it was never used yet and a reusable one can be given
+  // back (least recently released first): kept blocks live in memory the pool already
+  // uses, so prefix caching adds no resident memory (blocks are taken lowest first, so
+  // the blocks ever used are [0, touched)).
   int64_t take() {
-    TORCH_INTERNAL_ASSERT(!free.empty());
-    const int64_t b = free.top();
-    free.pop();
+    int64_t b = 0;
+    if (!free.empty() && (free.top() < touched || prefix.reusable() == 0)) {
+      b = free.top();
+      free.pop();
+    } else {
+      b = prefix.evict();
+    }
+    touched = std::max(touched, b + 1);
     refs[static_cast<size_t>(b)] = 1;
     return b;
   }
   void release(int64_t b) {
-    if (--refs[static_cast<size_t>(b)] == 0) free.push(b);
+    const int32_t left = --refs[static_cast<size_t>(b)];
+    if (left == 0) {
+      free.push(b);
+    } else if (left == 1 && prefix.id(b) != 0) {
+      prefix.unheld(b);  // only the index holds it now: reusable
+    }
+  }
+  // A published block for one more sequence.
+  void hold(int64_t b) {
+    if (refs[static_cast<size_t>(b)] == 1) prefix.held(b);
+    ++refs[static_cast<size_t>(b)];
   }
   int64_t blocks_for(int64_t tokens) const { return (tokens + block_size - 1) / block_size; }
 
@@ -139,6 +166,45 @@ int64_t PagedKVCache::add_sequence() {
   return id;
 }
 
+int64_t PagedKVCache::add_sequence(const std::vector<int64_t>& tokens) {
+  State& s = state();
+  State::Sequence q;
+  // Whole published blocks, leaving at least one token to compute.
+  const auto reusable = static_cast<int64_t>(tokens.empty() ? 0 : (tokens.size() - 1)) / s.block_size;
+  uint64_t parent = 0;
+  for (int64_t i = 0; i < reusable; ++i) {
+    const std::vector<int64_t> part(tokens.begin() + i * s.block_size, tokens.begin() + (i + 1) * s.block_size);
+    const std::optional<int64_t> b = s.prefix.find(parent, part);
+    if (!b) break;
+    s.hold(*b);
+    q.blocks.push_back(*b);
+    parent = s.prefix.id(*b);
+    q.prefix_ids.push_back(parent);
+  }
+  q.length = static_cast<int64_t>(q.blocks.size()) * s.block_size;
+  const int64_t id = s.next_sequence++;
+  s.sequences.emplace(id, std::move(q));
+  ++s.epoch;
+  return id;
+}
+
+void PagedKVCache::publish(int64_t sequence, const std::vector<int64_t>& tokens) {
+  State& s = state();
+  State::Sequence& q = s.at(sequence, "publish");
+  TORCH_CHECK(static_cast<int64_t>(tokens.size()) >= q.length, kPaged, ": publish expected the tokens of sequence ",
+              sequence, " (at least its ", q.length, "), got ", tokens.size());
+  for (auto i = static_cast<int64_t>(q.prefix_ids.size()); i < q.length / s.block_size; ++i) {
+    const int64_t b = q.blocks[static_cast<size_t>(i)];
+    const uint64_t parent = q.prefix_ids.empty() ? 0 : q.prefix_ids.back();
+    const uint64_t id =
+        s.prefix.publish(b, parent, {tokens.begin() + i * s.block_size, tokens.begin() + (i + 1) * s.block_size});
+    if (s.prefix.id(b) == id) ++s.refs[static_cast<size_t>(b)];  // the index's hold (else another block has these tokens)
+    q.prefix_ids.push_back(id);
+  }
+}
+
+int64_t PagedKVCache::reusable_blocks() const { return state().prefix.reusable(); }
+
 int64_t PagedKVCache::fork(int64_t parent) {
   State& s = state();
   State::Sequence copy = s.at(parent, "fork");
@@ -166,6 +232,7 @@ void PagedKVCache::truncate(int64_t sequence, int64_t length) {
   for (size_t i = keep; i < q.blocks.size(); ++i) s.release(q.blocks[i]);
   q.blocks.resize(keep);
   q.length = length;
+  q.prefix_ids.resize(std::min(q.prefix_ids.size(), static_cast<size_t>(length / s.block_size)));
   ++s.epoch;
 }
 
@@ -181,7 +248,7 @@ std::vector<int64_t> PagedKVCache::sequences() const {
 
 int64_t PagedKVCache::num_blocks() const { return state().num_blocks; }
 int64_t PagedKVCache::block_size() const { return state().block_size; }
-int64_t PagedKVCache::free_blocks() const { return static_cast<int64_t>(state().free.size()); }
+int64_t PagedKVCache::free_blocks() const { return state().available(); }
 
 int64_t PagedKVCache::bytes_per_block() const {
   const State& s = state();
@@ -206,8 +273,8 @@ PagedStep PagedKVCache::begin_step(const std::vector<StepTokens>& tokens) {
   State& s = state();
   s.check_step(tokens);
   const int64_t needed = s.needed(tokens);
-  TORCH_CHECK(needed <= static_cast<int64_t>(s.free.size()), kPaged, ": the step needs ", needed,
-              " free blocks and the pool has ", s.free.size(), " of ", s.num_blocks,
+  TORCH_CHECK(needed <= s.available(), kPaged, ": the step needs ", needed, " free blocks and the pool has ",
+              s.available(), " of ", s.num_blocks,
               "; finish or remove sequences first (or make a larger cache)");
   PagedStep step;
   std::vector<int64_t> positions, write_blocks, write_offsets, key_slots;

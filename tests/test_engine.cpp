@@ -4,7 +4,8 @@
 // leaves; long prompts are prefilled in chunks while the others keep decoding; stop
 // tokens, max_new_tokens, the context length and cancellation end a request and give
 // its blocks back; a full pool makes requests wait or preempts the newest, losing
-// nothing; the queue limit and bad requests are errors naming the cause.
+// nothing; prefix caching reuses published blocks without changing a token; the queue
+// limit and bad requests are errors naming the cause.
 
 #include "expect_error.h"
 
@@ -102,6 +103,69 @@ TEST(Engine, EachRequestGetsTheTokensItGetsAlone) {
       }
     }
   }
+}
+
+// Prefix caching: a request whose tokens start with blocks an earlier one published (a
+// shared system prompt; the earlier turn of a conversation, its answer included) starts
+// with them, and gets the tokens it gets without the cache, bit for bit.
+TEST(Engine, PrefixCachingReusesPublishedBlocksAndChangesNoToken) {
+  const auto system = prompts({43}, 9)[0];
+  auto with = [&](const std::vector<int64_t>& tail) {
+    auto p = system;
+    p.insert(p.end(), tail.begin(), tail.end());
+    return p;
+  };
+  const auto tails = prompts({10, 25, 1}, 10);
+  const auto greedy = models::GenerationOptions().max_new_tokens(12).stop_at_eos(false);
+  const auto sampled = models::GenerationOptions(greedy).do_sample(true).temperature(0.8).top_k(30).seed(3);
+  for (const auto& options : {greedy, sampled}) {
+    SCOPED_TRACE(options.do_sample() ? "sampled" : "greedy");
+    models::Engine cached(tiny_model(torch::kFloat), small_chunks());
+    models::Engine plain(tiny_model(torch::kFloat), models::EngineOptions(small_chunks()).prefix_cache(false));
+    int64_t reused = 0;
+    for (const auto& tail : tails) {
+      const auto p = with(tail);
+      const auto got = ids_of(cached.generate({p}, options))[0];
+      EXPECT_EQ(got, ids_of(plain.generate({p}, options))[0]);
+      EXPECT_GE(cached.stats().prefix_reused_tokens - reused, reused == 0 ? 0 : 40);  // 5 blocks of 8 of the 43
+      reused = cached.stats().prefix_reused_tokens;
+      // The next turn of this conversation: the prompt, the answer, a new message.
+      auto turn = p;
+      turn.insert(turn.end(), got.begin(), got.end());
+      turn.insert(turn.end(), tail.begin(), tail.end());
+      EXPECT_EQ(ids_of(cached.generate({turn}, options))[0], ids_of(plain.generate({turn}, options))[0]);
+      EXPECT_GE(cached.stats().prefix_reused_tokens - reused, static_cast<int64_t>(p.size() + got.size()) / 8 * 8 - 8);
+      reused = cached.stats().prefix_reused_tokens;
+    }
+    EXPECT_EQ(plain.stats().prefix_reused_tokens, 0);
+    EXPECT_EQ(plain.stats().kv_blocks_reusable, 0);
+    // Every block is back: none held, the published ones kept for reuse.
+    EXPECT_EQ(cached.stats().kv_blocks_used, 0);
+    EXPECT_GT(cached.stats().kv_blocks_reusable, 0);
+    EXPECT_EQ(cached.cache().free_blocks(), cached.cache().num_blocks());
+  }
+  // float64: the same tokens as models::generate with contiguous caches, reused or not.
+  auto model = tiny_model(torch::kDouble);
+  models::Engine engine(model, small_chunks());
+  for (const auto& tail : tails) {
+    EXPECT_EQ(ids_of(engine.generate({with(tail)}, greedy))[0], models::generate(*model, {with(tail)}, greedy)[0].ids);
+  }
+  EXPECT_GE(engine.stats().prefix_reused_tokens, 80);
+}
+
+// A pool too small for what was published gives the published blocks back (least
+// recently released first) and loses nothing.
+TEST(Engine, APoolFullOfPublishedBlocksGivesThemBackWhenRequestsNeedThem) {
+  models::Engine engine(tiny_model(torch::kFloat), models::EngineOptions().kv_tokens(96).block_size(8).prefill_chunk(16));
+  models::Engine plain(tiny_model(torch::kFloat), models::EngineOptions().kv_tokens(96).block_size(8).prefill_chunk(16)
+                                                      .prefix_cache(false));
+  const auto options = models::GenerationOptions().max_new_tokens(8).stop_at_eos(false);
+  for (const auto& p : prompts({60, 70, 50, 60, 80}, 12)) {
+    EXPECT_EQ(ids_of(engine.generate({p}, options))[0], ids_of(plain.generate({p}, options))[0]);
+    EXPECT_EQ(engine.stats().kv_blocks_used, 0);
+  }
+  EXPECT_GT(engine.stats().kv_blocks_reusable, 0);
+  EXPECT_LE(engine.stats().kv_blocks_reusable, engine.stats().kv_blocks);
 }
 
 TEST(Engine, RequestsJoinAtAnyStepAndLongPromptsArriveInChunks) {

@@ -123,6 +123,85 @@ TEST(PagedKVCache, ForksShareBlocksUntilOneWritesIntoAShared) {
   EXPECT_EQ(cache.used_blocks(), 2);
 }
 
+// Prefix caching: published full blocks are found again by their tokens (a whole chain,
+// token for token), shared with later sequences, kept when nobody holds them, and given
+// back least recently released first when the pool needs them.
+TEST(PagedKVCache, PublishedBlocksAreReusedByTheirTokensAndEvictedLeastRecentlyReleasedFirst) {
+  torch::NoGradGuard no_grad;
+  auto cache = small_cache(/*num_blocks=*/6, /*block_size=*/4, /*layers=*/2);
+  const std::vector<int64_t> tokens{10, 11, 12, 13, 20, 21, 22, 23, 30, 31};
+  const int64_t a = cache.add_sequence(tokens);
+  EXPECT_EQ(cache.length(a), 0);  // nothing published yet
+  write_tokens(cache, a, 4, 1.0f);
+  write_tokens(cache, a, 6, 2.0f);
+  cache.publish(a, tokens);  // its two full blocks; the third, partly filled, is not
+  EXPECT_EQ(cache.used_blocks(), 3);
+  // Another sequence with the same first 9 tokens takes the two blocks (shared) ...
+  std::vector<int64_t> longer(tokens.begin(), tokens.begin() + 9);
+  longer.insert(longer.end(), {40, 41, 42});
+  const int64_t b = cache.add_sequence(longer);
+  EXPECT_EQ(cache.length(b), 8);
+  const auto table_a = cache.block_table(a);
+  EXPECT_EQ(cache.block_table(b), (std::vector<int64_t>(table_a.begin(), table_a.begin() + 2)));
+  for (int64_t l = 0; l < 2; ++l) {
+    EXPECT_TRUE(torch::equal(cache.sequence_keys(l, b), cache.sequence_keys(l, a).narrow(1, 0, 8)));
+  }
+  // ... and writes past them into blocks of its own.
+  write_tokens(cache, b, 4, 3.0f);
+  EXPECT_EQ(cache.used_blocks(), 4);
+  EXPECT_TRUE(torch::equal(cache.sequence_keys(0, a).narrow(1, 8, 2), torch::full({2, 2, 4}, 2.0f)));
+  // A prefix that differs in its first block finds nothing; one that equals the first
+  // block only, that block; at most all tokens but the last are reused.
+  EXPECT_EQ(cache.length(cache.add_sequence({10, 11, 12, 99, 20, 21, 22, 23, 30})), 0);
+  EXPECT_EQ(cache.length(cache.add_sequence({10, 11, 12, 13, 20, 21, 22, 99, 30})), 4);
+  EXPECT_EQ(cache.length(cache.add_sequence({10, 11, 12, 13, 20, 21, 22, 23})), 4);
+  EXPECT_EQ(cache.length(cache.add_sequence({20, 21, 22, 23, 30})), 0);  // a block is found only after its parent
+  for (const int64_t s : cache.sequences()) {
+    if (s != a && s != b) cache.remove(s);
+  }
+  // When every sequence holding them is gone, published blocks stay for reuse and count
+  // as free.
+  cache.remove(a);
+  cache.remove(b);
+  EXPECT_EQ(cache.free_blocks(), 6);
+  EXPECT_EQ(cache.used_blocks(), 0);
+  EXPECT_EQ(cache.reusable_blocks(), 2);
+  const int64_t c = cache.add_sequence(tokens);
+  EXPECT_EQ(cache.length(c), 8);
+  EXPECT_EQ(cache.reusable_blocks(), 0);
+  EXPECT_TRUE(torch::equal(cache.sequence_values(1, c), torch::cat({torch::full({2, 4, 4}, 2.0f),
+                                                                     torch::full({2, 4, 4}, 4.0f)}, 1)));
+  cache.remove(c);
+  // The pool needs blocks: free ones it used before go first (blocks 2 and 3), then the
+  // published ones, least recently released first (the first block before its child,
+  // which is then never found), before blocks it never used (4 and 5).
+  const int64_t d = cache.add_sequence();
+  write_tokens(cache, d, 8, 5.0f);
+  EXPECT_EQ(cache.block_table(d), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(cache.reusable_blocks(), 2);
+  write_tokens(cache, d, 4, 5.0f);
+  EXPECT_EQ(cache.block_table(d), (std::vector<int64_t>{2, 3, 0}));
+  EXPECT_EQ(cache.reusable_blocks(), 1);
+  EXPECT_EQ(cache.length(cache.add_sequence(tokens)), 0);
+  write_tokens(cache, d, 8, 5.0f);
+  EXPECT_EQ(cache.block_table(d), (std::vector<int64_t>{2, 3, 0, 1, 4}));
+  // A truncated sequence writing into a published block copies it first.
+  cache.remove(d);
+  for (const int64_t s : cache.sequences()) cache.remove(s);
+  const int64_t e = cache.add_sequence(tokens);
+  write_tokens(cache, e, 8, 6.0f);
+  cache.publish(e, tokens);
+  const auto published = cache.block_table(e);
+  cache.truncate(e, 6);
+  write_tokens(cache, e, 2, 7.0f);
+  EXPECT_NE(cache.block_table(e)[1], published[1]);
+  const int64_t f = cache.add_sequence(tokens);
+  EXPECT_EQ(cache.block_table(f), published);
+  EXPECT_TRUE(torch::equal(cache.sequence_keys(0, f), torch::full({2, 8, 4}, 6.0f)));
+  expect_error([&] { cache.publish(e, {1, 2, 3}); },
+               "PagedKVCache: publish expected the tokens of sequence " + std::to_string(e) + " (at least its 8), got 3");
+}
+
 TEST(PagedKVCache, BadUseIsAnErrorNamingWhatIsWrongAndChangesNothing) {
   torch::NoGradGuard no_grad;
   auto cache = small_cache(/*num_blocks=*/2, /*block_size=*/4);

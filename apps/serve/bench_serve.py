@@ -123,8 +123,9 @@ def clients_run(srv, texts, clients, rounds, max_tokens):
     held = max(samples, key=lambda x: x[0]) if samples else (0, 0, 0, 0, 1)
     # Each running request leaves at most one block partly empty: the blocks in use are
     # the tokens held, rounded up per request, never a reservation of the context.
+    # (Fewer where requests share prefix-cached blocks.)
     slack = [blocks * bs - tokens for tokens, _, blocks, running, bs in samples]
-    within = all(0 <= s < max(1, running) * bs for s, (_, _, _, running, bs) in zip(slack, samples))
+    within = all(s < max(1, running) * bs for s, (_, _, _, running, bs) in zip(slack, samples))
     return {"clients": clients, "requests": len(results), "tokens": tokens, "wall_s": wall,
             "tokens_per_s": tokens / wall, "ttft_median_s": statistics.median(ttft), "ttft_p99_s": percentile(ttft, 99),
             "tpot_median_s": statistics.median(tpot), "tpot_p99_s": percentile(tpot, 99),
@@ -214,7 +215,10 @@ def main():
     torch.set_num_threads(a.threads)
     AUTOTOK = AutoTokenizer.from_pretrained(a.model)
     n_new = 16 if a.quick else 64
-    texts = prompts(16)
+    # Each request a prompt of its own (a client's second request another text), so that
+    # the prefix cache shares only what the prompts share: the chat template's system turn
+    # and the instruction. transformers' batches take the first 16.
+    texts = prompts(32)
     context, kv_tokens = 4096, 32768
     srv = Server(a.server, a.model, "--threads", str(a.threads), "--context-length", str(context), "--kv-tokens",
                  str(kv_tokens), *shlex.split(a.server_args))
@@ -223,7 +227,9 @@ def main():
         srv.stream([{"role": "user", "content": "Hi"}], 4)  # warm-up
         runs = []
         for clients in (1, 4, 16):
+            reused = srv.stats()["prefix_reused_tokens"]
             r = clients_run(srv, texts, clients, 1 if a.quick else 2, n_new)
+            r["prefix_reused_tokens"] = srv.stats()["prefix_reused_tokens"] - reused
             runs.append(r)
             print(f"bench_serve: {clients} clients: {r['tokens_per_s']:.1f} tokens/s, TTFT median "
                   f"{r['ttft_median_s'] * 1e3:.0f} ms, TPOT median {r['tpot_median_s'] * 1e3:.1f} ms", flush=True)
@@ -235,10 +241,19 @@ def main():
         stats = srv.stats()
     finally:
         srv.stop()
+    # 16 clients again with every prompt computed in full: what the prefix cache saved.
+    plain = Server(a.server, a.model, "--threads", str(a.threads), "--context-length", str(context), "--kv-tokens",
+                   str(kv_tokens), "--no-prefix-cache", *shlex.split(a.server_args))
+    try:
+        plain.stream([{"role": "user", "content": "Hi"}], 4)
+        no_cache = clients_run(plain, texts, 16, 1 if a.quick else 2, n_new)
+        print(f"bench_serve: 16 clients without the prefix cache: {no_cache['tokens_per_s']:.1f} tokens/s", flush=True)
+    finally:
+        plain.stop()
     hf, floor = transformers_runs(a.model, texts, (1, 4, 16), n_new)
     info = {"machine": platform.processor() or platform.machine(), "threads": a.threads, "new_tokens": n_new,
             "context_length": context, "kv_tokens": kv_tokens, "server_args": a.server_args, "kv_bytes_per_token": bytes_per_token,
-            "runs": runs, "long_prompt": long, "transformers": hf, "linear_floor": floor, "final_stats": stats,
+            "runs": runs, "no_prefix_cache_16": no_cache, "long_prompt": long, "transformers": hf, "linear_floor": floor, "final_stats": stats,
             "torch": torch.__version__, "transformers_version": transformers.__version__, "quick": a.quick}
     with open(a.json, "w") as f:
         json.dump(info, f, indent=1)

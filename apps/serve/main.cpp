@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
   int64_t context = 4096, kv_tokens = 16384, block_size = 16, max_running = 32, max_waiting = 256;
   int64_t prefill_chunk = 32, max_prefill_tokens = 32;
   int threads = 0;
-  bool quiet = false;
+  bool quiet = false, no_prefix_cache = false;
   app.add_option("model", model_dir, "a Hugging Face model folder (llama, qwen2, qwen3, mistral)")
       ->required()
       ->check(CLI::ExistingDirectory);
@@ -62,6 +62,8 @@ int main(int argc, char** argv) {
   app.add_option("--http-threads", server.http_threads, "connections served at once")
       ->check(apps::at_least(1))->capture_default_str();
   app.add_option("--threads", threads, "intra-op threads (default: LibTorch's)")->check(apps::at_least(1));
+  app.add_flag("--no-prefix-cache", no_prefix_cache, "compute every prompt in full (default: reuse the KV blocks of "
+               "earlier requests' identical prefixes)");
   app.add_flag("--quiet", quiet, "no line per request on stderr");
   CLI11_PARSE(app, argc, argv);
   server.log = !quiet;
@@ -86,7 +88,8 @@ int main(int argc, char** argv) {
                                                      .max_running(max_running)
                                                      .max_waiting(max_waiting)
                                                      .prefill_chunk(prefill_chunk)
-                                                     .max_prefill_tokens(max_prefill_tokens));
+                                                     .max_prefill_tokens(max_prefill_tokens)
+                                                     .prefix_cache(!no_prefix_cache));
     serve::Server http(lm, engine, server);
     const int port = http.bind();
     std::thread watcher([&] {

@@ -292,7 +292,9 @@ void Server::Impl::routes() {
                                    {"tokens_held", s.tokens_held},
                                    {"steps", s.steps},
                                    {"finished", s.finished},
-                                   {"preempted", s.preempted}}
+                                   {"preempted", s.preempted},
+                                   {"kv_blocks_reusable", s.kv_blocks_reusable},
+                                   {"prefix_reused_tokens", s.prefix_reused_tokens}}
                         .dump(),
                     "application/json");
   });

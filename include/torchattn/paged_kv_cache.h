@@ -110,6 +110,21 @@ class PagedKVCache {
 
   /// A new, empty sequence; returns its id (never reused).
   int64_t add_sequence();
+  /// A new sequence for `tokens` that starts with the longest prefix of them whose keys
+  /// and values are published (see publish): whole blocks, shared (copy on write), at
+  /// most tokens.size() - 1 tokens so that one is left to compute. length() says how
+  /// many it holds; the caller writes the rest.
+  int64_t add_sequence(const std::vector<int64_t>& tokens);
+  /// Prefix caching: publishes the sequence's full blocks (not published yet) as the
+  /// keys and values of their token prefix. `tokens`: the sequence's tokens, at least
+  /// length(sequence) of them, in order. A published block stays when every sequence
+  /// holding it is gone, for a later add_sequence(tokens) to reuse, until the pool
+  /// needs it (least recently released first): free_blocks() counts it as free. A block
+  /// the pool never used yet is taken only when no kept block can be given back, so
+  /// kept blocks take no memory beyond what the sequences held at most.
+  void publish(int64_t sequence, const std::vector<int64_t>& tokens);
+  /// Published blocks no sequence holds (kept for reuse; part of free_blocks()).
+  int64_t reusable_blocks() const;
   /// A new sequence holding `parent`'s tokens, sharing its blocks (copy on write).
   int64_t fork(int64_t parent);
   /// Forgets the sequence; blocks no other sequence shares go back to the pool.

@@ -169,6 +169,7 @@ bool Engine::step() {
     for (size_t i = 0; i < plan.requests.size(); ++i) {
       detail::Request& r = *plan.requests[i];
       r.cached += plan.tokens[i].count;
+      if (s.options.prefix_cache()) s.cache.publish(r.sequence, r.tokens);  // its blocks filled so far
       if (!plan.samples[i]) continue;
       const int64_t token = r.sampler->greedy() ? greedy[row] : r.sampler->next(logits[static_cast<int64_t>(row)]);
       ++row;
@@ -198,6 +199,8 @@ bool Engine::step() {
     s.stats.steps += plan.tokens.empty() ? 0 : 1;
     s.stats.finished += finished;
     s.stats.preempted = s.scheduler.preempted();
+    s.stats.kv_blocks_reusable = s.cache.reusable_blocks();
+    s.stats.prefix_reused_tokens = s.scheduler.reused();
     s.waiting_or_running -= finished;
   }
   for (auto& [callback, event] : events) {

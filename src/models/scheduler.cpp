@@ -118,8 +118,9 @@ Plan Scheduler::plan(PagedKVCache& cache) {
       const int64_t free_after = cache.free_blocks() - (plan.tokens.empty() ? 0 : cache.blocks_needed(plan.tokens));
       if (blocks_for(static_cast<int64_t>(r->tokens.size()) + 1) > free_after) break;
       if (prefill > 0 && prefill + next_count(*r) > options_.max_prefill_tokens()) break;
-      r->sequence = cache.add_sequence();
-      r->cached = 0;
+      r->sequence = options_.prefix_cache() ? cache.add_sequence(r->tokens) : cache.add_sequence();
+      r->cached = cache.length(r->sequence);  // a published prefix of its tokens, if any
+      reused_ += r->cached;
       r->admitted = admissions_++;
       running_.push_back(std::move(waiting_.front()));
       waiting_.pop_front();

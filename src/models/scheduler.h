@@ -68,6 +68,8 @@ class Scheduler {
   int64_t running() const { return static_cast<int64_t>(running_.size()); }
   int64_t waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t preempted() const { return preempted_; }
+  /// Tokens admitted requests took from the prefix cache.
+  int64_t reused() const { return reused_; }
   /// Tokens the running requests hold in the cache.
   int64_t tokens_held() const;
 
@@ -81,6 +83,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Request>> running_;  // in admission order
   int64_t admissions_ = 0;
   int64_t preempted_ = 0;
+  int64_t reused_ = 0;
 };
 
 } // namespace torchattn::models::detail

@@ -57,6 +57,14 @@ struct EngineOptions {
   /// numbers independent of what shares its steps. CPU float32 only; a second copy of
   /// the weights. Default: true.
   TORCH_ARG(bool, pack_weights) = true;
+  /// Prefix caching: the full KV blocks of every request are published under their
+  /// tokens (PagedKVCache::publish), and a request whose tokens start with published
+  /// blocks (a shared system prompt, the earlier turns of a conversation, the same
+  /// prompt again) starts with them instead of computing them. Blocks no request holds
+  /// stay for reuse until the pool needs them. Each request's tokens are unchanged (the
+  /// reused keys and values are the bits it would compute: rows are computed alike
+  /// whatever shares their step, see pack_weights). Default: true.
+  TORCH_ARG(bool, prefix_cache) = true;
 };
 
 enum class FinishReason {
@@ -96,6 +104,8 @@ struct EngineStats {
   int64_t steps = 0;           // steps run so far
   int64_t finished = 0;        // requests finished (any reason)
   int64_t preempted = 0;       // times a running request gave its blocks back to make room
+  int64_t kv_blocks_reusable = 0;     // blocks no request holds, kept for prefix reuse (free when needed)
+  int64_t prefix_reused_tokens = 0;   // tokens requests took from the prefix cache instead of computing
 };
 
 /// Runs requests on a CausalLM with a PagedKVCache: submit() from any thread; one
@@ -109,6 +119,9 @@ struct EngineStats {
 /// it with its own Sampler (seeded: the same tokens alone or in any company). A
 /// request finishes on a stop token, max_new_tokens or the context length, or when
 /// cancelled, and its blocks return at once.
+///
+/// With prefix_cache (the default), a request starts with the published KV blocks of
+/// the longest prefix of its tokens that earlier requests computed (PagedKVCache::publish).
 ///
 /// When the pool cannot hold the next tokens of the running requests, the newest is
 /// preempted: its blocks go back, and it waits at the head of the queue to be
