@@ -195,6 +195,10 @@ void PagedKVCache::publish(int64_t sequence, const std::vector<int64_t>& tokens)
               sequence, " (at least its ", q.length, "), got ", tokens.size());
   for (auto i = static_cast<int64_t>(q.prefix_ids.size()); i < q.length / s.block_size; ++i) {
     const int64_t b = q.blocks[static_cast<size_t>(i)];
+    if (const uint64_t id = s.prefix.id(b); id != 0) {  // published through a fork sharing it
+      q.prefix_ids.push_back(id);
+      continue;
+    }
     const uint64_t parent = q.prefix_ids.empty() ? 0 : q.prefix_ids.back();
     const uint64_t id =
         s.prefix.publish(b, parent, {tokens.begin() + i * s.block_size, tokens.begin() + (i + 1) * s.block_size});
@@ -218,7 +222,9 @@ int64_t PagedKVCache::fork(int64_t parent) {
 void PagedKVCache::remove(int64_t sequence) {
   State& s = state();
   State::Sequence& q = s.at(sequence, "remove");
-  for (const int64_t b : q.blocks) s.release(b);
+  // Last block first: a chain's later blocks are given back before its first ones (a
+  // shared system prompt's blocks stay longest).
+  for (auto it = q.blocks.rbegin(); it != q.blocks.rend(); ++it) s.release(*it);
   s.sequences.erase(sequence);
   ++s.epoch;
 }
@@ -229,7 +235,7 @@ void PagedKVCache::truncate(int64_t sequence, int64_t length) {
   TORCH_CHECK(length >= 0 && length <= q.length, kPaged, ": truncate expected a length in [0, ", q.length,
               "] for sequence ", sequence, ", got ", length);
   const auto keep = static_cast<size_t>(s.blocks_for(length));
-  for (size_t i = keep; i < q.blocks.size(); ++i) s.release(q.blocks[i]);
+  for (size_t i = q.blocks.size(); i > keep; --i) s.release(q.blocks[i - 1]);
   q.blocks.resize(keep);
   q.length = length;
   q.prefix_ids.resize(std::min(q.prefix_ids.size(), static_cast<size_t>(length / s.block_size)));

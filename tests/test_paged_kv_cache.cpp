@@ -173,18 +173,22 @@ TEST(PagedKVCache, PublishedBlocksAreReusedByTheirTokensAndEvictedLeastRecentlyR
                                                                      torch::full({2, 4, 4}, 4.0f)}, 1)));
   cache.remove(c);
   // The pool needs blocks: free ones it used before go first (blocks 2 and 3), then the
-  // published ones, least recently released first (the first block before its child,
-  // which is then never found), before blocks it never used (4 and 5).
+  // published ones, least recently released first (a sequence gives its last block back
+  // first: the child goes before the first block, which stays findable), before blocks it
+  // never used (4 and 5).
   const int64_t d = cache.add_sequence();
   write_tokens(cache, d, 8, 5.0f);
   EXPECT_EQ(cache.block_table(d), (std::vector<int64_t>{2, 3}));
   EXPECT_EQ(cache.reusable_blocks(), 2);
   write_tokens(cache, d, 4, 5.0f);
-  EXPECT_EQ(cache.block_table(d), (std::vector<int64_t>{2, 3, 0}));
+  EXPECT_EQ(cache.block_table(d), (std::vector<int64_t>{2, 3, 1}));
   EXPECT_EQ(cache.reusable_blocks(), 1);
-  EXPECT_EQ(cache.length(cache.add_sequence(tokens)), 0);
+  const int64_t first_only = cache.add_sequence(tokens);
+  EXPECT_EQ(cache.block_table(first_only), (std::vector<int64_t>{0}));
+  cache.remove(first_only);
   write_tokens(cache, d, 8, 5.0f);
-  EXPECT_EQ(cache.block_table(d), (std::vector<int64_t>{2, 3, 0, 1, 4}));
+  EXPECT_EQ(cache.block_table(d), (std::vector<int64_t>{2, 3, 1, 0, 4}));
+  EXPECT_EQ(cache.length(cache.add_sequence(tokens)), 0);
   // A truncated sequence writing into a published block copies it first.
   cache.remove(d);
   for (const int64_t s : cache.sequences()) cache.remove(s);
@@ -200,6 +204,19 @@ TEST(PagedKVCache, PublishedBlocksAreReusedByTheirTokensAndEvictedLeastRecentlyR
   EXPECT_TRUE(torch::equal(cache.sequence_keys(0, f), torch::full({2, 8, 4}, 6.0f)));
   expect_error([&] { cache.publish(e, {1, 2, 3}); },
                "PagedKVCache: publish expected the tokens of sequence " + std::to_string(e) + " (at least its 8), got 3");
+  for (const int64_t q : cache.sequences()) cache.remove(q);
+  // A fork made before its parent published, publishing the blocks it shares, adds no
+  // second hold: every block comes back.
+  const int64_t h = cache.add_sequence();
+  write_tokens(cache, h, 4, 8.0f);
+  const int64_t k = cache.fork(h);
+  const std::vector<int64_t> other{50, 51, 52, 53};
+  cache.publish(h, other);
+  cache.publish(k, other);
+  cache.remove(h);
+  cache.remove(k);
+  EXPECT_EQ(cache.used_blocks(), 0);
+  EXPECT_EQ(cache.free_blocks(), cache.num_blocks());
 }
 
 TEST(PagedKVCache, BadUseIsAnErrorNamingWhatIsWrongAndChangesNothing) {

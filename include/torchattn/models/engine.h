@@ -61,9 +61,12 @@ struct EngineOptions {
   /// tokens (PagedKVCache::publish), and a request whose tokens start with published
   /// blocks (a shared system prompt, the earlier turns of a conversation, the same
   /// prompt again) starts with them instead of computing them. Blocks no request holds
-  /// stay for reuse until the pool needs them. Each request's tokens are unchanged (the
-  /// reused keys and values are the bits it would compute: rows are computed alike
-  /// whatever shares their step, see pack_weights). Default: true.
+  /// stay for reuse, in memory the pool already used: they are given back (least
+  /// recently released first) before a block the pool never used is taken. On the CPU
+  /// in float32 with pack_weights and prefill_chunk <= 64 (every row then computed alike
+  /// whatever shares its step, by the paged kernel), the reused keys and values are the
+  /// bits the request would compute and its tokens are unchanged; elsewhere they are
+  /// equal up to float rounding. Default: true.
   TORCH_ARG(bool, prefix_cache) = true;
 };
 
@@ -105,7 +108,7 @@ struct EngineStats {
   int64_t finished = 0;        // requests finished (any reason)
   int64_t preempted = 0;       // times a running request gave its blocks back to make room
   int64_t kv_blocks_reusable = 0;     // blocks no request holds, kept for prefix reuse (free when needed)
-  int64_t prefix_reused_tokens = 0;   // tokens requests took from the prefix cache instead of computing
+  int64_t prefix_reused_tokens = 0;   // tokens requests took from the prefix cache (a preempted one's own included)
 };
 
 /// Runs requests on a CausalLM with a PagedKVCache: submit() from any thread; one
