@@ -6,6 +6,8 @@
 
 #include <torchattn/models.h>
 
+#include "expect_error.h"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -44,20 +46,6 @@ std::map<std::string, torch::Tensor> read_tensors(const fs::path& path) {
 }
 
 std::string minilm() { return read_json(reference() / "minilm.json")["model"].get<std::string>(); }
-
-// The message of the c10::Error `fn` throws ("" and a failure when it throws none).
-template <typename F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  ADD_FAILURE() << "no error";
-  return "";
-}
-
-#define EXPECT_HAS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) << (text)
 
 } // namespace
 

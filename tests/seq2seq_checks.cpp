@@ -20,6 +20,8 @@
 
 #include "reference_io.h"
 
+#include "expect_error.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -67,17 +69,6 @@ std::vector<std::string> tiny_models() {
   std::sort(out.begin(), out.end());
   return out;
 }
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "(no error)";
-}
-
-#define EXPECT_HAS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) << (text)
 
 class TinySeq2Seq : public ::testing::TestWithParam<std::string> {
  protected:

@@ -6,6 +6,8 @@
 #include "temp_path.h"
 #include <torchattn/torchattn.h>
 
+#include "expect_error.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -31,16 +33,6 @@ void expect_unchanged(torch::nn::Module& m, const std::map<std::string, torch::T
   auto now = snapshot(m);
   ASSERT_EQ(now.size(), before.size());
   for (auto& [k, v] : before) EXPECT_TRUE(torch::equal(now.at(k), v)) << k << " changed by a failed load";
-}
-
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "(no error)";
 }
 
 TEST(Checkpoint, SaveLoadRoundTripIsExact) {

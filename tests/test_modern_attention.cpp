@@ -14,6 +14,8 @@
 #include "../src/kernels/cpu/rotary.h"
 #include "temp_path.h"
 
+#include "expect_error.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -530,15 +532,6 @@ TEST(ModernAttention, GroupedCachesAreSmallerByTheGroupFactor) {
   auto a = mha->make_kv_cache(2), b = gqa->make_kv_cache(2);
   EXPECT_EQ(a.key_storage().numel(), 4 * b.key_storage().numel());
   EXPECT_EQ(b.key_storage().sizes(), (std::vector<int64_t>{2, 2, 128, 8}));
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "(no error)";
 }
 
 // QK-norm (Qwen3, OLMo 2): q_norm and k_norm named as transformers names them, of
