@@ -1,6 +1,7 @@
 #include <torchattn/paged_kv_cache.h>
 
 #include "detail/prefix_index.h"
+#include "kernels/cpu/paged_write.h"
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
@@ -364,9 +365,15 @@ void PagedKVCache::write(int64_t layer_index, const PagedStep& step, const at::T
                 ": write expected keys and values of dtype ", l.options.dtype(), " on ", l.options.device(), ", got ",
                 t->scalar_type(), " on ", t->device());
   }
+  at::Tensor key_pool = keys(layer_index), value_pool = values(layer_index);
+  if (kernels::cpu::paged_write_applies(k, v, key_pool, value_pool)) {
+    kernels::cpu::paged_write(k, v, step.write_blocks.const_data_ptr<int64_t>(),
+                              step.write_offsets.const_data_ptr<int64_t>(), key_pool, value_pool);
+    return;
+  }
   const c10::List<std::optional<at::Tensor>> where({step.write_blocks, step.write_offsets});
-  by_token(keys(layer_index), true).index_put_(where, k);
-  by_token(values(layer_index), false).index_put_(where, v);
+  by_token(key_pool, true).index_put_(where, k);
+  by_token(value_pool, false).index_put_(where, v);
 }
 
 at::Tensor PagedKVCache::by_token(const at::Tensor& storage, bool keys) {

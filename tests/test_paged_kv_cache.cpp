@@ -15,6 +15,7 @@
 #include <torchattn/paged_kv_cache.h>
 
 #include "../src/kernels/cpu/paged_attention.h"
+#include "../src/kernels/cpu/paged_write.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -254,6 +255,48 @@ TEST(PagedKVCache, BadUseIsAnErrorNamingWhatIsWrongAndChangesNothing) {
 }
 
 // ---- the CPU kernel, for each instruction set this CPU has ----
+
+// The CPU write (kernels::cpu::paged_write) against index_put_ over the pool's by-token
+// views: the same bits in every slot, over dtypes, head sizes, block sizes and k/v that
+// are slices of a wider projection (as the packed q|k|v product gives them).
+TEST(PagedKernel, WriteGivesTheBitsOfIndexPut) {
+  namespace K = torchattn::kernels::cpu;
+  torch::manual_seed(7);
+  const int64_t nb = 12, Hkv = 3;
+  for (const auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16, torch::kHalf}) {
+    for (const auto& [d, bs] : std::vector<std::pair<int64_t, int64_t>>{{4, 1}, {20, 5}, {64, 16}}) {
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + " d=" + std::to_string(d) + " bs=" + std::to_string(bs));
+      const int64_t N = std::min<int64_t>(nb * bs, 9);
+      // N distinct slots, shuffled: token i to slot[i].
+      std::vector<int64_t> slot(static_cast<size_t>(nb * bs));
+      std::iota(slot.begin(), slot.end(), 0);
+      std::shuffle(slot.begin(), slot.end(), std::mt19937(static_cast<unsigned>(d + bs)));
+      std::vector<int64_t> blocks, offsets;
+      for (int64_t i = 0; i < N; ++i) {
+        blocks.push_back(slot[static_cast<size_t>(i)] / bs);
+        offsets.push_back(slot[static_cast<size_t>(i)] % bs);
+      }
+      const auto qkv = torch::randn({N, 3 * Hkv, d}).to(dtype);
+      const auto k = qkv.narrow(1, Hkv, Hkv), v = qkv.narrow(1, 2 * Hkv, Hkv);  // strided
+      auto keys = torch::randn({nb, Hkv, d, bs}).to(dtype), values = torch::randn({nb, Hkv, bs, d}).to(dtype);
+      auto want_keys = keys.clone(), want_values = values.clone();
+      const auto b = torch::tensor(blocks), o = torch::tensor(offsets);
+      PagedKVCache::by_token(want_keys, true).index_put_({b, o}, k);
+      PagedKVCache::by_token(want_values, false).index_put_({b, o}, v);
+      ASSERT_TRUE(K::paged_write_applies(k, v, keys, values));
+      K::paged_write(k, v, blocks.data(), offsets.data(), keys, values);
+      EXPECT_TRUE(torch::equal(keys, want_keys));
+      EXPECT_TRUE(torch::equal(values, want_values));
+    }
+  }
+  // Where it does not apply, the cache takes index_put_.
+  const auto k = torch::randn({2, 3, 4}), pool_k = torch::zeros({4, 3, 4, 2}), pool_v = torch::zeros({4, 3, 2, 4});
+  EXPECT_FALSE(K::paged_write_applies(k, k.to(torch::kDouble), pool_k, pool_v));         // mixed dtypes
+  EXPECT_FALSE(K::paged_write_applies(k.transpose(1, 2), k, pool_k, pool_v));            // rows not unit-stride
+  EXPECT_FALSE(K::paged_write_applies(k, k, pool_k.transpose(2, 3), pool_v));            // pool not contiguous
+  EXPECT_FALSE(K::paged_write_applies(k.to(torch::kInt), k.to(torch::kInt), pool_k.to(torch::kInt),
+                                      pool_v.to(torch::kInt)));                          // not floating
+}
 
 TEST(PagedKernel, EveryInstructionSetGivesTheMathAndEachRowAloneTheSameBits) {
   namespace K = torchattn::kernels::cpu;
