@@ -219,6 +219,61 @@ TEST(Engine, RequestsJoinAtAnyStepAndLongPromptsArriveInChunks) {
   EXPECT_EQ(steps_of[long_id].front(), 5 + 13 - 1);
 }
 
+// The prompt tokens of a step: idle_prefill_tokens while none decodes, that over the
+// decoding requests beside them (at least max_prefill_tokens), chunks cut to fit; a
+// long prompt long_prefill_tokens a step while others decode. Measured by the tokens
+// the running requests hold after each step; every request's tokens are still the
+// engine's alone, bit for bit, however its prompt was cut.
+TEST(Engine, PromptTokensPerStepFollowTheBudgetsAndChangeNoToken) {
+  const auto options = models::EngineOptions()
+                           .kv_tokens(4096)
+                           .block_size(8)
+                           .prefill_chunk(16)
+                           .max_prefill_tokens(4)
+                           .idle_prefill_tokens(24)
+                           .long_prefill_threshold(40)
+                           .long_prefill_tokens(2)
+                           .prefix_cache(false);
+  models::Engine engine(tiny_model(torch::kFloat), options);
+  const auto ps = prompts({20, 20, 20, 100}, 14);
+  const auto generation = models::GenerationOptions().max_new_tokens(100).stop_at_eos(false);
+  std::vector<std::vector<int64_t>> got(ps.size());
+  auto submit = [&](size_t i) {
+    engine.submit(ps[i], generation, [&, i](const models::TokenEvent& e) {
+      if (e.token) got[i].push_back(*e.token);
+    });
+  };
+  for (size_t i = 0; i < 3; ++i) submit(i);
+  // None decodes: 24 prompt tokens, the first chunk of 16 and 8 of the second prompt's.
+  engine.step();
+  EXPECT_EQ(engine.stats().tokens_held, 24);
+  EXPECT_EQ(engine.stats().running, 2);
+  while (engine.stats().running < 3 || got[2].empty()) engine.step();
+  // Three decode; the 100-token prompt comes: long (more than 40 left) it brings 2
+  // tokens a step until 40 are left, then its chunks up to the budget of 24 / 3 = 8
+  // (to 64, the end of its fourth chunk, then 8 and 8 of each chunk, then the last 4).
+  submit(3);
+  std::vector<int64_t> progress;
+  while (got[3].empty()) {
+    const int64_t held = engine.stats().tokens_held;
+    engine.step();
+    progress.push_back(engine.stats().tokens_held - held - 3);
+  }
+  std::vector<int64_t> want(30, 2);
+  for (const int64_t n : {4, 8, 8, 8, 8, 4}) want.push_back(n);
+  EXPECT_EQ(progress, want);
+  while (engine.step()) {}
+  for (size_t i = 0; i < ps.size(); ++i) {
+    EXPECT_EQ(got[i], ids_of(engine.generate({ps[i]}, generation))[0]) << "prompt " << i;
+  }
+  // Decoding requests beside a long prompt: at most max_prefill_tokens (4) with as many
+  // decoding as idle_prefill_tokens covers no more.
+  models::Engine fixed(tiny_model(torch::kFloat), models::EngineOptions(options).idle_prefill_tokens(1));
+  for (size_t i = 0; i < 3; ++i) fixed.submit(ps[i], generation, nullptr);
+  fixed.step();
+  EXPECT_EQ(fixed.stats().tokens_held, 4);
+}
+
 TEST(Engine, StopTokensLengthsAndCancellationEndARequestAndFreeItsBlocks) {
   auto model = tiny_model(torch::kFloat, false, /*context=*/40);
   models::Engine engine(model, small_chunks());
@@ -314,6 +369,12 @@ TEST(Engine, TheQueueLimitAndBadRequestsAreErrorsNamingTheCause) {
   expect_error([&] { models::Engine(model, models::EngineOptions().kv_tokens(0)); }, "expected kv_tokens >= 1, got 0");
   expect_error([&] { models::Engine(model, models::EngineOptions().prefill_chunk(0)); },
                "expected prefill_chunk >= 1, got 0");
+  expect_error([&] { models::Engine(model, models::EngineOptions().idle_prefill_tokens(0)); },
+               "expected idle_prefill_tokens >= 1, got 0");
+  expect_error([&] { models::Engine(model, models::EngineOptions().long_prefill_threshold(-1)); },
+               "expected long_prefill_threshold >= 0, got -1");
+  expect_error([&] { models::Engine(model, models::EngineOptions().long_prefill_tokens(0)); },
+               "expected long_prefill_tokens >= 1, got 0");
 }
 
 } // namespace

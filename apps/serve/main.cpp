@@ -35,7 +35,8 @@ int main(int argc, char** argv) {
   std::string model_dir;
   serve::ServerOptions server;
   int64_t context = 4096, kv_tokens = 16384, block_size = 16, max_running = 32, max_waiting = 256;
-  int64_t prefill_chunk = 32, max_prefill_tokens = 32;
+  int64_t prefill_chunk = 32, max_prefill_tokens = 32, idle_prefill_tokens = 512, long_prefill_threshold = 256,
+          long_prefill_tokens = 8;
   int threads = 0;
   bool quiet = false, no_prefix_cache = false;
   app.add_option("model", model_dir, "a Hugging Face model folder (llama, qwen2, qwen3, mistral)")
@@ -56,7 +57,13 @@ int main(int argc, char** argv) {
   app.add_option("--max-waiting", max_waiting, "requests queued; more get 503")->check(apps::at_least(0))->capture_default_str();
   app.add_option("--prefill-chunk", prefill_chunk, "prompts are prefilled in chunks of this many tokens")
       ->check(apps::at_least(1))->capture_default_str();
-  app.add_option("--max-prefill-tokens", max_prefill_tokens, "prompt tokens per step, over all prompts")
+  app.add_option("--max-prefill-tokens", max_prefill_tokens, "prompt tokens per step, over all prompts, while many "
+                 "requests decode")->check(apps::at_least(1))->capture_default_str();
+  app.add_option("--idle-prefill-tokens", idle_prefill_tokens, "prompt tokens per step while none decodes; beside d "
+                 "decoding requests this over d, at least --max-prefill-tokens")->check(apps::at_least(1))->capture_default_str();
+  app.add_option("--long-prefill-threshold", long_prefill_threshold, "a prompt with more tokens left is long")
+      ->check(apps::at_least(0))->capture_default_str();
+  app.add_option("--long-prefill-tokens", long_prefill_tokens, "tokens a long prompt brings per step while others decode")
       ->check(apps::at_least(1))->capture_default_str();
   app.add_option("--max-body-bytes", server.max_body_bytes, "larger request bodies get 413")->capture_default_str();
   app.add_option("--http-threads", server.http_threads, "connections served at once")
@@ -89,6 +96,9 @@ int main(int argc, char** argv) {
                                                      .max_waiting(max_waiting)
                                                      .prefill_chunk(prefill_chunk)
                                                      .max_prefill_tokens(max_prefill_tokens)
+                                                     .idle_prefill_tokens(idle_prefill_tokens)
+                                                     .long_prefill_threshold(long_prefill_threshold)
+                                                     .long_prefill_tokens(long_prefill_tokens)
                                                      .prefix_cache(!no_prefix_cache));
     serve::Server http(lm, engine, server);
     const int port = http.bind();

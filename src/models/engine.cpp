@@ -35,6 +35,12 @@ struct Engine::State {
     TORCH_CHECK(options.prefill_chunk() >= 1, "Engine: expected prefill_chunk >= 1, got ", options.prefill_chunk());
     TORCH_CHECK(options.max_prefill_tokens() >= 1, "Engine: expected max_prefill_tokens >= 1, got ",
                 options.max_prefill_tokens());
+    TORCH_CHECK(options.idle_prefill_tokens() >= 1, "Engine: expected idle_prefill_tokens >= 1, got ",
+                options.idle_prefill_tokens());
+    TORCH_CHECK(options.long_prefill_threshold() >= 0, "Engine: expected long_prefill_threshold >= 0, got ",
+                options.long_prefill_threshold());
+    TORCH_CHECK(options.long_prefill_tokens() >= 1, "Engine: expected long_prefill_tokens >= 1, got ",
+                options.long_prefill_tokens());
     TORCH_CHECK(options.max_waiting() >= 0, "Engine: expected max_waiting >= 0, got ", options.max_waiting());
     const int64_t blocks = (options.kv_tokens() + options.block_size() - 1) / options.block_size();
     // Under InferenceMode: the pool holds inference tensors, written by every step.

@@ -53,6 +53,10 @@ int64_t Scheduler::next_count(const Request& r) const {
   return std::min<int64_t>(static_cast<int64_t>(r.tokens.size()), boundary) - r.cached;
 }
 
+int64_t Scheduler::prefill_budget(int64_t decoding) const {
+  return std::max(options_.max_prefill_tokens(), options_.idle_prefill_tokens() / std::max<int64_t>(decoding, 1));
+}
+
 void Scheduler::preempt(Request* r, PagedKVCache& cache) {
   cache.remove(r->sequence);
   r->sequence = -1;
@@ -91,10 +95,19 @@ Plan Scheduler::plan(PagedKVCache& cache) {
       continue;
     }
     int64_t prefill = 0;
+    const int64_t budget = prefill_budget(static_cast<int64_t>(decoding.size()));
     auto add = [&](Request* r) {
-      const int64_t n = next_count(*r);
+      int64_t n = next_count(*r);
       const bool decode = r->pending() == 1;
-      if (!decode && prefill > 0 && prefill + n > options_.max_prefill_tokens()) return false;
+      if (!decode) {  // what is left of the step's budget, up to its next chunk
+        if (prefill >= budget) return false;
+        n = std::min(n, budget - prefill);
+        // A long prompt beside decoding requests: a few tokens a step, so that their
+        // steps stay short for as long as it takes.
+        if (!decoding.empty() && r->pending() > options_.long_prefill_threshold()) {
+          n = std::min(n, options_.long_prefill_tokens());
+        }
+      }
       plan.tokens.push_back({r->sequence, n});
       if (cache.blocks_needed(plan.tokens) > cache.free_blocks()) {
         plan.tokens.pop_back();
@@ -117,7 +130,7 @@ Plan Scheduler::plan(PagedKVCache& cache) {
       Request* r = waiting_.front().get();
       const int64_t free_after = cache.free_blocks() - (plan.tokens.empty() ? 0 : cache.blocks_needed(plan.tokens));
       if (blocks_for(static_cast<int64_t>(r->tokens.size()) + 1) > free_after) break;
-      if (prefill > 0 && prefill + next_count(*r) > options_.max_prefill_tokens()) break;
+      if (prefill >= budget) break;
       r->sequence = options_.prefix_cache() ? cache.add_sequence(r->tokens) : cache.add_sequence();
       r->cached = cache.length(r->sequence);  // a published prefix of its tokens, if any
       reused_ += r->cached;

@@ -7,8 +7,9 @@
 // A request's tokens are its prompt and then what it generated; `cached` of them are
 // in the cache. Each step a running request brings tokens[cached ..]: its next
 // token when only one is left (decoding), else its next prefill chunk, which ends at
-// the next multiple of prefill_chunk or at the last token (the same chunks whatever
-// else runs). It samples when the step brings its last known token.
+// the next multiple of prefill_chunk or at the last token, cut to what is left of the
+// step's prompt budget (and to long_prefill_tokens for a long prompt beside decoding
+// requests). It samples when the step brings its last known token.
 
 #include <torchattn/models/engine.h>
 #include <torchattn/models/sampler.h>
@@ -77,6 +78,9 @@ class Scheduler {
   // The tokens `r` brings next: 1 when decoding, else its next chunk.
   int64_t next_count(const Request& r) const;
   void preempt(Request* r, PagedKVCache& cache);
+  // The prompt tokens a step may bring beside `decoding` decoding requests:
+  // idle_prefill_tokens shared among them, at least max_prefill_tokens.
+  int64_t prefill_budget(int64_t decoding) const;
 
   EngineOptions options_;
   std::deque<std::unique_ptr<Request>> waiting_;

@@ -40,15 +40,37 @@ struct EngineOptions {
   /// Default: 32.
   TORCH_ARG(int64_t, max_running) = 32;
   /// Prompts are prefilled in chunks that end at multiples of this many tokens (and
-  /// at the prompt's end), the same chunks whatever else runs, so that a request's
-  /// numbers never depend on the other requests. Default: 32.
+  /// at the prompt's end): the most prompt tokens a request brings in a step. A step's
+  /// budget (max_prefill_tokens, long_prefill_tokens) may cut a chunk in two. On the CPU
+  /// in float32 with pack_weights and chunks of at most 64 tokens, every row is
+  /// computed alike however its prompt is cut and whatever shares its step, so a
+  /// request's numbers never depend on the other requests; elsewhere up to float
+  /// rounding. Default: 32.
   TORCH_ARG(int64_t, prefill_chunk) = 32;
-  /// Prompt tokens per step over all prefilling requests (at least one chunk always
-  /// goes): the bound on how long a step of the decoding sequences takes while prompts
-  /// arrive (on a 2-core CPU with SmolLM2-135M, 32 keeps 16 decoding requests' time
-  /// per token under 4x a lone request's while a 2,000-token prompt arrives; 64 does
-  /// not: apps/bench/results/serve.md). Default: 32.
+  /// Prompt tokens per step over all prefilling requests while many requests decode
+  /// (a prompt's chunk is cut to what is left of it; the rest goes in later steps):
+  /// the bound on how long a step of the decoding requests takes while prompts arrive.
+  /// Default: 32.
   TORCH_ARG(int64_t, max_prefill_tokens) = 32;
+  /// Prompt tokens per step while no request decodes; beside d decoding requests a
+  /// step brings up to idle_prefill_tokens / d (never fewer than max_prefill_tokens).
+  /// The prompt tokens of a step times the requests it delays stay within this
+  /// product: a burst of new requests is prefilled in a few large steps while few
+  /// decode, in small ones once many do. At most max_prefill_tokens for a fixed
+  /// budget. Each prompt keeps its chunks (prefill_chunk) whatever the budget.
+  /// Default: 512.
+  TORCH_ARG(int64_t, idle_prefill_tokens) = 512;
+  /// A request with more prompt tokens left than this is a long prompt: while other
+  /// requests decode it brings at most long_prefill_tokens a step (as vLLM's
+  /// long_prefill_token_threshold), so that a long prompt slows their steps a little
+  /// for longer, not a lot; while none decodes it goes chunk by chunk as any prompt.
+  /// Default: 256.
+  TORCH_ARG(int64_t, long_prefill_threshold) = 256;
+  /// The most tokens a long prompt brings in a step beside decoding requests (on a
+  /// 2-core CPU with SmolLM2-135M, 8 keeps 16 decoding requests' time per token under
+  /// 4x a lone request's while a 2,000-token prompt arrives: apps/bench/results/serve.md).
+  /// prefill_chunk or more for no limit. Default: 8.
+  TORCH_ARG(int64_t, long_prefill_tokens) = 8;
   /// The most requests waiting to start; submit() beyond it is refused (EngineFull).
   /// Default: 256.
   TORCH_ARG(int64_t, max_waiting) = 256;
@@ -116,8 +138,8 @@ struct EngineStats {
 ///
 /// Each step: cancelled requests leave (their blocks go back to the pool); every
 /// decoding request brings its next token; prefilling requests bring their next
-/// chunks (up to max_prefill_tokens); waiting requests are admitted while the batch
-/// has room and the pool can hold their prompt. Then one forward over all of it
+/// chunks (within the step's prompt budget, see EngineOptions); waiting requests are
+/// admitted while the batch has room and the pool can hold their prompt. Then one forward over all of it
 /// (CausalLMImpl::forward_paged), and each request that reached a new token samples
 /// it with its own Sampler (seeded: the same tokens alone or in any company). A
 /// request finishes on a stop token, max_new_tokens or the context length, or when
@@ -133,7 +155,7 @@ struct EngineStats {
 ///
 /// A request gets the tokens it gets alone: its chunks, its decoding rows (one CPU
 /// kernel per sequence) and, with pack_weights, its rows of every product are computed
-/// the same whatever else runs. The engine sets the model's packing (pack_weights)
+/// the same whatever else runs and however its prompt is cut. The engine sets the model's packing (pack_weights)
 /// and eval mode.
 class Engine {
  public:
