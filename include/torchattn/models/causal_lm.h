@@ -71,8 +71,10 @@ class CausalLMImpl : public torch::nn::Module {
   /// next forward; off drops it). Calls of fewer than min_rows rows keep
   /// functional::linear's matrix-vector kernel, faster for a single sequence's
   /// decoding step (min_rows 2, the default); the output head is packed for any rows.
-  /// min_rows 1 sends every call to the packed products, so that each token's numbers
-  /// are the same whatever else shares its call (the serving engine's setting).
+  /// min_rows 1 sends every call to the packed products, so that each token's products
+  /// are the same whatever else shares its call, and through forward_paged (the
+  /// serving engine's setting; its attention is torchattn's CPU kernel) its logits too;
+  /// forward's attention is ATen's, batch-invariant on some CPUs only.
   /// Off by default: the layers' own products.
   void pack_weights(bool on, int64_t min_rows = 2);
   bool packs_weights() const { return pack_; }
