@@ -155,7 +155,7 @@ TEST_P(TinyModel, PackedWeightsGiveTheLogitsAndTokensOfTheLayersOwnProducts) {
   auto paged = [&](const std::vector<int64_t>& rows) {
     auto cache = model->make_paged_cache(torchattn::PagedKVCacheOptions(8).block_size(4));
     std::vector<torchattn::StepTokens> tokens;
-    for (size_t i = 0; i < rows.size(); ++i) tokens.push_back({cache.add_sequence(), 9});
+    for ([[maybe_unused]] const int64_t row : rows) tokens.push_back({cache.add_sequence(), 9});
     const auto step = cache.begin_step(tokens);
     return model->forward_paged(ids.index_select(0, torch::tensor(rows)).reshape({-1}), cache, step);
   };

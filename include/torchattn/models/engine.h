@@ -57,7 +57,8 @@ struct EngineOptions {
   /// The prompt tokens of a step times the requests it delays stay within this
   /// product: a burst of new requests is prefilled in a few large steps while few
   /// decode, in small ones once many do. At most max_prefill_tokens for a fixed
-  /// budget. Each prompt keeps its chunks (prefill_chunk) whatever the budget.
+  /// budget. A prompt brings at most its next chunk (prefill_chunk) a step whatever
+  /// the budget.
   /// Default: 512.
   TORCH_ARG(int64_t, idle_prefill_tokens) = 512;
   /// A request with more prompt tokens left than this is a long prompt: while other
@@ -139,11 +140,11 @@ struct EngineStats {
 /// Each step: cancelled requests leave (their blocks go back to the pool); every
 /// decoding request brings its next token; prefilling requests bring their next
 /// chunks (within the step's prompt budget, see EngineOptions); waiting requests are
-/// admitted while the batch has room and the pool can hold their prompt. Then one forward over all of it
-/// (CausalLMImpl::forward_paged), and each request that reached a new token samples
-/// it with its own Sampler (seeded: the same tokens alone or in any company). A
-/// request finishes on a stop token, max_new_tokens or the context length, or when
-/// cancelled, and its blocks return at once.
+/// admitted while the batch has room and the pool can hold their prompt. Then one
+/// forward over all of it (CausalLMImpl::forward_paged), and each request that reached
+/// a new token samples it with its own Sampler (seeded: the same tokens alone or in
+/// any company). A request finishes on a stop token, max_new_tokens or the context
+/// length, or when cancelled, and its blocks return at once.
 ///
 /// With prefix_cache (the default), a request starts with the published KV blocks of
 /// the longest prefix of its tokens that earlier requests computed (PagedKVCache::publish).
@@ -155,8 +156,8 @@ struct EngineStats {
 ///
 /// A request gets the tokens it gets alone: its chunks, its decoding rows (one CPU
 /// kernel per sequence) and, with pack_weights, its rows of every product are computed
-/// the same whatever else runs and however its prompt is cut. The engine sets the model's packing (pack_weights)
-/// and eval mode.
+/// the same whatever else runs and however its prompt is cut. The engine sets the
+/// model's packing (pack_weights) and eval mode.
 class Engine {
  public:
   Engine(CausalLM model, const EngineOptions& options = {});
