@@ -14,7 +14,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <map>
+#include <tuple>
 #include <random>
 #include <string>
 #include <vector>
@@ -345,6 +347,81 @@ TEST(Engine, AFullPoolMakesRequestsWaitOrPreemptsTheNewestAndLosesNothing) {
   EXPECT_EQ(engine.stats().kv_blocks_used, 0);
 }
 
+// logit_bias, presence and frequency penalties and logprobs, through the Engine and
+// generate, against the same rules written out here over a full forward of the
+// sequence so far (float64): the same tokens, and the log-probabilities of the
+// model's own distribution.
+TEST(Engine, LogitBiasPenaltiesAndLogprobsFollowOpenAIsDefinitions) {
+  auto model = tiny_model(torch::kDouble);
+  const std::vector<int64_t> prompt = {5, 17, 33, 2};
+  const int64_t n = 12, top = 3;
+  for (const auto& [bias, presence, frequency] :
+       std::vector<std::tuple<models::LogitBias, double, double>>{{{}, 0.0, 0.0},
+                                                                  {{{7, 100.0}}, 0.0, 0.0},
+                                                                  {{{7, 3.0}, {11, -100.0}}, 0.0, 0.0},
+                                                                  {{}, 1.5, 0.0},
+                                                                  {{}, 0.0, 0.75},
+                                                                  {{{4, 2.0}}, -0.5, 1.25}}) {
+    // The reference: argmax of logits + bias - frequency * count - presence * (count > 0).
+    std::vector<int64_t> seq = prompt, want;
+    std::vector<double> want_logprob;
+    std::vector<std::vector<int64_t>> want_top;
+    std::map<int64_t, int64_t> counts;
+    {
+      torch::NoGradGuard no_grad;
+      for (int64_t i = 0; i < n; ++i) {
+        const auto logits = model->forward(torch::tensor(seq).view({1, -1}))[0][-1];
+        auto scores = logits.clone();
+        for (const auto& [id, b] : bias) scores[id] += b;
+        for (const auto& [id, c] : counts) scores[id] -= frequency * static_cast<double>(c) + presence;
+        const int64_t token = scores.argmax().item<int64_t>();
+        const auto logp = logits.log_softmax(0);
+        want.push_back(token);
+        want_logprob.push_back(logp[token].item<double>());
+        const auto ids = std::get<1>(logp.topk(top));
+        want_top.push_back(std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + top));
+        seq.push_back(token);
+        ++counts[token];
+      }
+    }
+    const auto options = models::GenerationOptions()
+                             .max_new_tokens(n)
+                             .logit_bias(bias)
+                             .presence_penalty(presence)
+                             .frequency_penalty(frequency)
+                             .logprobs(top);
+    std::vector<models::TokenEvent> events;
+    models::Engine engine(model, models::EngineOptions().kv_tokens(256));
+    engine.submit(prompt, options, [&](const models::TokenEvent& e) { events.push_back(e); });
+    while (engine.step()) {}
+    ASSERT_EQ(events.size(), static_cast<size_t>(n));
+    const auto generated = models::generate(*model, {prompt}, options)[0];
+    EXPECT_EQ(generated.ids, want) << "generate, presence " << presence << " frequency " << frequency;
+    ASSERT_EQ(generated.logprobs.size(), static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(events[i].token && events[i].logprobs);
+      EXPECT_EQ(*events[i].token, want[i]) << "step " << i << ", presence " << presence << " frequency " << frequency;
+      const auto& lp = *events[i].logprobs;
+      EXPECT_EQ(lp.chosen.token, want[i]);
+      EXPECT_NEAR(lp.chosen.logprob, want_logprob[i], 1e-5);  // the engine's sampling runs in float32
+      EXPECT_NEAR(generated.logprobs[i].chosen.logprob, want_logprob[i], 1e-5);
+      ASSERT_EQ(lp.top.size(), static_cast<size_t>(top));
+      for (int64_t k = 0; k < top; ++k) EXPECT_EQ(lp.top[k].token, want_top[i][k]) << "step " << i << " top " << k;
+      EXPECT_GE(lp.top[0].logprob, lp.top[1].logprob);
+    }
+  }
+  // A bias of 100 forces its token; -100 bans the greedy one.
+  const auto plain = models::generate(*model, {prompt}, models::GenerationOptions().max_new_tokens(4))[0].ids;
+  const auto banned = models::generate(*model, {prompt}, models::GenerationOptions().max_new_tokens(4).logit_bias(
+                                                              {{plain[0], -100.0}}))[0].ids;
+  EXPECT_NE(banned[0], plain[0]);
+  const auto forced = models::generate(*model, {prompt}, models::GenerationOptions().max_new_tokens(4).logit_bias(
+                                                              {{9, 100.0}}))[0].ids;
+  EXPECT_EQ(forced, std::vector<int64_t>(4, 9));
+  // Without logprobs none come.
+  EXPECT_TRUE(models::generate(*model, {prompt}, models::GenerationOptions().max_new_tokens(2))[0].logprobs.empty());
+}
+
 TEST(Engine, TheQueueLimitAndBadRequestsAreErrorsNamingTheCause) {
   auto model = tiny_model(torch::kFloat, false, /*context=*/64);
   models::Engine engine(model, models::EngineOptions().kv_tokens(96).max_waiting(2));
@@ -366,6 +443,23 @@ TEST(Engine, TheQueueLimitAndBadRequestsAreErrorsNamingTheCause) {
   EXPECT_THROW(engine.submit({3}, options, none), models::EngineFull);
   while (engine.step()) {}
   engine.submit({3}, options, none);  // room again
+  // Options that would be ignored or point past the vocabulary.
+  expect_error([&] { engine.submit({1}, models::GenerationOptions(options).stop_token_ids({96}), none); },
+               "Engine: stop_token_ids has token id 96, outside the vocabulary [0, 96)");
+  expect_error([&] { engine.submit({1}, models::GenerationOptions(options).logit_bias({{-1, 1.0}}), none); },
+               "Engine: logit_bias has token id -1, outside the vocabulary [0, 96)");
+  expect_error([&] { engine.submit({1}, models::GenerationOptions(options).logit_bias({{3, NAN}}), none); },
+               "logit_bias expected finite biases, got nan for token 3");
+  expect_error([&] { engine.submit({1}, models::GenerationOptions(options).frequency_penalty(INFINITY), none); },
+               "expected a finite frequency_penalty, got inf");
+  expect_error([&] { engine.submit({1}, models::GenerationOptions(options).logprobs(21), none); },
+               "Engine: expected logprobs in [-1, 20]");
+  expect_error([&] { engine.submit({1}, models::GenerationOptions(options).temperature(0.7), none); },
+               "Engine: temperature 0.7 is set but do_sample is false");
+  expect_error([&] { engine.submit({1}, models::GenerationOptions(options).top_k(5), none); },
+               "Engine: top_k 5 is set but do_sample is false");
+  expect_error([&] { models::generate(*model, {{1}}, models::GenerationOptions(options).top_p(0.5)); },
+               "generate: top_p 0.5 is set but do_sample is false");
   expect_error([&] { models::Engine(model, models::EngineOptions().kv_tokens(0)); }, "expected kv_tokens >= 1, got 0");
   expect_error([&] { models::Engine(model, models::EngineOptions().prefill_chunk(0)); },
                "expected prefill_chunk >= 1, got 0");

@@ -84,7 +84,7 @@ int64_t Engine::submit(std::vector<int64_t> prompt, const GenerationOptions& opt
     TORCH_CHECK(id >= 0 && id < config.vocab_size, "Engine: the prompt has token id ", id,
                 ", outside the vocabulary [0, ", config.vocab_size, ")");
   }
-  TORCH_CHECK(options.max_new_tokens() >= 1, "Engine: expected max_new_tokens >= 1, got ", options.max_new_tokens());
+  check_generation_options(options, config.vocab_size, "Engine");
   const int64_t context = s.model->context_length();
   const auto n = static_cast<int64_t>(prompt.size());
   TORCH_CHECK(n + options.max_new_tokens() <= context, "Engine: ", n, " prompt tokens and max_new_tokens=",
@@ -98,7 +98,8 @@ int64_t Engine::submit(std::vector<int64_t> prompt, const GenerationOptions& opt
   r->max_new_tokens = options.max_new_tokens();
   r->stop = options.stop_token_ids();
   if (options.stop_at_eos()) r->stop.insert(r->stop.end(), config.eos_token_ids.begin(), config.eos_token_ids.end());
-  r->sampler = std::make_unique<Sampler>(sampling_options(options));  // checks the sampling options
+  r->sampler = std::make_unique<Sampler>(sampling_options(options));
+  r->logprobs = options.logprobs();
   r->callback = std::move(callback);
   std::lock_guard<std::mutex> lock(s.mutex);
   if (s.stats.waiting + static_cast<int64_t>(s.incoming.size()) >= s.options.max_waiting()) {
@@ -147,7 +148,7 @@ bool Engine::step() {
   int64_t finished = 0;
   for (auto& r : s.scheduler.take_cancelled(s.cache)) {
     events.push_back({std::move(r->callback), TokenEvent{r->id, std::nullopt, FinishReason::Cancelled,
-                                                         r->prompt_tokens, r->generated()}});
+                                                         r->prompt_tokens, r->generated(), std::nullopt}});
     ++finished;
   }
 
@@ -177,8 +178,17 @@ bool Engine::step() {
       r.cached += plan.tokens[i].count;
       if (s.options.prefix_cache()) s.cache.publish(r.sequence, r.tokens);  // its blocks filled so far
       if (!plan.samples[i]) continue;
-      const int64_t token = r.sampler->greedy() ? greedy[row] : r.sampler->next(logits[static_cast<int64_t>(row)]);
+      const at::Tensor row_logits = logits[static_cast<int64_t>(row)];
+      int64_t token = 0;
+      if (r.sampler->greedy()) {
+        token = greedy[row];
+        r.sampler->chose(token);
+      } else {
+        token = r.sampler->next(row_logits);
+      }
       ++row;
+      std::optional<TokenLogprobs> logprobs;
+      if (r.logprobs >= 0) logprobs = token_logprobs(row_logits, token, r.logprobs);
       r.tokens.push_back(token);
       std::optional<FinishReason> end;
       if (std::find(r.stop.begin(), r.stop.end(), token) != r.stop.end()) {
@@ -187,7 +197,7 @@ bool Engine::step() {
                  static_cast<int64_t>(r.tokens.size()) >= s.model->context_length()) {
         end = FinishReason::Length;
       }
-      events.push_back({r.callback, TokenEvent{r.id, token, end, r.prompt_tokens, r.generated()}});
+      events.push_back({r.callback, TokenEvent{r.id, token, end, r.prompt_tokens, r.generated(), std::move(logprobs)}});
       if (end) done.push_back(&r);
     }
     for (detail::Request* r : done) {

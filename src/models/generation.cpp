@@ -16,6 +16,29 @@
 
 namespace torchattn::models {
 
+void check_generation_options(const GenerationOptions& o, int64_t vocab_size, const char* who) {
+  TORCH_CHECK(o.max_new_tokens() >= 1, who, ": expected max_new_tokens >= 1, got ", o.max_new_tokens());
+  for (const int64_t id : o.stop_token_ids()) {
+    TORCH_CHECK(id >= 0 && id < vocab_size, who, ": stop_token_ids has token id ", id, ", outside the vocabulary [0, ",
+                vocab_size, ")");
+  }
+  for (const auto& [id, bias] : o.logit_bias()) {
+    TORCH_CHECK(id >= 0 && id < vocab_size, who, ": logit_bias has token id ", id, ", outside the vocabulary [0, ",
+                vocab_size, ")");
+  }
+  TORCH_CHECK(o.logprobs() >= -1 && o.logprobs() <= kMaxTopLogprobs, who, ": expected logprobs in [-1, ",
+              kMaxTopLogprobs, "] (-1: none, 0: the chosen token's, k: and the k most likely), got ", o.logprobs());
+  if (!o.do_sample()) {
+    // Greedy takes the most likely token: these would be ignored without a word.
+    TORCH_CHECK(o.temperature() == 1.0, who, ": temperature ", o.temperature(),
+                " is set but do_sample is false (greedy takes the most likely token whatever the temperature); set "
+                "do_sample(true) to sample");
+    TORCH_CHECK(o.top_k() == 0, who, ": top_k ", o.top_k(), " is set but do_sample is false; set do_sample(true) to sample");
+    TORCH_CHECK(o.top_p() == 1.0, who, ": top_p ", o.top_p(), " is set but do_sample is false; set do_sample(true) to sample");
+  }
+  Sampler check(sampling_options(o));  // the sampling values
+}
+
 SamplingOptions sampling_options(const GenerationOptions& o) {
   SamplingOptions s;
   s.greedy = !o.do_sample();
@@ -23,6 +46,9 @@ SamplingOptions sampling_options(const GenerationOptions& o) {
   s.top_k = o.top_k();
   s.top_p = o.top_p();
   s.seed = o.seed();
+  s.logit_bias = o.logit_bias();
+  s.presence_penalty = o.presence_penalty();
+  s.frequency_penalty = o.frequency_penalty();
   return s;
 }
 

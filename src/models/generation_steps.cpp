@@ -18,7 +18,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 int64_t check_prompts(const std::vector<std::vector<int64_t>>& prompts, const GenerationOptions& options,
                       int64_t vocab_size, int64_t max_tokens, const char* what) {
   TORCH_CHECK(!prompts.empty(), "generate: expected at least one prompt, got none");
-  TORCH_CHECK(options.max_new_tokens() >= 1, "generate: expected max_new_tokens >= 1, got ", options.max_new_tokens());
+  check_generation_options(options, vocab_size, "generate");
   int64_t longest = 0;
   for (size_t b = 0; b < prompts.size(); ++b) {
     const auto n = static_cast<int64_t>(prompts[b].size());
@@ -49,8 +49,15 @@ std::vector<int64_t> GenerationSteps::choose(const at::Tensor& logits, std::opti
   std::vector<int64_t> next(results_.size(), filler);
   for (size_t b = 0; b < results_.size(); ++b) {
     if (done_[b]) continue;
-    next[b] = forced ? *forced : samplers_[b].next(logits[static_cast<int64_t>(b)]);
+    const at::Tensor row = logits[static_cast<int64_t>(b)];
+    if (forced) {
+      next[b] = *forced;
+      samplers_[b].chose(next[b]);
+    } else {
+      next[b] = samplers_[b].next(row);
+    }
     results_[b].ids.push_back(next[b]);
+    if (options_.logprobs() >= 0) results_[b].logprobs.push_back(token_logprobs(row, next[b], options_.logprobs()));
     if (options_.on_token()) options_.on_token()(b, next[b]);
     if (std::find(stop_.begin(), stop_.end(), next[b]) != stop_.end()) {
       results_[b].stopped = true;

@@ -30,6 +30,7 @@ struct Request {
   int64_t max_new_tokens = 0;
   std::vector<int64_t> stop;  // token ids that end it
   std::unique_ptr<Sampler> sampler;
+  int64_t logprobs = -1;  // GenerationOptions::logprobs
   TokenCallback callback;
   int64_t sequence = -1;  // its sequence in the cache while running
   int64_t cached = 0;     // tokens written in the cache

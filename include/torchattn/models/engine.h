@@ -110,6 +110,7 @@ struct TokenEvent {
   std::optional<FinishReason> finished;
   int64_t prompt_tokens = 0;
   int64_t generated = 0;  // tokens generated so far, this one included
+  std::optional<TokenLogprobs> logprobs;  // with a token, when GenerationOptions::logprobs >= 0
 };
 
 using TokenCallback = std::function<void(const TokenEvent&)>;
@@ -166,8 +167,9 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   /// Queues a request: prompt token ids (non-empty, each in the vocabulary), and the
-  /// generation options (max_new_tokens, sampling, seed, stop tokens; on_token is not
-  /// used: `callback` hears every token). The prompt and max_new_tokens must fit the
+  /// generation options (max_new_tokens, sampling, seed, stop tokens, logit_bias,
+  /// penalties, logprobs; on_token is not used: `callback` hears every token), checked
+  /// by check_generation_options. The prompt and max_new_tokens must fit the
   /// model's context_length and the pool; otherwise an error naming the numbers.
   /// Thread-safe. Throws EngineFull when max_waiting requests wait already. The
   /// callback runs on the stepping thread, without the engine's lock (it may call

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace torchattn::models {
@@ -28,6 +29,21 @@ struct GenerationOptions {
   TORCH_ARG(int64_t, top_k) = 0;
   /// In (0, 1]; 1: off; with do_sample.
   TORCH_ARG(double, top_p) = 1.0;
+  /// (token id, bias) pairs added to those tokens' logits before each choice, greedy
+  /// or sampled (OpenAI's logit_bias: -100 all but bans a token, 100 all but forces
+  /// it). Ids in the vocabulary, biases finite.
+  TORCH_ARG(LogitBias, logit_bias) = {};
+  /// OpenAI's presence and frequency penalties, greedy or sampled: before each choice
+  /// the logit of every token the sequence generated so far (not the prompt's) is
+  /// lowered by presence_penalty, and by frequency_penalty times the number of times
+  /// it came. Finite; 0: off.
+  TORCH_ARG(double, presence_penalty) = 0.0;
+  TORCH_ARG(double, frequency_penalty) = 0.0;
+  /// Log-probabilities with each new token (GenerationResult::logprobs, the Engine's
+  /// TokenEvent::logprobs): -1 (default) none; 0 the chosen token's; k in [1, 20] also
+  /// the k most likely tokens'. From the model's distribution, log_softmax of the
+  /// logits before logit_bias, penalties, temperature, top-k and top-p.
+  TORCH_ARG(int64_t, logprobs) = -1;
   /// The sampling seed. Each prompt of a batch samples from its own generator seeded
   /// with it, so that a prompt gets the same tokens in any batch as alone.
   TORCH_ARG(uint64_t, seed) = 0;
@@ -45,6 +61,7 @@ struct GenerationOptions {
 
 struct GenerationResult {
   std::vector<int64_t> ids;      // the new tokens (the stop token included, if one came)
+  std::vector<TokenLogprobs> logprobs;  // one per new token when options.logprobs >= 0
   bool stopped = false;          // ended by a stop token (else by max_new_tokens)
   int64_t prompt_tokens = 0;
   double prefill_seconds = 0.0;  // the batch's prompt forward and first token
@@ -58,6 +75,16 @@ struct GenerationResult {
 /// the first from a CUDA graph (torchattn::DecodeGraph).
 std::vector<GenerationResult> generate(CausalLMImpl& model, const std::vector<std::vector<int64_t>>& prompts,
                                        const GenerationOptions& options = {});
+
+/// The most alternatives GenerationOptions::logprobs may ask for (OpenAI's top_logprobs).
+constexpr int64_t kMaxTopLogprobs = 20;
+
+/// Checks the options that do not depend on a prompt against a vocabulary of
+/// `vocab_size` tokens: max_new_tokens >= 1; stop_token_ids and logit_bias ids in the
+/// vocabulary; logprobs in [-1, kMaxTopLogprobs]; temperature, top_k and top_p left at
+/// their defaults unless do_sample (greedy would ignore them); the sampling values
+/// (Sampler). `who` starts each message ("generate", "Engine").
+void check_generation_options(const GenerationOptions& options, int64_t vocab_size, const char* who);
 
 /// The sampling part of `options` (greedy unless do_sample).
 SamplingOptions sampling_options(const GenerationOptions& options);

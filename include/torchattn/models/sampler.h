@@ -1,15 +1,22 @@
 #pragma once
 
 // Choosing the next token from logits: greedy, or sampled after temperature, top-k
-// and top-p (nucleus) filtering, in that order, as transformers' generate does.
+// and top-p (nucleus) filtering, in that order, as transformers' generate does; before
+// either, OpenAI's logit_bias and presence and frequency penalties. And the
+// log-probabilities a client may ask for with each token.
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
-#include <optional>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace torchattn::models {
+
+/// (token id, bias) pairs added to those tokens' logits (OpenAI's logit_bias).
+using LogitBias = std::vector<std::pair<int64_t, double>>;
 
 struct SamplingOptions {
   bool greedy = true;
@@ -17,21 +24,51 @@ struct SamplingOptions {
   int64_t top_k = 0;         // 0: off
   double top_p = 1.0;        // in (0, 1]; 1: off
   uint64_t seed = 0;
+  /// (token id, bias) added to the logits before the choice (OpenAI's logit_bias).
+  LogitBias logit_bias;
+  /// OpenAI's penalties over the tokens this sampler chose so far:
+  /// logit[j] -= frequency_penalty * count[j] + presence_penalty * (count[j] > 0).
+  double presence_penalty = 0.0;
+  double frequency_penalty = 0.0;
 };
 
 class Sampler {
  public:
+  /// Checks the options (finite values, temperature > 0 when sampling, top_k >= 0,
+  /// top_p in (0, 1], bias ids >= 0).
   explicit Sampler(const SamplingOptions& options);
-  /// logits: [vocab] (any dtype and device) -> the chosen token id. Sampling runs on
-  /// the CPU in float32 with the seeded generator, so a seed gives the same tokens on
-  /// any device for the same logits.
+  /// logits: [vocab] (any dtype and device) -> the chosen token id, which the
+  /// penalties count from then on. Sampling runs on the CPU in float32 with the
+  /// seeded generator, so a seed gives the same tokens on any device for the same
+  /// logits. A logit_bias id past the vocabulary is an error.
   int64_t next(const at::Tensor& logits);
-  /// True when next() takes the most likely token.
-  bool greedy() const { return options_.greedy; }
+  /// True when next() takes the most likely token of the logits as they are (greedy,
+  /// no logit_bias, no penalties): a caller may take one argmax over many rows
+  /// instead, then tell the sampler with chose().
+  bool greedy() const { return plain_greedy_; }
+  /// Counts `token` as chosen (for the penalties) when the caller chose it itself.
+  void chose(int64_t token) { ++counts_[token]; }
 
  private:
   SamplingOptions options_;
+  bool plain_greedy_;
   at::Generator generator_;
+  std::unordered_map<int64_t, int64_t> counts_;  // tokens chosen so far
 };
+
+/// A token's log-probability and, when asked, the most likely tokens' at its position.
+struct TokenLogprob {
+  int64_t token = 0;
+  double logprob = 0.0;
+};
+struct TokenLogprobs {
+  TokenLogprob chosen;
+  std::vector<TokenLogprob> top;  // most likely first
+};
+
+/// logits: [vocab] -> log_softmax(logits)[token] in float32 and the `top` largest
+/// (0 <= top <= vocab), most likely first. The model's own distribution: before logit_bias,
+/// penalties, temperature, top-k and top-p (as vLLM's raw log-probabilities).
+TokenLogprobs token_logprobs(const at::Tensor& logits, int64_t token, int64_t top);
 
 } // namespace torchattn::models
