@@ -74,25 +74,29 @@ sanitize: setup
 	ASAN_OPTIONS=$(ASAN_OPTIONS_CI) LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ./$(BUILD)-asan/tests/torchattn_tests --gtest_brief=1
 
-# libFuzzer on the public API for FUZZ_SECONDS, and on the safetensors parser and the
-# tokenizers for half as long each (seeded by tools/safetensors_seeds.py and
-# tools/tokenizer_seeds.py), built with clang.
+# libFuzzer on the public API for FUZZ_SECONDS, and on the safetensors parser, the
+# tokenizers and torchattn_serve's request parsing for half as long each (seeded by
+# tools/safetensors_seeds.py, tools/tokenizer_seeds.py and tools/serve_seeds.py, the
+# requests of the openai client), built with clang.
 FUZZ_SECONDS ?= 120
 FUZZ_FLAGS = -rss_limit_mb=4096 -timeout=30 -print_final_stats=1
 fuzz: setup
 	@bash tools/setup.sh fuzz
 	CC=clang-16 CXX=clang++-16 cmake -S . -B $(BUILD)-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Release \
 	  -DCMAKE_PREFIX_PATH="$(CMAKE_PREFIX)" -DTORCHATTN_FUZZ=ON -DTORCHATTN_BUILD_TESTS=OFF -DTORCHATTN_BUILD_APPS=OFF
-	cmake --build $(BUILD)-fuzz -j $(JOBS) --target fuzz_api fuzz_safetensors fuzz_tokenizer
-	mkdir -p $(BUILD)-fuzz/corpus $(BUILD)-fuzz/corpus-safetensors $(BUILD)-fuzz/corpus-tokenizer
+	cmake --build $(BUILD)-fuzz -j $(JOBS) --target fuzz_api fuzz_safetensors fuzz_tokenizer fuzz_serve_request
+	mkdir -p $(BUILD)-fuzz/corpus $(BUILD)-fuzz/corpus-safetensors $(BUILD)-fuzz/corpus-tokenizer $(BUILD)-fuzz/corpus-serve
 	$(PY) tools/safetensors_seeds.py $(BUILD)-fuzz/corpus-safetensors
 	$(PY) tools/tokenizer_seeds.py $(BUILD)-fuzz/corpus-tokenizer
+	$(PY) tools/serve_seeds.py $(BUILD)-fuzz/corpus-serve
 	ASAN_OPTIONS=$(ASAN_OPTIONS_CI) LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp ./$(BUILD)-fuzz/tests/fuzz/fuzz_api \
 	  -max_total_time=$(FUZZ_SECONDS) $(FUZZ_FLAGS) $(BUILD)-fuzz/corpus
 	ASAN_OPTIONS=$(ASAN_OPTIONS_CI) LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp ./$(BUILD)-fuzz/tests/fuzz/fuzz_safetensors \
 	  -max_total_time=$$(( $(FUZZ_SECONDS) / 2 )) $(FUZZ_FLAGS) $(BUILD)-fuzz/corpus-safetensors
 	ASAN_OPTIONS=$(ASAN_OPTIONS_CI) LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp ./$(BUILD)-fuzz/tests/fuzz/fuzz_tokenizer \
 	  -max_total_time=$$(( $(FUZZ_SECONDS) / 2 )) $(FUZZ_FLAGS) $(BUILD)-fuzz/corpus-tokenizer
+	ASAN_OPTIONS=$(ASAN_OPTIONS_CI) LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp ./$(BUILD)-fuzz/tests/fuzz/fuzz_serve_request \
+	  -max_total_time=$$(( $(FUZZ_SECONDS) / 2 )) $(FUZZ_FLAGS) $(BUILD)-fuzz/corpus-serve
 
 # What CI runs: the tests, the sanitizer build, the fuzzer.
 check: test sanitize fuzz

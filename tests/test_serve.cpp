@@ -92,13 +92,106 @@ TEST(ServeApi, EveryBadFieldIsAnErrorNamingIt) {
   expect_bad("{" + m + R"(, "stop": ["a", "b", "c", "d", "e"]})", true, 400, "at most 4 sequences, got 5");
   expect_bad("{" + m + R"(, "stop": [""]})", true, 400, "must not be empty");
   expect_bad("{" + m + R"(, "stop": 5})", true, 400, "'stop' must be a string or an array of strings");
-  expect_bad("{" + m + R"(, "logprobs": true})", true, 400, "'logprobs' is not supported");
+  expect_bad("{" + m + R"(, "logprobs": "yes"})", true, 400, "'logprobs' must be a boolean, got a string");
   expect_bad("{" + m + R"(, "tools": [{}]})", true, 400, "'tools' are not supported");
   expect_bad(R"({"model": "m"})", false, 400, "'prompt' is required");
   expect_bad(R"({"model": "m", "prompt": ""})", false, 400, "'prompt' is empty");
   expect_bad(R"({"model": "m", "prompt": ["a", "b"]})", false, 400, "several prompts or token ids are not supported");
   expect_bad(R"({"model": "m", "prompt": [1, 2]})", false, 400, "several prompts or token ids are not supported");
   expect_bad(R"({"model": "m", "prompt": "x", "echo": true})", false, 400, "'echo' is not supported");
+}
+
+// OpenAI's fields: honoured (logit_bias, penalties, logprobs), accepted without effect
+// with the values that have none, and refused (400 naming the field) otherwise.
+TEST(ServeApi, SchemaFieldsAreHonouredOrRefusedNeverIgnored) {
+  const json msgs = json::array({{{"role", "user"}, {"content", "hi"}}});
+  const auto r = parse({{"model", "m"}, {"messages", msgs}, {"logit_bias", {{"42", -100}, {"7", 5.5}}},
+                        {"presence_penalty", 0.5}, {"frequency_penalty", -1.25}, {"logprobs", true},
+                        {"top_logprobs", 3}, {"user", "u"}, {"safety_identifier", "s"}, {"prompt_cache_key", "k"},
+                        {"service_tier", "auto"}, {"store", false}, {"parallel_tool_calls", true},
+                        {"modalities", {"text"}}, {"response_format", {{"type", "text"}}}, {"tool_choice", "none"}});
+  EXPECT_EQ(r.logit_bias, (std::vector<std::pair<int64_t, double>>{{42, -100.0}, {7, 5.5}}));
+  EXPECT_EQ(r.presence_penalty, 0.5);
+  EXPECT_EQ(r.frequency_penalty, -1.25);
+  EXPECT_EQ(r.logprobs, 3);
+  EXPECT_EQ(parse({{"model", "m"}, {"messages", msgs}, {"logprobs", true}}).logprobs, 0);
+  EXPECT_EQ(parse({{"model", "m"}, {"messages", msgs}, {"logprobs", false}}).logprobs, -1);
+  EXPECT_EQ(parse({{"model", "m"}, {"messages", msgs}}).logprobs, -1);
+  EXPECT_EQ(parse({{"model", "m"}, {"prompt", "x"}, {"logprobs", 5}, {"best_of", 1}}, false).logprobs, 5);
+
+  const std::string m = R"("model": "m", "messages": [{"role": "user", "content": "hi"}])";
+  for (const char* field : {"audio", "function_call", "functions", "prediction", "reasoning_effort", "verbosity",
+                            "web_search_options", "metadata"}) {
+    expect_bad("{" + m + ", \"" + field + "\": {\"x\": 1}}", true, 400, std::string("'") + field + "' is not supported");
+  }
+  expect_bad("{" + m + R"(, "response_format": {"type": "json_object"}})", true, 400, "response_format");
+  expect_bad("{" + m + R"(, "modalities": ["text", "audio"]})", true, 400, "modalities");
+  expect_bad("{" + m + R"(, "tool_choice": "auto"})", true, 400, "tool_choice");
+  expect_bad("{" + m + R"(, "service_tier": "flex"})", true, 400, "service_tier");
+  expect_bad("{" + m + R"(, "store": true})", true, 400, "'store' must be false");
+  expect_bad("{" + m + R"(, "user": 5})", true, 400, "'user' must be a string");
+  expect_bad("{" + m + R"(, "top_logprobs": 2})", true, 400, "'top_logprobs' needs 'logprobs': true");
+  expect_bad("{" + m + R"(, "logprobs": true, "top_logprobs": 21})", true, 400, "'top_logprobs' must be in [0, 20]");
+  expect_bad("{" + m + R"(, "presence_penalty": 2.5})", true, 400, "'presence_penalty' must be in [-2.0, 2.0]");
+  expect_bad("{" + m + R"(, "frequency_penalty": "x"})", true, 400, "'frequency_penalty' must be a number");
+  expect_bad("{" + m + R"(, "logit_bias": [1]})", true, 400, "'logit_bias' must be an object");
+  expect_bad("{" + m + R"(, "logit_bias": {"a": 1}})", true, 400, "keys must be token ids");
+  expect_bad("{" + m + R"(, "logit_bias": {"-1": 1}})", true, 400, "keys must be token ids");
+  expect_bad("{" + m + R"(, "logit_bias": {"99999999999": 1}})", true, 400, "keys must be token ids");
+  expect_bad("{" + m + R"(, "logit_bias": {"1": 101}})", true, 400, "'logit_bias.1' must be in [-100, 100], got 101");
+  expect_bad("{" + m + R"(, "logit_bias": {"1": "x"}})", true, 400, "'logit_bias.1' must be a number");
+  expect_bad(R"({"model": "m", "prompt": "x", "best_of": 2})", false, 400, "'best_of' must be 1");
+  expect_bad(R"({"model": "m", "prompt": "x", "logprobs": 6})", false, 400, "'logprobs' must be in [0, 5], got 6");
+  expect_bad(R"({"model": "m", "prompt": "x", "logprobs": true})", false, 400, "'logprobs' must be an integer");
+}
+
+// Numbers past what their field's type holds are 400s that print them as given,
+// never a 500 or a wrapped value.
+TEST(ServeApi, OverflowingNumbersAreRequestErrorsPrintedAsGiven) {
+  const std::string m = R"("model": "m", "messages": [{"role": "user", "content": "hi"}])";
+  expect_bad("{" + m + R"(, "max_tokens": 9223372036854775808})", true, 400,
+             "'max_tokens' must be in [1, 2147483647], got 9223372036854775808");
+  expect_bad("{" + m + R"(, "max_tokens": 18446744073709551615})", true, 400, "got 18446744073709551615");
+  expect_bad("{" + m + R"(, "max_tokens": 18446744073709551616})", true, 400, "'max_tokens' must be an integer");
+  expect_bad("{" + m + R"(, "max_tokens": -9223372036854775809})", true, 400, "'max_tokens' must be an integer");
+  expect_bad("{" + m + R"(, "top_k": 9223372036854775807})", true, 400, "got 9223372036854775807");
+  for (const char* field : {"max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "n",
+                            "presence_penalty", "frequency_penalty", "top_logprobs"}) {
+    for (const char* number : {"1e309", "-1e309"}) {
+      expect_bad("{" + m + ", \"" + field + "\": " + number + "}", true, 400, "number overflow parsing '" +
+                 std::string(number) + "'");
+    }
+    try {
+      serve::parse_completion_request("{" + m + ", \"" + field + "\": 1e300, \"logprobs\": true}", true);
+      ADD_FAILURE() << field << " 1e300 accepted";
+    } catch (const serve::ApiError& e) {
+      EXPECT_EQ(e.status, 400) << field;
+      EXPECT_EQ(e.param, field) << e.what();
+    }
+  }
+  expect_bad("{" + m + R"(, "logit_bias": {"1": 1e309}})", true, 400, "number overflow");
+  expect_bad(R"({"model": "m", "prompt": "x", "logprobs": 9223372036854775808})", false, 400, "got 9223372036854775808");
+}
+
+TEST(ServeApi, RoutesAnswer404ForUnknownPathsAnd405ForOtherMethods) {
+  EXPECT_EQ(serve::route_of("POST", "/v1/chat/completions"), serve::Route::ChatCompletions);
+  EXPECT_EQ(serve::route_of("POST", "/v1/completions"), serve::Route::Completions);
+  EXPECT_EQ(serve::route_of("GET", "/v1/models"), serve::Route::Models);
+  EXPECT_EQ(serve::route_of("GET", "/health"), serve::Route::Health);
+  EXPECT_EQ(serve::route_of("GET", "/stats"), serve::Route::Stats);
+  const auto status_of = [](const char* method, const char* path) {
+    try {
+      serve::route_of(method, path);
+    } catch (const serve::ApiError& e) {
+      return std::make_pair(e.status, std::string(e.what()));
+    }
+    return std::make_pair(200, std::string());
+  };
+  EXPECT_EQ(status_of("GET", "/v1/chat/completions"),
+            std::make_pair(405, std::string("GET /v1/chat/completions is not allowed: use POST")));
+  EXPECT_EQ(status_of("DELETE", "/v1/models").first, 405);
+  EXPECT_EQ(status_of("POST", "/v1/nothing"), std::make_pair(404, std::string("no route POST /v1/nothing")));
+  EXPECT_EQ(status_of("PRI", "*").first, 404);
 }
 
 TEST(ServeApi, ResponsesAndChunksAreOpenAIsFormat) {
@@ -135,6 +228,43 @@ TEST(ServeApi, ResponsesAndChunksAreOpenAIsFormat) {
   const auto models = json::parse(serve::models_json("m", 5, 4096));
   EXPECT_EQ(models["object"], "list");
   EXPECT_EQ(models["data"][0]["id"], "m");
+}
+
+// logprobs as OpenAI's clients read them: chat's content list with bytes and
+// top_logprobs; completions' tokens, token_logprobs, top_logprobs and text_offset.
+TEST(ServeApi, LogprobsAreOpenAIsFormat) {
+  const std::vector<serve::LogprobEntry> entries{{{"He", -0.25}, {{"He", -0.25}, {"Hi", -1.5}}, 0},
+                                                 {{"\xc3", -0.5}, {{"\xc3", -0.5}, {"x", -2.0}}, 2}};
+  auto chat = parse({{"model", "m"}, {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})},
+                     {"logprobs", true}, {"top_logprobs", 2}});
+  const auto whole = json::parse(serve::completion_json(chat, "c", 1, "m", "He\xc3", "stop", {1, 2}, {}, entries));
+  const json content = whole["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 2u);
+  EXPECT_EQ(content[0]["token"], "He");
+  EXPECT_EQ(content[0]["logprob"], -0.25);
+  EXPECT_EQ(content[0]["bytes"], json::array({72, 101}));
+  EXPECT_EQ(content[0]["top_logprobs"][1]["token"], "Hi");
+  EXPECT_EQ(content[0]["top_logprobs"][1]["logprob"], -1.5);
+  EXPECT_EQ(content[1]["bytes"], json::array({195}));  // half a character: its byte, the text replaced
+  EXPECT_EQ(content[1]["token"], "\xef\xbf\xbd");
+  EXPECT_TRUE(whole["choices"][0]["logprobs"]["refusal"].is_null());
+  const auto chunk = json::parse(serve::chunk_event(chat, "c", 1, "m", "He", "", false, {}, {entries[0]}).substr(6));
+  EXPECT_EQ(chunk["choices"][0]["logprobs"]["content"].size(), 1u);
+  EXPECT_TRUE(json::parse(serve::chunk_event(chat, "c", 1, "m", "", "stop", false, {}).substr(6))["choices"][0]
+                  ["logprobs"].is_null());
+  auto text = parse({{"model", "m"}, {"prompt", "x"}, {"logprobs", 2}}, false);
+  const auto t = json::parse(serve::completion_json(text, "c", 1, "m", "He\xc3", "stop", {1, 2}, {}, entries));
+  const json lp = t["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"][0], "He");
+  EXPECT_EQ(lp["token_logprobs"], json::array({-0.25, -0.5}));
+  EXPECT_EQ(lp["top_logprobs"][0], json({{"He", -0.25}, {"Hi", -1.5}}));
+  EXPECT_EQ(lp["text_offset"], json::array({0, 2}));
+  text.logprobs = 0;
+  EXPECT_TRUE(json::parse(serve::completion_json(text, "c", 1, "m", "He", "stop", {1, 2}, {}, entries))["choices"][0]
+                  ["logprobs"]["top_logprobs"].is_null());
+  auto none = parse({{"model", "m"}, {"prompt", "x"}}, false);
+  EXPECT_TRUE(json::parse(serve::completion_json(none, "c", 1, "m", "He", "stop", {1, 2}, {}, entries))["choices"][0]
+                  ["logprobs"].is_null());
 }
 
 // A byte-level BPE whose tokens are pieces of text: 0 "a", 1 "b", 2 "c", 3 " ", 4 "ST",

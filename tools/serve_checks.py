@@ -13,7 +13,17 @@ here on a free loopback port with SmolLM2-135M-Instruct, then
 - 50 streaming clients that hang up at random points: every KV block back in the pool;
 - a soak of a few hundred requests: resident memory stops growing after warm-up;
 - a second server with a queue of 1: 503 when full, then SIGINT cancels what runs and
-  it exits 0.
+  it exits 0;
+- the front door: a second server on the same port refuses to start (no SO_REUSEPORT);
+  a chunked body past --max-body-bytes gets 413 at the limit, its connection closed and
+  the resident memory unchanged; a Content-Length past it gets 413 without a byte of
+  body read; other methods 405; numbers past their types in every numeric field 400;
+- OpenAI's fields: logprobs (chat and completions, streamed or not) against
+  transformers' log-probabilities of the same tokens; logit_bias and presence and
+  frequency penalties against the same rules applied to transformers' logits; every
+  field of the schema the server does not honour a 400 naming it;
+- start-up: flags that cannot work are errors naming them, the context defaults to
+  min(the model's, 4096) and is capped to the KV pool with a line saying so, --model DIR.
 
 Usage: serve_checks.py --server build/apps/serve/torchattn_serve --model .cache/smollm2
 """
@@ -23,6 +33,7 @@ import http.client
 import json
 import os
 import random
+import select
 import signal
 import socket
 import subprocess
@@ -46,14 +57,16 @@ def check(ok, what):
 
 
 class Server:
-    def __init__(self, exe, model, *args):
+    def __init__(self, exe, model, *args, model_flag=False):
         self.log = open(os.path.join(os.environ.get("SERVE_LOG_DIR", "."), f"serve-{os.getpid()}-{time.time_ns()}.log"), "w")
-        self.proc = subprocess.Popen([exe, model, "--port", "0", *args], stdout=subprocess.PIPE, stderr=self.log,
+        where = ["--model", model] if model_flag else [model]
+        self.proc = subprocess.Popen([exe, *where, "--port", "0", *args], stdout=subprocess.PIPE, stderr=self.log,
                                      text=True)
         line = self.proc.stdout.readline()
         if "listening on http://" not in line:
             raise RuntimeError(f"the server did not start: {line!r} (log: {self.log.name})")
         self.port = int(line.split("http://")[1].split(",")[0].split(":")[1])
+        self.line = line
         self.base = f"http://127.0.0.1:{self.port}"
         print(f"[serve] {line.strip()}", flush=True)
 
@@ -73,10 +86,10 @@ class Server:
     def stats(self):
         return self.raw("GET", "/stats")[1]
 
-    def rss_mib(self):
+    def rss_mib(self, field="VmRSS"):
         with open(f"/proc/{self.proc.pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024
         return 0.0
 
@@ -366,6 +379,253 @@ def queue_limit_and_signal(exe, model):
           f"their streams ended with an error saying so: {[r[0] for r in results]}")
 
 
+def send_chunked(port, path, total, piece=65000, headers=""):
+    """Sends a chunked body of `total` bytes (as fast as the server takes it) and reads
+    what comes back: (bytes sent, the reply, whether the server closed the connection)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    sock.sendall((f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json"
+                  f"\r\n{headers}Transfer-Encoding: chunked\r\n\r\n").encode())
+    data = (b'{"model": "smollm2", "prompt": "' + b"a" * piece)[:piece]
+    chunk = b"%x\r\n" % len(data) + data + b"\r\n"
+    sent, reply = 0, b""
+    try:
+        while sent < total:
+            sock.sendall(chunk)
+            sent += piece
+            readable, _, _ = select.select([sock], [], [], 0)
+            if readable:
+                break
+    except OSError:
+        pass
+    closed = False
+    try:
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                closed = True
+                break
+            reply += data
+    except OSError:
+        closed = True
+    sock.close()
+    return sent, reply.decode(errors="replace"), closed
+
+
+def status_of(reply):
+    return int(reply.split(" ", 2)[1]) if reply.startswith("HTTP/1.1 ") else None
+
+
+def front_door(exe, model, srv):
+    # A second server on the port in use: an error naming the port, never a share of the traffic.
+    p = subprocess.run([exe, model, "--port", str(srv.port)], capture_output=True, text=True, timeout=120)
+    check(p.returncode == 1 and f"127.0.0.1:{srv.port}" in p.stderr and "in use" in p.stderr and not p.stdout,
+          f"a second server on port {srv.port}: exit {p.returncode}, {p.stderr.strip()!r}")
+    names = set()
+    for _ in range(16):
+        names.add(srv.raw("GET", "/v1/models")[1]["data"][0]["id"])
+    check(names == {"smollm2"}, f"16 calls after it, all answered by the first server: {names}")
+    # A chunked body of 100 MB: 413 once past the limit, the connection closed, no memory grown.
+    with open(f"/proc/{srv.proc.pid}/clear_refs", "w") as f:
+        f.write("5")  # resets the peak resident memory (VmHWM)
+    before = srv.rss_mib("VmHWM")
+    start = time.time()
+    sent, reply, closed = send_chunked(srv.port, "/v1/completions", 100 << 20)
+    took = time.time() - start
+    grew = srv.rss_mib("VmHWM") - before
+    check(status_of(reply) == 413 and "request_too_large" in reply and closed and sent < (32 << 20) and grew < 64,
+          f"a 100 MB chunked body: {status_of(reply)} after {sent >> 20} MB sent ({took:.2f} s), connection "
+          f"{'closed' if closed else 'open'}, peak resident memory +{grew:.1f} MiB")
+    # A Content-Length past the limit: 413 before any of the body is sent.
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+    sock.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+                  f"Content-Length: {100 << 20}\r\n\r\n").encode())
+    reply = sock.recv(65536).decode(errors="replace")
+    sock.close()
+    check(status_of(reply) == 413, f"Content-Length 100 MB, no body sent: {status_of(reply)}")
+    # Methods and bodies that no route takes.
+    status, body = srv.raw("PUT", "/v1/chat/completions", "{}")
+    check(status == 405 and "use POST" in body["error"]["message"], f"PUT /v1/chat/completions: {status} {body}")
+    status, body = srv.raw("GET", "/v1/models", "x" * 1000)
+    check(status == 400 and "takes no request body" in body["error"]["message"], f"GET with a body: {status}")
+    # Numbers past their types, in every numeric field: a 400 naming it, never a 500.
+    fields = {True: ["max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "n",
+                     "presence_penalty", "frequency_penalty", "top_logprobs"],
+              False: ["max_tokens", "temperature", "top_p", "top_k", "seed", "n", "presence_penalty",
+                      "frequency_penalty", "logprobs", "best_of"]}
+    numbers = ["1e309", "-1e309", "1e300", "9223372036854775808", "18446744073709551616", "-9223372036854775809"]
+    bad = []
+    count = 0
+    for chat_route, names in fields.items():
+        path = "/v1/chat/completions" if chat_route else "/v1/completions"
+        head = ('"messages": [{"role": "user", "content": "Hi"}], "logprobs": true' if chat_route
+                else '"prompt": "Hi"')
+        for field in names:
+            for number in numbers:
+                if field == "seed" and number == "9223372036854775808":
+                    continue  # a seed takes any 64-bit integer, signed or not
+                status, reply = srv.raw("POST", path, f'{{"model": "smollm2", {head}, "{field}": {number}}}')
+                err = (reply or {}).get("error", {})
+                count += 1
+                if status != 400 or (field not in (err.get("param") or "") and number not in err.get("message", "")):
+                    bad.append(f"{path} {field}={number}: {status} {err.get('message')}")
+        status, reply = srv.raw("POST", path, f'{{"model": "smollm2", {head}, "logit_bias": {{"5": 1e309}}}}')
+        count += 1
+        if status != 400:
+            bad.append(f"{path} logit_bias 1e309: {status}")
+    check(not bad, f"{count} requests with numbers past their types: each a 400 naming the field or the number"
+          + ("" if not bad else ": " + "; ".join(bad[:5])))
+    check(len(chat(srv.client(), "What is the capital of France?", 8)[0]) > 0, "still serving after the front door")
+
+
+def transformers_logprobs(model_dir, prompt_ids, ids):
+    """log_softmax of transformers' logits at each of `ids` after `prompt_ids` (float32)."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    seq = torch.tensor([list(prompt_ids) + list(ids)])
+    with torch.no_grad():
+        logits = model(seq).logits[0, len(prompt_ids) - 1:-1]
+    return logits, logits.log_softmax(-1)
+
+
+def openai_fields(srv, model_dir):
+    client = srv.client()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt_ids = tok.apply_chat_template(msgs, add_generation_prompt=True)
+    if not isinstance(prompt_ids, list):
+        prompt_ids = prompt_ids["input_ids"]
+    extra = {"return_token_ids": True, "ignore_eos": True}
+    # logprobs, chat: the chosen tokens' and the 5 most likely, as transformers gives them.
+    r = client.chat.completions.create(model="smollm2", messages=msgs, max_tokens=12, temperature=0, logprobs=True,
+                                       top_logprobs=5, extra_body=extra)
+    ids = r.choices[0].model_extra["token_ids"]
+    content = r.choices[0].logprobs.content
+    _, ref = transformers_logprobs(model_dir, prompt_ids, ids)
+    # The stop tokens (EOS, the end of a turn; ignore_eos goes past them) show no text and get no entry.
+    hidden = {tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")}
+    at = [i for i, t in enumerate(ids) if t not in hidden]
+    worst = max(abs(c.logprob - ref[i, ids[i]].item()) for i, c in zip(at, content))
+    top_same = all([t.token for t in c.top_logprobs] == [tok.decode([j]) for j in ref[i].topk(5).indices.tolist()]
+                   or (ref[i].topk(6).values[4] - ref[i].topk(6).values[5]).item() < 1e-4
+                   for i, c in zip(at, content))
+    check(len(ids) == 12 and len(content) == len(at) and worst < 1e-4 and top_same and
+          all(bytes(c.bytes).decode(errors="replace") == c.token for c in content),
+          f"chat logprobs of {len(at)} tokens (and {12 - len(at)} stop tokens): largest difference from "
+          f"transformers' {worst:.1e}, the top 5 the same: {top_same}")
+    streamed = []
+    for chunk in client.chat.completions.create(model="smollm2", messages=msgs, max_tokens=12, temperature=0,
+                                                logprobs=True, top_logprobs=5, stream=True, extra_body=extra):
+        for c in chunk.choices:
+            streamed += (c.logprobs.content or []) if c.logprobs else []
+    check([(c.token, c.logprob) for c in streamed] == [(c.token, c.logprob) for c in content],
+          f"chat logprobs streamed == not streamed ({len(streamed)} tokens)")
+    # logprobs, completions.
+    text_prompt = "The three primary colours are"
+    r = client.completions.create(model="smollm2", prompt=text_prompt, max_tokens=8, temperature=0, logprobs=3,
+                                  extra_body=extra)
+    ids = r.choices[0].model_extra["token_ids"]
+    lp = r.choices[0].logprobs
+    _, ref = transformers_logprobs(model_dir, tok(text_prompt)["input_ids"], ids)
+    worst = max(abs(v - ref[i, ids[i]].item()) for i, v in enumerate(lp.token_logprobs))
+    check(len(lp.tokens) == 8 and worst < 1e-4 and all(len(t) == 3 for t in lp.top_logprobs) and
+          "".join(lp.tokens) == r.choices[0].text and lp.text_offset[0] == 0,
+          f"completion logprobs=3 of 8 tokens: largest difference from transformers' {worst:.1e}")
+    # logit_bias: -100 bans the greedy first token; 100 forces a token at every step.
+    plain = chat(client, msgs[0]["content"], 4)[1]
+    banned = chat(client, msgs[0]["content"], 4, logit_bias={str(plain[0]): -100})[1]
+    forced_id = tok.convert_tokens_to_ids("Ġblue")
+    forced = chat(client, msgs[0]["content"], 4, logit_bias={str(forced_id): 100})[1]
+    check(banned[0] != plain[0] and forced == [forced_id] * 4,
+          f"logit_bias: -100 on the first token {plain[0]} gives {banned[0]}; 100 on {forced_id} gives {forced}")
+    status, reply = srv.raw("POST", "/v1/chat/completions", json.dumps(
+        {"model": "smollm2", "messages": msgs, "logit_bias": {"4000000": 1}}))
+    check(status == 400 and reply["error"]["param"] == "logit_bias" and "past the vocabulary" in
+          reply["error"]["message"], f"logit_bias past the vocabulary: {status} {reply['error']['message']}")
+    # Penalties, greedy: the server's tokens are argmax(logits - f * count - p * (count > 0)) over
+    # transformers' logits of the same sequence.
+    for presence, frequency in [(1.5, 0.0), (0.0, 1.0), (-0.5, 2.0)]:
+        ids = chat(client, "Write the word ha ten times.", 16, presence_penalty=presence, frequency_penalty=frequency,
+                   extra_body=extra)[1]
+        chat_ids = tok.apply_chat_template([{"role": "user", "content": "Write the word ha ten times."}],
+                                           add_generation_prompt=True)
+        if not isinstance(chat_ids, list):
+            chat_ids = chat_ids["input_ids"]
+        logits, _ = transformers_logprobs(model_dir, chat_ids, ids)
+        counts, agree = {}, 0
+        for i, t in enumerate(ids):
+            scores = logits[i].clone()
+            for j, c in counts.items():
+                scores[j] -= frequency * c + presence
+            top2 = scores.topk(2).values
+            if scores.argmax().item() != t and (top2[0] - top2[1]).item() > 1e-4:
+                break
+            agree += 1
+            counts[t] = counts.get(t, 0) + 1
+        check(agree == len(ids) == 16, f"presence_penalty {presence}, frequency_penalty {frequency}: {agree} of "
+              f"{len(ids)} tokens as the penalties over transformers' logits")
+    # The schema's fields this server does not honour: a 400 naming each.
+    refused = {"audio": {"voice": "alloy", "format": "wav"}, "functions": [{"name": "f"}],
+               "function_call": "auto", "prediction": {"type": "content", "content": "x"},
+               "reasoning_effort": "low", "verbosity": "low", "web_search_options": {},
+               "metadata": {"a": "b"}, "response_format": {"type": "json_object"}, "modalities": ["audio"],
+               "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto",
+               "store": True, "service_tier": "flex"}
+    wrong = []
+    for field, value in refused.items():
+        status, reply = srv.raw("POST", "/v1/chat/completions", json.dumps(
+            {"model": "smollm2", "messages": msgs, field: value}))
+        if status != 400 or reply["error"]["param"] != field:
+            wrong.append(f"{field}: {status} {reply}")
+    for field, value in {"best_of": 2, "echo": True, "suffix": "x"}.items():
+        status, reply = srv.raw("POST", "/v1/completions", json.dumps({"model": "smollm2", "prompt": "x", field: value}))
+        if status != 400 or reply["error"]["param"] != field:
+            wrong.append(f"{field}: {status} {reply}")
+    check(not wrong, f"{len(refused) + 3} fields of OpenAI's schemas that are not honoured: each a 400 naming it"
+          + ("" if not wrong else ": " + "; ".join(wrong)))
+    # Accepted without effect: the same tokens as without them.
+    same = chat(client, msgs[0]["content"], 6, user="u", store=False, service_tier="auto",
+                response_format={"type": "text"}, extra_body={"return_token_ids": True, "safety_identifier": "s",
+                                                              "prompt_cache_key": "k", "parallel_tool_calls": False})
+    check(same[1] == plain[:len(same[1])] or same[1][:4] == plain, "fields without effect leave the tokens as they are")
+
+
+def startup_checks(exe, model, work):
+    def fails(args, *needles):
+        p = subprocess.run([exe, *args], capture_output=True, text=True, timeout=120)
+        ok = p.returncode != 0 and all(n in p.stderr for n in needles) and "listening" not in p.stdout
+        check(ok, f"torchattn_serve {' '.join(args[1:]) if args and args[0] == model else ' '.join(args)}: exit "
+              f"{p.returncode}, {p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ''!r}")
+
+    fails([model, "--kv-tokens", "1024", "--context-length", "4096", "--port", "0"], "--kv-tokens 1024",
+          "--context-length 4096")
+    fails([model, "--context-length", "99999", "--port", "0"], "--context-length 99999", "8192 positions")
+    fails([model, "--host", "999.1.1.1", "--port", "0"], "'999.1.1.1' is not an address")
+    fails([model, "--port", "70000"], "--port")
+    fails([model, "--max-body-bytes", "0"], "--max-body-bytes")
+    fails([model, "--max-running", "0"], "--max-running")
+    fails([model, "--kv-tokens", "-5"], "--kv-tokens")
+    fails([os.path.join(work, "no-such-folder")], "no-such-folder")
+    fails([], "model")
+    # A model of 512 positions starts with a context of 512 (the default is min(the model's, 4096)),
+    # through --model DIR as the other apps take it.
+    small = os.path.join(work, "smollm2-512")
+    os.makedirs(small, exist_ok=True)
+    for name in os.listdir(model):
+        if name != "config.json" and not os.path.exists(os.path.join(small, name)):
+            os.symlink(os.path.abspath(os.path.join(model, name)), os.path.join(small, name))
+    config = json.load(open(os.path.join(model, "config.json")))
+    config["max_position_embeddings"] = 512
+    json.dump(config, open(os.path.join(small, "config.json"), "w"))
+    srv = Server(exe, small, "--kv-tokens", "4096", model_flag=True)
+    check("context 512 tokens" in srv.line, f"a model of 512 positions, --model DIR: {srv.line.strip()}")
+    srv.stop()
+    # A pool smaller than the default context: the context is capped to it, with a line saying so.
+    srv = Server(exe, model, "--kv-tokens", "1000")
+    code = srv.stop()
+    log = open(srv.log.name).read()
+    check("context 1008 tokens" in srv.line and "the context is 1008 tokens, the KV pool's size (--kv-tokens 1000)"
+          in log and code == 0, f"--kv-tokens 1000 alone: {srv.line.strip()}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--server", required=True)
@@ -380,12 +640,15 @@ def main():
         streamed_equals_whole(srv)
         concurrent_clients(srv, a.model)
         bad_inputs(srv)
+        front_door(a.server, a.model, srv)
+        openai_fields(srv, a.model)
         disconnects(srv)
         soak(srv)
     finally:
         code = srv.stop(signal.SIGTERM)
     check(code == 0, f"SIGTERM: exit {code}")
     queue_limit_and_signal(a.server, a.model)
+    startup_checks(a.server, a.model, a.log_dir)
     if FAILURES:
         print(f"[serve] {len(FAILURES)} checks failed:\n  " + "\n  ".join(FAILURES))
         return 1

@@ -44,6 +44,18 @@ EngineRequest prepare(const CompletionRequest& request, const models::LanguageMo
   } else {
     out.options.max_new_tokens(max_tokens).stop_token_ids(hidden_tokens(model)).stop_at_eos(true);
   }
+  const int64_t vocab = model.model()->config().vocab_size;
+  for (const auto& [id, bias] : request.logit_bias) {
+    if (id >= vocab) {
+      throw bad_request("'logit_bias' names token " + std::to_string(id) + ", past the vocabulary of " +
+                            std::to_string(vocab) + " tokens",
+                        "logit_bias");
+    }
+  }
+  out.options.logit_bias(request.logit_bias)
+      .presence_penalty(request.presence_penalty)
+      .frequency_penalty(request.frequency_penalty)
+      .logprobs(request.logprobs);
   if (request.temperature > 0.0) {
     static thread_local std::mt19937_64 seeds{std::random_device{}()};
     out.options.do_sample(true)
@@ -56,7 +68,7 @@ EngineRequest prepare(const CompletionRequest& request, const models::LanguageMo
 }
 
 CompletionRun::CompletionRun(const CompletionRequest& request, const models::LanguageModel& model, int64_t prompt_tokens)
-    : text_(model.tokenizer(), hidden_tokens(model), request.stop) {
+    : tokenizer_(model.tokenizer()), hidden_(hidden_tokens(model)), text_(model.tokenizer(), hidden_, request.stop) {
   usage_.prompt_tokens = prompt_tokens;
 }
 
@@ -67,7 +79,16 @@ Delta CompletionRun::apply(const models::TokenEvent& event) {
     ids_.push_back(*event.token);
     delta.ids.push_back(*event.token);
     usage_.completion_tokens = event.generated;
+    const auto offset = static_cast<int64_t>(text_.text().size());
     delta.text = text_.push(*event.token);
+    if (event.logprobs && std::find(hidden_.begin(), hidden_.end(), *event.token) == hidden_.end()) {
+      LogprobEntry entry;
+      entry.chosen = {tokenizer_.decode({event.logprobs->chosen.token}), event.logprobs->chosen.logprob};
+      for (const auto& t : event.logprobs->top) entry.top.push_back({tokenizer_.decode({t.token}), t.logprob});
+      entry.text_offset = offset;
+      delta.logprobs.push_back(entry);
+      logprobs_.push_back(std::move(entry));
+    }
     if (text_.stopped()) {
       finish_reason_ = "stop";
       cancel_engine_ = !event.finished.has_value();

@@ -26,10 +26,10 @@ struct EngineRequest {
 /// The prompt (the chat template's text for a conversation), tokenized, and the
 /// options: max_tokens (default: the rest of the context for chat, 16 for
 /// completions, as OpenAI's), greedy at temperature 0 else sampled (top_p, top_k, the
-/// seed or a random one), stopping at the model's EOS and end-of-turn tokens unless
-/// ignore_eos. A prompt
-/// with no tokens, or prompt and max_tokens past the context, is an ApiError (400)
-/// naming the numbers.
+/// seed or a random one), logit_bias, penalties and logprobs, stopping at the model's
+/// EOS and end-of-turn tokens unless ignore_eos. A prompt with no tokens, prompt and
+/// max_tokens past the context, or a logit_bias id past the vocabulary is an ApiError
+/// (400) naming the numbers.
 EngineRequest prepare(const CompletionRequest& request, const torchattn::models::LanguageModel& model);
 
 /// The token ids whose text is never shown: EOS and the end of a turn.
@@ -38,6 +38,7 @@ std::vector<int64_t> hidden_tokens(const torchattn::models::LanguageModel& model
 struct Delta {
   std::string text;
   std::vector<int64_t> ids;
+  std::vector<LogprobEntry> logprobs;  // with request.logprobs >= 0: one per shown token
 };
 
 class CompletionRun {
@@ -55,11 +56,17 @@ class CompletionRun {
   const std::string& finish_reason() const { return finish_reason_; }
   const std::string& text() const { return text_.text(); }
   const std::vector<int64_t>& ids() const { return ids_; }
+  /// One entry per generated token but the hidden ones (EOS, end of turn), when the
+  /// request asked for logprobs.
+  const std::vector<LogprobEntry>& logprobs() const { return logprobs_; }
   Usage usage() const { return usage_; }
 
  private:
+  const torchattn::models::Tokenizer& tokenizer_;
+  std::vector<int64_t> hidden_;
   TextStream text_;
   std::vector<int64_t> ids_;
+  std::vector<LogprobEntry> logprobs_;
   Usage usage_;
   std::string finish_reason_;
   bool cancel_engine_ = false;

@@ -3,6 +3,7 @@
 //
 //   torchattn_serve MODEL_DIR [--host 127.0.0.1] [--port 8080] [--api-key KEY]
 //                   [--kv-tokens 16384] [--max-running 32] [--max-waiting 256] ...
+//   torchattn_serve --model MODEL_DIR ...   (as the other apps)
 //
 //   curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \
 //     -d '{"model": "smollm2", "messages": [{"role": "user", "content": "Hi!"}]}'
@@ -34,12 +35,12 @@ int main(int argc, char** argv) {
   CLI::App app{"Serves a Hugging Face decoder folder over OpenAI's API (chat and text completions, streamed or not)"};
   std::string model_dir;
   serve::ServerOptions server;
-  int64_t context = 4096, kv_tokens = 16384, block_size = 16, max_running = 32, max_waiting = 256;
+  int64_t context = 0, kv_tokens = 16384, block_size = 16, max_running = 32, max_waiting = 256;
   int64_t prefill_chunk = 32, max_prefill_tokens = 32, idle_prefill_tokens = 512, long_prefill_threshold = 256,
           long_prefill_tokens = 8;
   int threads = 0;
   bool quiet = false, no_prefix_cache = false;
-  app.add_option("model", model_dir, "a Hugging Face model folder (llama, qwen2, qwen3, mistral)")
+  app.add_option("model,--model", model_dir, "a Hugging Face model folder (llama, qwen2, qwen3, mistral, gemma2)")
       ->required()
       ->check(CLI::ExistingDirectory);
   app.add_option("--host", server.host, "the address to listen on")->capture_default_str();
@@ -48,10 +49,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--api-key", server.api_key, "require 'Authorization: Bearer KEY' (all routes but /health)");
   app.add_option("--model-name", server.model_name, "the model's id in the API (default: the folder's name)");
-  app.add_option("--context-length", context, "the most tokens of a request, prompt and answer (at most the "
-                 "config's max_position_embeddings)")->check(apps::at_least(1))->capture_default_str();
-  app.add_option("--kv-tokens", kv_tokens, "tokens the KV pool holds over all requests")
-      ->check(apps::at_least(1))->capture_default_str();
+  auto* context_flag = app.add_option("--context-length", context, "the most tokens of a request, prompt and answer "
+                                      "(default: the config's max_position_embeddings, at most 4096)")
+                           ->check(apps::at_least(1));
+  app.add_option("--kv-tokens", kv_tokens, "tokens the KV pool holds over all requests (at least "
+                                 "the context length)")->check(apps::at_least(1))->capture_default_str();
   app.add_option("--block-size", block_size, "tokens per KV block")->check(apps::at_least(1))->capture_default_str();
   app.add_option("--max-running", max_running, "requests generated at once")->check(apps::at_least(1))->capture_default_str();
   app.add_option("--max-waiting", max_waiting, "requests queued; more get 503")->check(apps::at_least(0))->capture_default_str();
@@ -65,7 +67,8 @@ int main(int argc, char** argv) {
       ->check(apps::at_least(0))->capture_default_str();
   app.add_option("--long-prefill-tokens", long_prefill_tokens, "tokens a long prompt brings per step while others decode")
       ->check(apps::at_least(1))->capture_default_str();
-  app.add_option("--max-body-bytes", server.max_body_bytes, "larger request bodies get 413")->capture_default_str();
+  app.add_option("--max-body-bytes", server.max_body_bytes, "larger request bodies get 413")
+      ->check(apps::at_least(1))->capture_default_str();
   app.add_option("--http-threads", server.http_threads, "connections served at once")
       ->check(apps::at_least(1))->capture_default_str();
   app.add_option("--threads", threads, "intra-op threads (default: LibTorch's)")->check(apps::at_least(1));
@@ -87,6 +90,26 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   try {
+    // The context, checked against the model and the pool before the weights load.
+    const auto config = torchattn::models::read_decoder_config(
+        (std::filesystem::path(model_dir) / "config.json").string());
+    const int64_t positions = config.max_position_embeddings;
+    if (context_flag->count() > 0 && context > positions) {
+      throw std::runtime_error(fmt::format("--context-length {} is past the model's {} positions (config.json's "
+                                           "max_position_embeddings)", context, positions));
+    }
+    if (context_flag->count() == 0) context = std::min<int64_t>(positions, 4096);
+    const int64_t pool = (kv_tokens + block_size - 1) / block_size * block_size;
+    if (pool < context) {
+      if (context_flag->count() > 0) {
+        throw std::runtime_error(fmt::format(
+            "--kv-tokens {} is less than --context-length {}: one request may hold {} tokens; give --kv-tokens {} or "
+            "more, or a smaller --context-length", kv_tokens, context, context, context));
+      }
+      fmt::print(stderr, "torchattn_serve: the context is {} tokens, the KV pool's size (--kv-tokens {}), not {}: "
+                 "give --kv-tokens {} for the whole context\n", pool, kv_tokens, context, context);
+      context = pool;
+    }
     auto lm = torchattn::models::LanguageModel::from_pretrained(
         model_dir, torchattn::models::LoadOptions().context_length(context));
     torchattn::models::Engine engine(lm.model(), torchattn::models::EngineOptions()

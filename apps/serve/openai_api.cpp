@@ -33,6 +33,12 @@ const char* kind_of(const json& v) {
   }
 }
 
+// nlohmann's message without its "[json.exception.parse_error.101] " prefix.
+std::string without_id(const std::string& what) {
+  const size_t end = what.rfind("] ", what.find(' ') == std::string::npos ? 0 : what.find(' '));
+  return what.rfind("[json.exception.", 0) == 0 && end != std::string::npos ? what.substr(end + 2) : what;
+}
+
 // A field that is absent or null counts as not given, as the API treats them.
 bool given(const json& body, const char* field) { return body.contains(field) && !body[field].is_null(); }
 
@@ -43,10 +49,12 @@ ApiError wrong_type(const std::string& field, const char* expected, const json& 
 int64_t get_int(const json& body, const char* field, int64_t lo, int64_t hi) {
   const json& v = body[field];
   if (!v.is_number_integer()) throw wrong_type(field, "an integer", v);
-  const int64_t x = v.get<int64_t>();
-  if (x < lo || x > hi) {
+  // An unsigned integer past int64's range is out of range too (printed as given).
+  const bool fits = !v.is_number_unsigned() || v.get<uint64_t>() <= static_cast<uint64_t>(hi);
+  const int64_t x = fits ? v.get<int64_t>() : hi;
+  if (!fits || x < lo || x > hi) {
     throw bad_request("'" + std::string(field) + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                          "], got " + std::to_string(x),
+                          "], got " + v.dump(),
                       field);
   }
   return x;
@@ -68,6 +76,44 @@ bool get_bool(const json& body, const char* field) {
   const json& v = body[field];
   if (!v.is_boolean()) throw wrong_type(field, "a boolean", v);
   return v.get<bool>();
+}
+
+// Fields of OpenAI's chat request schema that this server does not honour: any value
+// but null is a 400 naming the field.
+constexpr const char* kChatUnhonoured[] = {"audio",      "function_call",    "functions", "prediction", "reasoning_effort",
+                                           "verbosity",  "web_search_options", "metadata"};
+
+template <size_t N>
+void refuse_unhonoured(const json& body, const char* const (&fields)[N]) {
+  for (const char* field : fields) {
+    if (given(body, field)) throw bad_request("'" + std::string(field) + "' is not supported by this server", field);
+  }
+}
+
+// {"<token id>": bias in [-100, 100], ...}
+std::vector<std::pair<int64_t, double>> get_logit_bias(const json& v) {
+  if (!v.is_object()) throw wrong_type("logit_bias", "an object of token ids to numbers", v);
+  if (v.size() > 300) {
+    throw bad_request("'logit_bias' takes at most 300 tokens, got " + std::to_string(v.size()), "logit_bias");
+  }
+  std::vector<std::pair<int64_t, double>> out;
+  for (const auto& [key, bias] : v.items()) {
+    const std::string where = "logit_bias." + key;
+    int64_t id = -1;
+    const bool digits = !key.empty() && key.size() <= 10 && key.find_first_not_of("0123456789") == std::string::npos;
+    if (digits) id = std::stoll(key);
+    if (!digits || id > std::numeric_limits<int32_t>::max()) {
+      throw bad_request("'logit_bias' keys must be token ids (integers >= 0 as strings), got '" + key + "'",
+                        "logit_bias");
+    }
+    if (!bias.is_number()) throw wrong_type(where, "a number", bias);
+    const double b = bias.get<double>();
+    if (!std::isfinite(b) || b < -100.0 || b > 100.0) {
+      throw bad_request("'" + where + "' must be in [-100, 100], got " + bias.dump(), "logit_bias");
+    }
+    out.emplace_back(id, b);
+  }
+  return out;
 }
 
 // A message's content: a string, or an array of text parts.
@@ -113,10 +159,14 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
   json body;
   try {
     body = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw bad_request(std::string("the body is not valid JSON: ") + e.what());
+  } catch (const json::out_of_range& e) {
+    // A number past a double's range (1e309).
+    throw bad_request("the body has a number out of range: " + without_id(e.what()));
+  } catch (const json::exception& e) {
+    throw bad_request("the body is not valid JSON: " + without_id(e.what()));
   }
   if (!body.is_object()) throw bad_request(std::string("the body must be a JSON object, got ") + kind_of(body));
+  constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();
   CompletionRequest r;
   r.chat = chat;
   if (!given(body, "model")) throw bad_request("'model' is required", "model");
@@ -144,8 +194,25 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
       }
       r.messages.push_back({role == "developer" ? "system" : role, content_text(m["content"], where + ".content")});
     }
-    if (given(body, "tools") || given(body, "tool_choice")) {
-      throw bad_request("'tools' are not supported by this server", given(body, "tools") ? "tools" : "tool_choice");
+    if (given(body, "tools")) throw bad_request("'tools' are not supported by this server", "tools");
+    if (given(body, "tool_choice") && body["tool_choice"] != "none") {
+      throw bad_request("'tool_choice' is not supported by this server (no tools)", "tool_choice");
+    }
+    refuse_unhonoured(body, kChatUnhonoured);
+    if (given(body, "modalities") && body["modalities"] != json::array({"text"})) {
+      throw bad_request("'modalities' must be [\"text\"]: this server answers with text only", "modalities");
+    }
+    if (given(body, "response_format") && body["response_format"] != json{{"type", "text"}}) {
+      throw bad_request("'response_format' is not supported by this server (only {\"type\": \"text\"}): no JSON "
+                        "mode or schema", "response_format");
+    }
+    if (given(body, "parallel_tool_calls") && !body["parallel_tool_calls"].is_boolean()) {
+      throw wrong_type("parallel_tool_calls", "a boolean", body["parallel_tool_calls"]);
+    }
+    if (given(body, "logprobs") && get_bool(body, "logprobs")) {
+      r.logprobs = given(body, "top_logprobs") ? get_int(body, "top_logprobs", 0, 20) : 0;
+    } else if (given(body, "top_logprobs")) {
+      throw bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs");
     }
   } else {
     if (!given(body, "prompt")) throw bad_request("'prompt' is required", "prompt");
@@ -164,8 +231,11 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
     if (r.prompt.empty()) throw bad_request("'prompt' is empty", "prompt");
     if (given(body, "echo") && get_bool(body, "echo")) throw bad_request("'echo' is not supported", "echo");
     if (given(body, "suffix")) throw bad_request("'suffix' is not supported", "suffix");
+    if (given(body, "best_of") && get_int(body, "best_of", 1, kIntMax) != 1) {
+      throw bad_request("'best_of' must be 1: this server generates one answer per request", "best_of");
+    }
+    if (given(body, "logprobs")) r.logprobs = get_int(body, "logprobs", 0, 5);
   }
-  constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();
   if (given(body, "max_completion_tokens")) {
     r.max_tokens = get_int(body, "max_completion_tokens", 1, kIntMax);
     r.max_tokens_field = "max_completion_tokens";
@@ -210,18 +280,100 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
       if (x.empty()) throw bad_request("'stop' sequences must not be empty", "stop");
     }
   }
-  if (given(body, "logprobs") && body["logprobs"] != false) {
-    throw bad_request("'logprobs' is not supported by this server", "logprobs");
+  if (given(body, "presence_penalty")) r.presence_penalty = get_number(body, "presence_penalty", -2.0, 2.0, false);
+  if (given(body, "frequency_penalty")) r.frequency_penalty = get_number(body, "frequency_penalty", -2.0, 2.0, false);
+  if (given(body, "logit_bias")) r.logit_bias = get_logit_bias(body["logit_bias"]);
+  if (given(body, "service_tier") && body["service_tier"] != "auto" && body["service_tier"] != "default") {
+    throw bad_request("'service_tier' must be auto or default: this server has one tier", "service_tier");
+  }
+  if (given(body, "store") && get_bool(body, "store")) {
+    throw bad_request("'store' must be false: this server stores no completions", "store");
+  }
+  for (const char* field : {"user", "safety_identifier", "prompt_cache_key"}) {
+    if (given(body, field) && !body[field].is_string()) throw wrong_type(field, "a string", body[field]);
   }
   if (given(body, "return_token_ids")) r.return_token_ids = get_bool(body, "return_token_ids");
   if (given(body, "ignore_eos")) r.ignore_eos = get_bool(body, "ignore_eos");
   return r;
 }
 
+Route route_of(const std::string& method, const std::string& path) {
+  struct Entry {
+    const char* method;
+    const char* path;
+    Route route;
+  };
+  static constexpr Entry kRoutes[] = {{"POST", "/v1/chat/completions", Route::ChatCompletions},
+                                      {"POST", "/v1/completions", Route::Completions},
+                                      {"GET", "/v1/models", Route::Models},
+                                      {"GET", "/health", Route::Health},
+                                      {"GET", "/stats", Route::Stats}};
+  std::string allowed;
+  for (const Entry& e : kRoutes) {
+    if (path != e.path) continue;
+    if (method == e.method) return e.route;
+    allowed = e.method;
+  }
+  if (!allowed.empty()) {
+    throw ApiError(405, "invalid_request_error", method + " " + path + " is not allowed: use " + allowed);
+  }
+  throw ApiError(404, "not_found_error", "no route " + method + " " + path);
+}
+
+namespace {
+
+// The UTF-8 bytes of a token, as OpenAI's "bytes".
+json bytes_of(const std::string& text) {
+  json out = json::array();
+  for (const char c : text) out.push_back(static_cast<unsigned char>(c));
+  return out;
+}
+
+// chat: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...], "refusal": null}
+json chat_logprobs(const std::vector<LogprobEntry>& entries) {
+  json content = json::array();
+  for (const auto& e : entries) {
+    json top = json::array();
+    for (const auto& t : e.top) top.push_back({{"token", t.text}, {"logprob", t.logprob}, {"bytes", bytes_of(t.text)}});
+    content.push_back({{"token", e.chosen.text},
+                       {"logprob", e.chosen.logprob},
+                       {"bytes", bytes_of(e.chosen.text)},
+                       {"top_logprobs", top}});
+  }
+  return {{"content", content}, {"refusal", nullptr}};
+}
+
+// completions: {"tokens", "token_logprobs", "top_logprobs": [{text: logprob}], "text_offset"}
+json text_logprobs(const std::vector<LogprobEntry>& entries, int64_t top_count) {
+  json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+  for (const auto& e : entries) {
+    tokens.push_back(e.chosen.text);
+    values.push_back(e.chosen.logprob);
+    json top = json::object();
+    for (const auto& t : e.top) {
+      if (!top.contains(t.text)) top[t.text] = t.logprob;
+    }
+    tops.push_back(top);
+    offsets.push_back(e.text_offset);
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", values},
+          {"top_logprobs", top_count > 0 ? tops : json(nullptr)},
+          {"text_offset", offsets}};
+}
+
+json logprobs_of(const CompletionRequest& request, const std::vector<LogprobEntry>& entries) {
+  if (request.logprobs < 0) return nullptr;
+  return request.chat ? chat_logprobs(entries) : text_logprobs(entries, request.logprobs);
+}
+
+} // namespace
+
 std::string completion_json(const CompletionRequest& request, const std::string& id, int64_t created,
                             const std::string& model, const std::string& text, const std::string& finish_reason,
-                            const Usage& usage, const std::vector<int64_t>& token_ids) {
-  json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
+                            const Usage& usage, const std::vector<int64_t>& token_ids,
+                            const std::vector<LogprobEntry>& logprobs) {
+  json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", logprobs_of(request, logprobs)}};
   if (request.chat) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
   } else {
@@ -239,8 +391,8 @@ std::string completion_json(const CompletionRequest& request, const std::string&
 
 std::string chunk_event(const CompletionRequest& request, const std::string& id, int64_t created,
                         const std::string& model, const std::string& text, const std::string& finish_reason, bool role,
-                        const std::vector<int64_t>& token_ids) {
-  json choice = {{"index", 0}, {"logprobs", nullptr}};
+                        const std::vector<int64_t>& token_ids, const std::vector<LogprobEntry>& logprobs) {
+  json choice = {{"index", 0}, {"logprobs", logprobs.empty() ? json(nullptr) : logprobs_of(request, logprobs)}};
   choice["finish_reason"] = finish_reason.empty() ? json(nullptr) : json(finish_reason);
   if (request.chat) {
     json delta = json::object();

@@ -11,6 +11,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace serve {
@@ -49,13 +50,49 @@ struct CompletionRequest {
   std::vector<std::string> stop;       // at most 4, each non-empty
   bool return_token_ids = false;       // an extension: the generated token ids in each choice / chunk
   bool ignore_eos = false;             // an extension (as vLLM's): go on past EOS and the end of a turn
+  std::vector<std::pair<int64_t, double>> logit_bias;  // (token id, bias in [-100, 100])
+  double presence_penalty = 0.0;       // [-2, 2]
+  double frequency_penalty = 0.0;      // [-2, 2]
+  /// -1: no log-probabilities; else they come with each token, with this many most
+  /// likely alternatives (chat: logprobs true and top_logprobs in [0, 20]; completions:
+  /// logprobs in [0, 5]).
+  int64_t logprobs = -1;
 };
 
+/// The fields of OpenAI's request schemas that this server accepts without effect
+/// (with the values given here), for docs and tests: user, safety_identifier,
+/// prompt_cache_key (prefix caching is automatic), service_tier auto/default,
+/// store false, parallel_tool_calls, modalities ["text"], response_format
+/// {"type": "text"}, tool_choice "none", best_of 1, echo false.
+/// Every other field of the schemas that the server does not honour is a 400 naming
+/// it; fields outside the schemas are ignored, as OpenAI's API ignores them.
+
+/// Route of a request: which handler answers METHOD PATH.
+enum class Route { ChatCompletions, Completions, Models, Health, Stats };
+
+/// The route of `method` `path`; an ApiError 404 (no such path) or 405 (a path of
+/// another method) otherwise.
+Route route_of(const std::string& method, const std::string& path);
+
 /// Parses the body of POST /v1/chat/completions (chat) or /v1/completions. Malformed
-/// JSON, a missing or mistyped field, a value out of range, an empty prompt or
-/// conversation, n other than 1, or an unsupported feature (tools, logprobs, echo,
-/// several prompts) is an ApiError (400) naming the field. Unknown fields are ignored.
+/// JSON, a number past what a double or an integer holds, a missing or mistyped
+/// field, a value out of range, an empty prompt or conversation, n other than 1, or a
+/// field of OpenAI's schema that this server does not honour (tools, echo, suffix,
+/// response_format other than text, ..., see above) is an ApiError (400) naming the
+/// field. Fields outside the schema are ignored. Throws ApiError only.
 CompletionRequest parse_completion_request(const std::string& body, bool chat);
+
+/// A token's text (its bytes, which may end inside a UTF-8 character) and
+/// log-probability, for the logprobs of a response.
+struct LogprobToken {
+  std::string text;
+  double logprob = 0.0;
+};
+struct LogprobEntry {
+  LogprobToken chosen;
+  std::vector<LogprobToken> top;
+  int64_t text_offset = 0;  // bytes of the answer's text before this token
+};
 
 struct Usage {
   int64_t prompt_tokens = 0;
@@ -65,14 +102,15 @@ struct Usage {
 /// The non-streamed response (chat.completion or text_completion).
 std::string completion_json(const CompletionRequest& request, const std::string& id, int64_t created,
                             const std::string& model, const std::string& text, const std::string& finish_reason,
-                            const Usage& usage, const std::vector<int64_t>& token_ids);
+                            const Usage& usage, const std::vector<int64_t>& token_ids,
+                            const std::vector<LogprobEntry>& logprobs = {});
 
 /// One stream chunk (chat.completion.chunk or text_completion) as an SSE event,
 /// "data: {...}\n\n". role: the chat's first chunk (delta.role = assistant); finish:
 /// the last chunk's finish_reason, or "" while going on.
 std::string chunk_event(const CompletionRequest& request, const std::string& id, int64_t created,
                         const std::string& model, const std::string& text, const std::string& finish_reason, bool role,
-                        const std::vector<int64_t>& token_ids);
+                        const std::vector<int64_t>& token_ids, const std::vector<LogprobEntry>& logprobs = {});
 
 /// The usage chunk of stream_options.include_usage (choices empty), as an SSE event.
 std::string usage_event(const CompletionRequest& request, const std::string& id, int64_t created,

@@ -2,6 +2,7 @@
 
 #include "channel.h"
 #include "completion_run.h"
+#include "connection.h"
 #include "openai_api.h"
 
 #include <httplib.h>
@@ -42,6 +43,48 @@ void respond_error(httplib::Response& res, const ApiError& e) {
 }
 
 bool is_completion_path(const std::string& path) { return path == "/v1/chat/completions" || path == "/v1/completions"; }
+
+// Set by a handler that left the request's body unread (or half read): the logger,
+// which runs on the connection's thread once the response is written, then shuts the
+// connection down.
+thread_local bool close_after_response = false;
+
+void respond_and_close(httplib::Response& res, const ApiError& e) {
+  respond_error(res, e);
+  res.set_header("Connection", "close");
+  close_after_response = true;
+}
+
+// A body, read through `reader`, at most `limit` bytes, counted as it comes whatever
+// its transfer encoding (a Content-Length over the limit is not read at all). Throws
+// ApiError 413 past the limit, 400 when it cannot be read; then the connection must
+// close.
+std::string read_body(const httplib::Request& req, const httplib::ContentReader& reader, size_t limit) {
+  const auto too_large = [&] {
+    return ApiError(413, "invalid_request_error", "the request body is larger than " + std::to_string(limit) + " bytes",
+                    "", "request_too_large");
+  };
+  if (req.has_header("Content-Length")) {
+    const std::string length = req.get_header_value("Content-Length");
+    if (length.empty() || length.size() > 19 || length.find_first_not_of("0123456789") != std::string::npos) {
+      throw bad_request("the Content-Length header is not a number: '" + length + "'");
+    }
+    if (std::stoull(length) > limit) throw too_large();
+  }
+  std::string body;
+  bool over = false;
+  const bool read = reader([&](const char* data, size_t n) {
+    if (n > limit - body.size()) {
+      over = true;
+      return false;
+    }
+    body.append(data, n);
+    return true;
+  });
+  if (over) throw too_large();
+  if (!read) throw bad_request("the request body could not be read (malformed chunked encoding, or the client left)");
+  return body;
+}
 
 // Writes an SSE event; false when the client is gone.
 bool send(httplib::DataSink& sink, const std::string& event) { return sink.write(event.data(), event.size()); }
@@ -114,24 +157,28 @@ struct Server::Impl {
     }
   }
 
-  void completions(const httplib::Request& req, httplib::Response& res, bool chat);
+  void completions(const httplib::Request& req, httplib::Response& res, const std::string& body, bool chat);
   void routes();
 };
 
-void Server::Impl::completions(const httplib::Request& req, httplib::Response& res, bool chat) {
+void Server::Impl::completions(const httplib::Request& req, httplib::Response& res, const std::string& body, bool chat) {
   const auto start = Clock::now();
   CompletionRequest request;
   EngineRequest engine_request;
   try {
     if (stopping) throw ApiError(503, "unavailable_error", "the server is shutting down", "", "server_shutting_down");
     if (failed) throw ApiError(500, "server_error", failure);
-    request = parse_completion_request(req.body, chat);
+    request = parse_completion_request(body, chat);
     if (request.model != options.model_name) {
       throw ApiError(404, "invalid_request_error",
                      "The model '" + request.model + "' does not exist; this server serves '" + options.model_name + "'",
                      "model", "model_not_found");
     }
-    engine_request = prepare(request, model);
+    try {
+      engine_request = prepare(request, model);
+    } catch (const c10::Error& e) {
+      throw bad_request(e.what_without_backtrace());  // what the request asked for cannot be made
+    }
   } catch (const ApiError& e) {
     respond_error(res, e);
     log(completion_line(req, e.status, false, nullptr, start));
@@ -176,7 +223,7 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
     }
     if (run->cancel_engine()) engine.cancel(id);
     res.set_content(completion_json(request, completion_id, created, name, run->text(), run->finish_reason(),
-                                    run->usage(), run->ids()),
+                                    run->usage(), run->ids(), run->logprobs()),
                     "application/json");
     unregister(id);
     log(completion_line(req, 200, false, run.get(), start));
@@ -218,8 +265,10 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
           quiet_since = Clock::now();
           const Delta delta = run->apply(event);
           if (run->cancel_engine()) engine.cancel(id);
-          const bool show = !delta.text.empty() || (request.return_token_ids && !delta.ids.empty());
-          if (show && !send(sink, chunk_event(request, completion_id, created, name, delta.text, "", false, delta.ids))) {
+          const bool show = !delta.text.empty() || !delta.logprobs.empty() ||
+                            (request.return_token_ids && !delta.ids.empty());
+          if (show && !send(sink, chunk_event(request, completion_id, created, name, delta.text, "", false, delta.ids,
+                                              delta.logprobs))) {
             engine.cancel(id);
             return false;
           }
@@ -245,21 +294,48 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
 
 void Server::Impl::routes() {
   http.new_task_queue = [n = options.http_threads] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
+  http.set_socket_options(exclusive_bind_options);
   http.set_payload_max_length(options.max_body_bytes);
+  // Before any body is read: the key, and the requests whose body no handler reads
+  // (a method no route takes, a GET with a body), answered and their connection closed.
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    close_after_response = false;
+    if (req.method != "GET" && req.method != "HEAD" && req.method != "POST") {
+      try {
+        route_of(req.method, req.path);
+        respond_and_close(res, ApiError(405, "invalid_request_error", req.method + " is not allowed"));
+      } catch (const ApiError& e) {
+        respond_and_close(res, e);
+      }
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (req.method != "POST" && (req.has_header("Transfer-Encoding") ||
+                                 (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0"))) {
+      respond_and_close(res, bad_request(req.method + " " + req.path + " takes no request body"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (options.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
     if (req.get_header_value("Authorization") == "Bearer " + options.api_key) {
       return httplib::Server::HandlerResponse::Unhandled;
     }
-    respond_error(res, ApiError(401, "authentication_error",
-                                "Invalid or missing API key: send the header 'Authorization: Bearer <key>'", "",
-                                "invalid_api_key"));
+    respond_and_close(res, ApiError(401, "authentication_error",
+                                    "Invalid or missing API key: send the header 'Authorization: Bearer <key>'", "",
+                                    "invalid_api_key"));
     return httplib::Server::HandlerResponse::Handled;
   });
-  http.Post("/v1/chat/completions",
-            [this](const httplib::Request& req, httplib::Response& res) { completions(req, res, true); });
-  http.Post("/v1/completions",
-            [this](const httplib::Request& req, httplib::Response& res) { completions(req, res, false); });
+  // Every POST: its body read here, counted against the limit, then its route.
+  http.Post(".*", [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+    std::string body;
+    Route route{};
+    try {
+      route = route_of(req.method, req.path);
+      body = read_body(req, reader, options.max_body_bytes);
+    } catch (const ApiError& e) {
+      respond_and_close(res, e);
+      return;
+    }
+    completions(req, res, body, route == Route::ChatCompletions);
+  });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(models_json(options.model_name, created, model.model()->context_length()), "application/json");
   });
@@ -298,16 +374,17 @@ void Server::Impl::routes() {
                         .dump(),
                     "application/json");
   });
-  // Errors that no handler wrote a body for: an unknown route (404), a body over the
-  // limit (413), a request httplib could not read (400).
+  // Errors that no handler wrote a body for: an unknown route (404, 405), a request
+  // httplib could not read (400, 414, ...).
   http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     if (res.status == 404) {
-      respond_error(res, ApiError(404, "not_found_error", "no route " + req.method + " " + req.path));
-    } else if (res.status == 413) {
-      respond_error(res, bad_request("the request body is larger than " + std::to_string(options.max_body_bytes) +
-                                     " bytes"));
-      res.status = 413;
+      try {
+        route_of(req.method, req.path);
+        respond_error(res, ApiError(404, "not_found_error", "no route " + req.method + " " + req.path));
+      } catch (const ApiError& e) {
+        respond_error(res, e);
+      }
     } else {
       respond_error(res, ApiError(res.status, "invalid_request_error", "the request could not be read"));
     }
@@ -323,9 +400,16 @@ void Server::Impl::routes() {
     log("internal error: " + what);
     respond_error(res, ApiError(500, "server_error", "internal error: " + what));
   });
+  // Runs on the connection's thread once the response is written.
   http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    if (!is_completion_path(req.path) || res.status == 401 || res.status == 404 || res.status == 413) {
-      log(req.remote_addr + " " + req.method + " " + req.path + " " + std::to_string(res.status));
+    if (!is_completion_path(req.path) || res.status == 401 || res.status == 404 || res.status == 405 ||
+        res.status == 413 || close_after_response) {
+      log(req.remote_addr + " " + req.method + " " + req.path + " " + std::to_string(res.status) +
+          (close_after_response ? " (connection closed)" : ""));
+    }
+    if (close_after_response) {
+      close_after_response = false;
+      end_connection(req);
     }
   });
 }
@@ -344,11 +428,9 @@ Server::~Server() {
 int Server::bind() {
   const auto& o = impl_->options;
   const int port = o.port == 0 ? impl_->http.bind_to_any_port(o.host) : o.port;
-  if (o.port != 0 && !impl_->http.bind_to_port(o.host, o.port)) {
-    throw std::runtime_error("cannot listen on " + o.host + ":" + std::to_string(o.port) + " (in use, or not an "
-                             "address of this machine?)");
+  if (port < 0 || (o.port != 0 && !impl_->http.bind_to_port(o.host, o.port))) {
+    throw std::runtime_error(why_not_listen(o.host, o.port));
   }
-  if (port < 0) throw std::runtime_error("cannot listen on " + o.host + " (no free port?)");
   return port;
 }
 
