@@ -2,20 +2,16 @@
 
 #include "detail/causal_buffer.h"
 #include "detail/checkpoint_options.h"
+#include "detail/pickled_dict.h"
 #include "detail/strict_load.h"
 
-#include <ATen/core/Dict.h>
-#include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
 #include <caffe2/serialize/in_memory_adapter.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/autograd/grad_mode.h>
-#include <torch/serialize.h>
 #include <torch/serialize/input-archive.h>
 
 #include <algorithm>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <memory>
 #include <vector>
@@ -84,31 +80,14 @@ void load_archive(torch::nn::Module& module, const std::vector<char>& bytes, con
 } // namespace
 
 void load_state_dict(torch::nn::Module& module, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in, "load_state_dict: cannot open '", path, "'");
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::vector<char> bytes = detail::read_file(path, "load_state_dict");
   if (is_torch_save_archive(bytes)) {
     load_archive(module, bytes, path);
     return;
   }
-  c10::IValue value;
-  try {
-    value = torch::pickle_load(bytes);
-  } catch (const std::exception& e) {
-    // LibTorch's unpickler cannot read the OrderedDict (with its _metadata) that
-    // module.state_dict() returns; a plain dict of the same tensors reads fine.
-    const std::string what = e.what();
-    TORCH_CHECK(false, "load_state_dict: cannot read '", path, "' as a torch.save file of a plain dict; save it in ",
-                "Python with torch.save(dict(module.state_dict()), path) (",
-                what.substr(0, what.find('\n')), ")");
-  }
-  TORCH_CHECK(value.isGenericDict(), "load_state_dict: expected '", path,
-              "' to hold a state dict (a dict of name -> tensor), got ", value.tagKind());
   std::map<std::string, at::Tensor> loaded;
-  for (const auto& item : value.toGenericDict()) {
-    TORCH_CHECK(item.key().isString() && item.value().isTensor(), "load_state_dict: expected '", path,
-                "' to map names to tensors, got ", item.key().tagKind(), " -> ", item.value().tagKind());
-    loaded[item.key().toStringRef()] = item.value().toTensor();
+  for (auto& [key, tensor] : detail::unpickle_tensors(bytes, path, "load_state_dict")) {
+    loaded[key] = std::move(tensor);
   }
   auto targets = named_tensors(module);
   for (const auto& [key, target] : targets) {
@@ -140,17 +119,11 @@ void load_state_dict(torch::nn::Module& module, const std::string& path) {
 }
 
 void save_state_dict(const torch::nn::Module& module, const std::string& path) {
-  // An untyped dict: a typed one is pickled with torch.jit's type tag, which
-  // Python's torch.load (weights_only=True by default) refuses.
-  c10::impl::GenericDict dict(c10::AnyType::get(), c10::AnyType::get());
+  NamedTensors tensors;
   for (const auto& [key, tensor] : named_tensors(module)) {
-    dict.insert(key, tensor.detach().cpu());
+    tensors.emplace_back(key, tensor.detach().cpu());
   }
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
-  std::ofstream out(path, std::ios::binary);
-  TORCH_CHECK(out, "save_state_dict: cannot write '", path, "'");
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  TORCH_CHECK(out.good(), "save_state_dict: writing '", path, "' failed");
+  detail::pickle_tensors(tensors, path, "save_state_dict");
 }
 
 } // namespace torchattn

@@ -23,4 +23,5 @@
 #include <torchattn/rope.h>
 #include <torchattn/safetensors.h>
 #include <torchattn/self_attention_v2.h>
+#include <torchattn/torch_mha_interop.h>
 #include <torchattn/version.h>
