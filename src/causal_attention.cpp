@@ -19,6 +19,7 @@ CausalAttentionImpl::CausalAttentionImpl(const CausalAttentionOptions& options_)
 }
 
 void CausalAttentionImpl::reset() {
+  detail::check_reset_unbuilt(kCausalAttention, *this);
   detail::check_positive(kCausalAttention, "d_in", options.d_in());
   detail::check_positive(kCausalAttention, "d_out", options.d_out());
   detail::check_positive(kCausalAttention, "context_length", options.context_length());

@@ -34,6 +34,7 @@ MultiHeadAttentionImpl::MultiHeadAttentionImpl(const MultiHeadAttentionOptions& 
 }
 
 void MultiHeadAttentionImpl::reset() {
+  detail::check_reset_unbuilt(kMultiHeadAttention, *this);
   detail::check_positive(kMultiHeadAttention, "d_in", options.d_in());
   detail::check_positive(kMultiHeadAttention, "d_out", options.d_out());
   detail::check_positive(kMultiHeadAttention, "context_length", options.context_length());

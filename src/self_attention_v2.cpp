@@ -18,6 +18,7 @@ SelfAttentionV2Impl::SelfAttentionV2Impl(const SelfAttentionV2Options& options_)
 }
 
 void SelfAttentionV2Impl::reset() {
+  detail::check_reset_unbuilt(kSelfAttentionV2, *this);
   detail::check_positive(kSelfAttentionV2, "d_in", options.d_in());
   detail::check_positive(kSelfAttentionV2, "d_out", options.d_out());
   detail::check_scale(kSelfAttentionV2, options.scale());

@@ -18,3 +18,23 @@ message(STATUS "torchattn_generate printed:\n${out}${err}")
 if(NOT rc EQUAL 0 OR NOT out MATCHES "${expected}")
   message(FATAL_ERROR "torchattn_generate (exit ${rc}) did not print '${expected}'")
 endif()
+# A Llama folder with a BERT's tokenizer.json generated garbage and exited 0: now one line
+# naming the files, and exit status 1.
+set(swapped "${WORK_DIR}/llama_with_a_bert_tokenizer")
+file(REMOVE_RECURSE "${swapped}")
+file(COPY "${WORK_DIR}/tiny/llama_gqa_tied/" DESTINATION "${swapped}")
+file(WRITE "${swapped}/tokenizer.json" [=[{"model": {"type": "WordPiece", "unk_token": "[UNK]",
+  "vocab": {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "[PAD]": 3, "hello": 4}},
+  "normalizer": {"type": "BertNormalizer"}, "pre_tokenizer": {"type": "BertPreTokenizer"}}]=])
+execute_process(COMMAND "${CLI}" --model "${swapped}" --prompt "hello" --max-new-tokens 4
+                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+string(STRIP "${err}" err)
+string(FIND "${err}" "\n" newline)
+string(CONCAT expected "torchattn_generate: --model: tokenizer: '${swapped}/tokenizer.json' is a WordPiece "
+       "tokenizer; '${swapped}/config.json' holds a llama model, which expects a byte-level BPE tokenizer")
+string(FIND "${err}" "${expected}" found)
+message(STATUS "torchattn_generate on a Llama folder with a WordPiece tokenizer.json: exit ${rc}: ${err}")
+if(NOT rc EQUAL 1 OR NOT found EQUAL 0 OR NOT newline EQUAL -1 OR NOT out STREQUAL "")
+  message(FATAL_ERROR "torchattn_generate (exit ${rc}) did not print the one line '${expected}...'; printed:\n"
+                      "${out}${err}")
+endif()

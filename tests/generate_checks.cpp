@@ -17,6 +17,8 @@
 
 #include <torchattn/safetensors.h>
 
+#include "expect_error.h"
+#include "model_folder_copy.h"
 #include "reference_io.h"
 
 #include <gtest/gtest.h>
@@ -371,6 +373,84 @@ TEST(GenerateSmolLM2, LanguageModelGeneratesTheReferenceTokensForABatchOfPrompts
     std::printf("[generate] LanguageModel, batch of %zu, prompt %zu: %zu tokens equal to transformers' generate: "
                 "\"%s\"\n", prompts.size(), i, n, out[i].text.c_str());
   }
+}
+
+// ---- model folders whose files belong together ----
+
+const char* kTinyWordPiece = R"({"model": {"type": "WordPiece", "unk_token": "[UNK]", "vocab": {"[UNK]": 0,
+    "[CLS]": 1, "[SEP]": 2, "[PAD]": 3, "hello": 4}}, "normalizer": {"type": "BertNormalizer"},
+    "pre_tokenizer": {"type": "BertPreTokenizer"}})";
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Another model's tokenizer.json generated garbage and exited 0.
+TEST(GenerateFolders, AnotherModelsTokenizerIsAnErrorNamingTheFiles) {
+  const auto dir = copy_model_folder(smollm2(), "smollm2_swapped");
+  const std::string tokenizer = (dir / "tokenizer.json").string(), config = (dir / "config.json").string();
+  auto load = [&] { return error_of([&] { models::LanguageModel::from_pretrained(dir.string()); }); };
+  write_file(dir / "tokenizer.json", kTinyWordPiece);  // a BERT's
+  EXPECT_HAS(load(), "tokenizer: '" + tokenizer + "' is a WordPiece tokenizer; '" + config + "' holds a llama model, "
+                     "which expects a byte-level BPE tokenizer (GPT-2, SmolLM2, Qwen2 kinds) (is the tokenizer.json "
+                     "another model's?)");
+  // Its own without <|im_end|>: chat prompts were plain text, and the answer never ended.
+  std::string own = read_text(smollm2() / "tokenizer.json"), renamed = own;
+  for (size_t at = renamed.find("<|im_end|>"); at != std::string::npos; at = renamed.find("<|im_end|>", at)) {
+    renamed.replace(at, 10, "<|im_stop|>");
+  }
+  write_file(dir / "tokenizer.json", renamed);
+  const auto chat_file =
+      fs::exists(dir / "chat_template.jinja") ? dir / "chat_template.jinja" : dir / "tokenizer_config.json";
+  EXPECT_HAS(load(), "tokenizer: the chat template of '" + chat_file.string() + "' uses <|im_end|>, expected a token "
+                     "of '" + tokenizer + "', got none of that name");
+  // An end token past the tokenizer's ids.
+  write_file(dir / "tokenizer.json", own);
+  write_file(dir / "generation_config.json", R"({"eos_token_id": [2, 49200]})");
+  EXPECT_HAS(load(), "tokenizer: '" + (dir / "generation_config.json").string() + "' has eos_token_id 49200, expected "
+                     "an id of '" + tokenizer + "' (0 to 49151): is the tokenizer.json another model's?");
+  fs::remove(dir / "generation_config.json");
+  EXPECT_EQ(load(), "(no error)");
+  fs::remove_all(dir);
+  // A tiny Llama (211 tokens) with SmolLM2's tokenizer.json (49,152).
+  const auto tiny = copy_model_folder(reference() / "tiny" / "llama_gqa_tied", "tiny_llama_swapped");
+  fs::copy_file(smollm2() / "tokenizer.json", tiny / "tokenizer.json");
+  EXPECT_HAS(error_of([&] { models::LanguageModel::from_pretrained(tiny.string()); }),
+             "tokenizer: '" + (tiny / "tokenizer.json").string() + "' gives ids up to 49151 (49152 tokens); '" +
+                 (tiny / "config.json").string() + "' has vocab_size 211, so expected every id below 211");
+  fs::remove_all(tiny);
+}
+
+TEST(GenerateFolders, LoadOptionsAreCheckedWithTheirNames) {
+  using models::LoadOptions;
+  auto load = [&](const LoadOptions& o) {
+    return error_of([&] { models::LanguageModel::from_pretrained(smollm2().string(), o); });
+  };
+  EXPECT_HAS(load(LoadOptions().dtype(torch::kInt)),
+             "LoadOptions::dtype: expected float32, bfloat16 or float16 (the floating-point type of the weights and of "
+             "the computations), got Int");
+  EXPECT_HAS(load(LoadOptions().context_length(-1)),
+             "LoadOptions::context_length: expected at least 1 token (or unset, for the config's "
+             "max_position_embeddings), got -1");
+  const auto config = models::read_decoder_config((smollm2() / "config.json").string());
+  EXPECT_HAS(load(LoadOptions().context_length(config.max_position_embeddings + 1)),
+             "LoadOptions::context_length: expected at most " + std::to_string(config.max_position_embeddings) +
+                 " (the max_position_embeddings of '" + (smollm2() / "config.json").string() + "'), got " +
+                 std::to_string(config.max_position_embeddings + 1));
+}
+
+// Bytes that are not UTF-8 were "the piece 'ÿ' is not in the vocabulary" (0xFF) or
+// encoded silently (0xE9): Hugging Face tokenizers cannot take them at all.
+TEST(GenerateTokenizer, InvalidUtf8IsAnErrorNamingTheByte) {
+  const models::Tokenizer tok((smollm2() / "tokenizer.json").string());
+  EXPECT_HAS(error_of([&] { tok.encode("ab\xFF"); }), "Tokenizer::encode: expected UTF-8 text, got text with the byte "
+                                                      "0xFF at offset 2, which is not valid UTF-8 (Hugging Face "
+                                                      "tokenizers take only UTF-8 text)");
+  EXPECT_HAS(error_of([&] { tok.encode("caf\xE9!"); }), "the byte 0xE9 at offset 3");
+  auto lm = models::LanguageModel::from_pretrained(smollm2().string(), models::LoadOptions().context_length(64));
+  EXPECT_HAS(error_of([&] { lm.generate({"fine", "also \xC3"}); }),
+             "LanguageModel::generate: expected UTF-8 text, got prompt 1 with the byte 0xC3 at offset 5");
 }
 
 TEST(GenerateErrors, BadPromptsAndOptionsNameWhatIsWrong) {

@@ -7,6 +7,7 @@
 #include <torchattn/models.h>
 
 #include "expect_error.h"
+#include "model_folder_copy.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -334,4 +335,98 @@ TEST(ModelFolders, WrongKindsAndUnsupportedTypesNameTheSupportedOnes) {
   EXPECT_HAS(error_of([&] { models::SentenceEncoder::from_pretrained((tmp / "nothing").string()); }),
              "is not a folder");
   fs::remove_all(tmp);
+}
+
+namespace {
+
+// Tokenizers of other models' kinds, small enough to write here.
+const char* kTinyBpe = R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []},
+    "pre_tokenizer": {"type": "ByteLevel"}, "decoder": {"type": "ByteLevel"}})";
+
+std::string tiny_wordpiece(const std::string& vocab) {
+  return R"({"model": {"type": "WordPiece", "unk_token": "[UNK]", "vocab": {)" + vocab +
+         R"(}}, "normalizer": {"type": "BertNormalizer"}, "pre_tokenizer": {"type": "BertPreTokenizer"}})";
+}
+
+} // namespace
+
+// A folder whose tokenizer.json is another model's loaded and embedded garbage.
+TEST(ModelFolders, AnotherModelsTokenizerIsAnErrorNamingTheFiles) {
+  const auto dir = copy_model_folder(minilm(), "minilm_swapped");
+  const std::string tokenizer = (dir / "tokenizer.json").string(), config = (dir / "config.json").string();
+  auto load = [&] { models::SentenceEncoder::from_pretrained(dir.string()); };
+  write_file(dir / "tokenizer.json", kTinyBpe);
+  EXPECT_HAS(error_of(load), "tokenizer: '" + tokenizer + "' is a BPE tokenizer; '" + config + "' holds a bert model, "
+                             "which expects a WordPiece tokenizer (BERT's kind) (is the tokenizer.json another "
+                             "model's?)");
+  write_file(dir / "tokenizer.json", tiny_wordpiece(R"("[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "[PAD]": 3, "a": 40000)"));
+  EXPECT_HAS(error_of(load), "tokenizer: '" + tokenizer + "' gives ids up to 40000 (40001 tokens); '" + config +
+                             "' has vocab_size 30522, so expected every id below 30522");
+  write_file(dir / "tokenizer.json", tiny_wordpiece(R"("[UNK]": 0, "[PAD]": 1, "a": 2)"));
+  EXPECT_HAS(error_of(load), "tokenizer: '" + tokenizer + "' lacks tokens a BERT encoder reads: expected [CLS], [SEP] "
+                             "and [UNK], got none for [CLS], [SEP]");
+  write_file(dir / "tokenizer.json", tiny_wordpiece(R"("[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "a": 3)"));
+  auto with_pad = read_json(fs::path(minilm()) / "config.json");
+  with_pad["pad_token_id"] = 7;
+  write_file(dir / "config.json", with_pad.dump());
+  EXPECT_HAS(error_of(load), "tokenizer: '" + tokenizer + "' has no [PAD] token and '" + config +
+                             "' has pad_token_id 7, expected an id of the tokenizer (0 to 3)");
+  fs::remove_all(dir);
+}
+
+TEST(ModelFolders, LoadOptionsAreCheckedWithTheirNames) {
+  using models::LoadOptions;
+  auto load = [&](const LoadOptions& o) {
+    return error_of([&] { models::SentenceEncoder::from_pretrained(minilm(), o); });
+  };
+  EXPECT_HAS(load(LoadOptions().dtype(torch::kInt)),
+             "LoadOptions::dtype: expected float32, bfloat16 or float16 (the floating-point type of the weights and of "
+             "the computations), got Int");
+  EXPECT_HAS(load(LoadOptions().dtype(torch::kDouble)), "LoadOptions::dtype: expected float32, bfloat16 or float16");
+  EXPECT_HAS(load(LoadOptions().device(torch::kMeta)), "LoadOptions::device: expected cpu or cuda, got meta");
+  EXPECT_HAS(load(LoadOptions().context_length(0)), "LoadOptions::context_length: expected at least 1 token (or "
+                                                    "unset, for the config's max_position_embeddings), got 0");
+  const std::string cuda = load(LoadOptions().device(torch::Device(torch::kCUDA, 7)));
+  if (torch::cuda::device_count() == 0) {
+    EXPECT_HAS(cuda, "LoadOptions::device: expected cpu, or cuda with a CUDA device, got cuda:7 while this process "
+                     "sees no CUDA device");
+  } else if (torch::cuda::device_count() <= 7) {
+    EXPECT_HAS(cuda, "LoadOptions::device: expected a CUDA device index below");
+  }
+}
+
+// Bytes that are not UTF-8 were dropped silently (WordPiece); Hugging Face tokenizers
+// cannot take them at all.
+TEST(WordPiece, InvalidUtf8IsAnErrorNamingTheByte) {
+  EXPECT_FALSE(models::find_invalid_utf8("plain, é, 中文, 🍕").has_value());
+  EXPECT_EQ(models::find_invalid_utf8("caf\xE9"), 3u);                // Latin-1
+  EXPECT_EQ(models::find_invalid_utf8("a\x80"), 1u);                  // a lone continuation byte
+  EXPECT_EQ(models::find_invalid_utf8("\xC0\xAF"), 0u);               // overlong
+  EXPECT_EQ(models::find_invalid_utf8("ab\xED\xA0\x80"), 2u);         // a surrogate
+  EXPECT_EQ(models::find_invalid_utf8("\xF4\x90\x80\x80"), 0u);       // past U+10FFFF
+  EXPECT_EQ(models::find_invalid_utf8("\xE2\x82"), 0u);               // truncated
+  EXPECT_FALSE(models::find_invalid_utf8(std::string("a\0b", 3)).has_value());
+  const models::Tokenizer tok((fs::path(minilm()) / "tokenizer.json").string());
+  EXPECT_HAS(error_of([&] { tok.encode("caf\xE9 au lait"); }),
+             "Tokenizer::encode: expected UTF-8 text, got text with the byte 0xE9 at offset 3, which is not valid "
+             "UTF-8 (Hugging Face tokenizers take only UTF-8 text)");
+  auto encoder = models::SentenceEncoder::from_pretrained(minilm());
+  EXPECT_HAS(error_of([&] { encoder.embed({"fine", "ok \xFF"}); }),
+             "SentenceEncoder::embed: expected UTF-8 text, got text 1 with the byte 0xFF at offset 3");
+}
+
+// embed_ids without [CLS] ... [SEP] gave another embedding (CLS pooling read a word).
+TEST(MiniLM, EmbedIdsWithoutTheSpecialTokensIsAnError) {
+  auto encoder = models::SentenceEncoder::from_pretrained(minilm());
+  const auto ids = encoder.tokenizer().encode("hello world");  // [CLS] hello world [SEP]
+  ASSERT_EQ(ids.size(), 4u);
+  EXPECT_EQ(encoder.embed_ids({ids}).sizes(), (std::vector<int64_t>{1, 384}));
+  const auto plain = encoder.tokenizer().encode("hello world", /*add_special_tokens=*/false);
+  EXPECT_HAS(error_of([&] { encoder.embed_ids({ids, plain}); }),
+             "SentenceEncoder::embed_ids: text 1 starts with id 7592 (hello) where [CLS] (id 101) belongs; expected "
+             "ids as tokenizer().encode(text) gives them, [CLS] ... [SEP] (sentence-transformers always adds them)");
+  EXPECT_HAS(error_of([&] { encoder.embed_ids({{101, 7592, 2088}}); }),
+             "SentenceEncoder::embed_ids: text 0 ends with id 2088 (world) where [SEP] (id 102) belongs");
+  EXPECT_HAS(error_of([&] { encoder.embed_ids({{101}}); }),
+             "SentenceEncoder::embed_ids: text 0 has 1 ids, fewer than its special tokens");
 }

@@ -2,7 +2,7 @@
 // the cause and the fix: each sequence's real-token positions after a left-padded
 // prefill (KVCache::token_positions), a DecodeGraph step that writes a cache it was
 // not given, a Hugging Face attention_mask converted the wrong way, and chunked
-// encoding on a non-causal module.
+// encoding on a non-causal module; reset() on a built module.
 
 #include "devices.h"
 #include "expect_error.h"
@@ -188,6 +188,28 @@ TEST(Encoder, ForwardCachedIsAnError) {
   auto cache2 = ca->make_kv_cache(1);
   expect_error([&] { ca->forward_cached(torch::randn({1, 3, 8}), cache2); },
                "CausalAttention: forward_cached needs a causal module, this one has causal(false)");
+}
+
+// reset() on a built module registered its layers a second time (LibTorch's "Submodule
+// 'W_query' already defined"): now an error saying what reset() is for. clone(), which
+// calls reset() on an emptied copy, still works and copies the weights.
+template <typename Module>
+void expect_reset_refused_and_clone_kept(Module m, const std::string& name) {
+  const std::string message = error_of([&] { m->reset(); });
+  EXPECT_HAS(message, name + "::reset: expected a module without its layers (reset() builds them once: the "
+                      "constructor and clone() call it), got a built one; for new random weights construct another " +
+                      name + " from its options, for a copy call clone()");
+  auto copy = std::dynamic_pointer_cast<typename Module::ContainedType>(m->clone());
+  ASSERT_NE(copy, nullptr);
+  EXPECT_TRUE(torch::equal(copy->W_query->weight, m->W_query->weight));
+  EXPECT_NE(copy->W_query->weight.data_ptr(), m->W_query->weight.data_ptr());
+  EXPECT_EQ(copy->named_parameters().size(), m->named_parameters().size());
+}
+
+TEST(Reset, OnABuiltModuleIsAnErrorAndCloneStillWorks) {
+  expect_reset_refused_and_clone_kept(torchattn::MultiHeadAttention(8, 8, 16, 0.0, 2), "MultiHeadAttention");
+  expect_reset_refused_and_clone_kept(torchattn::CausalAttention(8, 8, 16, 0.0), "CausalAttention");
+  expect_reset_refused_and_clone_kept(torchattn::SelfAttentionV2(8, 8), "SelfAttentionV2");
 }
 
 } // namespace

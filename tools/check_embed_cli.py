@@ -10,6 +10,7 @@ Usage: check_embed_cli.py --cli PATH --reference DIR
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -67,6 +68,22 @@ def main():
         else:
             check("stdin", [json.loads(line) for line in r.stdout.decode().splitlines()])
 
+        bad_utf8 = os.path.join(d, "latin1.txt")
+        with open(bad_utf8, "wb") as out:
+            out.write(b"fine\nok \xff\n")
+        swapped = os.path.join(d, "minilm_with_a_bpe_tokenizer")
+        os.makedirs(swapped)
+        for name in os.listdir(model):
+            src = os.path.join(model, name)
+            if name.endswith(".safetensors"):
+                os.symlink(os.path.abspath(src), os.path.join(swapped, name))
+            elif os.path.isdir(src):
+                shutil.copytree(src, os.path.join(swapped, name))
+            else:
+                shutil.copy(src, os.path.join(swapped, name))
+        with open(os.path.join(swapped, "tokenizer.json"), "w") as out:
+            json.dump({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []},
+                       "pre_tokenizer": {"type": "ByteLevel"}, "decoder": {"type": "ByteLevel"}}, out)
         errors = [
             ([a.cli, "--model", model, "--batch-size", "0", "x"], "--batch-size: expected at least 1, got 0"),
             ([a.cli, "--model", model, "--format", "csv", "x"], "--format: csv not in {jsonl,npy}"),
@@ -74,13 +91,30 @@ def main():
             ([a.cli, "--model", model, "--file", f, "x"], "give texts as arguments or --file, not both"),
             ([a.cli, "--model", os.path.join(d, "nothing"), "x"], "--model: Directory does not exist"),
             ([a.cli, "--model", d, "x"], "--model: config: cannot open"),
-            ([a.cli, "--model", model, ref["long_text"]], "has 411 tokens, more than the model's max_length of 256"),
         ]
         for cmd, expected in errors:
             r = run(cmd, stdin=b"")
             err = r.stderr.decode()
             if r.returncode == 0 or expected not in err:
                 failures.append(f"{' '.join(cmd[1:])}: exit {r.returncode}, expected '{expected}' in: {err!r}")
+        # Errors of the texts and the folder: one line each, exit status 1.
+        one_line_errors = [
+            # The command line's own flag, not the library's EmbedOptions().truncate(true).
+            ([a.cli, "--model", model, "x", ref["long_text"]],
+             "text 2 has 411 tokens, more than the model's max_length of 256; shorten it, or pass --truncate to keep "
+             "its first 256 tokens"),
+            ([a.cli, "--model", model, "--file", bad_utf8],
+             f"line 2 of {bad_utf8} is not valid UTF-8: the byte 0xFF at offset 3 (texts must be UTF-8)"),
+            # Another model's tokenizer.json in the folder: an error naming it, not garbage.
+            ([a.cli, "--model", swapped, "x"], f"--model: tokenizer: '{swapped}/tokenizer.json' is a BPE tokenizer; "
+             f"'{swapped}/config.json' holds a bert model, which expects a WordPiece tokenizer"),
+        ]
+        for cmd, expected in one_line_errors:
+            r = run(cmd, stdin=b"")
+            err = r.stderr.decode()
+            if r.returncode != 1 or expected not in err or err.count("\n") != 1 or "EmbedOptions" in err:
+                failures.append(f"{' '.join(cmd[1:])}: exit {r.returncode}, expected the one line '{expected}' and "
+                                f"exit status 1, got: {err!r}")
         r = run([a.cli, "--model", model], stdin=b"")
         if r.returncode == 0 or "no texts: give them as arguments, with --file, or on stdin" not in r.stderr.decode():
             failures.append(f"empty stdin: exit {r.returncode}: {r.stderr.decode()!r}")
@@ -94,7 +128,7 @@ def main():
             print(f"check_embed_cli: --truncate: largest difference {diff:.2e} from sentence-transformers")
             if diff > 1e-5:
                 failures.append(f"--truncate: largest difference {diff}")
-    print(f"check_embed_cli: {len(errors) + 1} bad invocations refused with their messages")
+    print(f"check_embed_cli: {len(errors) + len(one_line_errors) + 1} bad invocations refused with their messages")
     for f in failures:
         print("FAILED:", f)
     sys.exit(1 if failures else 0)

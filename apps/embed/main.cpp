@@ -77,7 +77,10 @@ int main(int argc, char** argv) {
 
   try {
     if (!texts.empty() && file_opt->count() > 0) throw std::runtime_error("give texts as arguments or --file, not both");
+    // Where the texts came from: "" (the arguments), a file's name, or "stdin".
+    std::string origin;
     if (texts.empty()) {
+      origin = file_opt->count() > 0 && file != "-" ? file : "stdin";
       if (file_opt->count() > 0 && file != "-") {
         std::ifstream in(file);
         if (!in) throw std::runtime_error("--file: cannot open '" + file + "'");
@@ -101,14 +104,38 @@ int main(int argc, char** argv) {
         throw std::runtime_error(std::string("--model: ") + e.what_without_backtrace());
       }
     }();
+    // Text i as the user gave it: "text 2" (the second argument), "line 7 of notes.txt".
+    auto where = [&](size_t i) {
+      return origin.empty() ? fmt::format("text {}", i + 1) : fmt::format("line {} of {}", i + 1, origin);
+    };
+    // Tokenized here rather than in SentenceEncoder::embed, so that the errors name the
+    // text as given and this program's flags (the library's name its C++ options).
+    const auto& tokenizer = encoder.tokenizer();
+    std::vector<std::vector<int64_t>> ids(texts.size());
+    for (size_t i = 0; i < texts.size(); ++i) {
+      if (const auto bad = torchattn::models::find_invalid_utf8(texts[i])) {
+        throw std::runtime_error(fmt::format("{} is not valid UTF-8: the byte 0x{:02X} at offset {} (texts must be "
+                                             "UTF-8)", where(i), static_cast<unsigned char>(texts[i][*bad]), *bad));
+      }
+      if (truncate) {
+        ids[i] = tokenizer.encode(texts[i], true, encoder.max_length());
+        continue;
+      }
+      ids[i] = tokenizer.encode(texts[i]);
+      if (static_cast<int64_t>(ids[i].size()) > encoder.max_length()) {
+        throw std::runtime_error(fmt::format("{} has {} tokens, more than the model's max_length of {}; shorten it, "
+                                             "or pass --truncate to keep its first {} tokens", where(i), ids[i].size(),
+                                             encoder.max_length(), encoder.max_length()));
+      }
+    }
     const bool progress = !quiet && static_cast<int64_t>(texts.size()) > batch_size;
-    auto options = torchattn::models::EmbedOptions().batch_size(batch_size).truncate(truncate);
+    auto options = torchattn::models::EmbedOptions().batch_size(batch_size);
     if (progress) {
       options.on_progress([](int64_t done, int64_t all) {
         fmt::print(stderr, "\r[embedded {} of {} texts]{}", done, all, done == all ? "\n" : "");
       });
     }
-    const at::Tensor rows = encoder.embed(texts, options);
+    const at::Tensor rows = encoder.embed_ids(ids, options);
     std::FILE* out = output.empty() ? stdout : std::fopen(output.c_str(), "wb");
     if (out == nullptr) throw std::runtime_error("--output: cannot write '" + output + "'");
     if (format == "npy") {

@@ -86,11 +86,23 @@ int main(int argc, char** argv) {
     } catch (const c10::Error& e) {
       tokenizer_error = e.what_without_backtrace();
     }
+    // One that reads but belongs to another model would turn the ids into garbage text.
+    if (tokenizer) {
+      try {
+        models::check_tokenizer(model_dir, config, *tokenizer);
+      } catch (const c10::Error& e) {
+        throw std::runtime_error(std::string("--model: ") + e.what_without_backtrace());
+      }
+    }
     std::vector<int64_t> ids;
     if (ids_opt->count() > 0) {
       ids = apps::parse_ids(prompt_ids, config.vocab_size);
     } else {
       if (!tokenizer) throw std::runtime_error(tokenizer_error);
+      if (const auto bad = models::find_invalid_utf8(prompt)) {
+        throw std::runtime_error(fmt::format("--prompt: expected UTF-8 text, got the byte 0x{:02X} at offset {}, which "
+                                             "is not valid UTF-8", static_cast<unsigned char>(prompt[*bad]), *bad));
+      }
       if (chat) {
         const auto tmpl = models::read_chat_template(model_dir);
         if (!tmpl) throw std::runtime_error("--chat: '" + model_dir + "' has no chat template");

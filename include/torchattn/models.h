@@ -13,6 +13,7 @@
 #include <torchattn/models/chat.h>
 #include <torchattn/models/config.h>
 #include <torchattn/models/engine.h>
+#include <torchattn/models/folder_checks.h>
 #include <torchattn/models/generation.h>
 #include <torchattn/models/language_model.h>
 #include <torchattn/models/load_options.h>

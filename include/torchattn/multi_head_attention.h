@@ -153,6 +153,9 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
                                    .dropout(dropout)
                                    .qkv_bias(qkv_bias)) {}
 
+  /// Builds the layers and buffers from `options`: the constructor calls it, and clone()
+  /// on a fresh copy. On a built module it is an error saying so (construct another
+  /// module for new weights).
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
 

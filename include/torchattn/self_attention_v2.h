@@ -48,6 +48,9 @@ class SelfAttentionV2Impl : public torch::nn::Cloneable<SelfAttentionV2Impl> {
   SelfAttentionV2Impl(int64_t d_in, int64_t d_out, bool qkv_bias = false)
       : SelfAttentionV2Impl(SelfAttentionV2Options(d_in, d_out).qkv_bias(qkv_bias)) {}
 
+  /// Builds the layers and buffers from `options`: the constructor calls it, and clone()
+  /// on a fresh copy. On a built module it is an error saying so (construct another
+  /// module for new weights).
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
 

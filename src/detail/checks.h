@@ -79,6 +79,19 @@ inline void check_positive(const char* module, const char* arg, int64_t value) {
   TORCH_CHECK(value > 0, module, ": expected ", arg, " > 0, got ", value);
 }
 
+// reset() builds a module's layers and buffers on a module that has none: the constructor
+// calls it, and LibTorch's clone() on a copy it has emptied. On a built module it would
+// register them a second time (LibTorch's "already defined"). M: a torch::nn::Module
+// (a template, so that this header needs no torch/nn include).
+template <typename M>
+void check_reset_unbuilt(const char* module, const M& m) {
+  TORCH_CHECK(m.children().empty() && m.named_parameters(/*recurse=*/false).is_empty() &&
+                  m.named_buffers(/*recurse=*/false).is_empty(),
+              module, "::reset: expected a module without its layers (reset() builds them once: the constructor and "
+              "clone() call it), got a built one; for new random weights construct another ", module,
+              " from its options, for a copy call clone()");
+}
+
 inline void check_dropout(const char* module, double p) {
   TORCH_CHECK(p >= 0.0 && p < 1.0, module, ": expected dropout in [0, 1), got ", p);
 }

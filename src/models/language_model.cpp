@@ -1,7 +1,11 @@
 #include <torchattn/models/language_model.h>
 
 #include <torchattn/models/chat.h>
+#include <torchattn/models/folder_checks.h>
 #include <torchattn/models/weights.h>
+
+#include "load_checks.h"
+#include "utf8_check.h"
 
 #include <c10/util/Exception.h>
 
@@ -17,6 +21,7 @@ LanguageModel::LanguageModel(CausalLM model, Tokenizer tokenizer, std::optional<
 
 LanguageModel LanguageModel::from_pretrained(const std::string& folder, const LoadOptions& options) {
   namespace fs = std::filesystem;
+  detail::check_load_options(options);
   TORCH_CHECK(fs::is_directory(folder), "LanguageModel::from_pretrained: '", folder, "' is not a folder");
   const std::string config_path = (fs::path(folder) / "config.json").string();
   const std::string type = read_model_type(config_path);
@@ -29,10 +34,10 @@ LanguageModel LanguageModel::from_pretrained(const std::string& folder, const Lo
               "; supported: ", supported_model_types());
   const DecoderConfig config = read_decoder_config(config_path);
   const int64_t context = options.context_length().value_or(std::min<int64_t>(config.max_position_embeddings, 4096));
-  TORCH_CHECK(context >= 1 && context <= config.max_position_embeddings, "LanguageModel::from_pretrained: expected a "
-              "context_length in [1, ", config.max_position_embeddings, "] (the config's max_position_embeddings), got ",
-              context);
+  TORCH_CHECK(context <= config.max_position_embeddings, "LoadOptions::context_length: expected at most ",
+              config.max_position_embeddings, " (the max_position_embeddings of '", config_path, "'), got ", context);
   Tokenizer tokenizer((fs::path(folder) / "tokenizer.json").string());
+  check_tokenizer(folder, config, tokenizer);
   CausalLM model(config, context);
   model->pack_weights(options.pack_weights().value_or(false));
   model->load_hf_weights(folder);
@@ -58,6 +63,7 @@ std::vector<Completion> LanguageModel::generate(const std::vector<std::string>& 
                                                 const std::function<void(size_t, const std::string&)>& on_text) {
   std::vector<std::vector<int64_t>> ids;
   for (const auto& p : prompts) {
+    detail::check_utf8("LanguageModel::generate", p, "prompt " + std::to_string(ids.size()));
     ids.push_back(tokenizer_.encode(p));
     TORCH_CHECK(!ids.back().empty(), "LanguageModel::generate: prompt ", ids.size() - 1, " has no tokens");
   }

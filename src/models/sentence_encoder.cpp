@@ -1,9 +1,12 @@
 #include <torchattn/models/sentence_encoder.h>
 
 #include <torchattn/models/config.h>
+#include <torchattn/models/folder_checks.h>
 #include <torchattn/models/weights.h>
 
 #include "json_file.h"
+#include "load_checks.h"
+#include "utf8_check.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/clamp_min.h>
@@ -29,6 +32,7 @@ SentenceEncoder::SentenceEncoder(BertModel model, Tokenizer tokenizer, int64_t m
 }
 
 SentenceEncoder SentenceEncoder::from_pretrained(const std::string& folder, const LoadOptions& options) {
+  detail::check_load_options(options);
   TORCH_CHECK(fs::is_directory(folder), "SentenceEncoder::from_pretrained: '", folder, "' is not a folder");
   const fs::path dir(folder);
   const std::string type = read_model_type((dir / "config.json").string());
@@ -38,8 +42,7 @@ SentenceEncoder SentenceEncoder::from_pretrained(const std::string& folder, cons
               "; supported: ", supported_model_types());
   const BertConfig config = read_bert_config((dir / "config.json").string());
   Tokenizer tokenizer((dir / "tokenizer.json").string());
-  TORCH_CHECK(tokenizer.vocab_size() <= config.vocab_size, "SentenceEncoder::from_pretrained: the tokenizer has ",
-              tokenizer.vocab_size(), " tokens, more than the model's vocab_size ", config.vocab_size);
+  check_tokenizer(folder, config, tokenizer);
 
   // sentence-transformers' description of the pipeline, when the folder has one.
   Pooling pooling = Pooling::Mean;
@@ -94,6 +97,7 @@ at::Tensor SentenceEncoder::embed(const std::vector<std::string>& texts, const E
   std::vector<std::vector<int64_t>> ids;
   ids.reserve(texts.size());
   for (size_t i = 0; i < texts.size(); ++i) {
+    detail::check_utf8("SentenceEncoder::embed", texts[i], "text " + std::to_string(i));
     if (options.truncate()) {
       ids.push_back(tokenizer_.encode(texts[i], true, max_length_));
       continue;
@@ -104,6 +108,29 @@ at::Tensor SentenceEncoder::embed(const std::vector<std::string>& texts, const E
                 "; shorten it, or pass EmbedOptions().truncate(true) to keep its first ", max_length_, " tokens");
   }
   return embed_ids(ids, options);
+}
+
+void SentenceEncoder::check_special_tokens(size_t i, const std::vector<int64_t>& ids) const {
+  const auto& prefix = tokenizer_.prefix_ids();
+  const auto& suffix = tokenizer_.suffix_ids();
+  // The messages are built only when a check fails.
+  auto name = [&](const std::vector<int64_t>& t) { return tokenizer_.decode(t); };
+  auto expected = [&] {
+    return "expected ids as tokenizer().encode(text) gives them, " + name(prefix) + " ... " + name(suffix) +
+           " (sentence-transformers always adds them)";
+  };
+  TORCH_CHECK(ids.size() >= prefix.size() + suffix.size(), "SentenceEncoder::embed_ids: text ", i, " has ",
+              ids.size(), " ids, fewer than its special tokens; ", expected());
+  for (size_t k = 0; k < prefix.size(); ++k) {
+    TORCH_CHECK(ids[k] == prefix[k], "SentenceEncoder::embed_ids: text ", i, " starts with id ", ids[k], " (",
+                name({ids[k]}), ") where ", name({prefix[k]}), " (id ", prefix[k], ") belongs; ", expected());
+  }
+  const size_t start = ids.size() - suffix.size();
+  for (size_t k = 0; k < suffix.size(); ++k) {
+    TORCH_CHECK(ids[start + k] == suffix[k], "SentenceEncoder::embed_ids: text ", i, " ends with id ", ids[start + k],
+                " (", name({ids[start + k]}), ") where ", name({suffix[k]}), " (id ", suffix[k], ") belongs; ",
+                expected());
+  }
 }
 
 at::Tensor SentenceEncoder::embed_ids(const std::vector<std::vector<int64_t>>& ids, const EmbedOptions& options) {
@@ -117,6 +144,9 @@ at::Tensor SentenceEncoder::embed_ids(const std::vector<std::vector<int64_t>>& i
       TORCH_CHECK(id >= 0 && id < vocab, "SentenceEncoder::embed: text ", i, " has token id ", id,
                   ", outside the vocabulary [0, ", vocab, ")");
     }
+    // The model was trained on [CLS] text [SEP]: without them (CLS pooling reads the
+    // first token) the embedding is another one, with no error to say so.
+    check_special_tokens(i, ids[i]);
   }
   const Pooling pooling = options.pooling().value_or(pooling_);
   const bool normalize = options.normalize().value_or(normalize_);

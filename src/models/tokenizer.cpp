@@ -2,12 +2,48 @@
 
 #include "bpe_tokenizer.h"
 #include "json_file.h"
+#include "utf8_check.h"
 #include "wordpiece_tokenizer.h"
 
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
 namespace torchattn::models {
+
+// The well-formed byte sequences of the Unicode standard's table 3-7 (as Rust's str and
+// Python's str.decode("utf-8") accept them).
+std::optional<size_t> find_invalid_utf8(std::string_view text) {
+  const auto* s = reinterpret_cast<const uint8_t*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const uint8_t b = s[i];
+    if (b < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t length = 0;
+    uint8_t low = 0x80, high = 0xBF;  // the second byte's range
+    if (b >= 0xC2 && b <= 0xDF) {
+      length = 2;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+      length = 3;
+      if (b == 0xE0) low = 0xA0;   // not overlong
+      if (b == 0xED) high = 0x9F;  // not a surrogate
+    } else if (b >= 0xF0 && b <= 0xF4) {
+      length = 4;
+      if (b == 0xF0) low = 0x90;   // not overlong
+      if (b == 0xF4) high = 0x8F;  // at most U+10FFFF
+    } else {
+      return i;  // a continuation byte, or a byte no UTF-8 has
+    }
+    if (i + length > n || s[i + 1] < low || s[i + 1] > high) return i;
+    for (size_t k = 2; k < length; ++k) {
+      if ((s[i + k] & 0xC0) != 0x80) return i;
+    }
+    i += length;
+  }
+  return std::nullopt;
+}
 
 Tokenizer::Tokenizer(const std::string& path) {
   const auto t = detail::read_json_file(path, "tokenizer");
@@ -52,6 +88,7 @@ void Tokenizer::init(const void* parsed, const std::string& name) {
 
 std::vector<int64_t> Tokenizer::encode(std::string_view text, bool add_special_tokens,
                                        std::optional<int64_t> max_length) const {
+  detail::check_utf8("Tokenizer::encode", text);
   if (!max_length) return model_->encode(text, add_special_tokens);
   const auto& prefix = model_->prefix_ids();
   const auto& suffix = model_->suffix_ids();
@@ -74,5 +111,9 @@ std::string Tokenizer::decode(const std::vector<int64_t>& ids, bool skip_special
 std::optional<int64_t> Tokenizer::id_of(const std::string& token) const { return model_->id_of(token); }
 
 int64_t Tokenizer::vocab_size() const { return model_->vocab_size(); }
+
+const std::vector<int64_t>& Tokenizer::prefix_ids() const { return model_->prefix_ids(); }
+
+const std::vector<int64_t>& Tokenizer::suffix_ids() const { return model_->suffix_ids(); }
 
 } // namespace torchattn::models

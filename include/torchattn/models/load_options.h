@@ -1,6 +1,8 @@
 #pragma once
 
-// Where and how a model folder is loaded (LanguageModel, SentenceEncoder).
+// Where and how a model folder is loaded (LanguageModel, SentenceEncoder). Each value is
+// checked when a folder is loaded: another is a c10::Error naming the option
+// ("LoadOptions::dtype: expected float32, bfloat16 or float16 (...), got Int").
 
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
@@ -12,13 +14,15 @@
 namespace torchattn::models {
 
 struct LoadOptions {
-  /// The device of the weights and of every computation. Default: the CPU.
+  /// The device of the weights and of every computation: cpu, or cuda (a device this
+  /// process sees). Default: the CPU.
   TORCH_ARG(c10::Device, device) = c10::Device(c10::kCPU);
   /// float32 (default), bfloat16 or float16.
   TORCH_ARG(c10::ScalarType, dtype) = c10::kFloat;
   /// Decoders: the most tokens a sequence may hold (prompt and new tokens), the size
-  /// of the KV caches. Default: unset, the config's max_position_embeddings, at most
-  /// 4096. Encoders: ignored (their positions bound a text).
+  /// of the KV caches, in [1, the config's max_position_embeddings]. Default: unset,
+  /// the config's max_position_embeddings, at most 4096. Encoders: ignored (their
+  /// positions bound a text), but still at least 1.
   TORCH_ARG(std::optional<int64_t>, context_length) = std::nullopt;
   /// On the CPU in float32: run the linear layers on a oneDNN-packed copy of their
   /// weights (torchattn::PackedLinear; a second copy of them in memory, made at the

@@ -53,11 +53,15 @@ class SentenceEncoder {
   /// (modules.json, 1_Pooling/config.json, sentence_bert_config.json's max_seq_length).
   static SentenceEncoder from_pretrained(const std::string& folder, const LoadOptions& options = {});
 
-  /// Embeddings of `texts` (UTF-8): [texts.size(), dimension()] float32 on the
-  /// model's device. An empty text is fine ([CLS] [SEP]).
+  /// Embeddings of `texts` (UTF-8; other bytes are an error naming the text, the byte
+  /// and its offset): [texts.size(), dimension()] float32 on the model's device. An
+  /// empty text is fine ([CLS] [SEP]).
   at::Tensor embed(const std::vector<std::string>& texts, const EmbedOptions& options = {});
 
-  /// The same from token ids (each with its special tokens, at most max_length()).
+  /// The same from token ids, each as tokenizer().encode(text) gives them: with the
+  /// template's special tokens ([CLS] ... [SEP]), at most max_length() ids, each below
+  /// the config's vocab_size. Ids without those special tokens are an error naming the
+  /// text and the token (the model never saw such input; CLS pooling would read a word).
   at::Tensor embed_ids(const std::vector<std::vector<int64_t>>& ids, const EmbedOptions& options = {});
 
   /// The most tokens of a text, special tokens included: sentence_bert_config.json's
@@ -72,6 +76,7 @@ class SentenceEncoder {
 
  private:
   SentenceEncoder(BertModel model, Tokenizer tokenizer, int64_t max_length, Pooling pooling, bool normalize);
+  void check_special_tokens(size_t i, const std::vector<int64_t>& ids) const;
   BertModel model_;
   Tokenizer tokenizer_;
   int64_t max_length_;

@@ -33,6 +33,8 @@ class Tokenizer {
   /// add_special_tokens: the template's ([CLS] ... [SEP] for BERT; none for SmolLM2).
   /// max_length: at most this many ids, special tokens included: the text's tokens
   /// are cut at the end, as `tokenizer(text, truncation=True, max_length=n)`.
+  /// Text that is not valid UTF-8 is an error naming the first bad byte and its offset
+  /// (Hugging Face tokenizers take only UTF-8 strings).
   std::vector<int64_t> encode(std::string_view text, bool add_special_tokens = true,
                               std::optional<int64_t> max_length = std::nullopt) const;
 
@@ -47,6 +49,11 @@ class Tokenizer {
   /// Ids run from 0 to vocab_size() - 1.
   int64_t vocab_size() const;
 
+  /// The special tokens encode(text) puts before the text's tokens ([CLS] for BERT;
+  /// none for SmolLM2), and after them ([SEP]).
+  const std::vector<int64_t>& prefix_ids() const;
+  const std::vector<int64_t>& suffix_ids() const;
+
   /// "BPE" or "WordPiece".
   const std::string& kind() const { return kind_; }
 
@@ -56,5 +63,10 @@ class Tokenizer {
   std::shared_ptr<const detail::TokenizerModel> model_;
   std::string kind_;
 };
+
+/// The offset of the first byte of `text` that does not belong to a well-formed UTF-8
+/// character (a stray continuation byte, a truncated or overlong sequence, a surrogate,
+/// a code point past U+10FFFF), or nullopt when all of it is UTF-8.
+std::optional<size_t> find_invalid_utf8(std::string_view text);
 
 } // namespace torchattn::models
