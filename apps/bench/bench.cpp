@@ -15,6 +15,7 @@
 
 #include "bench_cuda.h"
 #include "bench_json.h"
+#include "cli_checks.h"
 #include "fmt.h"
 
 #include <torchattn/torchattn.h>
@@ -156,9 +157,10 @@ int main(int argc, char** argv) {
   std::string device = "cpu";
   app.add_option("--device", device, "cpu (default), or cuda: the GPU benchmark (apps/bench/results/benchmarks-cuda.md)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--threads", threads, "intra-op threads (cpu)");
+  app.add_option("--threads", threads, "intra-op threads (cpu)")->check(apps::at_least(1));
   app.add_option("--json", json_path, "write the results here as JSON");
-  auto* max_T_option = app.add_option("--max-T", max_T, "largest T of the sweep (default: cpu 16384, cuda 32768)");
+  auto* max_T_option = app.add_option("--max-T", max_T, "largest T of the sweep (default: cpu 16384, cuda 32768)")
+                           ->check(apps::at_least(1));
   app.add_flag("--quick", quick, "fewer repetitions and a shorter sweep (a smoke run)");
   CLI11_PARSE(app, argc, argv);
   if (device == "cuda") {

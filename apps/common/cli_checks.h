@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include "fmt.h"
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <sstream>
@@ -73,6 +74,26 @@ inline CLI::Validator positive_real(std::optional<double> high = std::nullopt) {
         }
         if (s.empty() || used != s.size()) return "expected a number, got '" + s + "'";
         if (!(v > 0 && (!high || v <= *high))) return std::string("expected a number ") + (high ? "in " : "") + range + ", got " + s;
+        return {};
+      },
+      range);
+}
+
+// A number in [low, high) (high_open) or [low, high]; high may be infinity.
+inline CLI::Validator real_in(double low, double high, bool high_open = false) {
+  const std::string range = "[" + fmt::format("{:g}", low) + ", " +
+                            (std::isinf(high) ? std::string("inf") : fmt::format("{:g}", high)) + (high_open ? ")" : "]");
+  return CLI::Validator(
+      [low, high, high_open, range](std::string& s) -> std::string {
+        size_t used = 0;
+        double v = 0;
+        try {
+          v = std::stod(s, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (s.empty() || used != s.size()) return "expected a number, got '" + s + "'";
+        if (!(v >= low && (high_open ? v < high : v <= high))) return "expected a number in " + range + ", got " + s;
         return {};
       },
       range);

@@ -19,6 +19,7 @@
 // Sampling then replays each decoding step from a CUDA graph (torchattn::DecodeGraph).
 // Data-parallel runs (--nproc, --world-size) stay on the CPU over Gloo.
 
+#include "cli_checks.h"
 #include "distributed.h"
 #include "fmt.h"
 #include "gpt.h"
@@ -168,38 +169,43 @@ int main(int argc, char** argv) {
   std::vector<std::string> data;
   train_gpt::DistOptions dist;
   app.add_option("--data", data, "UTF-8 text file(s) (default: the fortunes of Debian's fortunes package)");
-  app.add_option("--steps", steps, "optimizer steps")->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", batch_size, "sequences per step and rank")->check(CLI::PositiveNumber);
-  app.add_option("--context", cfg.context_length, "tokens per sequence")->check(CLI::PositiveNumber);
-  app.add_option("--d-model", cfg.d_model, "model width")->check(CLI::PositiveNumber);
-  app.add_option("--layers", cfg.n_layer, "blocks")->check(CLI::PositiveNumber);
-  app.add_option("--heads", cfg.n_head, "attention heads")->check(CLI::PositiveNumber);
-  app.add_option("--dropout", cfg.dropout, "dropout in attention and MLP");
-  app.add_option("--lr", lr, "peak learning rate (AdamW)");
-  app.add_option("--warmup", warmup, "linear warm-up steps, then cosine decay to lr/10");
-  app.add_option("--weight-decay", weight_decay, "AdamW weight decay on matrices");
-  app.add_option("--clip", clip, "gradient-norm clipping");
-  app.add_option("--eval-every", eval_every, "steps between eval losses (0: only at the end)");
-  app.add_option("--eval-batches", eval_batches, "batches in one eval loss");
-  app.add_option("--save-every", save_every, "steps between checkpoints (0: only at the end)");
+  app.add_option("--steps", steps, "optimizer steps")->check(apps::at_least(1));
+  app.add_option("--batch-size", batch_size, "sequences per step and rank")->check(apps::at_least(1));
+  app.add_option("--context", cfg.context_length, "tokens per sequence")->check(apps::at_least(1));
+  app.add_option("--d-model", cfg.d_model, "model width")->check(apps::at_least(1));
+  app.add_option("--layers", cfg.n_layer, "blocks")->check(apps::at_least(1));
+  app.add_option("--heads", cfg.n_head, "attention heads")->check(apps::at_least(1));
+  app.add_option("--dropout", cfg.dropout, "dropout in attention and MLP")->check(apps::real_in(0.0, 1.0, true));
+  app.add_option("--lr", lr, "peak learning rate (AdamW)")->check(apps::positive_real());
+  app.add_option("--warmup", warmup, "linear warm-up steps, then cosine decay to lr/10")->check(apps::at_least(0));
+  app.add_option("--weight-decay", weight_decay, "AdamW weight decay on matrices")
+      ->check(apps::real_in(0.0, INFINITY));
+  app.add_option("--clip", clip, "gradient-norm clipping")->check(apps::positive_real());
+  app.add_option("--eval-every", eval_every, "steps between eval losses (0: only at the end)")
+      ->check(apps::at_least(0));
+  app.add_option("--eval-batches", eval_batches, "batches in one eval loss")->check(apps::at_least(1));
+  app.add_option("--save-every", save_every, "steps between checkpoints (0: only at the end)")
+      ->check(apps::at_least(0));
   app.add_option("--seed", seed, "weights, batches and sampling");
-  app.add_option("--threads", threads, "intra-op threads per rank (default: cores / ranks)");
+  app.add_option("--threads", threads, "intra-op threads per rank (default: cores / ranks)")->check(apps::at_least(1));
   app.add_option("--out", out_dir, "checkpoint, loss.csv and final weights go here");
   app.add_option("--resume", resume, "continue exactly from the checkpoint in this directory");
-  app.add_option("--sample-tokens", sample_tokens, "bytes to generate at the end (KV cache)");
+  app.add_option("--sample-tokens", sample_tokens, "bytes to generate at the end (KV cache)")->check(apps::at_least(0));
   app.add_option("--prompt", prompt, "the sample's prompt");
-  app.add_option("--temperature", temperature, "sampling temperature");
-  app.add_option("--top-k", top_k, "sample among the k likeliest bytes (0: all)");
+  app.add_option("--temperature", temperature, "sampling temperature")->check(apps::positive_real());
+  app.add_option("--top-k", top_k, "sample among the k likeliest bytes (0: all)")->check(apps::at_least(0));
   app.add_option("--device", device_name, "cpu, or cuda (one GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--precision", precision, "auto (bf16 on cuda, fp32 on cpu), fp32, or bf16 (CUDA autocast)")
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
-  app.add_option("--nproc", nproc, "local ranks to start (data-parallel over c10d/Gloo)")->check(CLI::PositiveNumber);
-  app.add_option("--rank", dist.rank, "this process's rank (multi-machine)");
-  app.add_option("--world-size", dist.world_size, "ranks in all (multi-machine)");
+  app.add_option("--nproc", nproc, "local ranks to start (data-parallel over c10d/Gloo)")->check(apps::at_least(1));
+  app.add_option("--rank", dist.rank, "this process's rank (multi-machine)")->check(apps::at_least(0));
+  app.add_option("--world-size", dist.world_size, "ranks in all (multi-machine)")->check(apps::at_least(1));
   app.add_option("--master-addr", dist.master_addr, "rank 0's address for the TCPStore rendezvous");
-  app.add_option("--master-port", dist.master_port, "rank 0's port for the TCPStore rendezvous");
+  app.add_option("--master-port", dist.master_port, "rank 0's port for the TCPStore rendezvous")
+      ->check(CLI::Range(1, 65535));
   app.add_option("--store-file", dist.store_file, "rendezvous through a FileStore at this path instead");
-  app.add_option("--timeout", dist.timeout_s, "seconds before a collective or the rendezvous gives up");
+  app.add_option("--timeout", dist.timeout_s, "seconds before a collective or the rendezvous gives up")
+      ->check(apps::at_least(1));
   int die_rank = 1;
   app.add_option("--die-at-step", die_at_step, "(testing) rank --die-rank exits abruptly at this step")->group("");
   app.add_option("--die-rank", die_rank, "(testing) the rank that --die-at-step stops")->group("");

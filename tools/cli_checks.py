@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""The command lines of every app as a user mistypes them (ctest -R cli): each bad flag
+value or combination is refused before any work, with exit status non-zero, a message
+on stderr naming the flag, and no crash (no signal, no 'terminate called'); each in
+seconds. torchattn_embed's and torchattn_serve's model-dependent errors are checked by
+tools/check_embed_cli.py and tools/serve_checks.py; here the flags alone.
+
+Usage: cli_checks.py --bin BUILD_DIR/apps
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+FAILURES = []
+
+
+def expect_refused(exe, args, needle, timeout=60):
+    start = time.time()
+    try:
+        p = subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        FAILURES.append(f"{os.path.basename(exe)} {' '.join(args)}: still running after {timeout} s")
+        print(f"[cli] FAIL {os.path.basename(exe)} {' '.join(args)}: still running after {timeout} s")
+        return
+    took = time.time() - start
+    err = p.stderr.strip()
+    ok = p.returncode > 0 and needle in err and "terminate called" not in err and "Segmentation" not in err
+    line = err.splitlines()[0] if err else ""
+    print(f"[cli] {'ok  ' if ok else 'FAIL'} {os.path.basename(exe)} {' '.join(args)}: exit {p.returncode} "
+          f"({took:.1f} s): {line}", flush=True)
+    if not ok:
+        FAILURES.append(f"{os.path.basename(exe)} {' '.join(args)} -> exit {p.returncode}, {err[-300:]!r} "
+                        f"(expected a message with {needle!r})")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", required=True, help="the build's apps folder")
+    a = ap.parse_args()
+    app = lambda sub, name: os.path.join(a.bin, sub, name)
+    empty = tempfile.mkdtemp(prefix="cli_checks_")
+    cases = {
+        app("demo", "torchattn_demo"): [
+            (["--device", "tpu"], "--device"), (["--seed", "x"], "--seed"), (["--bogus"], "--bogus")],
+        app("bench", "torchattn_bench"): [
+            (["--threads", "0"], "--threads"), (["--max-T", "0"], "--max-T"), (["--device", "gpu"], "--device")],
+        app("train_gpt", "train_gpt"): [
+            (["--steps", "0"], "--steps: expected at least 1, got 0"), (["--heads", "-2"], "--heads"), (["--dropout", "1"], "--dropout"), (["--dropout", "-0.5"], "--dropout"),
+            (["--lr", "0"], "--lr"), (["--lr", "-1"], "--lr"), (["--warmup", "-1"], "--warmup"),
+            (["--weight-decay", "-1"], "--weight-decay"), (["--clip", "-1"], "--clip"),
+            (["--eval-every", "-1"], "--eval-every"), (["--eval-batches", "0"], "--eval-batches"),
+            (["--save-every", "-1"], "--save-every"), (["--threads", "0"], "--threads"),
+            (["--sample-tokens", "-1"], "--sample-tokens"), (["--temperature", "0"], "--temperature"),
+            (["--top-k", "-1"], "--top-k"), (["--timeout", "0"], "--timeout"), (["--master-port", "0"], "--master-port"),
+            (["--world-size", "0"], "--world-size"), (["--rank", "2", "--world-size", "2"], "--rank"),
+            (["--precision", "fp8"], "--precision"), (["--data", os.path.join(empty, "none.txt")], "--data")],
+        app("generate", "torchattn_generate"): [
+            ([], "--model"), (["--model", os.path.join(empty, "none")], "--model"),
+            (["--model", empty, "--max-new-tokens", "0"], "--max-new-tokens"),
+            (["--model", empty, "--temperature", "0"], "--temperature"),
+            (["--model", empty, "--top-p", "1.5"], "--top-p"),
+            (["--model", empty, "--greedy", "--temperature", "0.7"], "--greedy"),
+            (["--model", empty, "--prompt", "a", "--prompt-ids", "1"], "--prompt"),
+            (["--model", empty, "--dtype", "int8"], "--dtype")],
+        app("embed", "torchattn_embed"): [
+            ([], "--model"), (["--model", empty, "--batch-size", "0"], "--batch-size"),
+            (["--model", empty, "--format", "csv"], "--format")],
+        app("serve", "torchattn_serve"): [
+            ([], "model"), ([os.path.join(empty, "none")], "none"), ([empty, "--port", "70000"], "--port"),
+            ([empty, "--kv-tokens", "0"], "--kv-tokens"), ([empty, "--max-running", "0"], "--max-running"),
+            ([empty, "--max-body-bytes", "0"], "--max-body-bytes"), ([empty, "--context-length", "0"], "--context-length"),
+            ([empty, "--http-threads", "0"], "--http-threads"), ([empty, "--block-size", "0"], "--block-size")],
+    }
+    for exe, items in cases.items():
+        if not os.path.exists(exe):
+            FAILURES.append(f"{exe} was not built")
+            print(f"[cli] FAIL {exe} was not built")
+            continue
+        for args, needle in items:
+            expect_refused(exe, args, needle)
+    total = sum(len(v) for v in cases.values())
+    print(f"cli: {total - len(FAILURES)} passed, {len(FAILURES)} failed")
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
