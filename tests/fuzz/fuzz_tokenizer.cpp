@@ -64,7 +64,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const auto wordpiece = torchattn::models::Tokenizer::from_json(kWordPiece, "wordpiece");
   static const auto bpe = torchattn::models::Tokenizer::from_json(kBpe, "bpe");
   const uint8_t mode = data[0];
-  const std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
+  const std::string_view raw(reinterpret_cast<const char*>(data + 1), size - 1);
+  // The tokenizers refuse invalid UTF-8 at once (a c10::Error naming the byte); the
+  // text modes go on with its invalid bytes made '?', so that the rest reaches them.
+  const auto bad = torchattn::models::find_invalid_utf8(raw);
+  if (mode < 160 && bad) {
+    try {
+      (void)(mode < 96 ? wordpiece : bpe).encode(raw);
+      check(false);  // accepted invalid UTF-8
+    } catch (const c10::Error&) {
+    }
+  }
+  std::string valid(raw);
+  if (mode < 160) {
+    for (auto at = bad; at; at = torchattn::models::find_invalid_utf8(valid)) valid[*at] = '?';
+  }
+  const std::string_view text = mode < 160 ? std::string_view(valid) : raw;
   try {
     if (mode < 96) {
       const auto ids = wordpiece.encode(text);
