@@ -60,20 +60,27 @@ inline CLI::Validator at_least(int64_t low) {
       ">=" + std::to_string(low));
 }
 
+// `s` as a whole number, or nothing.
+inline std::optional<double> parse_real(const std::string& s) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (s.empty() || used != s.size()) return std::nullopt;
+  return v;
+}
+
 // A number in (0, high]; without `high`, any number > 0.
 inline CLI::Validator positive_real(std::optional<double> high = std::nullopt) {
   const std::string range = high ? "(0, " + fmt::format("{:g}", *high) + "]" : "> 0";
   return CLI::Validator(
       [high, range](std::string& s) -> std::string {
-        size_t used = 0;
-        double v = 0;
-        try {
-          v = std::stod(s, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (s.empty() || used != s.size()) return "expected a number, got '" + s + "'";
-        if (!(v > 0 && (!high || v <= *high))) return std::string("expected a number ") + (high ? "in " : "") + range + ", got " + s;
+        const auto v = parse_real(s);
+        if (!v) return "expected a number, got '" + s + "'";
+        if (!(*v > 0 && (!high || *v <= *high))) return std::string("expected a number ") + (high ? "in " : "") + range + ", got " + s;
         return {};
       },
       range);
@@ -85,15 +92,9 @@ inline CLI::Validator real_in(double low, double high, bool high_open = false) {
                             (std::isinf(high) ? std::string("inf") : fmt::format("{:g}", high)) + (high_open ? ")" : "]");
   return CLI::Validator(
       [low, high, high_open, range](std::string& s) -> std::string {
-        size_t used = 0;
-        double v = 0;
-        try {
-          v = std::stod(s, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (s.empty() || used != s.size()) return "expected a number, got '" + s + "'";
-        if (!(v >= low && (high_open ? v < high : v <= high))) return "expected a number in " + range + ", got " + s;
+        const auto v = parse_real(s);
+        if (!v) return "expected a number, got '" + s + "'";
+        if (!(*v >= low && (high_open ? *v < high : *v <= high))) return "expected a number in " + range + ", got " + s;
         return {};
       },
       range);
