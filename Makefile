@@ -118,7 +118,7 @@ generate: configure
 	  --prompt "$(GENERATE_PROMPT)" --max-new-tokens 160 --greedy
 
 golden: setup
-	$(PY) tools/make_golden.py
+	$(PY) tests/reference/make_golden.py
 
 install: build
 	cmake --install $(BUILD) --prefix $(or $(PREFIX),install)

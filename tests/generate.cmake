@@ -3,7 +3,7 @@
 include(${CMAKE_CURRENT_LIST_DIR}/run_command.cmake)
 run("${PYTHON}" "${SOURCE_DIR}/tools/convert_smollm2.py" "${SMOLLM2}")
 file(REMOVE_RECURSE "${WORK_DIR}")
-run("${PYTHON}" "${SOURCE_DIR}/tools/make_generate_reference.py" "${WORK_DIR}" --smollm2 "${SMOLLM2}")
+run("${PYTHON}" "${SOURCE_DIR}/tests/reference/make_generate_reference.py" "${WORK_DIR}" --smollm2 "${SMOLLM2}")
 set(ENV{TORCHATTN_GENERATE_REFERENCE} "${WORK_DIR}")
 set(ENV{TORCHATTN_SMOLLM2} "${SMOLLM2}")
 run("${CHECK}" --gtest_brief=1)

@@ -1,9 +1,10 @@
 # ctest -R generate_device: the generate stage of `make test-gpu` on the CPU, with two
-# layers of SmolLM2-135M's shape: transformers' reference (tools/make_device_reference.py),
-# then tests/generate_device_check.cpp against it.
+# layers of SmolLM2-135M's shape: transformers' reference
+# (tests/reference/make_device_reference.py), then tests/models/generate_device_check.cpp
+# against it.
 include(${CMAKE_CURRENT_LIST_DIR}/run_command.cmake)
 file(REMOVE_RECURSE "${WORK_DIR}")
-run("${PYTHON}" "${SOURCE_DIR}/tools/make_device_reference.py" "${WORK_DIR}" --device cpu --layers 2)
+run("${PYTHON}" "${SOURCE_DIR}/tests/reference/make_device_reference.py" "${WORK_DIR}" --device cpu --layers 2)
 run("${CHECK}" --model "${WORK_DIR}/model" --reference "${WORK_DIR}" --device cpu)
 
 # The command line's messages for bad arguments (issue-style slips), on that model:

@@ -3,7 +3,7 @@
 # (models_checks), then run torchattn_embed as a user would and compare its output.
 include(${CMAKE_CURRENT_LIST_DIR}/run_command.cmake)
 file(REMOVE_RECURSE "${WORK_DIR}")
-run("${PYTHON}" "${SOURCE_DIR}/tools/make_models_reference.py" "${WORK_DIR}")
+run("${PYTHON}" "${SOURCE_DIR}/tests/reference/make_models_reference.py" "${WORK_DIR}")
 set(ENV{TORCHATTN_MODELS_REFERENCE} "${WORK_DIR}")
 run("${CHECK}" --gtest_brief=1)
 run("${PYTHON}" "${SOURCE_DIR}/tools/check_embed_cli.py" --cli "${CLI}" --reference "${WORK_DIR}")

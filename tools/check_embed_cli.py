@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """torchattn_embed as a user runs it (ctest -R models): texts as arguments, from a file
 and from stdin; JSON lines and --format npy; each against sentence-transformers'
-embeddings in the reference (tools/make_models_reference.py); and the errors of bad
+embeddings in the reference (tests/reference/make_models_reference.py); and the errors of bad
 arguments, each a clear message and exit status 1 (CLI11's own: 105 / 106 / 109...).
 
 Usage: check_embed_cli.py --cli PATH --reference DIR

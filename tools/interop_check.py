@@ -27,6 +27,7 @@ import sys
 import torch
 from safetensors.torch import load_file, save_file
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "reference"))
 import notebook_reference as nr  # noqa: E402
 import torchattn_interop  # noqa: E402
 

@@ -24,7 +24,7 @@
 #             configuration and seed: the CUDA loss curve must follow the CPU one
 #             (tools/compare_loss.py).
 #   generate  a model with SmolLM2-135M's configuration and random weights
-#             (tools/make_device_reference.py): prompt logits and greedy tokens
+#             (tests/reference/make_device_reference.py): prompt logits and greedy tokens
 #             against transformers on the GPU in float32 and bfloat16, then
 #             torchattn_generate --device cuda --dtype bfloat16 (graph-replayed
 #             decoding) against transformers' generate, tokens/s.
@@ -194,12 +194,12 @@ stage_generate() {
   [ -x "$check" ] && [ -x "$cli" ] || { STAGE_NOTE="$check or $cli was not built (ICU or nlohmann/json missing?)"; return 1; }
   local ref="$OUT/generate-reference"
   {
-    "$PYTHON" tools/make_device_reference.py "$ref" --device cuda &&
+    "$PYTHON" tests/reference/make_device_reference.py "$ref" --device cuda &&
     "$check" --model "$ref/model" --reference "$ref" --device cuda &&
     "$cli" --model "$ref/model" --device cuda --dtype bfloat16 --greedy --max-new-tokens 256 \
       --prompt-ids "$(cat "$ref/prompt_ids.txt")" >"$OUT/generate-cli.txt" 2>"$OUT/generate-cli.err" &&
     cat "$OUT/generate-cli.err" &&
-    "$PYTHON" tools/make_device_reference.py "$ref" --device cuda --compare-speed "$OUT/generate-cli.err"
+    "$PYTHON" tests/reference/make_device_reference.py "$ref" --device cuda --compare-speed "$OUT/generate-cli.err"
   } >"$OUT/generate.log" 2>&1
   local rc=$?
   STAGE_NOTE=$(grep -E '^generate_device_check:|^speed:' "$OUT/generate.log" | tr '\n' ' ')

@@ -446,7 +446,7 @@ void section_core(Setup& s) {
            return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
          }}};
     if (s.device.is_cuda()) {
-      // Auto's kernel where ATen would take cuDNN (src/detail/sdpa_kernel.h), called
+      // Auto's kernel where ATen would take cuDNN (src/backends/sdpa.cpp), called
       // directly: functional::attention needs a causal buffer for a causal call.
       kernels.push_back({"flash", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
                            return std::get<0>(at::_scaled_dot_product_flash_attention(q, k, v, 0.0, true));

@@ -168,7 +168,7 @@ def core(cpp):
           "The core: q, k, v of [B, H, T, hd], causal; forward FLOPs 4·B·H·T²·hd/2, forward+backward 3.5x that. "
           "`aten_sdpa` is `at::scaled_dot_product_attention(is_causal=true)` (ATen's choice, the column beside "
           "it); `flash` is `at::_scaled_dot_product_flash_attention` called directly, the kernel Backend::Auto "
-          "calls where ATen would take cuDNN (src/detail/sdpa_kernel.h).", "",
+          "calls where ATen would take cuDNN (src/backends/sdpa.cpp).", "",
           table(["kernel", "ATen picks", "B", "H", "T", "hd", "fwd ms", "fwd TFLOP/s", "of GEMM", "fwd+bwd ms",
                  "fwd+bwd TFLOP/s", "of GEMM"],
                 [[r["kernel"], r["aten_choice"], r["B"], r["H"], r["T"], r["hd"], ms(r["fwd_ms"]),

@@ -1,4 +1,4 @@
-#include "blocked.h"
+#include "backends/blocked.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>

@@ -6,7 +6,7 @@
 // keeping the blocks, backward recomputing each block (activation checkpointing per
 // block).
 
-#include "../detail/mask_spec.h"
+#include "backends/mask_spec.h"
 
 #include <torchattn/functional.h>
 

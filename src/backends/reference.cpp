@@ -1,4 +1,4 @@
-#include "reference.h"
+#include "backends/reference.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/dropout.h>

@@ -1,4 +1,4 @@
-#include "sdpa.h"
+#include "backends/sdpa.h"
 
 #include <ATen/Context.h>
 #include <ATen/SDPBackend.h>

@@ -11,7 +11,7 @@
 
 #include <torchattn/models/tokenizer.h>
 
-#include "../../src/models/pretokenize.h"
+#include "models/pretokenize.h"
 
 #include <c10/util/Exception.h>
 

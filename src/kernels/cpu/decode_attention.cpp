@@ -1,8 +1,8 @@
-#include "decode_attention.h"
+#include "kernels/cpu/decode_attention.h"
 
-#include "needs_grad.h"
-#include "stall_aware.h"
-#include "vec.h"
+#include "kernels/cpu/needs_grad.h"
+#include "kernels/cpu/stall_aware.h"
+#include "kernels/cpu/vec.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>

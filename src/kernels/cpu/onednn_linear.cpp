@@ -1,6 +1,6 @@
-#include "onednn_linear.h"
+#include "kernels/cpu/onednn_linear.h"
 
-#include "linear.h"
+#include "kernels/cpu/linear.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>

@@ -1,7 +1,7 @@
-#include "paged_attention.h"
+#include "kernels/cpu/paged_attention.h"
 
-#include "needs_grad.h"
-#include "stall_aware.h"
+#include "kernels/cpu/needs_grad.h"
+#include "kernels/cpu/stall_aware.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
@@ -86,7 +86,7 @@ struct Scalar {
 #define PA_ISA Scalar
 #define PA_TARGET inline
 #define PA_ROWS rows_scalar
-#include "paged_attention_rows.inc"
+#include "kernels/cpu/paged_attention_rows.inc"
 #undef PA_ISA
 #undef PA_TARGET
 #undef PA_ROWS
@@ -204,7 +204,7 @@ struct Avx2 {
 #define PA_ISA Avx2
 #define PA_TARGET __attribute__((target("avx2,fma")))
 #define PA_ROWS rows_avx2
-#include "paged_attention_rows.inc"
+#include "kernels/cpu/paged_attention_rows.inc"
 #undef PA_ISA
 #undef PA_TARGET
 #undef PA_ROWS
@@ -284,7 +284,7 @@ struct Avx512 {
 #define PA_ISA Avx512
 #define PA_TARGET __attribute__((target("avx512f,fma")))
 #define PA_ROWS rows_avx512
-#include "paged_attention_rows.inc"
+#include "kernels/cpu/paged_attention_rows.inc"
 #undef PA_ISA
 #undef PA_TARGET
 #undef PA_ROWS

@@ -39,7 +39,7 @@ struct PagedRows {
   std::optional<int64_t> window;
 };
 
-/// What changes the scores beyond q k^T * scale, in the order the attention engine
+/// What changes the scores beyond q k^T * scale, in the order the attention dispatcher
 /// applies it (see backends/blocked.cpp): softcap * tanh(s / softcap) (Gemma 2), then
 /// + slope_h * (key position - query position) (ALiBi); and sink logits that join each
 /// row's softmax denominator (gpt-oss). The pointers: float32 [H], one per query head;

@@ -1,4 +1,4 @@
-#include "paged_write.h"
+#include "kernels/cpu/paged_write.h"
 
 #include <ATen/Dispatch.h>
 

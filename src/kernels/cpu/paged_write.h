@@ -4,7 +4,7 @@
 // CPU: a plain copy per token and head, in place of two index_put_ over the permuted
 // pool per layer (about 3% of a 16-request decoding step of SmolLM2-135M on 2 cores:
 // 28.1 against 29.0 ms). The same bits as index_put_: each slot receives one token's
-// values (tests/test_paged_kv_cache.cpp compares them).
+// values (tests/cache/test_paged_kv_cache.cpp compares them).
 
 #include <ATen/core/Tensor.h>
 

@@ -1,4 +1,4 @@
-#include "rotary.h"
+#include "kernels/cpu/rotary.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>

@@ -1,4 +1,4 @@
-#include "stall_aware.h"
+#include "kernels/cpu/stall_aware.h"
 
 #include <ATen/Parallel.h>
 

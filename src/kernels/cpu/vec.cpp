@@ -1,4 +1,4 @@
-#include "vec.h"
+#include "kernels/cpu/vec.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define TORCHATTN_VEC_X86 1

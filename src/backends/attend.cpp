@@ -1,0 +1,218 @@
+// The attention dispatcher (detail::attend): turns one description of what each query sees (MaskSpec)
+// into the masks a backend takes, and dispatches to the Reference backend (the
+// notebooks' math, backends/reference.h) or the SDPA backend (ATen's fused kernels,
+// backends/sdpa.h).
+
+#include <torchattn/functional.h>
+
+#include "backends/blocked.h"
+#include "backends/reference.h"
+#include "backends/sdpa.h"
+#include "base/checks.h"
+#include "backends/attend.h"
+#include "kernels/cpu/decode_attention.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/softmax.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace torchattn {
+
+namespace {
+
+double dropout_p(const functional::AttentionConfig& config) {
+  return config.training ? config.dropout : 0.0;
+}
+
+// Grouped-query attention: q has H heads, k and v Hkv, H a multiple of Hkv.
+int64_t query_groups(const at::Tensor& q, const at::Tensor& k) {
+  return q.dim() == 4 ? q.size(1) / k.size(1) : 1;
+}
+
+// [B, Hkv, T, d] -> [B, Hkv * G, T, d]: each key/value head repeated for the G query
+// heads that share it (transformers' repeat_kv).
+at::Tensor repeat_kv(const at::Tensor& t, int64_t G) {
+  if (G == 1) {
+    return t;
+  }
+  const int64_t B = t.size(0), Hkv = t.size(1), T = t.size(2), d = t.size(3);
+  return t.unsqueeze(2).expand({B, Hkv, G, T, d}).reshape({B, Hkv * G, T, d});
+}
+
+// The SDPA backend: Backend::SDPA is ATen's own choice of kernel; Auto never takes
+// cuDNN (its per-shape plans, and its known troubles inside CUDA-graph capture with
+// masks and long keys, which is what a static-shape decoding step is). `mask` has a
+// query dimension of Tq or 1 and a head dimension of 1.
+//
+// Grouped queries: a single query per head (decoding) folds its G heads into G
+// rows over their shared key/value head, [B, H, 1, d] -> [B, Hkv, G, d], so each
+// key and value is read once per group; more queries use ATen's enable_gqa.
+at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
+                bool is_causal, const functional::AttentionConfig& config) {
+  // A decoding step on the CPU (a few query rows, no gradient): torchattn's kernel,
+  // which opens no parallel region for small work (kernels/cpu/decode_attention.h).
+  // A mask of its own per head (ALiBi) neither folds grouped heads nor fits the kernel.
+  const bool per_head_mask = mask && mask->dim() == 4 && mask->size(1) > 1;
+  if (config.backend == Backend::Auto && !is_causal && dropout_p(config) == 0.0 && !per_head_mask) {
+    const at::Tensor m = mask ? *mask : at::Tensor();
+    if (kernels::cpu::decode_attention_applies(q, k, v, m)) {
+      const double scale = config.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+      return kernels::cpu::decode_attention(q, k, v, m, scale);
+    }
+  }
+  const bool allow_cudnn = config.backend == Backend::SDPA;
+  const int64_t G = query_groups(q, k);
+  if (G > 1 && q.size(-2) == 1 && !is_causal && !per_head_mask) {
+    const int64_t B = q.size(0), H = q.size(1);
+    const at::Tensor folded = q.reshape({B, H / G, G, q.size(-1)});
+    return detail::fused_attention(folded, k, v, mask, dropout_p(config), false, config.scale, allow_cudnn)
+        .reshape({B, H, 1, v.size(-1)});
+  }
+  return detail::fused_attention(q, k, v, mask, dropout_p(config), is_causal, config.scale, allow_cudnn,
+                                 /*enable_gqa=*/G > 1);
+}
+
+// [B or 1, Tk] -> [B or 1, 1, ..., 1, Tk]: broadcasts over heads and queries of q.
+at::Tensor per_key(const at::Tensor& m, const at::Tensor& q) {
+  std::vector<int64_t> shape(q.dim(), 1);
+  shape.front() = m.size(0);
+  shape.back() = m.size(1);
+  return m.view(shape);
+}
+
+// Attention with key masks (padding, additive bias). Rows that would see no key are
+// attended over all keys instead (finite softmax, finite gradients) and then zeroed.
+at::Tensor key_masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const detail::MaskSpec& spec, const functional::AttentionConfig& config) {
+  const int64_t Tq = q.size(-2), Tk = k.size(-2);
+  // Hidden: the causal pattern, padding keys, and keys whose bias is -inf.
+  at::Tensor hide = detail::hidden_keys(spec, Tq, Tk, q.device());
+  at::Tensor bias;
+  auto hide_also = [&](const at::Tensor& h) { hide = hide.defined() ? at::logical_or(hide, h) : h; };
+  if (spec.key_padding.defined()) {
+    hide_also(per_key(spec.key_padding, q));
+  }
+  if (spec.key_bias.defined()) {
+    const at::Tensor neg_inf = spec.key_bias.isneginf();
+    hide_also(per_key(neg_inf, q));
+    bias = per_key(spec.key_bias.masked_fill(neg_inf, 0), q);
+  }
+  if (spec.score_bias.defined()) {
+    bias = bias.defined() ? bias + spec.score_bias : spec.score_bias;
+  }
+  if (!hide.defined()) {  // only a score bias: every key visible
+    hide = per_key(at::zeros({1, Tk}, q.options().dtype(at::kBool)), q);
+  }
+  const at::Tensor dead = hide.all(-1, /*keepdim=*/true);  // [B or 1, 1.., Tq or 1, 1]
+  hide = at::logical_and(hide, dead.logical_not());
+
+  at::Tensor out;
+  if (functional::resolve_backend(config) == Backend::Reference) {
+    const int64_t G = query_groups(q, k);
+    out = detail::reference_attention(q, repeat_kv(k, G), repeat_kv(v, G), hide, bias, config.scale, dropout_p(config));
+  } else {
+    at::Tensor mask = at::zeros(hide.sizes(), q.options()).masked_fill_(hide, -std::numeric_limits<double>::infinity());
+    if (bias.defined()) {
+      mask = mask + bias;
+    }
+    out = sdpa(q, k, v, mask, /*is_causal=*/false, config);
+  }
+  return out.masked_fill(dead, 0);
+}
+
+} // namespace
+
+namespace detail {
+
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MaskSpec& spec,
+                  const functional::AttentionConfig& config) {
+  constexpr const char* fn = "attention";
+  check_qkv(fn, q, k, &v);
+  check_scale(fn, config.scale);
+  check_mask_spec(fn, spec, q, k.size(-2));
+  TORCH_CHECK(q.dim() == k.dim() && (q.dim() != 4 || (k.size(1) > 0 && q.size(1) % k.size(1) == 0)), fn,
+              ": expected q's heads a multiple of k's (grouped-query attention), got q ", q.sizes(), " and k ",
+              k.sizes());
+  const int64_t Tq = q.size(-2), Tk = k.size(-2);
+  if (needs_blocked_attention(config)) {
+    // Softcapping and sinks: no fused kernel takes them; blocks of queries (every
+    // backend: the Reference's math, without Tq x Tk memory).
+    return blocked_attention(q, k, v, spec, config);
+  }
+  const Backend backend = functional::resolve_backend(config);
+  if (q.dim() == 3 && backend == Backend::SDPA) {
+    // ATen's fused CPU kernels take [B, H, T, d]; a single-head [B, T, d] would fall
+    // back to the math kernel, which builds the T x T weights.
+    return attend(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), spec, config).squeeze(1);
+  }
+  if (spec.has_key_masks()) {
+    return key_masked_attention(q, k, v, spec, config);
+  }
+  if (backend == Backend::Reference) {
+    const int64_t G = query_groups(q, k);
+    return reference_attention(q, repeat_kv(k, G), repeat_kv(v, G), hidden_keys(spec, Tq, Tk, q.device()), {},
+                               config.scale, dropout_p(config));
+  }
+  if (spec.is_static() || spec.window) {
+    const at::Tensor hide = hidden_keys(spec, Tq, Tk, q.device());
+    return sdpa(q, k, v, hide.defined() ? std::optional<at::Tensor>(hide.logical_not()) : std::nullopt,
+                /*is_causal=*/false, config);
+  }
+  // SDPA's is_causal aligns top-left, which is our mask only when Tq == Tk. A single
+  // new token sees every cached key, so it needs no mask. Other cached chunks pass
+  // the bottom-right block as a boolean mask (true = attend).
+  std::optional<at::Tensor> keep;
+  bool is_causal = false;
+  if (spec.causal) {
+    if (spec.past == 0) {
+      is_causal = true;
+    } else if (Tq > 1) {
+      keep = hidden_keys(spec, Tq, Tk, q.device()).logical_not();
+    }
+  }
+  return sdpa(q, k, v, keep, is_causal, config);
+}
+
+} // namespace detail
+
+namespace functional {
+
+Backend resolve_backend(const AttentionConfig& config) {
+  if (config.backend != Backend::Auto) {
+    return config.backend;
+  }
+  return (config.training && config.dropout > 0.0) ? Backend::Reference : Backend::SDPA;
+}
+
+at::Tensor attention_weights(const at::Tensor& q, const at::Tensor& k, const at::Tensor& causal_mask,
+                             int64_t past, std::optional<double> scale) {
+  detail::check_qkv("attention", q, k, nullptr);
+  detail::MaskSpec spec;
+  spec.causal = causal_mask.defined();
+  spec.buffer = spec.causal ? &causal_mask : nullptr;
+  spec.past = past;
+  detail::check_mask_spec("attention", spec, q, k.size(-2));
+  const at::Tensor hide = detail::hidden_keys(spec, q.size(-2), k.size(-2), q.device());
+  return at::softmax(detail::masked_scaled_scores(q, k, hide, scale), -1);
+}
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& causal_mask,
+                     int64_t past, const AttentionConfig& config, const at::Tensor& key_padding_mask,
+                     const at::Tensor& key_bias) {
+  detail::MaskSpec spec;
+  spec.causal = causal_mask.defined();
+  spec.buffer = spec.causal ? &causal_mask : nullptr;
+  spec.past = past;
+  spec.key_padding = key_padding_mask;
+  spec.key_bias = key_bias;
+  return detail::attend(q, k, v, spec, config);
+}
+
+} // namespace functional
+
+} // namespace torchattn

@@ -1,0 +1,20 @@
+#pragma once
+
+// The attention dispatcher behind functional::attention and the modules: one entry
+// that takes a MaskSpec, so that a causal buffer, causal-from-positions and
+// static-shape caches all go through the same backends.
+
+#include "backends/mask_spec.h"
+
+#include <torchattn/functional.h>
+
+namespace torchattn::detail {
+
+/// q: [B, ..., Tq, d], k: [B, ..., Tk, d], v: [B, ..., Tk, dv]; which keys each
+/// query sees and the bias added to their scores: `mask` (see MaskSpec).
+/// A query that sees no key outputs zeros (see functional::attention).
+/// Returns [B, ..., Tq, dv].
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MaskSpec& mask,
+                  const functional::AttentionConfig& config);
+
+} // namespace torchattn::detail

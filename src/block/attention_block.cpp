@@ -1,0 +1,142 @@
+#include "block/attention_block.h"
+
+#include "block/alibi.h"
+#include "backends/attend.h"
+#include "block/paged_attend.h"
+#include "block/positions.h"
+
+#include <ATen/TensorOperators.h>
+
+#include <algorithm>
+#include <array>
+
+namespace torchattn::detail {
+
+namespace {
+
+// x [..., d_in] -> queries [..., num_heads * head_dim], keys and values
+// [..., num_kv_heads * head_dim]: one packed product where the block has one and it
+// applies, else functional::linear (`fast`, inference: its kernels for a few rows or
+// oneDNN) or LibTorch's Linear (bit for bit whatever the grad mode).
+std::array<at::Tensor, 3> project(AttentionBlock& block, const at::Tensor& x, bool fast) {
+  const std::array<at::Tensor, 3> weights{block.W_query->weight, block.W_key->weight, block.W_value->weight};
+  const std::array<at::Tensor, 3> biases{block.W_query->bias, block.W_key->bias, block.W_value->bias};
+  const int64_t rows = x.size(-1) == 0 ? 0 : x.numel() / x.size(-1);
+  if (block.packed_qkv != nullptr && rows >= block.pack_min_rows && PackedLinear::applies(x, weights, biases)) {
+    // One product for the three projections; each a view of its features.
+    const at::Tensor qkv = block.packed_qkv->forward(x, weights, biases);
+    const int64_t dq = block.W_query->weight.size(0), dkv = block.W_key->weight.size(0);
+    return {qkv.narrow(-1, 0, dq), qkv.narrow(-1, dq, dkv), qkv.narrow(-1, dq + dkv, dkv)};
+  }
+  auto one = [&](torch::nn::Linear& l) { return fast ? functional::linear(x, l->weight, l->bias) : l->forward(x); };
+  at::Tensor keys = one(block.W_key);
+  at::Tensor queries = one(block.W_query);
+  return {queries, keys, one(block.W_value)};
+}
+
+// QK-norm where the block has it: called before the split into heads (per_head
+// false) and after it (true); the norm runs at the call that matches its kind.
+void normalize(const AttentionBlock& block, at::Tensor& queries, at::Tensor& keys, bool per_head) {
+  if (block.q_norm == nullptr || block.qk_norm_per_head != per_head) return;
+  queries = block.q_norm->forward(queries);
+  keys = block.k_norm->forward(keys);
+}
+
+} // namespace
+
+at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, KVCache* cache,
+                                   const functional::AttentionConfig& config, const at::Tensor& key_padding_mask,
+                                   const at::Tensor& key_bias) {
+  const int64_t B = x.size(0);
+  const int64_t T = x.size(1);
+  // Cached decoding (inference only) takes functional::linear's fast path for a few
+  // rows; forward keeps LibTorch's Linear, bit for bit whatever the grad mode.
+  auto [queries, keys, values] = project(block, x, /*fast=*/cache != nullptr);
+  const int64_t d_out = queries.size(-1);
+
+  // Tokens before heads, [B, T, G, head_dim] (G = 1 for a single-head module): the
+  // projections' own layout, where the rotary embedding runs in one pass.
+  const int64_t H = std::max<int64_t>(block.num_heads, 1), Hkv = std::max<int64_t>(block.num_kv_heads, 1);
+  const int64_t head_dim = d_out / H;
+  normalize(block, queries, keys, /*per_head=*/false);
+  queries = queries.view({B, T, H, head_dim});
+  keys = keys.view({B, T, Hkv, head_dim});
+  normalize(block, queries, keys, /*per_head=*/true);
+  if (block.rope != nullptr) {
+    if (!queries.is_contiguous()) {  // views of a packed product: the one-pass CPU kernel wants them dense
+      queries = queries.contiguous();
+      keys = keys.contiguous();
+    }
+    const at::Tensor positions = token_positions(T, cache, key_padding_mask, x.device());
+    queries = block.rope->apply(queries, positions);
+    keys = block.rope->apply(keys, positions);
+  }
+  if (block.num_heads > 0) {
+    // Heads before tokens: [B, T, H, head_dim] -> [B, H, T, head_dim].
+    queries = queries.transpose(1, 2);
+    keys = keys.transpose(1, 2);
+    values = values.view({B, T, Hkv, head_dim}).transpose(1, 2);
+  } else {
+    queries = queries.view({B, T, d_out});
+    keys = keys.view({B, T, d_out});
+  }
+
+  MaskSpec spec;
+  spec.causal = block.causal;
+  spec.buffer = block.mask.defined() ? &block.mask : nullptr;
+  spec.window = block.window;
+  spec.key_padding = key_padding_mask;
+  spec.key_bias = key_bias;
+  if (cache != nullptr) {
+    spec.past = cache->append(keys, values, key_padding_mask);
+    if (cache->static_shapes()) {
+      spec.positions = cache->position() - T;  // where the new tokens went
+      keys = cache->key_storage();
+      values = cache->value_storage();
+      spec.key_padding = cache->padding_storage();
+    } else {
+      keys = cache->keys();
+      values = cache->values();
+      spec.key_padding = cache->padding();
+    }
+  }
+
+  if (block.alibi_slopes.defined()) {
+    spec.score_bias = alibi_bias(block.alibi_slopes.to(queries.device()), spec.key_padding, T, keys.size(-2),
+                                 queries.scalar_type(), spec.positions);
+  }
+  at::Tensor context = attend(queries, keys, values, spec, config);
+
+  if (block.num_heads > 0) {
+    // [B, H, T, head_dim] -> [B, T, H, head_dim] -> [B, T, d_out]; no copy when the
+    // kernel already wrote tokens-major (ATen's CPU flash kernel does).
+    context = context.transpose(1, 2).reshape({B, T, d_out});
+  }
+  return context;
+}
+
+at::Tensor paged_attention_block_forward(AttentionBlock& block, const at::Tensor& x, PagedKVCache& cache,
+                                         const PagedStep& step, int64_t layer,
+                                         const functional::AttentionConfig& config) {
+  const int64_t N = x.size(0);
+  auto [queries, keys, values] = project(block, x, /*fast=*/true);
+  const int64_t H = block.num_heads, Hkv = block.num_kv_heads, head_dim = queries.size(-1) / H;
+  // [N, heads, head_dim]: a batch of one sequence of N tokens for the rotary tables,
+  // each token at its own position in its own sequence.
+  normalize(block, queries, keys, /*per_head=*/false);
+  queries = queries.reshape({1, N, H, head_dim});
+  keys = keys.reshape({1, N, Hkv, head_dim});
+  normalize(block, queries, keys, /*per_head=*/true);
+  if (block.rope != nullptr) {
+    queries = queries.contiguous();  // the one-pass CPU kernel wants them dense
+    keys = keys.contiguous();
+    queries = block.rope->apply(queries, step.positions);
+    keys = block.rope->apply(keys, step.positions);
+  }
+  cache.write(layer, step, keys[0], values.reshape({N, Hkv, head_dim}));
+  const at::Tensor context =
+      paged_attend(queries[0], cache.keys(layer), cache.values(layer), step, block.window, config, block.alibi_slopes);
+  return context.reshape({N, H * head_dim});
+}
+
+} // namespace torchattn::detail

@@ -1,0 +1,279 @@
+#include <torchattn/multi_head_attention.h>
+
+#include <torchattn/functional.h>
+#include <torchattn/packed_linear.h>
+
+#include "block/alibi.h"
+#include "block/attention_block.h"
+#include "base/checks.h"
+#include "block/cross_attention_block.h"
+#include "serialize/strict_load.h"
+
+#include <ATen/ops/zeros.h>
+
+#include <cmath>
+#include <ostream>
+
+namespace torchattn {
+
+namespace {
+constexpr const char* kMultiHeadAttention = "MultiHeadAttention";
+
+// The block of forward_cross: no causal mask, window, positions or packed products.
+detail::AttentionBlock cross_block(MultiHeadAttentionImpl& m) {
+  return detail::AttentionBlock{m.W_query, m.W_key, m.W_value, m.options.num_heads(), m.num_kv_heads(), false, m.mask,
+                                std::nullopt, nullptr, nullptr, m.options.pack_min_rows(),
+                                m.q_norm.is_empty() ? nullptr : m.q_norm.get(),
+                                m.k_norm.is_empty() ? nullptr : m.k_norm.get(),
+                                !m.options.qk_norm() || m.options.qk_norm()->per_head()};
+}
+} // namespace
+
+MultiHeadAttentionImpl::MultiHeadAttentionImpl(const MultiHeadAttentionOptions& options_) : options(options_) {
+  reset();
+}
+
+void MultiHeadAttentionImpl::reset() {
+  detail::check_reset_unbuilt(kMultiHeadAttention, *this);
+  detail::check_positive(kMultiHeadAttention, "d_in", options.d_in());
+  detail::check_positive(kMultiHeadAttention, "d_out", options.d_out());
+  detail::check_positive(kMultiHeadAttention, "context_length", options.context_length());
+  detail::check_positive(kMultiHeadAttention, "num_heads", options.num_heads());
+  if (options.head_dim()) {
+    detail::check_positive(kMultiHeadAttention, "head_dim", *options.head_dim());
+  } else {
+    TORCH_CHECK(options.d_out() % options.num_heads() == 0, kMultiHeadAttention,
+                ": expected d_out divisible by num_heads (or head_dim set), got d_out=", options.d_out(),
+                " and num_heads=", options.num_heads());
+  }
+  TORCH_CHECK(num_kv_heads() >= 1 && options.num_heads() % num_kv_heads() == 0, kMultiHeadAttention,
+              ": expected num_kv_heads >= 1 dividing num_heads=", options.num_heads(), ", got num_kv_heads=",
+              num_kv_heads());
+  detail::check_positive(kMultiHeadAttention, "pack_min_rows", options.pack_min_rows());
+  detail::check_dropout(kMultiHeadAttention, options.dropout());
+  detail::check_scale(kMultiHeadAttention, options.scale());
+  detail::check_window(kMultiHeadAttention, options.window(), options.causal());
+  TORCH_CHECK(!options.alibi() || options.causal(), kMultiHeadAttention,
+              ": alibi needs causal(true) (its distances are to earlier keys), got causal(false)");
+  TORCH_CHECK(!options.alibi() || !options.rope(), kMultiHeadAttention,
+              ": alibi and rope both give positions; choose one, got both");
+  if (options.rope()) {
+    detail::check_rope(kMultiHeadAttention, *options.rope(), head_dim());
+  }
+  if (options.kdim()) detail::check_positive(kMultiHeadAttention, "kdim", *options.kdim());
+  if (options.vdim()) detail::check_positive(kMultiHeadAttention, "vdim", *options.vdim());
+  const auto qkv = [&](int64_t in, int64_t out) { return torch::nn::LinearOptions(in, out).bias(options.qkv_bias()); };
+  const int64_t kv_features = num_kv_heads() * head_dim();
+  const int64_t q_features = options.num_heads() * head_dim();  // d_out unless head_dim is set
+  W_query = register_module("W_query", torch::nn::Linear(qkv(options.d_in(), q_features)));
+  W_key = register_module("W_key", torch::nn::Linear(qkv(options.kdim().value_or(options.d_in()), kv_features)));
+  W_value = register_module("W_value", torch::nn::Linear(qkv(options.vdim().value_or(options.d_in()), kv_features)));
+  out_proj = register_module(
+      "out_proj", torch::nn::Linear(torch::nn::LinearOptions(q_features, options.d_out()).bias(options.out_bias())));
+  dropout = register_module("dropout", torch::nn::Dropout(options.dropout()));
+  if (const auto& qk = options.qk_norm()) {
+    TORCH_CHECK(qk->eps() > 0.0 && std::isfinite(qk->eps()), kMultiHeadAttention,
+                ": expected qk_norm eps > 0, got ", qk->eps());
+    q_norm = register_module("q_norm", RMSNorm(qk->per_head() ? head_dim() : q_features, qk->eps()));
+    k_norm = register_module("k_norm", RMSNorm(qk->per_head() ? head_dim() : kv_features, qk->eps()));
+  } else {
+    q_norm = nullptr;
+    k_norm = nullptr;
+  }
+  cache_owner_ = detail::new_cache_owner();
+  rotary_ = options.rope()
+                ? std::make_shared<const detail::RotaryCache>(*options.rope(), head_dim(), options.context_length())
+                : nullptr;
+  alibi_slopes_ = options.alibi() ? detail::alibi_slopes(options.num_heads()) : at::Tensor();
+  TORCH_CHECK(!options.softcap() || (*options.softcap() > 0.0 && std::isfinite(*options.softcap())),
+              kMultiHeadAttention, ": expected softcap > 0, got ", options.softcap().value_or(0.0));
+  sinks = options.sinks() ? register_parameter("sinks", at::zeros({options.num_heads()})) : at::Tensor();
+  packed_qkv_ = std::make_shared<PackedLinear>();
+  packed_out_ = std::make_shared<PackedLinear>();
+  if (options.causal() && options.mask_buffer()) {
+    mask = register_buffer("mask", functional::causal_mask_buffer(options.context_length()));
+  } else {
+    mask = at::Tensor();
+  }
+}
+
+void MultiHeadAttentionImpl::save(torch::serialize::OutputArchive& archive) const {
+  detail::save_with_options(*this, archive);
+}
+
+void MultiHeadAttentionImpl::load(torch::serialize::InputArchive& archive) {
+  detail::strict_load(*this, archive, kMultiHeadAttention, detail::archive_path(archive));
+}
+
+void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
+  stream << "torchattn::MultiHeadAttention(d_in=" << options.d_in() << ", d_out=" << options.d_out()
+         << ", context_length=" << options.context_length() << ", num_heads=" << options.num_heads()
+         << ", dropout=" << options.dropout() << ", qkv_bias=" << std::boolalpha << options.qkv_bias()
+         << ", backend=" << options.backend();
+  if (num_kv_heads() != options.num_heads()) {
+    stream << ", num_kv_heads=" << num_kv_heads();
+  }
+  if (options.head_dim()) {
+    stream << ", head_dim=" << *options.head_dim();
+  }
+  if (options.kdim()) {
+    stream << ", kdim=" << *options.kdim();
+  }
+  if (options.vdim()) {
+    stream << ", vdim=" << *options.vdim();
+  }
+  if (options.alibi()) {
+    stream << ", alibi=true";
+  }
+  if (options.softcap()) {
+    stream << ", softcap=" << *options.softcap();
+  }
+  if (options.sinks()) {
+    stream << ", sinks=true";
+  }
+  if (options.qk_norm()) {
+    stream << ", qk_norm=(eps=" << options.qk_norm()->eps() << ", per_head=" << std::boolalpha
+           << options.qk_norm()->per_head() << ")";
+  }
+  if (!options.out_bias()) {
+    stream << ", out_bias=false";
+  }
+  detail::print_attention_extras(stream, options.causal(), options.window(), options.rope(),
+                                 options.mask_buffer() || !options.causal());
+  if (options.pack_weights()) {
+    stream << ", pack_weights=true";
+    if (options.pack_min_rows() != 1) {
+      stream << ", pack_min_rows=" << options.pack_min_rows();
+    }
+  }
+  stream << ")";
+}
+
+void MultiHeadAttentionImpl::check_self_attention(const char* fn) const {
+  const int64_t kdim = options.kdim().value_or(options.d_in()), vdim = options.vdim().value_or(options.d_in());
+  TORCH_CHECK(kdim == options.d_in() && vdim == options.d_in(), kMultiHeadAttention, ": ", fn,
+              " reads keys and values from x, so it needs kdim and vdim equal to d_in=", options.d_in(), ", got kdim=",
+              kdim, " and vdim=", vdim, "; attend over a context with forward_cross");
+}
+
+at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask,
+                                           const at::Tensor& key_bias) {
+  check_self_attention("forward");
+  detail::check_input(kMultiHeadAttention, x, options.d_in(), options.context_length(), W_query->weight);
+  detail::check_key_padding_mask(kMultiHeadAttention, key_padding_mask, x);
+  detail::check_key_bias(kMultiHeadAttention, key_bias, x);
+  detail::check_some_key_kept(kMultiHeadAttention, key_padding_mask);
+  return attend(x, key_padding_mask, key_bias, nullptr);
+}
+
+KVCache MultiHeadAttentionImpl::make_kv_cache(int64_t batch_size, bool static_shapes) const {
+  detail::check_positive(kMultiHeadAttention, "batch_size", batch_size);
+  return KVCache({batch_size, num_kv_heads(), options.context_length(), head_dim()}, W_key->weight.options(),
+                 static_shapes, cache_owner_);
+}
+
+at::Tensor MultiHeadAttentionImpl::forward_cached(const at::Tensor& x_new, KVCache& cache,
+                                                  const at::Tensor& key_padding_mask) {
+  check_self_attention("forward_cached");
+  detail::check_input(kMultiHeadAttention, x_new, options.d_in(), options.context_length(), W_query->weight);
+  detail::check_causal_for_cache(kMultiHeadAttention, options.causal());
+  detail::check_cache(kMultiHeadAttention, cache, x_new, options.context_length(), cache_owner_, is_training(), options.dropout());
+  detail::check_key_padding_mask(kMultiHeadAttention, key_padding_mask, x_new);
+  return attend(x_new, key_padding_mask, at::Tensor(), &cache);
+}
+
+PagedLayer MultiHeadAttentionImpl::paged_layer() const {
+  return PagedLayer{num_kv_heads(), head_dim(), W_key->weight.options(), cache_owner_};
+}
+
+PagedKVCache MultiHeadAttentionImpl::make_paged_kv_cache(const PagedKVCacheOptions& options_in) const {
+  return PagedKVCache({paged_layer()}, options_in);
+}
+
+at::Tensor MultiHeadAttentionImpl::forward_paged(const at::Tensor& x, PagedKVCache& cache, const PagedStep& step,
+                                                 int64_t layer) {
+  check_self_attention("forward_paged");
+  detail::check_paged(kMultiHeadAttention, x, options.d_in(), options.context_length(), W_query->weight, cache, step,
+                      layer, paged_layer(), is_training(), options.dropout());
+  detail::check_causal_for_cache(kMultiHeadAttention, options.causal(), "forward_paged");
+  const bool packed = options.pack_weights();
+  detail::AttentionBlock block{W_query, W_key, W_value, options.num_heads(), num_kv_heads(), options.causal(),
+                               mask, options.window(), rotary_.get(), packed ? packed_qkv_.get() : nullptr,
+                               options.pack_min_rows(), q_norm.is_empty() ? nullptr : q_norm.get(),
+                               k_norm.is_empty() ? nullptr : k_norm.get(),
+                               !options.qk_norm() || options.qk_norm()->per_head(), alibi_slopes_};
+  const functional::AttentionConfig config{options.scale(), 0.0, false, options.backend(), options.softcap(), sinks};
+  const at::Tensor context = detail::paged_attention_block_forward(block, x, cache, step, layer, config);
+  if (packed && context.size(0) >= options.pack_min_rows() &&
+      PackedLinear::applies(context, {out_proj->weight}, {out_proj->bias})) {
+    return packed_out_->forward(context, {out_proj->weight}, {out_proj->bias});
+  }
+  return functional::linear(context, out_proj->weight, out_proj->bias);
+}
+
+void MultiHeadAttentionImpl::check_cross_attention(const char* fn) const {
+  TORCH_CHECK(!options.causal(), kMultiHeadAttention, ": ", fn,
+              " attends over the whole context, so it needs causal(false), got causal(true)");
+  TORCH_CHECK(!options.rope(), kMultiHeadAttention, ": ", fn,
+              " gives the context no positions, so it is not available with rope");
+}
+
+CrossKV MultiHeadAttentionImpl::cross_kv(const at::Tensor& context, const at::Tensor& context_padding_mask,
+                                         const at::Tensor& value_context) {
+  check_cross_attention("cross_kv");
+  detail::check_cross_context(kMultiHeadAttention, context, value_context, context_padding_mask,
+                              options.kdim().value_or(options.d_in()), options.vdim().value_or(options.d_in()),
+                              W_key->weight);
+  const bool batched = context.dim() == 3;
+  const auto batch = [&](const at::Tensor& t) { return !t.defined() || batched ? t : t.unsqueeze(0); };
+  at::Tensor padding = batch(context_padding_mask);
+  if (padding.defined() && padding.size(0) == 1 && context.dim() == 3 && context.size(0) > 1) {
+    padding = padding.expand({context.size(0), padding.size(1)});
+  }
+  detail::AttentionBlock block = cross_block(*this);
+  return detail::cross_project(block, batch(context), batch(value_context), padding);
+}
+
+at::Tensor MultiHeadAttentionImpl::forward_cross(const at::Tensor& x, const CrossKV& kv) {
+  check_cross_attention("forward_cross");
+  detail::check_input(kMultiHeadAttention, x, options.d_in(), options.context_length(), W_query->weight);
+  detail::check_cross_kv(kMultiHeadAttention, kv, x, num_kv_heads(), head_dim());
+  detail::AttentionBlock block = cross_block(*this);
+  const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend(),
+                                           options.softcap(), sinks};
+  const at::Tensor xb = x.dim() == 3 ? x : x.unsqueeze(0);
+  const at::Tensor y = out_proj->forward(detail::cross_attention_block_forward(block, xb, kv, config));
+  return x.dim() == 3 ? y : y[0];
+}
+
+at::Tensor MultiHeadAttentionImpl::forward_cross(const at::Tensor& x, const at::Tensor& context,
+                                                 const at::Tensor& context_padding_mask) {
+  return forward_cross(x, cross_kv(context, context_padding_mask));
+}
+
+at::Tensor MultiHeadAttentionImpl::attend(const at::Tensor& x, const at::Tensor& key_padding_mask,
+                                          const at::Tensor& key_bias, KVCache* cache) {
+  const bool packed = options.pack_weights();
+  if (!packed && packed_qkv_->packed_bytes() + packed_out_->packed_bytes() > 0) {
+    packed_qkv_->clear();  // pack_weights turned off: the copies go
+    packed_out_->clear();
+  }
+  detail::AttentionBlock block{W_query, W_key, W_value, options.num_heads(), num_kv_heads(), options.causal(),
+                               mask, options.window(), rotary_.get(), packed ? packed_qkv_.get() : nullptr,
+                               options.pack_min_rows(), q_norm.is_empty() ? nullptr : q_norm.get(),
+                               k_norm.is_empty() ? nullptr : k_norm.get(),
+                               !options.qk_norm() || options.qk_norm()->per_head(), alibi_slopes_};
+  const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend(),
+                                           options.softcap(), sinks};
+  return detail::with_batch_dim(x, key_padding_mask, key_bias,
+                                [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {
+    const at::Tensor context = detail::attention_block_forward(block, xb, cache, config, mb, bb);
+    if (packed && context.numel() >= options.pack_min_rows() * context.size(-1) &&
+        PackedLinear::applies(context, {out_proj->weight}, {out_proj->bias})) {
+      return packed_out_->forward(context, {out_proj->weight}, {out_proj->bias});
+    }
+    return cache != nullptr ? functional::linear(context, out_proj->weight, out_proj->bias) : out_proj->forward(context);
+  });
+}
+
+} // namespace torchattn

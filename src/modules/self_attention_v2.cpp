@@ -1,0 +1,63 @@
+#include <torchattn/self_attention_v2.h>
+
+#include "block/attention_block.h"
+#include "base/checks.h"
+#include "serialize/strict_load.h"
+
+#include <cmath>
+#include <ostream>
+
+namespace torchattn {
+
+namespace {
+constexpr const char* kSelfAttentionV2 = "SelfAttentionV2";
+}
+
+SelfAttentionV2Impl::SelfAttentionV2Impl(const SelfAttentionV2Options& options_) : options(options_) {
+  reset();
+}
+
+void SelfAttentionV2Impl::reset() {
+  detail::check_reset_unbuilt(kSelfAttentionV2, *this);
+  detail::check_positive(kSelfAttentionV2, "d_in", options.d_in());
+  detail::check_positive(kSelfAttentionV2, "d_out", options.d_out());
+  detail::check_scale(kSelfAttentionV2, options.scale());
+  const auto linear = torch::nn::LinearOptions(options.d_in(), options.d_out()).bias(options.qkv_bias());
+  W_query = register_module("W_query", torch::nn::Linear(linear));
+  W_key = register_module("W_key", torch::nn::Linear(linear));
+  W_value = register_module("W_value", torch::nn::Linear(linear));
+}
+
+void SelfAttentionV2Impl::save(torch::serialize::OutputArchive& archive) const {
+  detail::save_with_options(*this, archive);
+}
+
+void SelfAttentionV2Impl::load(torch::serialize::InputArchive& archive) {
+  detail::strict_load(*this, archive, kSelfAttentionV2, detail::archive_path(archive));
+}
+
+void SelfAttentionV2Impl::pretty_print(std::ostream& stream) const {
+  stream << "torchattn::SelfAttentionV2(d_in=" << options.d_in() << ", d_out=" << options.d_out()
+         << ", qkv_bias=" << std::boolalpha << options.qkv_bias() << ", backend=" << options.backend() << ")";
+}
+
+at::Tensor SelfAttentionV2Impl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask,
+                                        const at::Tensor& key_bias) {
+  detail::check_input(kSelfAttentionV2, x, options.d_in(), /*context_length=*/0, W_query->weight);
+  detail::check_key_padding_mask(kSelfAttentionV2, key_padding_mask, x);
+  detail::check_key_bias(kSelfAttentionV2, key_bias, x);
+  detail::check_some_key_kept(kSelfAttentionV2, key_padding_mask);
+  const at::Tensor no_mask;
+  detail::AttentionBlock block{W_query, W_key, W_value, /*num_heads=*/0, /*num_kv_heads=*/0, /*causal=*/false, no_mask};
+  // The notebook divides by torch.sqrt(torch.tensor(d_out)): a float32 square root,
+  // even for float64 inputs. Mirror it so float64 matches the Python code too.
+  const double default_scale = 1.0 / static_cast<double>(std::sqrt(static_cast<float>(options.d_out())));
+  const functional::AttentionConfig config{options.scale().value_or(default_scale), /*dropout=*/0.0, is_training(),
+                                           options.backend()};
+  return detail::with_batch_dim(x, key_padding_mask, key_bias,
+                                [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {
+    return detail::attention_block_forward(block, xb, nullptr, config, mb, bb);
+  });
+}
+
+} // namespace torchattn

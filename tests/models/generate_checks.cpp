@@ -1,0 +1,476 @@
+// torchattn_generate's decoder, tokenizer and chat template against transformers
+// (tests/reference/make_generate_reference.py writes the reference into the folder that
+// TORCHATTN_GENERATE_REFERENCE names; TORCHATTN_SMOLLM2 names the converted
+// SmolLM2 folder; ctest -R generate sets both).
+//
+// - tiny random Llama (one with heads of their own size), Qwen2, Qwen3, Mistral and Gemma 2 checkpoints: prompt logits within 1e-4
+//   (relative to the largest), 32 greedy tokens equal, cached decoding equal to
+//   recomputing the whole sequence;
+// - the tokenizers: every line of the fortunes text, ids and decoded text equal
+//   (SmolLM2's, and a Qwen2-style one trained on the text);
+// - SmolLM2-135M-Instruct: the chat prompt's ids, its logits within 1e-4, and 48
+//   greedy tokens equal to transformers' generate; where transformers' own top two
+//   logits differ by less than 1e-4 the comparison stops there, and says so;
+// - a missing or misshapen weight is an error naming the key.
+
+#include <torchattn/models.h>
+
+#include <torchattn/safetensors.h>
+
+#include "common/expect_error.h"
+#include "common/model_folder_copy.h"
+#include "common/reference_io.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? "" : v;
+}
+
+fs::path reference() { return env("TORCHATTN_GENERATE_REFERENCE"); }
+fs::path smollm2() { return env("TORCHATTN_SMOLLM2"); }
+
+c10::impl::GenericDict read_pickle(const fs::path& path) {
+  return torchattn::testing::read_pickle(path, "ctest -R generate");
+}
+
+using torchattn::testing::relative_error;
+using torchattn::testing::to_ids;
+
+namespace models = torchattn::models;
+
+models::CausalLM load_model(const fs::path& dir, int64_t context = 0) {
+  const auto config = models::read_decoder_config((dir / "config.json").string());
+  models::CausalLM model(config, context > 0 ? context : config.max_position_embeddings);
+  model->load_hf_weights((dir / "model.safetensors").string());
+  model->eval();
+  return model;
+}
+
+// Greedy ids of `prompt` through the generation loop (the CLI's), up to n tokens.
+std::vector<int64_t> greedy(models::CausalLMImpl& model, const std::vector<int64_t>& prompt, int64_t n,
+                            const std::vector<int64_t>& stop) {
+  return models::generate(model, {prompt}, models::GenerationOptions().max_new_tokens(n).stop_token_ids(stop).stop_at_eos(false))[0].ids;
+}
+
+// ---- tiny random models of each type ----
+
+std::vector<std::string> tiny_models() {
+  std::vector<std::string> out;
+  const auto dir = reference() / "tiny";
+  if (fs::is_directory(dir)) {
+    for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+class TinyModel : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TinyModel, LogitsAndGreedyTokensAreTransformers) {
+  const auto dir = reference() / "tiny" / GetParam();
+  const auto expected = read_pickle(dir / "expected.pt");
+  auto model = load_model(dir);
+  const auto prompt = expected.at("prompt").toTensor();
+  c10::InferenceMode inference;
+  const auto logits = model->forward(prompt.unsqueeze(0))[0];
+  const double err = relative_error(logits, expected.at("logits").toTensor());
+  std::printf("[generate] %s: prompt logits error %.2e relative to the largest\n", GetParam().c_str(), err);
+  EXPECT_LE(err, 1e-4);
+  const auto tokens = greedy(*model, to_ids(prompt), 32, {});
+  EXPECT_EQ(tokens, to_ids(expected.at("tokens").toTensor()));
+}
+
+TEST_P(TinyModel, CachedDecodingEqualsRecomputing) {
+  auto model = load_model(reference() / "tiny" / GetParam());
+  c10::InferenceMode inference;
+  const auto ids = torch::randint(3, model->config().vocab_size, {2, 16});
+  const auto full = model->forward(ids);
+  auto caches = model->make_caches(2);
+  std::vector<torch::Tensor> parts{model->forward(ids.narrow(1, 0, 5), &caches)};
+  for (int64_t t = 5; t < 16; ++t) parts.push_back(model->forward(ids.narrow(1, t, 1), &caches));
+  EXPECT_LE(relative_error(torch::cat(parts, 1), full), 1e-5);
+}
+
+TEST_P(TinyModel, EachPromptOfABatchGetsTheTokensItGetsAlone) {
+  auto model = load_model(reference() / "tiny" / GetParam(), 64);
+  torch::manual_seed(11);
+  std::vector<std::vector<int64_t>> prompts;
+  for (const int64_t n : {5, 11, 1, 8}) prompts.push_back(to_ids(torch::randint(3, model->config().vocab_size, {n})));
+  const auto greedy_options = models::GenerationOptions().max_new_tokens(12).stop_at_eos(false);
+  const auto sampled_options = models::GenerationOptions(greedy_options).do_sample(true).temperature(0.9).top_k(20).seed(7);
+  for (const auto& options : {greedy_options, sampled_options}) {
+    SCOPED_TRACE(options.do_sample() ? "sampled" : "greedy");
+    std::vector<std::vector<int64_t>> streamed(prompts.size());
+    auto with_stream = options;
+    with_stream.on_token([&](size_t b, int64_t id) { streamed.at(b).push_back(id); });
+    const auto batch = models::generate(*model, prompts, with_stream);
+    ASSERT_EQ(batch.size(), prompts.size());
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      const auto alone = models::generate(*model, {prompts[b]}, options)[0];
+      EXPECT_EQ(batch[b].ids, alone.ids) << "prompt " << b;
+      EXPECT_EQ(batch[b].ids, streamed[b]);
+      EXPECT_EQ(batch[b].prompt_tokens, static_cast<int64_t>(prompts[b].size()));
+      EXPECT_EQ(batch[b].ids.size(), 12u);
+    }
+  }
+}
+
+TEST_P(TinyModel, PackedWeightsGiveTheLogitsAndTokensOfTheLayersOwnProducts) {
+  const auto dir = reference() / "tiny" / GetParam();
+  const auto expected = read_pickle(dir / "expected.pt");
+  auto model = load_model(dir);
+  const auto prompt = expected.at("prompt").toTensor();
+  c10::InferenceMode inference;
+  const auto plain = model->forward(prompt.unsqueeze(0))[0];
+  for (const int64_t min_rows : {1, 2}) {
+    SCOPED_TRACE("min_rows " + std::to_string(min_rows));
+    model->pack_weights(true, min_rows);
+    EXPECT_TRUE(model->packs_weights());
+    EXPECT_LE(relative_error(model->forward(prompt.unsqueeze(0))[0], plain), 1e-5);
+    EXPECT_EQ(greedy(*model, to_ids(prompt), 32, {}), to_ids(expected.at("tokens").toTensor()));
+  }
+  // With min_rows 1 every product is packed, and the paged attention is torchattn's CPU
+  // kernel: a sequence's logits are the same bits alone or beside another one in a step
+  // (what the serving engine relies on). The contiguous forward's attention is ATen's,
+  // whose kernels are not batch-invariant on every CPU (head_dim 8 on an AMD EPYC
+  // differs in the last bit): there, within rounding.
+  const auto ids = torch::randint(3, model->config().vocab_size, {2, 9});
+  auto paged = [&](const std::vector<int64_t>& rows) {
+    auto cache = model->make_paged_cache(torchattn::PagedKVCacheOptions(8).block_size(4));
+    std::vector<torchattn::StepTokens> tokens;
+    for ([[maybe_unused]] const int64_t row : rows) tokens.push_back({cache.add_sequence(), 9});
+    const auto step = cache.begin_step(tokens);
+    return model->forward_paged(ids.index_select(0, torch::tensor(rows)).reshape({-1}), cache, step);
+  };
+  const auto both = paged({0, 1}), alone = paged({1});
+  ASSERT_EQ(both.sizes(), (std::vector<int64_t>{18, model->config().vocab_size}));
+  EXPECT_TRUE(torch::equal(both.narrow(0, 9, 9), alone));
+  EXPECT_LE(relative_error(alone, model->forward(ids.narrow(0, 1, 1))[0]), 1e-5);
+  EXPECT_LE(relative_error(model->forward(ids)[1], model->forward(ids.narrow(0, 1, 1))[0]), 1e-6);
+  model->pack_weights(false);
+  EXPECT_TRUE(torch::equal(model->forward(prompt.unsqueeze(0))[0], plain));
+}
+
+// Continuous batching over the paged cache (its CPU kernel: windows, softcap, ...):
+// the prompt beside two others, prefilled in chunks of 5 that share steps with the
+// others' decoding, gets transformers' greedy tokens.
+TEST_P(TinyModel, TheEngineGivesTransformersTokensBesideOtherRequests) {
+  const auto dir = reference() / "tiny" / GetParam();
+  const auto expected = read_pickle(dir / "expected.pt");
+  models::Engine engine(load_model(dir),
+                        models::EngineOptions().kv_tokens(512).block_size(4).prefill_chunk(5).max_prefill_tokens(8));
+  const auto prompt = to_ids(expected.at("prompt").toTensor());
+  const std::vector<int64_t> other_a(prompt.rbegin(), prompt.rend()), other_b(prompt.begin(), prompt.begin() + 3);
+  const auto results =
+      engine.generate({other_a, prompt, other_b}, models::GenerationOptions().max_new_tokens(32).stop_at_eos(false));
+  EXPECT_EQ(results[1].ids, to_ids(expected.at("tokens").toTensor()));
+  EXPECT_GT(engine.stats().steps, 32);
+  EXPECT_EQ(engine.cache().free_blocks(), engine.cache().num_blocks());
+}
+
+INSTANTIATE_TEST_SUITE_P(Generate, TinyModel, ::testing::ValuesIn(tiny_models()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+TEST(GenerateReference, IsPresent) {
+  ASSERT_EQ(tiny_models().size(), 7u) << "no reference in TORCHATTN_GENERATE_REFERENCE='" << reference().string()
+                                      << "' (ctest -R generate makes it)";
+  ASSERT_TRUE(fs::exists(smollm2() / "model.safetensors")) << "no SmolLM2 in TORCHATTN_SMOLLM2='" << smollm2().string()
+                                                           << "'";
+}
+
+// ---- weights ----
+
+TEST(GenerateWeights, MissingOrMisshapenWeightsAreErrorsNamingTheKey) {
+  const auto dir = reference() / "tiny" / "llama_untied_theta5e5";
+  const auto config = models::read_decoder_config((dir / "config.json").string());
+  auto tensors = torchattn::load_safetensors((dir / "model.safetensors").string());
+  auto expect = [&](const torchattn::NamedTensors& t, const std::string& message) {
+    models::CausalLM model(config, 32);
+    try {
+      models::load_weights(*model, t, model->hf_weights(), "model.safetensors");
+      ADD_FAILURE() << "loaded; expected: " << message;
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what_without_backtrace()).find(message), std::string::npos) << e.what_without_backtrace();
+    }
+  };
+  auto without = tensors;
+  without.erase(std::remove_if(without.begin(), without.end(),
+                               [](const auto& p) { return p.first == "model.layers.1.self_attn.k_proj.weight"; }),
+                without.end());
+  expect(without, "load_weights: model.safetensors has no tensor for 'layers.1.self_attn.W_key.weight' (shape [16, 64])");
+  auto misshapen = tensors;
+  for (auto& [name, t] : misshapen) {
+    if (name == "model.layers.0.mlp.up_proj.weight") t = t.narrow(0, 0, 100);
+  }
+  expect(misshapen, "load_weights: tensor 'model.layers.0.mlp.up_proj.weight' of model.safetensors has shape [100, 64], "
+                   "expected [128, 64] for 'layers.0.up_proj.weight'");
+  auto extra = tensors;
+  extra.emplace_back("model.layers.0.self_attn.q_norm.weight", torch::ones({16}));
+  expect(extra, "load_weights: model.safetensors has tensor 'model.layers.0.self_attn.q_norm.weight' "
+                "('layers.0.self_attn.q_norm.weight' after renaming), which the module does not have");
+}
+
+// ---- tokenizers ----
+
+void expect_every_line(const models::Tokenizer& tok, const fs::path& expected_json, const std::string& what) {
+  std::ifstream in(expected_json);
+  ASSERT_TRUE(in) << expected_json;
+  const auto ref = nlohmann::json::parse(in);
+  const auto& lines = ref["lines"];
+  const auto& ids = ref["ids"];
+  size_t wrong = 0;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string line = lines[i].get<std::string>();
+    const auto want = ids[i].get<std::vector<int64_t>>();
+    const auto got = tok.encode(line);
+    if (got != want && ++wrong <= 5) ADD_FAILURE() << what << ": line " << i << " '" << line << "' encodes differently";
+    if (tok.decode(got) != line && ++wrong <= 5) ADD_FAILURE() << what << ": line " << i << " decodes differently";
+  }
+  std::printf("[generate] %s: %zu lines, %zu encode or decode differently\n", what.c_str(), lines.size(), wrong);
+  EXPECT_EQ(wrong, 0u);
+}
+
+TEST(GenerateTokenizer, SmolLM2EncodesEveryFortuneLineAsTransformers) {
+  models::Tokenizer tok((smollm2() / "tokenizer.json").string());
+  expect_every_line(tok, reference() / "tokenizer_smollm2.json", "SmolLM2 tokenizer");
+}
+
+TEST(GenerateTokenizer, Qwen2StyleEncodesEveryFortuneLineAsTokenizers) {
+  models::Tokenizer tok((reference() / "tokenizer_qwen2style" / "tokenizer.json").string());
+  expect_every_line(tok, reference() / "tokenizer_qwen2style" / "expected.json", "Qwen2-style tokenizer");
+}
+
+TEST(GenerateTokenizer, OtherKindsAreRefusedNamingWhatTheyAre) {
+  const auto path = fs::temp_directory_path() / ("torchattn_unigram_" + std::to_string(::getpid()) + ".json");
+  std::ofstream(path) << R"({"model": {"type": "Unigram", "vocab": [["a", 0.0]]}, "pre_tokenizer": null,
+                             "normalizer": null, "decoder": null, "post_processor": null, "added_tokens": []})";
+  try {
+    models::Tokenizer tok(path.string());
+    ADD_FAILURE() << "a Unigram tokenizer was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("is a Unigram tokenizer; this library reads BPE (GPT-2, "
+                                                            "SmolLM2, Qwen2) and WordPiece (BERT) tokenizers"),
+              std::string::npos) << e.what_without_backtrace();
+  }
+  fs::remove(path);
+}
+
+// ---- SmolLM2-135M-Instruct ----
+
+TEST(GenerateSmolLM2, ConversationsAreTheChatTemplatesText) {
+  const auto ref = read_pickle(reference() / "smollm2.pt");
+  const auto chat_template = models::read_chat_template(smollm2().string());
+  ASSERT_TRUE(chat_template.has_value());
+  const auto conversations = nlohmann::json::parse(ref.at("conversations").toStringRef());
+  ASSERT_EQ(conversations.size(), 2u);
+  for (const auto& c : conversations) {
+    std::vector<models::ChatMessage> messages;
+    for (const auto& m : c["messages"]) messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    EXPECT_EQ(models::chat_prompt(*chat_template, messages), c["text"].get<std::string>());
+  }
+  try {
+    models::chat_prompt(*chat_template, std::vector<models::ChatMessage>{{"tool", "{}"}});
+    ADD_FAILURE() << "a tool turn was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("message 0 has role 'tool'; expected system, user or "
+                                                            "assistant"), std::string::npos);
+  }
+}
+
+TEST(GenerateSmolLM2, ChatPromptLogitsAndGreedyTokensAreTransformers) {
+  const auto ref = read_pickle(reference() / "smollm2.pt");
+  models::Tokenizer tok((smollm2() / "tokenizer.json").string());
+  const auto chat_template = models::read_chat_template(smollm2().string());
+  ASSERT_TRUE(chat_template.has_value());
+  auto model = load_model(smollm2(), 256);
+  const auto config = model->config();
+  for (int64_t i = 0; i < ref.at("count").toInt(); ++i) {
+    const std::string key = "prompt" + std::to_string(i);
+    const std::string text = ref.at(key + ".text").toStringRef();
+    SCOPED_TRACE(text);
+    // The chat template and tokenizer give transformers' ids.
+    const auto ids = tok.encode(models::chat_prompt(*chat_template, text));
+    ASSERT_EQ(ids, to_ids(ref.at(key + ".ids").toTensor()));
+    {
+      c10::InferenceMode inference;
+      const auto logits = model->forward(torch::tensor(ids).unsqueeze(0))[0];
+      const double err = relative_error(logits, ref.at(key + ".logits").toTensor());
+      std::printf("[generate] SmolLM2 prompt %lld: logits error %.2e relative to the largest\n",
+                  static_cast<long long>(i), err);
+      EXPECT_LE(err, 1e-4);
+    }
+    const auto want = to_ids(ref.at(key + ".tokens").toTensor());
+    const auto margins = ref.at(key + ".margins").toTensor();
+    const auto got = greedy(*model, ids, 48, config.eos_token_ids);
+    // Compare up to the first step where transformers itself nearly tied.
+    size_t n = want.size();
+    for (size_t s = 0; s < want.size(); ++s) {
+      if (margins[static_cast<int64_t>(s)].item<double>() < 1e-4) {
+        std::printf("[generate] SmolLM2 prompt %lld: transformers' top two logits tie within 1e-4 at step %zu; "
+                    "tokens compared up to there\n", static_cast<long long>(i), s);
+        n = s;
+        break;
+      }
+    }
+    ASSERT_GE(got.size(), n);
+    EXPECT_EQ(std::vector<int64_t>(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(n)),
+              std::vector<int64_t>(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(n)));
+    if (n == want.size()) EXPECT_EQ(got.size(), want.size());
+    std::printf("[generate] SmolLM2 prompt %lld: %zu greedy tokens equal to transformers' generate: \"%s\"\n",
+                static_cast<long long>(i), n, tok.decode(std::vector<int64_t>(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(n))).c_str());
+  }
+}
+
+TEST(GenerateSmolLM2, LanguageModelGeneratesTheReferenceTokensForABatchOfPrompts) {
+  const auto ref = read_pickle(reference() / "smollm2.pt");
+  auto lm = models::LanguageModel::from_pretrained(smollm2().string(), models::LoadOptions().context_length(256));
+  std::vector<std::string> prompts;
+  for (int64_t i = 0; i < ref.at("count").toInt(); ++i) {
+    prompts.push_back(lm.chat_prompt(ref.at("prompt" + std::to_string(i) + ".text").toStringRef()));
+  }
+  std::vector<std::string> streamed(prompts.size());
+  const auto out = lm.generate(prompts, models::GenerationOptions().max_new_tokens(48),
+                               [&](size_t b, const std::string& piece) { streamed.at(b) += piece; });
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::string key = "prompt" + std::to_string(i);
+    EXPECT_EQ(lm.tokenizer().encode(prompts[i]), to_ids(ref.at(key + ".ids").toTensor()));
+    const auto want = to_ids(ref.at(key + ".tokens").toTensor());
+    const auto margins = ref.at(key + ".margins").toTensor();
+    size_t n = want.size();
+    for (size_t s = 0; s < want.size(); ++s) {
+      if (margins[static_cast<int64_t>(s)].item<double>() < 1e-4) {
+        n = s;
+        break;
+      }
+    }
+    ASSERT_GE(out[i].ids.size(), n);
+    EXPECT_EQ(std::vector<int64_t>(out[i].ids.begin(), out[i].ids.begin() + static_cast<std::ptrdiff_t>(n)),
+              std::vector<int64_t>(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(n)));
+    // The text: the new tokens decoded, the stop token left out; streamed piece by piece.
+    auto ids = out[i].ids;
+    if (out[i].stopped) ids.pop_back();
+    EXPECT_EQ(out[i].text, lm.tokenizer().decode(ids));
+    EXPECT_EQ(streamed[i], out[i].text);
+    std::printf("[generate] LanguageModel, batch of %zu, prompt %zu: %zu tokens equal to transformers' generate: "
+                "\"%s\"\n", prompts.size(), i, n, out[i].text.c_str());
+  }
+}
+
+// ---- model folders whose files belong together ----
+
+const char* kTinyWordPiece = R"({"model": {"type": "WordPiece", "unk_token": "[UNK]", "vocab": {"[UNK]": 0,
+    "[CLS]": 1, "[SEP]": 2, "[PAD]": 3, "hello": 4}}, "normalizer": {"type": "BertNormalizer"},
+    "pre_tokenizer": {"type": "BertPreTokenizer"}})";
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Another model's tokenizer.json generated garbage and exited 0.
+TEST(GenerateFolders, AnotherModelsTokenizerIsAnErrorNamingTheFiles) {
+  const auto dir = copy_model_folder(smollm2(), "smollm2_swapped");
+  const std::string tokenizer = (dir / "tokenizer.json").string(), config = (dir / "config.json").string();
+  auto load = [&] { return error_of([&] { models::LanguageModel::from_pretrained(dir.string()); }); };
+  write_file(dir / "tokenizer.json", kTinyWordPiece);  // a BERT's
+  EXPECT_HAS(load(), "tokenizer: '" + tokenizer + "' is a WordPiece tokenizer; '" + config + "' holds a llama model, "
+                     "which expects a byte-level BPE tokenizer (GPT-2, SmolLM2, Qwen2 kinds) (is the tokenizer.json "
+                     "another model's?)");
+  // Its own without <|im_end|>: chat prompts were plain text, and the answer never ended.
+  std::string own = read_text(smollm2() / "tokenizer.json"), renamed = own;
+  for (size_t at = renamed.find("<|im_end|>"); at != std::string::npos; at = renamed.find("<|im_end|>", at)) {
+    renamed.replace(at, 10, "<|im_stop|>");
+  }
+  write_file(dir / "tokenizer.json", renamed);
+  const auto chat_file =
+      fs::exists(dir / "chat_template.jinja") ? dir / "chat_template.jinja" : dir / "tokenizer_config.json";
+  EXPECT_HAS(load(), "tokenizer: the chat template of '" + chat_file.string() + "' uses <|im_end|>, expected a token "
+                     "of '" + tokenizer + "', got none of that name");
+  // An end token past the tokenizer's ids.
+  write_file(dir / "tokenizer.json", own);
+  write_file(dir / "generation_config.json", R"({"eos_token_id": [2, 49200]})");
+  EXPECT_HAS(load(), "tokenizer: '" + (dir / "generation_config.json").string() + "' has eos_token_id 49200, expected "
+                     "an id of '" + tokenizer + "' (0 to 49151): is the tokenizer.json another model's?");
+  fs::remove(dir / "generation_config.json");
+  EXPECT_EQ(load(), "(no error)");
+  fs::remove_all(dir);
+  // A tiny Llama (211 tokens) with SmolLM2's tokenizer.json (49,152).
+  const auto tiny = copy_model_folder(reference() / "tiny" / "llama_gqa_tied", "tiny_llama_swapped");
+  fs::copy_file(smollm2() / "tokenizer.json", tiny / "tokenizer.json");
+  EXPECT_HAS(error_of([&] { models::LanguageModel::from_pretrained(tiny.string()); }),
+             "tokenizer: '" + (tiny / "tokenizer.json").string() + "' gives ids up to 49151 (49152 tokens); '" +
+                 (tiny / "config.json").string() + "' has vocab_size 211, so expected every id below 211");
+  fs::remove_all(tiny);
+}
+
+TEST(GenerateFolders, LoadOptionsAreCheckedWithTheirNames) {
+  using models::LoadOptions;
+  auto load = [&](const LoadOptions& o) {
+    return error_of([&] { models::LanguageModel::from_pretrained(smollm2().string(), o); });
+  };
+  EXPECT_HAS(load(LoadOptions().dtype(torch::kInt)),
+             "LoadOptions::dtype: expected float32, bfloat16 or float16 (the floating-point type of the weights and of "
+             "the computations), got Int");
+  EXPECT_HAS(load(LoadOptions().context_length(-1)),
+             "LoadOptions::context_length: expected at least 1 token (or unset, for the config's "
+             "max_position_embeddings), got -1");
+  const auto config = models::read_decoder_config((smollm2() / "config.json").string());
+  EXPECT_HAS(load(LoadOptions().context_length(config.max_position_embeddings + 1)),
+             "LoadOptions::context_length: expected at most " + std::to_string(config.max_position_embeddings) +
+                 " (the max_position_embeddings of '" + (smollm2() / "config.json").string() + "'), got " +
+                 std::to_string(config.max_position_embeddings + 1));
+}
+
+// Bytes that are not UTF-8 were "the piece 'ÿ' is not in the vocabulary" (0xFF) or
+// encoded silently (0xE9): Hugging Face tokenizers cannot take them at all.
+TEST(GenerateTokenizer, InvalidUtf8IsAnErrorNamingTheByte) {
+  const models::Tokenizer tok((smollm2() / "tokenizer.json").string());
+  EXPECT_HAS(error_of([&] { tok.encode("ab\xFF"); }), "Tokenizer::encode: expected UTF-8 text, got text with the byte "
+                                                      "0xFF at offset 2, which is not valid UTF-8 (Hugging Face "
+                                                      "tokenizers take only UTF-8 text)");
+  EXPECT_HAS(error_of([&] { tok.encode("caf\xE9!"); }), "the byte 0xE9 at offset 3");
+  auto lm = models::LanguageModel::from_pretrained(smollm2().string(), models::LoadOptions().context_length(64));
+  EXPECT_HAS(error_of([&] { lm.generate({"fine", "also \xC3"}); }),
+             "LanguageModel::generate: expected UTF-8 text, got prompt 1 with the byte 0xC3 at offset 5");
+}
+
+TEST(GenerateErrors, BadPromptsAndOptionsNameWhatIsWrong) {
+  auto model = load_model(reference() / "tiny" / "llama_gqa_tied", 32);
+  auto message = [&](const std::vector<std::vector<int64_t>>& prompts, const models::GenerationOptions& o) {
+    try {
+      models::generate(*model, prompts, o);
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string("no error");
+  };
+  const auto o = models::GenerationOptions().max_new_tokens(4);
+  EXPECT_EQ(message({}, o), "generate: expected at least one prompt, got none");
+  EXPECT_EQ(message({{1, 2}, {}}, o), "generate: prompt 1 has no tokens");
+  EXPECT_EQ(message({{1, 211}}, o), "generate: prompt 0 has token id 211, outside the vocabulary [0, 211)");
+  EXPECT_EQ(message({std::vector<int64_t>(30, 1)}, o), "generate: 30 prompt tokens and 4 new ones pass the context "
+                                                       "length 32");
+  EXPECT_EQ(message({{1}}, models::GenerationOptions().max_new_tokens(0)), "generate: expected max_new_tokens >= 1, got 0");
+  EXPECT_EQ(message({{1}}, models::GenerationOptions().max_new_tokens(4).do_sample(true).top_p(1.5)), "sampling: expected top_p in (0, 1], got 1.5");
+}
+
+} // namespace

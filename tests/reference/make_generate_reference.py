@@ -1,0 +1,303 @@
+#!/usr/bin/env python3
+"""Writes what tests/models/generate_checks.cpp compares torchattn_generate's model, tokenizer
+and chat template with, all from transformers (offline, float32, CPU):
+
+- tiny/<name>/: small random Llama, Qwen2, Qwen3, Mistral and Gemma 2 checkpoints
+  (save_pretrained: config.json and model.safetensors), covering grouped-query heads,
+  several RoPE thetas, a sliding window shorter than the prompt, tied and untied
+  embeddings, Qwen2's q/k/v biases, Qwen3's QK-norm, and Gemma 2's softcapped scores and
+  logits, query_pre_attn_scalar, alternating sliding layers and norms around each
+  sublayer; with expected.pt: a prompt's logits and 32 greedy tokens from
+  transformers' generate, and each step's margin between its top two logits;
+- tiny_seq2seq/<name>/: small random BART checkpoints (GELU and ReLU, scaled
+  embeddings, encoder and decoder of different depths and head counts, forced BOS and
+  EOS tokens, a non-zero final_logits_bias), with expected.pt: two prompts, the
+  logits of a teacher-forced decoding (float32 and float64), 32 greedy tokens of each prompt alone and of
+  both in one right-padded batch from generate (no EOS, no forced tokens), and a
+  short generate with the config's EOS and forced tokens; a training step's loss and
+  the gradient of every parameter (float64, dropout off, a padded batch);
+- tokenizer_smollm2.json and tokenizer_qwen2style/: every line of the fortunes text
+  (Debian's `fortunes`, the text train_gpt learns) with its ids under SmolLM2's
+  tokenizer and under a Qwen2-style tokenizer (NFC, Qwen2's split regex, byte-level
+  BPE) trained here on that text with the `tokenizers` package;
+- smollm2.pt: SmolLM2-135M-Instruct (converted by tools/convert_smollm2.py): three chat
+  prompts' ids from transformers' chat template, their prompt logits, and 48 greedy
+  tokens each from generate, with each step's top-two margin (a near tie, < 1e-4, is
+  the only place where the tokens may part).
+
+Usage: .venv/bin/python tests/reference/make_generate_reference.py OUT_DIR --smollm2 DIR
+"""
+
+import argparse
+import copy
+import glob
+import json
+import os
+
+import torch
+import transformers
+from transformers import (AutoModelForCausalLM, AutoTokenizer, BartConfig, BartForConditionalGeneration, Gemma2Config, Gemma2ForCausalLM, LlamaConfig,
+                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM)
+
+FORTUNES = "/usr/share/games/fortunes"
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain in one sentence why the sky is blue.",
+]
+
+TINY = {
+    # name: (config class, model class, config arguments)
+    "llama_gqa_tied": (LlamaConfig, LlamaForCausalLM,
+                       dict(num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, tie_word_embeddings=True)),
+    "llama_untied_theta5e5": (LlamaConfig, LlamaForCausalLM,
+                              dict(num_attention_heads=4, num_key_value_heads=1, rope_theta=500000.0,
+                                   tie_word_embeddings=False)),
+    "qwen2_bias_gqa": (Qwen2Config, Qwen2ForCausalLM,
+                       dict(num_attention_heads=8, num_key_value_heads=2, rope_theta=1000000.0,
+                            tie_word_embeddings=True)),
+    "mistral_window4": (MistralConfig, MistralForCausalLM,
+                        dict(num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, sliding_window=4,
+                             tie_word_embeddings=False)),
+    # heads of their own size: 4 x 32 = 128 query features for a hidden size of 64
+    "llama_head_dim32": (LlamaConfig, LlamaForCausalLM,
+                         dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, rope_theta=10000.0,
+                              tie_word_embeddings=True)),
+    # Qwen3: QK-norm (q_norm, k_norm of each head) and heads of their own size
+    "qwen3_qk_norm": (Qwen3Config, Qwen3ForCausalLM,
+                      dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, rope_theta=1000000.0,
+                           tie_word_embeddings=True)),
+    # Gemma 2: caps small enough to bite (raw logits reach 8 against a cap of 10), a scale
+    # of its own (query_pre_attn_scalar 24, heads of 16), layer 0 sliding over 4 tokens;
+    # untied (tied, this random model repeats one token)
+    "gemma2_softcap": (Gemma2Config, Gemma2ForCausalLM,
+                       dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=10000.0,
+                            query_pre_attn_scalar=24, attn_logit_softcapping=3.0, final_logit_softcapping=10.0,
+                            sliding_window=4, tie_word_embeddings=False)),
+}
+
+
+def tiny_models(out):
+    for i, (name, (config_class, model_class, extra)) in enumerate(TINY.items()):
+        torch.manual_seed(100 + i)
+        config = config_class(vocab_size=211, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                              max_position_embeddings=128, initializer_range=0.25, rms_norm_eps=1e-6, **extra)
+        model = model_class(config).eval()
+        with torch.no_grad():  # norms' weights are ones at first (Gemma 2's zeros): make them count
+            for key, p in model.named_parameters():
+                if key.endswith(("q_norm.weight", "k_norm.weight")):
+                    p.copy_(1.0 + 0.3 * torch.randn(p.shape))
+                elif config_class is Gemma2Config and key.endswith("norm.weight"):
+                    p.copy_(0.3 * torch.randn(p.shape))
+        d = os.path.join(out, "tiny", name)
+        model.save_pretrained(d)
+        g = torch.Generator().manual_seed(7 + i)
+        prompt = torch.randint(3, 211, (1, 10), generator=g)
+        with torch.no_grad():
+            logits = model(prompt).logits[0]
+            # 32 tokens with no end-of-sequence token, as the checks generate them (stop_at_eos
+            # false): EOS may be chosen like any other (min_new_tokens would mask it instead).
+            model.generation_config.eos_token_id = None
+            gen = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32, do_sample=False,
+                                 output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+        new = gen.sequences[0, prompt.shape[1]:]
+        top2 = torch.stack([s[0].topk(2).values for s in gen.logits])
+        torch.save({"prompt": prompt[0].clone(), "logits": logits.clone(), "tokens": new.clone(),
+                    "margins": (top2[:, 0] - top2[:, 1]).clone()}, os.path.join(d, "expected.pt"))
+    print(f"make_generate_reference: {len(TINY)} tiny models")
+
+
+SEQ2SEQ = {
+    # name: BartConfig arguments besides the shared ones
+    "bart_gelu": dict(encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                      encoder_ffn_dim=128, decoder_ffn_dim=128, activation_function="gelu"),
+    # ReLU, embeddings times sqrt(d_model), a deeper encoder of more heads, the first new
+    # token forced to BOS
+    "bart_relu_scaled": dict(encoder_layers=3, decoder_layers=1, encoder_attention_heads=8, decoder_attention_heads=2,
+                             encoder_ffn_dim=96, decoder_ffn_dim=160, activation_function="relu", scale_embedding=True,
+                             forced_bos_token_id=0),
+}
+
+
+def greedy_seq2seq(model, ids, mask, n):
+    gen = model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, output_logits=True,
+                         return_dict_in_generate=True)
+    top2 = torch.stack([s.topk(2).values for s in gen.logits], 1)  # [B, n, 2]
+    return gen.sequences[:, 1:].clone(), (top2[..., 0] - top2[..., 1]).clone()  # without decoder_start_token_id
+
+
+def random_bart(extra, seed):
+    """A random BART whose greedy tokens vary: small embeddings under large positions and
+    layers (at one scale for all, a random tied model repeats one token)."""
+    torch.manual_seed(seed)
+    config = BartConfig(vocab_size=211, d_model=64, max_position_embeddings=64, init_std=0.5, dropout=0.1,
+                        **{k: v for k, v in extra.items() if k != "forced_bos_token_id"})
+    model = BartForConditionalGeneration(config).eval()
+    with torch.no_grad():  # norms and the logits' bias start as ones and zeros: make them count
+        for key, p in model.named_parameters():
+            if "norm" in key:
+                p.copy_((1.0 if key.endswith("weight") else 0.0) + 0.3 * torch.randn(p.shape))
+        model.model.shared.weight.normal_(0.0, 0.1)
+        model.model.encoder.embed_positions.weight.normal_(0.0, 1.0)
+        model.model.decoder.embed_positions.weight.normal_(0.0, 1.0)
+        model.final_logits_bias.normal_(0.0, 0.1)
+    # transformers 5 keeps forced_bos_token_id in the generation config only.
+    model.generation_config.forced_bos_token_id = extra.get("forced_bos_token_id")
+    return config, model
+
+
+def tiny_seq2seq(out):
+    for i, (name, extra) in enumerate(SEQ2SEQ.items()):
+        # The first seed from 200 + 10 i whose prompt gets 32 greedy tokens of 4 kinds or more.
+        g = torch.Generator().manual_seed(30 + i)
+        lengths = [11, 6]
+        prompts = [torch.randint(3, 211, (n,), generator=g) for n in lengths]
+        for seed in range(200 + 10 * i, 210 + 10 * i):
+            config, model = random_bart(extra, seed)
+            with torch.no_grad():
+                ids = prompts[0].unsqueeze(0)
+                free = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False,
+                                      eos_token_id=None, forced_eos_token_id=None, forced_bos_token_id=None)
+            if len(set(free[0, 1:].tolist())) >= 4:
+                break
+        d = os.path.join(out, "tiny_seq2seq", name)
+        model.save_pretrained(d)
+        batch = torch.full((2, max(lengths)), config.pad_token_id)  # right-padded, as BART's tokenizers pad
+        mask = torch.zeros(2, max(lengths), dtype=torch.long)
+        for b, p in enumerate(prompts):
+            batch[b, :len(p)] = p
+            mask[b, :len(p)] = 1
+        expected = {"prompt0": prompts[0].clone(), "prompt1": prompts[1].clone()}
+        with torch.no_grad():
+            decoder_ids = torch.cat([torch.tensor([config.decoder_start_token_id]),
+                                     torch.randint(3, 211, (9,), generator=g)]).unsqueeze(0)
+            expected["decoder_ids"] = decoder_ids[0].clone()
+            expected["logits"] = model(input_ids=prompts[0].unsqueeze(0), decoder_input_ids=decoder_ids).logits[0].clone()
+            expected["logits64"] = copy.deepcopy(model).double()(input_ids=prompts[0].unsqueeze(0),
+                                                                 decoder_input_ids=decoder_ids).logits[0].clone()
+        # Training's gradients in float64 (eval mode: no dropout): a teacher-forced
+        # cross-entropy over the padded batch against random labels, to every parameter.
+        m64 = copy.deepcopy(model).double()
+        train_ids = torch.randint(3, 211, (2, 8), generator=g)
+        train_ids[1, -2:] = config.pad_token_id  # the pad token's embedding row gets no gradient from them
+        labels = torch.randint(3, 211, (2, 8), generator=g)
+        loss = torch.nn.functional.cross_entropy(
+            m64(input_ids=batch, attention_mask=mask, decoder_input_ids=train_ids).logits.flatten(0, 1), labels.flatten())
+        loss.backward()
+        expected.update({"train.batch": batch.clone(), "train.mask": mask.clone(), "train.decoder_ids": train_ids,
+                         "train.labels": labels, "train.loss": loss.detach().clone()})
+        for k, p in m64.named_parameters():
+            expected["grad." + k] = p.grad.clone()
+        with torch.no_grad():
+            # The config's EOS and forced tokens, over 12 new tokens (the last one forced to EOS).
+            for b, p in enumerate(prompts):
+                ids = p.unsqueeze(0)
+                expected[f"short{b}"] = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,
+                                                       do_sample=False)[0, 1:].clone()
+            # 32 tokens with no EOS and no forced tokens, as the checks generate them
+            # (stop_at_eos and forced_tokens false).
+            gc = model.generation_config
+            gc.eos_token_id = gc.forced_eos_token_id = gc.forced_bos_token_id = None
+            for b, p in enumerate(prompts):
+                ids = p.unsqueeze(0)
+                tokens, margins = greedy_seq2seq(model, ids, torch.ones_like(ids), 32)
+                expected[f"tokens{b}"], expected[f"margins{b}"] = tokens[0], margins[0]
+            tokens, margins = greedy_seq2seq(model, batch, mask, 32)
+            expected["batch_tokens"], expected["batch_margins"] = tokens, margins
+        torch.save(expected, os.path.join(d, "expected.pt"))
+    print(f"make_generate_reference: {len(SEQ2SEQ)} tiny encoder-decoders")
+
+
+def fortune_lines():
+    """Every line of the fortunes text (valid UTF-8; undecodable bytes replaced)."""
+    lines, replaced = [], 0
+    for path in sorted(glob.glob(os.path.join(FORTUNES, "*"))):
+        if path.endswith((".dat", ".u8")) or not os.path.isfile(path):
+            continue
+        for raw in open(path, "rb").read().split(b"\n"):
+            text = raw.decode("utf-8", errors="replace")
+            replaced += "\ufffd" in text and b"\xef\xbf\xbd" not in raw
+            if text:
+                lines.append(text)
+    return lines, replaced
+
+
+def tokenizers_reference(out, smollm2):
+    lines, replaced = fortune_lines()
+    tok = AutoTokenizer.from_pretrained(smollm2)
+    with open(os.path.join(out, "tokenizer_smollm2.json"), "w") as f:
+        json.dump({"lines": lines, "ids": [tok(line)["input_ids"] for line in lines]}, f)
+
+    # A Qwen2-style tokenizer trained on the same text: NFC, Qwen2's split regex,
+    # byte-level BPE, <|im_start|>-style special tokens.
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    qwen_split = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                  r"\s*[\r\n]+|\s+(?!\S)|\s+")
+    t = Tokenizer(models.BPE())
+    t.normalizer = normalizers.NFC()
+    t.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(qwen_split), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    t.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=3000, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    t.train_from_iterator(lines, trainer)
+    d = os.path.join(out, "tokenizer_qwen2style")
+    os.makedirs(d, exist_ok=True)
+    t.save(os.path.join(d, "tokenizer.json"))
+    extra = ["Café naïve ﬁnal 12345 <|im_start|>user\nhi<|im_end|>", "ＡＢＣ １２３ — “quotes” \r\n\n  tabs\t\tend  "]
+    with open(os.path.join(d, "expected.json"), "w") as f:
+        json.dump({"lines": lines + extra, "ids": [t.encode(line).ids for line in lines + extra]}, f)
+    print(f"make_generate_reference: {len(lines)} fortune lines ({replaced} with bytes that are not UTF-8 replaced)")
+
+
+def smollm2_reference(out, smollm2):
+    tok = AutoTokenizer.from_pretrained(smollm2)
+    model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval()
+    ref = {"transformers_version": transformers.__version__, "count": len(PROMPTS)}
+    for i, prompt in enumerate(PROMPTS):
+        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                      return_tensors="pt")
+        if not isinstance(ids, torch.Tensor):
+            ids = ids["input_ids"]
+        with torch.no_grad():
+            logits = model(ids).logits[0]
+            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=48, do_sample=False,
+                                 output_logits=True, return_dict_in_generate=True)
+        top2 = torch.stack([s[0].topk(2).values for s in gen.logits])
+        ref[f"prompt{i}.text"] = prompt
+        ref[f"prompt{i}.ids"] = ids[0].clone()
+        ref[f"prompt{i}.logits"] = logits.clone()
+        ref[f"prompt{i}.tokens"] = gen.sequences[0, ids.shape[1]:].clone()
+        ref[f"prompt{i}.margins"] = (top2[:, 0] - top2[:, 1]).clone()
+    # Conversations through the chat template, as text: with and without a system turn.
+    conversations = [
+        [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello. How can I help?"},
+         {"role": "user", "content": "Name a colour."}],
+        [{"role": "system", "content": "You answer in French."}, {"role": "user", "content": "Bonjour ?"}],
+    ]
+    ref["conversations"] = json.dumps([{"messages": m, "text": tok.apply_chat_template(
+        m, tokenize=False, add_generation_prompt=True)} for m in conversations])
+    torch.save(ref, os.path.join(out, "smollm2.pt"))
+    # What `torchattn_generate --chat --greedy --print-ids` prints for the first prompt.
+    with open(os.path.join(out, "cli_expected.txt"), "w") as f:
+        f.write("ids: " + " ".join(str(t) for t in ref["prompt0.tokens"].tolist()) + "\n")
+    print(f"make_generate_reference: SmolLM2, {len(PROMPTS)} prompts")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out")
+    ap.add_argument("--smollm2", required=True, help="the converted SmolLM2 folder (tools/convert_smollm2.py)")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    torch.set_num_threads(2)
+    tiny_models(a.out)
+    tiny_seq2seq(a.out)
+    tokenizers_reference(a.out, a.smollm2)
+    smollm2_reference(a.out, a.smollm2)
+
+
+if __name__ == "__main__":
+    main()

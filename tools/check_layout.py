@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""The layout as the docs say it is (ctest -R layout):
+
+- docs/development.md's layout table names every folder under src/, apps/ and tests/
+  (two levels down, those that hold tracked files), and every path it names exists;
+- docs/architecture.md's line "Levels of src/, top to bottom: ..." names every folder of
+  src/ (but models, a component above the library), and every quoted include of those
+  folders goes to a file of the same level or a lower one.
+
+Usage: check_layout.py [REPO]
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+
+def main():
+    repo = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
+    os.chdir(repo)
+    failures = []
+    files = subprocess.run(["git", "ls-files"], capture_output=True, text=True, check=True).stdout.split()
+    folders = set()
+    for f in files:
+        parts = f.split("/")
+        if parts[0] in ("src", "apps", "tests") and len(parts) > 1:
+            for depth in (1, 2):
+                if len(parts) > depth:
+                    folders.add("/".join(parts[:depth]) + "/")
+
+    # The layout table.
+    text = open("docs/development.md").read()
+    table = text[text.index("## Layout"):]
+    named = set()
+    for line in table.splitlines():
+        if line.startswith("| `"):
+            first = line.split("|")[1]
+            named.update(re.findall(r"`([^`]+)`", first))
+    for folder in sorted(folders):
+        if folder not in named:
+            failures.append(f"docs/development.md's layout table does not name {folder}")
+    for path in sorted(named):
+        if not os.path.exists(path):
+            failures.append(f"docs/development.md's layout table names {path}, which does not exist")
+
+    # The levels of src/.
+    arch = open("docs/architecture.md").read()
+    m = re.search(r"^Levels of src/, top to bottom: (.+)\.$", arch, re.M)
+    if not m:
+        failures.append("docs/architecture.md has no line 'Levels of src/, top to bottom: ...'")
+        levels = {}
+    else:
+        groups = [re.findall(r"`([^`]+)`", g) for g in m.group(1).split(">")]
+        levels = {name: len(groups) - i for i, g in enumerate(groups) for name in g}
+    library = {f.split("/")[1] for f in files if f.startswith("src/") and f.count("/") >= 2} - {"models"}
+    for folder in sorted(library - set(levels)):
+        failures.append(f"docs/architecture.md's levels do not name src/{folder}/")
+    for folder in sorted(set(levels) - library):
+        failures.append(f"docs/architecture.md's levels name src/{folder}/, which holds no file")
+    include = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+    arrows = 0
+    for f in files:
+        parts = f.split("/")
+        if parts[0] != "src" or len(parts) < 3 or parts[1] not in levels:
+            continue
+        for target in include.findall(open(f).read()):
+            top = target.split("/")[0]
+            if "/" not in target or top not in levels:
+                failures.append(f"{f} includes \"{target}\": name private headers from src/ (\"block/...\")")
+                continue
+            arrows += 1
+            if levels[top] > levels[parts[1]]:
+                failures.append(f"{f} ({parts[1]}) includes \"{target}\" ({top}), a higher level")
+    for line in failures:
+        print(f"[layout] FAIL {line}")
+    print(f"layout: {len(folders)} folders against the table, {arrows} includes of src/ against "
+          f"{len(levels)} levels")
+    print(f"{1 if not failures else 0} passed, {1 if failures else 0} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
