@@ -62,6 +62,7 @@ def main():
             ([], "--model"), (["--model", os.path.join(empty, "none")], "--model"),
             (["--model", empty, "--max-new-tokens", "0"], "--max-new-tokens"),
             (["--model", empty, "--temperature", "0"], "--temperature"),
+            (["--model", empty, "--temperature", "inf"], "--temperature: expected a finite number"),
             (["--model", empty, "--top-p", "1.5"], "--top-p"),
             (["--model", empty, "--greedy", "--temperature", "0.7"], "--greedy"),
             (["--model", empty, "--prompt", "a", "--prompt-ids", "1"], "--prompt"),

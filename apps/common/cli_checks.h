@@ -60,7 +60,7 @@ inline CLI::Validator at_least(int64_t low) {
       ">=" + std::to_string(low));
 }
 
-// `s` as a whole number, or nothing.
+// `s` as a finite number (the whole of it), or nothing.
 inline std::optional<double> parse_real(const std::string& s) {
   size_t used = 0;
   double v = 0;
@@ -69,7 +69,7 @@ inline std::optional<double> parse_real(const std::string& s) {
   } catch (const std::exception&) {
     used = 0;
   }
-  if (s.empty() || used != s.size()) return std::nullopt;
+  if (s.empty() || used != s.size() || !std::isfinite(v)) return std::nullopt;
   return v;
 }
 
@@ -79,7 +79,7 @@ inline CLI::Validator positive_real(std::optional<double> high = std::nullopt) {
   return CLI::Validator(
       [high, range](std::string& s) -> std::string {
         const auto v = parse_real(s);
-        if (!v) return "expected a number, got '" + s + "'";
+        if (!v) return "expected a finite number, got '" + s + "'";
         if (!(*v > 0 && (!high || *v <= *high))) return std::string("expected a number ") + (high ? "in " : "") + range + ", got " + s;
         return {};
       },
@@ -93,7 +93,7 @@ inline CLI::Validator real_in(double low, double high, bool high_open = false) {
   return CLI::Validator(
       [low, high, high_open, range](std::string& s) -> std::string {
         const auto v = parse_real(s);
-        if (!v) return "expected a number, got '" + s + "'";
+        if (!v) return "expected a finite number, got '" + s + "'";
         if (!(*v >= low && (high_open ? *v < high : *v <= high))) return "expected a number in " + range + ", got " + s;
         return {};
       },

@@ -79,13 +79,13 @@ Delta CompletionRun::apply(const models::TokenEvent& event) {
     ids_.push_back(*event.token);
     delta.ids.push_back(*event.token);
     usage_.completion_tokens = event.generated;
-    const auto offset = static_cast<int64_t>(text_.text().size());
     delta.text = text_.push(*event.token);
     if (event.logprobs && std::find(hidden_.begin(), hidden_.end(), *event.token) == hidden_.end()) {
       LogprobEntry entry;
       entry.chosen = {tokenizer_.decode({event.logprobs->chosen.token}), event.logprobs->chosen.logprob};
       for (const auto& t : event.logprobs->top) entry.top.push_back({tokenizer_.decode({t.token}), t.logprob});
-      entry.text_offset = offset;
+      entry.text_offset = logprob_text_bytes_;  // the tokens' text before it, held back or not
+      logprob_text_bytes_ += static_cast<int64_t>(entry.chosen.text.size());
       delta.logprobs.push_back(entry);
       logprobs_.push_back(std::move(entry));
     }

@@ -67,6 +67,7 @@ class CompletionRun {
   TextStream text_;
   std::vector<int64_t> ids_;
   std::vector<LogprobEntry> logprobs_;
+  int64_t logprob_text_bytes_ = 0;  // the text of the tokens with logprob entries so far
   Usage usage_;
   std::string finish_reason_;
   bool cancel_engine_ = false;

@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #endif
 
@@ -82,26 +83,34 @@ bool endpoint(int fd, bool peer, std::string& addr, int& port) {
   return true;
 }
 
-// The socket whose two ends are the request's, or -1.
+bool is_connection_of(int fd, const httplib::Request& req) {
+  std::string local, remote;
+  int local_port = 0, remote_port = 0;
+  return endpoint(fd, false, local, local_port) && local_port == req.local_port && local == req.local_addr &&
+         endpoint(fd, true, remote, remote_port) && remote_port == req.remote_port && remote == req.remote_addr;
+}
+
+// The socket whose two ends are the request's, or -1: the process's open descriptors
+// from /proc, or every number up to the limit where there is no /proc.
 int socket_of(const httplib::Request& req) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return -1;
-  int found = -1;
-  while (dirent* e = readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0') continue;
-    std::string local, remote;
-    int local_port = 0, remote_port = 0;
-    if (endpoint(static_cast<int>(fd), false, local, local_port) && local_port == req.local_port &&
-        local == req.local_addr && endpoint(static_cast<int>(fd), true, remote, remote_port) &&
-        remote_port == req.remote_port && remote == req.remote_addr) {
-      found = static_cast<int>(fd);
-      break;
+  if (DIR* dir = opendir("/proc/self/fd")) {
+    int found = -1;
+    while (dirent* e = readdir(dir)) {
+      char* end = nullptr;
+      const long fd = std::strtol(e->d_name, &end, 10);
+      if (end != e->d_name && *end == '\0' && is_connection_of(static_cast<int>(fd), req)) {
+        found = static_cast<int>(fd);
+        break;
+      }
     }
+    closedir(dir);
+    return found;
   }
-  closedir(dir);
-  return found;
+  const long limit = std::min<long>(sysconf(_SC_OPEN_MAX), 1 << 16);
+  for (int fd = 0; fd < limit; ++fd) {
+    if (is_connection_of(fd, req)) return fd;
+  }
+  return -1;
 }
 
 } // namespace

@@ -80,8 +80,8 @@ bool get_bool(const json& body, const char* field) {
 
 // Fields of OpenAI's chat request schema that this server does not honour: any value
 // but null is a 400 naming the field.
-constexpr const char* kChatUnhonoured[] = {"audio",      "function_call",    "functions", "prediction", "reasoning_effort",
-                                           "verbosity",  "web_search_options", "metadata"};
+constexpr const char* kChatUnhonoured[] = {"audio",     "function_call", "functions",         "prediction",
+                                           "reasoning_effort", "verbosity", "web_search_options"};
 
 template <size_t N>
 void refuse_unhonoured(const json& body, const char* const (&fields)[N]) {
@@ -100,10 +100,13 @@ std::vector<std::pair<int64_t, double>> get_logit_bias(const json& v) {
   for (const auto& [key, bias] : v.items()) {
     const std::string where = "logit_bias." + key;
     int64_t id = -1;
-    const bool digits = !key.empty() && key.size() <= 10 && key.find_first_not_of("0123456789") == std::string::npos;
+    // Digits without leading zeros: "01" would be a second name of token 1.
+    const bool digits = !key.empty() && key.size() <= 10 && key.find_first_not_of("0123456789") == std::string::npos &&
+                        (key == "0" || key[0] != '0');
     if (digits) id = std::stoll(key);
     if (!digits || id > std::numeric_limits<int32_t>::max()) {
-      throw bad_request("'logit_bias' keys must be token ids (integers >= 0 as strings), got '" + key + "'",
+      throw bad_request("'logit_bias' keys must be token ids (integers >= 0 as strings, no leading zeros), got '" +
+                            key + "'",
                         "logit_bias");
     }
     if (!bias.is_number()) throw wrong_type(where, "a number", bias);
@@ -292,6 +295,9 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
   for (const char* field : {"user", "safety_identifier", "prompt_cache_key"}) {
     if (given(body, field) && !body[field].is_string()) throw wrong_type(field, "a string", body[field]);
   }
+  if (given(body, "metadata") && !body["metadata"].is_object()) {
+    throw wrong_type("metadata", "an object of strings", body["metadata"]);
+  }
   if (given(body, "return_token_ids")) r.return_token_ids = get_bool(body, "return_token_ids");
   if (given(body, "ignore_eos")) r.ignore_eos = get_bool(body, "ignore_eos");
   return r;
@@ -343,28 +349,36 @@ json chat_logprobs(const std::vector<LogprobEntry>& entries) {
   return {{"content", content}, {"refusal", nullptr}};
 }
 
-// completions: {"tokens", "token_logprobs", "top_logprobs": [{text: logprob}], "text_offset"}
-json text_logprobs(const std::vector<LogprobEntry>& entries, int64_t top_count) {
+// `text` with every byte that is not part of valid UTF-8 replaced by U+FFFD, as the
+// JSON output shows it (so that two keys that print the same are one).
+std::string printable(const std::string& text) {
+  return json::parse(json(text).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
+}
+
+// completions: {"tokens", "token_logprobs", "top_logprobs": [{text: logprob}], "text_offset"};
+// each top_logprobs dict holds the `logprobs` most likely tokens and the chosen one, as
+// OpenAI's ("up to logprobs + 1 elements").
+json text_logprobs(const std::vector<LogprobEntry>& entries) {
   json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
   for (const auto& e : entries) {
     tokens.push_back(e.chosen.text);
     values.push_back(e.chosen.logprob);
     json top = json::object();
     for (const auto& t : e.top) {
-      if (!top.contains(t.text)) top[t.text] = t.logprob;
+      const std::string key = printable(t.text);
+      if (!top.contains(key)) top[key] = t.logprob;
     }
+    const std::string chosen = printable(e.chosen.text);
+    if (!top.contains(chosen)) top[chosen] = e.chosen.logprob;
     tops.push_back(top);
     offsets.push_back(e.text_offset);
   }
-  return {{"tokens", tokens},
-          {"token_logprobs", values},
-          {"top_logprobs", top_count > 0 ? tops : json(nullptr)},
-          {"text_offset", offsets}};
+  return {{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
 json logprobs_of(const CompletionRequest& request, const std::vector<LogprobEntry>& entries) {
   if (request.logprobs < 0) return nullptr;
-  return request.chat ? chat_logprobs(entries) : text_logprobs(entries, request.logprobs);
+  return request.chat ? chat_logprobs(entries) : text_logprobs(entries);
 }
 
 } // namespace

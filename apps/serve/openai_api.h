@@ -61,7 +61,7 @@ struct CompletionRequest {
 
 /// The fields of OpenAI's request schemas that this server accepts without effect
 /// (with the values given here), for docs and tests: user, safety_identifier,
-/// prompt_cache_key (prefix caching is automatic), service_tier auto/default,
+/// prompt_cache_key (prefix caching is automatic), metadata, service_tier auto/default,
 /// store false, parallel_tool_calls, modalities ["text"], response_format
 /// {"type": "text"}, tool_choice "none", best_of 1, echo false.
 /// Every other field of the schemas that the server does not honour is a 400 naming
@@ -91,7 +91,7 @@ struct LogprobToken {
 struct LogprobEntry {
   LogprobToken chosen;
   std::vector<LogprobToken> top;
-  int64_t text_offset = 0;  // bytes of the answer's text before this token
+  int64_t text_offset = 0;  // bytes of the answer's tokens' text before this token
 };
 
 struct Usage {

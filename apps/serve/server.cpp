@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -45,43 +46,54 @@ void respond_error(httplib::Response& res, const ApiError& e) {
 bool is_completion_path(const std::string& path) { return path == "/v1/chat/completions" || path == "/v1/completions"; }
 
 // Set by a handler that left the request's body unread (or half read): the logger,
-// which runs on the connection's thread once the response is written, then shuts the
-// connection down.
+// which runs on the connection's thread once the response is written, then ends the
+// connection. `pre_routed`: the request reached the pre-routing handler (httplib's own
+// errors, a request line or header it could not read, come before it).
 thread_local bool close_after_response = false;
+thread_local bool pre_routed = false;
 
-void respond_and_close(httplib::Response& res, const ApiError& e) {
+// Whether a body may follow the headers (HTTP/1.1: a request with neither header has none).
+bool may_have_body(const httplib::Request& req) {
+  return req.has_header("Transfer-Encoding") ||
+         (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
+}
+
+// The error, and the end of the connection when a body may be left unread.
+void respond_and_close(const httplib::Request& req, httplib::Response& res, const ApiError& e) {
   respond_error(res, e);
-  res.set_header("Connection", "close");
-  close_after_response = true;
+  if (may_have_body(req)) {
+    res.set_header("Connection", "close");
+    close_after_response = true;
+  }
+}
+
+ApiError too_large(size_t limit) {
+  return ApiError(413, "invalid_request_error", "the request body is larger than " + std::to_string(limit) + " bytes",
+                  "", "request_too_large");
 }
 
 // A body, read through `reader`, at most `limit` bytes, counted as it comes whatever
-// its transfer encoding (a Content-Length over the limit is not read at all). Throws
-// ApiError 413 past the limit, 400 when it cannot be read; then the connection must
-// close.
+// its transfer encoding (a Content-Length over the limit is refused before: see
+// Impl::early_error). Throws ApiError 413 past the limit, 400 when it cannot be read;
+// then the connection must close.
 std::string read_body(const httplib::Request& req, const httplib::ContentReader& reader, size_t limit) {
-  const auto too_large = [&] {
-    return ApiError(413, "invalid_request_error", "the request body is larger than " + std::to_string(limit) + " bytes",
-                    "", "request_too_large");
-  };
-  if (req.has_header("Content-Length")) {
-    const std::string length = req.get_header_value("Content-Length");
-    if (length.empty() || length.size() > 19 || length.find_first_not_of("0123456789") != std::string::npos) {
-      throw bad_request("the Content-Length header is not a number: '" + length + "'");
-    }
-    if (std::stoull(length) > limit) throw too_large();
-  }
+  if (!may_have_body(req)) return {};
   std::string body;
   bool over = false;
-  const bool read = reader([&](const char* data, size_t n) {
-    if (n > limit - body.size()) {
-      over = true;
-      return false;
-    }
-    body.append(data, n);
-    return true;
-  });
-  if (over) throw too_large();
+  bool read = false;
+  try {
+    read = reader([&](const char* data, size_t n) {
+      if (n > limit - body.size()) {
+        over = true;
+        return false;
+      }
+      body.append(data, n);
+      return true;
+    });
+  } catch (const std::exception& e) {
+    throw bad_request(std::string("the request body could not be read: ") + e.what());
+  }
+  if (over) throw too_large(limit);
   if (!read) throw bad_request("the request body could not be read (malformed chunked encoding, or the client left)");
   return body;
 }
@@ -158,6 +170,7 @@ struct Server::Impl {
   }
 
   void completions(const httplib::Request& req, httplib::Response& res, const std::string& body, bool chat);
+  std::optional<ApiError> early_error(const httplib::Request& req) const;
   void routes();
 };
 
@@ -292,36 +305,67 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
       });
 }
 
+std::optional<ApiError> Server::Impl::early_error(const httplib::Request& req) const {
+  if (req.method != "GET" && req.method != "HEAD" && req.method != "POST") {
+    try {
+      route_of(req.method, req.path);
+    } catch (const ApiError& e) {
+      return e;
+    }
+    return ApiError(405, "invalid_request_error", req.method + " is not allowed");
+  }
+  if (req.method != "POST" && may_have_body(req)) {
+    return bad_request(req.method + " " + req.path + " takes no request body");
+  }
+  if (!options.api_key.empty() && req.path != "/health" &&
+      req.get_header_value("Authorization") != "Bearer " + options.api_key) {
+    return ApiError(401, "authentication_error",
+                    "Invalid or missing API key: send the header 'Authorization: Bearer <key>'", "", "invalid_api_key");
+  }
+  if (req.method == "POST") {
+    try {
+      route_of(req.method, req.path);
+    } catch (const ApiError& e) {
+      return e;
+    }
+    if (req.has_header("Content-Length")) {
+      const std::string length = req.get_header_value("Content-Length");
+      if (length.empty() || length.size() > 19 || length.find_first_not_of("0123456789") != std::string::npos) {
+        return bad_request("the Content-Length header is not a number: '" + length + "'");
+      }
+      if (std::stoull(length) > options.max_body_bytes) return too_large(options.max_body_bytes);
+    }
+    if (req.is_multipart_form_data()) {
+      return ApiError(415, "invalid_request_error", "the request body must be JSON (Content-Type: application/json), "
+                      "got multipart/form-data");
+    }
+  }
+  return std::nullopt;
+}
+
 void Server::Impl::routes() {
   http.new_task_queue = [n = options.http_threads] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
   http.set_socket_options(exclusive_bind_options);
   http.set_payload_max_length(options.max_body_bytes);
-  // Before any body is read: the key, and the requests whose body no handler reads
-  // (a method no route takes, a GET with a body), answered and their connection closed.
+  // Before any body is read (and before 100 Continue invites one): the requests that
+  // can be answered from their headers alone, their connection ended.
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     close_after_response = false;
-    if (req.method != "GET" && req.method != "HEAD" && req.method != "POST") {
-      try {
-        route_of(req.method, req.path);
-        respond_and_close(res, ApiError(405, "invalid_request_error", req.method + " is not allowed"));
-      } catch (const ApiError& e) {
-        respond_and_close(res, e);
-      }
+    pre_routed = true;
+    if (const auto e = early_error(req)) {
+      respond_and_close(req, res, *e);
       return httplib::Server::HandlerResponse::Handled;
     }
-    if (req.method != "POST" && (req.has_header("Transfer-Encoding") ||
-                                 (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0"))) {
-      respond_and_close(res, bad_request(req.method + " " + req.path + " takes no request body"));
-      return httplib::Server::HandlerResponse::Handled;
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  http.set_expect_100_continue_handler([this](const httplib::Request& req, httplib::Response& res) {
+    close_after_response = false;
+    pre_routed = true;
+    if (const auto e = early_error(req)) {
+      respond_and_close(req, res, *e);
+      return e->status;
     }
-    if (options.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-    if (req.get_header_value("Authorization") == "Bearer " + options.api_key) {
-      return httplib::Server::HandlerResponse::Unhandled;
-    }
-    respond_and_close(res, ApiError(401, "authentication_error",
-                                    "Invalid or missing API key: send the header 'Authorization: Bearer <key>'", "",
-                                    "invalid_api_key"));
-    return httplib::Server::HandlerResponse::Handled;
+    return 100;
   });
   // Every POST: its body read here, counted against the limit, then its route.
   http.Post(".*", [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
@@ -331,7 +375,7 @@ void Server::Impl::routes() {
       route = route_of(req.method, req.path);
       body = read_body(req, reader, options.max_body_bytes);
     } catch (const ApiError& e) {
-      respond_and_close(res, e);
+      respond_and_close(req, res, e);
       return;
     }
     completions(req, res, body, route == Route::ChatCompletions);
@@ -377,6 +421,7 @@ void Server::Impl::routes() {
   // Errors that no handler wrote a body for: an unknown route (404, 405), a request
   // httplib could not read (400, 414, ...).
   http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!pre_routed) close_after_response = true;  // httplib's own error: what follows is unknown
     if (!res.body.empty()) return;
     if (res.status == 404) {
       try {
@@ -407,9 +452,10 @@ void Server::Impl::routes() {
       log(req.remote_addr + " " + req.method + " " + req.path + " " + std::to_string(res.status) +
           (close_after_response ? " (connection closed)" : ""));
     }
+    pre_routed = false;
     if (close_after_response) {
       close_after_response = false;
-      end_connection(req);
+      if (!end_connection(req)) log("could not find the connection of " + req.remote_addr + " to close it");
     }
   });
 }

@@ -26,8 +26,10 @@ void check_generation_options(const GenerationOptions& o, int64_t vocab_size, co
     TORCH_CHECK(id >= 0 && id < vocab_size, who, ": logit_bias has token id ", id, ", outside the vocabulary [0, ",
                 vocab_size, ")");
   }
-  TORCH_CHECK(o.logprobs() >= -1 && o.logprobs() <= kMaxTopLogprobs, who, ": expected logprobs in [-1, ",
-              kMaxTopLogprobs, "] (-1: none, 0: the chosen token's, k: and the k most likely), got ", o.logprobs());
+  const int64_t most = std::min(kMaxTopLogprobs, vocab_size);
+  TORCH_CHECK(o.logprobs() >= -1 && o.logprobs() <= most, who, ": expected logprobs in [-1, ", most,
+              "] (-1: none, 0: the chosen token's, k: and the k most likely, at most ", kMaxTopLogprobs,
+              " and the vocabulary's size), got ", o.logprobs());
   if (!o.do_sample()) {
     // Greedy takes the most likely token: these would be ignored without a word.
     TORCH_CHECK(o.temperature() == 1.0, who, ": temperature ", o.temperature(),

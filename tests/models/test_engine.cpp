@@ -7,7 +7,7 @@
 // nothing; prefix caching reuses published blocks without changing a token; the queue
 // limit and bad requests are errors naming the cause.
 
-#include "expect_error.h"
+#include "common/expect_error.h"
 
 #include <torchattn/models/engine.h>
 
@@ -454,6 +454,8 @@ TEST(Engine, TheQueueLimitAndBadRequestsAreErrorsNamingTheCause) {
                "expected a finite frequency_penalty, got inf");
   expect_error([&] { engine.submit({1}, models::GenerationOptions(options).logprobs(21), none); },
                "Engine: expected logprobs in [-1, 20]");
+  expect_error([&] { models::check_generation_options(models::GenerationOptions().logprobs(12), 10, "generate"); },
+               "generate: expected logprobs in [-1, 10]");
   expect_error([&] { engine.submit({1}, models::GenerationOptions(options).temperature(0.7), none); },
                "Engine: temperature 0.7 is set but do_sample is false");
   expect_error([&] { engine.submit({1}, models::GenerationOptions(options).top_k(5), none); },

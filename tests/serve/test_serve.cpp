@@ -121,10 +121,12 @@ TEST(ServeApi, SchemaFieldsAreHonouredOrRefusedNeverIgnored) {
 
   const std::string m = R"("model": "m", "messages": [{"role": "user", "content": "hi"}])";
   for (const char* field : {"audio", "function_call", "functions", "prediction", "reasoning_effort", "verbosity",
-                            "web_search_options", "metadata"}) {
+                            "web_search_options"}) {
     expect_bad("{" + m + ", \"" + field + "\": {\"x\": 1}}", true, 400, std::string("'") + field + "' is not supported");
   }
   expect_bad("{" + m + R"(, "response_format": {"type": "json_object"}})", true, 400, "response_format");
+  expect_bad("{" + m + R"(, "metadata": "x"})", true, 400, "'metadata' must be an object of strings");
+  expect_bad("{" + m + R"(, "logit_bias": {"01": 1}})", true, 400, "no leading zeros");
   expect_bad("{" + m + R"(, "modalities": ["text", "audio"]})", true, 400, "modalities");
   expect_bad("{" + m + R"(, "tool_choice": "auto"})", true, 400, "tool_choice");
   expect_bad("{" + m + R"(, "service_tier": "flex"})", true, 400, "service_tier");
@@ -259,9 +261,14 @@ TEST(ServeApi, LogprobsAreOpenAIsFormat) {
   EXPECT_EQ(lp["token_logprobs"], json::array({-0.25, -0.5}));
   EXPECT_EQ(lp["top_logprobs"][0], json({{"He", -0.25}, {"Hi", -1.5}}));
   EXPECT_EQ(lp["text_offset"], json::array({0, 2}));
+  // logprobs 0: each top_logprobs dict holds the chosen token (OpenAI's "up to logprobs + 1").
   text.logprobs = 0;
-  EXPECT_TRUE(json::parse(serve::completion_json(text, "c", 1, "m", "He", "stop", {1, 2}, {}, entries))["choices"][0]
-                  ["logprobs"]["top_logprobs"].is_null());
+  const std::vector<serve::LogprobEntry> bare{{{"He", -0.25}, {}, 0}, {{"\xc3", -0.5}, {{"\xa9", -0.7}}, 2}};
+  const json tops = json::parse(serve::completion_json(text, "c", 1, "m", "He", "stop", {1, 2}, {}, bare))["choices"][0]
+                        ["logprobs"]["top_logprobs"];
+  EXPECT_EQ(tops[0], json({{"He", -0.25}}));
+  // Two half characters print alike: one key, the first's logprob.
+  EXPECT_EQ(tops[1], json({{"\xef\xbf\xbd", -0.7}}));
   auto none = parse({{"model", "m"}, {"prompt", "x"}}, false);
   EXPECT_TRUE(json::parse(serve::completion_json(none, "c", 1, "m", "He", "stop", {1, 2}, {}, entries))["choices"][0]
                   ["logprobs"].is_null());
