@@ -38,7 +38,7 @@ void check_generation_options(const GenerationOptions& o, int64_t vocab_size, co
     TORCH_CHECK(o.top_k() == 0, who, ": top_k ", o.top_k(), " is set but do_sample is false; set do_sample(true) to sample");
     TORCH_CHECK(o.top_p() == 1.0, who, ": top_p ", o.top_p(), " is set but do_sample is false; set do_sample(true) to sample");
   }
-  Sampler check(sampling_options(o));  // the sampling values
+  Sampler::check(sampling_options(o));
 }
 
 SamplingOptions sampling_options(const GenerationOptions& o) {

@@ -18,9 +18,13 @@ namespace torchattn::models {
 
 Sampler::Sampler(const SamplingOptions& options)
     : options_(options),
-      plain_greedy_(options.greedy && options.logit_bias.empty() && options.presence_penalty == 0.0 &&
-                    options.frequency_penalty == 0.0),
+      adjusts_(!options.logit_bias.empty() || options.presence_penalty != 0.0 || options.frequency_penalty != 0.0),
+      plain_greedy_(options.greedy && !adjusts_),
       generator_(at::make_generator<at::CPUGeneratorImpl>(options.seed)) {
+  check(options);
+}
+
+void Sampler::check(const SamplingOptions& options) {
   TORCH_CHECK(options.greedy || (std::isfinite(options.temperature) && options.temperature > 0.0),
               "sampling: expected temperature > 0, got ", options.temperature);
   TORCH_CHECK(options.top_k >= 0, "sampling: expected top_k >= 0, got ", options.top_k);
@@ -37,7 +41,7 @@ Sampler::Sampler(const SamplingOptions& options)
 
 int64_t Sampler::next(const at::Tensor& logits) {
   at::Tensor scores = logits.to(at::kCPU, at::kFloat).reshape({-1});
-  if (!plain_greedy_) {
+  if (adjusts_) {
     // OpenAI's order does not matter here: every term is added to the logits.
     scores = scores.clone();
     float* s = scores.data_ptr<float>();

@@ -34,9 +34,11 @@ struct SamplingOptions {
 
 class Sampler {
  public:
-  /// Checks the options (finite values, temperature > 0 when sampling, top_k >= 0,
-  /// top_p in (0, 1], bias ids >= 0).
+  /// Checks the options (check()).
   explicit Sampler(const SamplingOptions& options);
+  /// The options' checks alone: finite values, temperature > 0 when sampling,
+  /// top_k >= 0, top_p in (0, 1], bias ids >= 0.
+  static void check(const SamplingOptions& options);
   /// logits: [vocab] (any dtype and device) -> the chosen token id, which the
   /// penalties count from then on. Sampling runs on the CPU in float32 with the
   /// seeded generator, so a seed gives the same tokens on any device for the same
@@ -51,7 +53,8 @@ class Sampler {
 
  private:
   SamplingOptions options_;
-  bool plain_greedy_;
+  bool adjusts_;       // logit_bias or a penalty changes the logits before the choice
+  bool plain_greedy_;  // greedy && !adjusts_
   at::Generator generator_;
   std::unordered_map<int64_t, int64_t> counts_;  // tokens chosen so far
 };
