@@ -142,11 +142,9 @@ std::vector<Variant> variants(Models& m, int64_t T, bool with_reference, bool wi
   return v;
 }
 
-double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
-  return (a - b).abs().max().item<double>();
-}
+double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"torchattn benchmarks: every backend against the notebook math and LibTorch's MultiheadAttention"};
@@ -155,7 +153,8 @@ int main(int argc, char** argv) {
   bool quick = false;
   int64_t max_T = 16384;
   std::string device = "cpu";
-  app.add_option("--device", device, "cpu (default), or cuda: the GPU benchmark (apps/bench/results/benchmarks-cuda.md)")
+  app.add_option("--device", device,
+                 "cpu (default), or cuda: the GPU benchmark (apps/bench/results/benchmarks-cuda.md)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--threads", threads, "intra-op threads (cpu)")->check(apps::at_least(1));
   app.add_option("--json", json_path, "write the results here as JSON");
@@ -196,37 +195,54 @@ int main(int argc, char** argv) {
         err = max_abs_diff(v.forward(x), ref);  // check before timing
       }
       TORCH_CHECK(err < 1e-4, "bench: ", v.name, " disagrees with the reference by ", err);
-      Timing t = time_it([&] {
-        torch::NoGradGuard ng;
-        v.forward(x);
-      }, reps, 1);
+      Timing t = time_it(
+          [&] {
+            torch::NoGradGuard ng;
+            v.forward(x);
+          },
+          reps, 1);
       if (v.name == "reference") ref_fwd = t.median_ms;
       const double gflops = useful_flops(B, T) / (t.median_ms * 1e6);
       fmt::print("  {:<18} {:9.1f} ms  {:6.1f} GFLOP/s  {:5.2f}x vs reference  (max |diff| {:.1e})\n", v.name,
                  t.median_ms, gflops, ref_fwd / t.median_ms, err);
       rows.push_back(Row()
-                         .s("section", "forward").s("variant", v.name).n("B", B).n("T", T)
-                         .n("median_ms", t.median_ms).n("min_ms", t.min_ms).n("reps", t.reps)
-                         .n("gflops", gflops).n("speedup_vs_reference", ref_fwd / t.median_ms).n("max_abs_diff", err));
+                         .s("section", "forward")
+                         .s("variant", v.name)
+                         .n("B", B)
+                         .n("T", T)
+                         .n("median_ms", t.median_ms)
+                         .n("min_ms", t.min_ms)
+                         .n("reps", t.reps)
+                         .n("gflops", gflops)
+                         .n("speedup_vs_reference", ref_fwd / t.median_ms)
+                         .n("max_abs_diff", err));
     }
     fmt::print("\n[main] B={} T={} forward+backward (ms, median of {})\n", B, T, reps);
     for (auto& v : variants(m, T, true, true)) {
       auto params = v.name == "libtorch_nn_mha" ? m.libtorch->parameters() : m.reference->parameters();
       if (v.name == "sdpa") params = m.sdpa->parameters();
       if (v.name == "auto") params = m.autob->parameters();
-      Timing t = time_it([&] {
-        auto xi = x.detach().requires_grad_(true);
-        v.forward(xi).backward(g);
-        for (auto& p : params) p.mutable_grad() = torch::Tensor();
-      }, reps, 1);
+      Timing t = time_it(
+          [&] {
+            auto xi = x.detach().requires_grad_(true);
+            v.forward(xi).backward(g);
+            for (auto& p : params) p.mutable_grad() = torch::Tensor();
+          },
+          reps, 1);
       if (v.name == "reference") ref_bwd = t.median_ms;
       const double gflops = 3 * useful_flops(B, T) / (t.median_ms * 1e6);
       fmt::print("  {:<18} {:9.1f} ms  {:6.1f} GFLOP/s  {:5.2f}x vs reference\n", v.name, t.median_ms, gflops,
                  ref_bwd / t.median_ms);
       rows.push_back(Row()
-                         .s("section", "forward_backward").s("variant", v.name).n("B", B).n("T", T)
-                         .n("median_ms", t.median_ms).n("min_ms", t.min_ms).n("reps", t.reps)
-                         .n("gflops", gflops).n("speedup_vs_reference", ref_bwd / t.median_ms));
+                         .s("section", "forward_backward")
+                         .s("variant", v.name)
+                         .n("B", B)
+                         .n("T", T)
+                         .n("median_ms", t.median_ms)
+                         .n("min_ms", t.min_ms)
+                         .n("reps", t.reps)
+                         .n("gflops", gflops)
+                         .n("speedup_vs_reference", ref_bwd / t.median_ms));
     }
   }
 
@@ -256,10 +272,18 @@ int main(int argc, char** argv) {
       const double peak_mib = (status_kb("VmHWM:") - rss0) / 1024.0;
       if (v.name == "reference") ref_ms = t.median_ms;
       const double gflops = useful_flops(1, T) / (t.median_ms * 1e6);
-      fmt::print("  T={:<6} {:<18} {:10.1f} ms {:7.1f} GFLOP/s {:8.1f} MiB\n", T, v.name, t.median_ms, gflops, peak_mib);
+      fmt::print("  T={:<6} {:<18} {:10.1f} ms {:7.1f} GFLOP/s {:8.1f} MiB\n", T, v.name, t.median_ms, gflops,
+                 peak_mib);
       Row row;
-      row.s("section", "sweep").s("variant", v.name).n("B", 1).n("T", T).n("median_ms", t.median_ms)
-          .n("min_ms", t.min_ms).n("reps", t.reps).n("gflops", gflops).n("peak_rss_growth_mib", peak_mib)
+      row.s("section", "sweep")
+          .s("variant", v.name)
+          .n("B", 1)
+          .n("T", T)
+          .n("median_ms", t.median_ms)
+          .n("min_ms", t.min_ms)
+          .n("reps", t.reps)
+          .n("gflops", gflops)
+          .n("peak_rss_growth_mib", peak_mib)
           .n("max_abs_diff", err);
       if (ref_ms > 0) row.n("speedup_vs_reference", ref_ms / t.median_ms);
       rows.push_back(row);
@@ -293,10 +317,20 @@ int main(int argc, char** argv) {
     const double full_s = std::chrono::duration<double>(Clock::now() - t0).count();
     fmt::print("  with cache:    {:8.1f} tokens/s\n  without cache: {:8.1f} tokens/s\n  cache speedup: {:.1f}x\n",
                steps / cached_s, steps / full_s, full_s / cached_s);
-    rows.push_back(Row().s("section", "decode").s("variant", "kv_cache").n("prompt", prompt).n("steps", steps)
-                       .n("tokens_per_s", steps / cached_s).n("max_abs_diff", err_cached));
-    rows.push_back(Row().s("section", "decode").s("variant", "recompute").n("prompt", prompt).n("steps", steps)
-                       .n("tokens_per_s", steps / full_s).n("speedup_of_cache", full_s / cached_s)
+    rows.push_back(Row()
+                       .s("section", "decode")
+                       .s("variant", "kv_cache")
+                       .n("prompt", prompt)
+                       .n("steps", steps)
+                       .n("tokens_per_s", steps / cached_s)
+                       .n("max_abs_diff", err_cached));
+    rows.push_back(Row()
+                       .s("section", "decode")
+                       .s("variant", "recompute")
+                       .n("prompt", prompt)
+                       .n("steps", steps)
+                       .n("tokens_per_s", steps / full_s)
+                       .n("speedup_of_cache", full_s / cached_s)
                        .n("max_abs_diff", err_full));
   }
 
@@ -331,7 +365,8 @@ int main(int argc, char** argv) {
         for (int64_t t = prompt; t < C; ++t) outs.push_back((*r.m)->forward_cached(x.narrow(1, t, 1), cache));
         r.tokens_per_s.push_back(steps / std::chrono::duration<double>(Clock::now() - t0).count());
         r.cache_mib = 2.0 * cache.key_storage().numel() * cache.key_storage().element_size() / (1 << 20);
-        r.err = max_abs_diff(torch::cat(outs, 1), (*r.m)(x).narrow(1, prompt, steps));  // checked against the full forward
+        r.err = max_abs_diff(torch::cat(outs, 1),
+                             (*r.m)(x).narrow(1, prompt, steps));  // checked against the full forward
         TORCH_CHECK(r.err < 1e-4, "bench: ", r.name, " cached decode disagrees with its full forward by ", r.err);
       }
     }
@@ -339,8 +374,14 @@ int main(int argc, char** argv) {
       std::sort(r.tokens_per_s.begin(), r.tokens_per_s.end());
       const double median = r.tokens_per_s[r.tokens_per_s.size() / 2];
       fmt::print("  {:<10} {:8.1f} tokens/s  KV cache {:7.2f} MiB\n", r.name, median, r.cache_mib);
-      rows.push_back(Row().s("section", "gqa").s("variant", r.name).n("prompt", prompt).n("steps", steps)
-                         .n("tokens_per_s", median).n("kv_cache_mib", r.cache_mib).n("max_abs_diff", r.err));
+      rows.push_back(Row()
+                         .s("section", "gqa")
+                         .s("variant", r.name)
+                         .n("prompt", prompt)
+                         .n("steps", steps)
+                         .n("tokens_per_s", median)
+                         .n("kv_cache_mib", r.cache_mib)
+                         .n("max_abs_diff", r.err));
     }
   }
 
@@ -372,7 +413,12 @@ int main(int argc, char** argv) {
     const double ma = a[a.size() / 2], mb = b[b.size() / 2];
     fmt::print("  without RoPE {:8.1f} ms\n  with RoPE    {:8.1f} ms  ({:+.1f}%)\n", ma, mb, 100.0 * (mb / ma - 1.0));
     rows.push_back(Row().s("section", "rope").s("variant", "without").n("B", B).n("T", T).n("median_ms", ma));
-    rows.push_back(Row().s("section", "rope").s("variant", "with").n("B", B).n("T", T).n("median_ms", mb)
+    rows.push_back(Row()
+                       .s("section", "rope")
+                       .s("variant", "with")
+                       .n("B", B)
+                       .n("T", T)
+                       .n("median_ms", mb)
                        .n("overhead", mb / ma - 1.0));
   }
 
@@ -404,7 +450,12 @@ int main(int argc, char** argv) {
       std::sort(times[i].begin(), times[i].end());
       med[i] = times[i][times[i].size() / 2];
       fmt::print("  {:<8} {:8.1f} ms ({:.2f}x)\n", names[i], med[i], med[i] / med[0]);
-      rows.push_back(Row().s("section", "scores").s("variant", names[i]).n("B", B).n("T", T).n("median_ms", med[i])
+      rows.push_back(Row()
+                         .s("section", "scores")
+                         .s("variant", names[i])
+                         .n("B", B)
+                         .n("T", T)
+                         .n("median_ms", med[i])
                          .n("ratio", med[i] / med[0]));
     }
     // Peak memory of one forward at B=1 and a long sequence: blocks of queries, never T x T.
@@ -420,8 +471,13 @@ int main(int argc, char** argv) {
       const double ms_taken = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       const double peak_mib = (status_kb("VmHWM:") - rss0) / 1024.0;
       fmt::print("  {:<8} {:8.1f} MiB {:10.0f} ms\n", names[i], peak_mib, ms_taken);
-      rows.push_back(Row().s("section", "scores_memory").s("variant", names[i]).n("B", 1).n("T", long_T)
-                         .n("peak_rss_growth_mib", peak_mib).n("ms", ms_taken));
+      rows.push_back(Row()
+                         .s("section", "scores_memory")
+                         .s("variant", names[i])
+                         .n("B", 1)
+                         .n("T", long_T)
+                         .n("peak_rss_growth_mib", peak_mib)
+                         .n("ms", ms_taken));
     }
   }
 

@@ -198,12 +198,8 @@ int64_t allocator_bytes(const c10::Device& device, bool peak) {
 #endif
   return 0;
 }
-int64_t allocated_bytes(const c10::Device& device) {
-  return allocator_bytes(device, false);
-}
-int64_t peak_allocated_bytes(const c10::Device& device) {
-  return allocator_bytes(device, true);
-}
+int64_t allocated_bytes(const c10::Device& device) { return allocator_bytes(device, false); }
+int64_t peak_allocated_bytes(const c10::Device& device) { return allocator_bytes(device, true); }
 void reset_peak(const c10::Device& device) {
   synchronize(device);
 #ifdef TORCHATTN_BENCH_CUDA
@@ -214,8 +210,8 @@ void reset_peak(const c10::Device& device) {
 // The "device" block of the JSON: what ran, as JSON fields.
 std::string device_meta(const c10::Device& device) {
   std::ostringstream o;
-  o << "\"device_type\": \"" << (device.is_cuda() ? "cuda" : "cpu") << "\", \"libtorch\": \""
-    << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR << "." << TORCH_VERSION_PATCH << "\"";
+  o << "\"device_type\": \"" << (device.is_cuda() ? "cuda" : "cpu") << "\", \"libtorch\": \"" << TORCH_VERSION_MAJOR
+    << "." << TORCH_VERSION_MINOR << "." << TORCH_VERSION_PATCH << "\"";
 #ifdef TORCHATTN_BENCH_CUDA
   if (device.is_cuda()) {
     cudaDeviceProp p;
@@ -242,9 +238,7 @@ double rel_err(const at::Tensor& a, const at::Tensor& b) {
 
 // Two computations of the same thing in `dtype` agree within this, relative: bf16
 // keeps 8 bits of mantissa; float32 kernels differ by their summation order only.
-double tolerance(at::ScalarType dtype) {
-  return dtype == at::kBFloat16 ? 2e-2 : 1e-4;
-}
+double tolerance(at::ScalarType dtype) { return dtype == at::kBFloat16 ? 2e-2 : 1e-4; }
 
 void check_close(const std::string& what, double err, double tol) {
   TORCH_CHECK(err <= tol, "check failed: ", what, " disagrees by ", err, " (relative error), more than the tolerance ",
@@ -258,12 +252,18 @@ std::string dtype_name(at::ScalarType dtype) {
 // at::_fused_sdp_choice's answer, an at::SDPBackend value, by name.
 std::string sdp_choice_name(int64_t choice) {
   switch (choice) {
-    case 0: return "math";
-    case 1: return "flash";
-    case 2: return "efficient";
-    case 3: return "cudnn";
-    case 4: return "overrideable";
-    default: return "none";
+    case 0:
+      return "math";
+    case 1:
+      return "flash";
+    case 2:
+      return "efficient";
+    case 3:
+      return "cudnn";
+    case 4:
+      return "overrideable";
+    default:
+      return "none";
   }
 }
 
@@ -301,7 +301,7 @@ at::Tensor hand_forward(torchattn::MultiHeadAttentionImpl& m, const at::Tensor& 
 struct Variant {
   std::string name;
   std::function<at::Tensor(const at::Tensor&)> forward;  // [B, T, d] -> [B, T, d]
-  std::vector<at::Tensor> params;                         // the gradients a backward fills
+  std::vector<at::Tensor> params;                        // the gradients a backward fills
 };
 
 // default (Backend::Auto), hand (on the default's weights), sdpa (a clone with
@@ -402,18 +402,27 @@ void section_main(Setup& s) {
                s.z.main_reps);
     for (size_t i = 0; i < vs.size(); ++i) {
       fmt::print("  {:<8} fwd {:8.3f} ({:.3f}x hand)  fwd+bwd {:8.3f} ({:.3f}x hand)  peak {:7.1f} / {:7.1f} MiB\n",
-                  vs[i].name, tf[i].median_ms, tf[i].median_ms / tf[1].median_ms, tb[i].median_ms,
-                  tb[i].median_ms / tb[1].median_ms, probes[i].fwd_peak_mib, probes[i].fwdbwd_peak_mib);
+                 vs[i].name, tf[i].median_ms, tf[i].median_ms / tf[1].median_ms, tb[i].median_ms,
+                 tb[i].median_ms / tb[1].median_ms, probes[i].fwd_peak_mib, probes[i].fwdbwd_peak_mib);
       s.rows.push_back(Row()
-                           .s("section", "main").s("variant", vs[i].name).s("dtype", dtype_name(dtype))
-                           .n("B", p.B).n("T", p.T).n("d", p.d).n("H", p.heads).n("reps", s.z.main_reps)
-                           .n("fwd_ms", tf[i].median_ms).n("fwd_min_ms", tf[i].min_ms)
-                           .n("fwdbwd_ms", tb[i].median_ms).n("fwdbwd_min_ms", tb[i].min_ms)
+                           .s("section", "main")
+                           .s("variant", vs[i].name)
+                           .s("dtype", dtype_name(dtype))
+                           .n("B", p.B)
+                           .n("T", p.T)
+                           .n("d", p.d)
+                           .n("H", p.heads)
+                           .n("reps", s.z.main_reps)
+                           .n("fwd_ms", tf[i].median_ms)
+                           .n("fwd_min_ms", tf[i].min_ms)
+                           .n("fwdbwd_ms", tb[i].median_ms)
+                           .n("fwdbwd_min_ms", tb[i].min_ms)
                            .n("fwd_vs_hand", tf[i].median_ms / tf[1].median_ms)
                            .n("fwdbwd_vs_hand", tb[i].median_ms / tb[1].median_ms)
                            .n("fwd_tflops", flops / tf[i].median_ms / 1e9)
                            .n("fwdbwd_tflops", 3 * flops / tb[i].median_ms / 1e9)
-                           .n("fwd_peak_mib", probes[i].fwd_peak_mib).n("fwdbwd_peak_mib", probes[i].fwdbwd_peak_mib)
+                           .n("fwd_peak_mib", probes[i].fwd_peak_mib)
+                           .n("fwdbwd_peak_mib", probes[i].fwdbwd_peak_mib)
                            .n("rel_err", i == 0 ? 0.0 : rel_err(probes[i].out, probes[0].out))
                            .n("out_norm", probes[i].out.to(at::kDouble).norm().item<double>()));
     }
@@ -431,7 +440,11 @@ void section_core(Setup& s) {
     const auto t = interleaved(s.timer, {[&] { at::mm(a, b); }}, s.z.core_reps, s.z.warmup);
     gemm_tflops = 2.0 * n * n * n / t[0].median_ms / 1e9;
     fmt::print("\n[core] GEMM {}^3 bf16: {:.3f} ms = {:.1f} TFLOP/s\n", n, t[0].median_ms, gemm_tflops);
-    s.rows.push_back(Row().s("section", "gemm").s("dtype", dtype_name(dtype)).n("n", n).n("ms", t[0].median_ms)
+    s.rows.push_back(Row()
+                         .s("section", "gemm")
+                         .s("dtype", dtype_name(dtype))
+                         .n("n", n)
+                         .n("ms", t[0].median_ms)
                          .n("tflops", gemm_tflops));
   }
   using Kernel = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>;
@@ -458,8 +471,8 @@ void section_core(Setup& s) {
       ref = kernels[0].second(q, k, v);
     }
     const double flops = 4.0 * p.B * p.heads * p.T * p.T * p.head_dim / 2;
-    fmt::print("[core] causal attention B={} H={} T={} hd={} bf16 (ATen picks {})\n", p.B, p.heads, p.T,
-               p.head_dim, aten_choice);
+    fmt::print("[core] causal attention B={} H={} T={} hd={} bf16 (ATen picks {})\n", p.B, p.heads, p.T, p.head_dim,
+               aten_choice);
     for (const auto& [name, kernel] : kernels) {
       double err;
       {
@@ -479,14 +492,24 @@ void section_core(Setup& s) {
       const auto tb = interleaved(s.timer, {fwdbwd}, s.z.core_reps, s.z.warmup);
       // A backward is 2.5 forwards of FLOPs (it recomputes the scores).
       const double ftf = flops / tf[0].median_ms / 1e9, btf = 3.5 * flops / tb[0].median_ms / 1e9;
-      fmt::print("  {:<10} fwd {:7.3f} ms {:6.1f} TFLOP/s ({:.2f} of GEMM)  fwd+bwd {:7.3f} ms {:6.1f} TFLOP/s\n",
-                  name, tf[0].median_ms, ftf, ftf / gemm_tflops, tb[0].median_ms, btf);
+      fmt::print("  {:<10} fwd {:7.3f} ms {:6.1f} TFLOP/s ({:.2f} of GEMM)  fwd+bwd {:7.3f} ms {:6.1f} TFLOP/s\n", name,
+                 tf[0].median_ms, ftf, ftf / gemm_tflops, tb[0].median_ms, btf);
       s.rows.push_back(Row()
-                           .s("section", "core").s("kernel", name).s("aten_choice", aten_choice)
-                           .s("dtype", dtype_name(dtype)).n("B", p.B).n("H", p.heads).n("T", p.T)
-                           .n("hd", p.head_dim).n("fwd_ms", tf[0].median_ms).n("fwdbwd_ms", tb[0].median_ms)
-                           .n("fwd_tflops", ftf).n("fwdbwd_tflops", btf).n("fwd_vs_gemm", ftf / gemm_tflops)
-                           .n("fwdbwd_vs_gemm", btf / gemm_tflops).n("rel_err", err));
+                           .s("section", "core")
+                           .s("kernel", name)
+                           .s("aten_choice", aten_choice)
+                           .s("dtype", dtype_name(dtype))
+                           .n("B", p.B)
+                           .n("H", p.heads)
+                           .n("T", p.T)
+                           .n("hd", p.head_dim)
+                           .n("fwd_ms", tf[0].median_ms)
+                           .n("fwdbwd_ms", tb[0].median_ms)
+                           .n("fwd_tflops", ftf)
+                           .n("fwdbwd_tflops", btf)
+                           .n("fwd_vs_gemm", ftf / gemm_tflops)
+                           .n("fwdbwd_vs_gemm", btf / gemm_tflops)
+                           .n("rel_err", err));
     }
   }
 }
@@ -495,8 +518,8 @@ void section_core(Setup& s) {
 void section_sweep(Setup& s) {
   const Sizes& z = s.z;
   for (const auto dtype : {at::kBFloat16, at::kFloat}) {
-    fmt::print("\n[sweep] {}, d={} H={}, B*T={}: median ms (fwd / fwd+bwd), peak MiB of fwd+bwd\n",
-                dtype_name(dtype), z.sweep_d, z.sweep_heads, z.sweep_tokens);
+    fmt::print("\n[sweep] {}, d={} H={}, B*T={}: median ms (fwd / fwd+bwd), peak MiB of fwd+bwd\n", dtype_name(dtype),
+               z.sweep_d, z.sweep_heads, z.sweep_tokens);
     for (int64_t T = 128; T <= z.sweep_max_T; T *= 2) {
       const int64_t B = std::max<int64_t>(1, z.sweep_tokens / T);
       const bool mask_buffer = T <= z.mask_buffer_max_T;
@@ -521,14 +544,21 @@ void section_sweep(Setup& s) {
       const auto tb = interleaved(s.timer, fwdbwd, reps, 1);
       const double flops = module_flops(B, T, z.sweep_d);
       for (size_t i = 0; i < vs.size(); ++i) {
-        fmt::print("  T={:<6} B={:<4} {:<8} {:9.3f} / {:9.3f} ms  {:8.1f} MiB{}\n", T, B, vs[i].name,
-                    tf[i].median_ms, tb[i].median_ms, probes[i].fwdbwd_peak_mib,
-                    mask_buffer ? "" : "  (no mask buffer)");
+        fmt::print("  T={:<6} B={:<4} {:<8} {:9.3f} / {:9.3f} ms  {:8.1f} MiB{}\n", T, B, vs[i].name, tf[i].median_ms,
+                   tb[i].median_ms, probes[i].fwdbwd_peak_mib, mask_buffer ? "" : "  (no mask buffer)");
         s.rows.push_back(Row()
-                             .s("section", "sweep").s("variant", vs[i].name).s("dtype", dtype_name(dtype))
-                             .n("B", B).n("T", T).n("d", z.sweep_d).n("H", z.sweep_heads).n("reps", reps)
-                             .n("mask_buffer", mask_buffer ? 1 : 0).n("fwd_ms", tf[i].median_ms)
-                             .n("fwdbwd_ms", tb[i].median_ms).n("fwd_tflops", flops / tf[i].median_ms / 1e9)
+                             .s("section", "sweep")
+                             .s("variant", vs[i].name)
+                             .s("dtype", dtype_name(dtype))
+                             .n("B", B)
+                             .n("T", T)
+                             .n("d", z.sweep_d)
+                             .n("H", z.sweep_heads)
+                             .n("reps", reps)
+                             .n("mask_buffer", mask_buffer ? 1 : 0)
+                             .n("fwd_ms", tf[i].median_ms)
+                             .n("fwdbwd_ms", tb[i].median_ms)
+                             .n("fwd_tflops", flops / tf[i].median_ms / 1e9)
                              .n("fwdbwd_tflops", 3 * flops / tb[i].median_ms / 1e9)
                              .n("fwd_peak_mib", probes[i].fwd_peak_mib)
                              .n("fwdbwd_peak_mib", probes[i].fwdbwd_peak_mib)
@@ -565,12 +595,18 @@ void section_stall(Setup& s) {
     at::Tensor y;
     for (const at::Tensor& x : xs) first.push_back(s.timer.ms([&] { y = m->forward(x); }));
     for (const at::Tensor& x : xs) second.push_back(s.timer.ms([&] { y = m->forward(x); }));
-    check_close("stall " + name + " vs hand", rel_err(y, hand_forward(*autob, xs.back())),
-                tolerance(dtype));
+    check_close("stall " + name + " vs hand", rel_err(y, hand_forward(*autob, xs.back())), tolerance(dtype));
     for (size_t i = 0; i < xs.size(); ++i) {
       fmt::print("  {:<8} T={:<5} first {:8.3f}  second {:8.3f}\n", name, xs[i].size(1), first[i], second[i]);
-      s.rows.push_back(Row().s("section", "stall").s("variant", name).n("B", 1).n("T", xs[i].size(1))
-                           .n("d", z.stall_d).n("H", z.stall_heads).n("first_ms", first[i]).n("second_ms", second[i]));
+      s.rows.push_back(Row()
+                           .s("section", "stall")
+                           .s("variant", name)
+                           .n("B", 1)
+                           .n("T", xs[i].size(1))
+                           .n("d", z.stall_d)
+                           .n("H", z.stall_heads)
+                           .n("first_ms", first[i])
+                           .n("second_ms", second[i]));
     }
   }
 }
@@ -584,15 +620,22 @@ struct StepTimes {
 void record_decode(Setup& s, const std::string& name, const StepTimes& t, double first_call_us) {
   const Timing m = summarize(t.us);
   fmt::print("  {:<12} median {:8.1f} us  min {:8.1f} us  first {:8.1f} us  ({} steps, rel err {:.1e})\n", name,
-              m.median_ms, m.min_ms, first_call_us, t.us.size(), t.rel_err);
+             m.median_ms, m.min_ms, first_call_us, t.us.size(), t.rel_err);
   s.rows.push_back(Row()
-                       .s("section", "decode").s("variant", name).n("prompt", s.z.decode_prompt)
-                       .n("context_length", s.z.decode_context).n("d", s.z.decode_d).n("H", s.z.decode_heads)
-                       .n("steps", static_cast<double>(t.us.size())).n("median_us", m.median_ms)
-                       .n("min_us", m.min_ms).n("first_us", first_call_us).n("rel_err", t.rel_err));
+                       .s("section", "decode")
+                       .s("variant", name)
+                       .n("prompt", s.z.decode_prompt)
+                       .n("context_length", s.z.decode_context)
+                       .n("d", s.z.decode_d)
+                       .n("H", s.z.decode_heads)
+                       .n("steps", static_cast<double>(t.us.size()))
+                       .n("median_us", m.median_ms)
+                       .n("min_us", m.min_ms)
+                       .n("first_us", first_call_us)
+                       .n("rel_err", t.rel_err));
   for (size_t i = 0; i < t.us.size(); ++i) {
-    s.rows.push_back(Row().s("section", "decode_step").s("variant", name).n("step", static_cast<double>(i))
-                         .n("us", t.us[i]));
+    s.rows.push_back(
+        Row().s("section", "decode_step").s("variant", name).n("step", static_cast<double>(i)).n("us", t.us[i]));
   }
 }
 
@@ -605,8 +648,8 @@ void section_decode(Setup& s) {
   torch::manual_seed(3);
   const at::Tensor x = torch::randn({1, P + N, z.decode_d}).to(s.device, dtype);
   const at::Tensor expected = m->forward(x).narrow(1, P, N);  // the rows a full forward gives
-  fmt::print("\n[decode] one layer, B=1, d={} H={} bf16, prompt {}, context {}, {} steps (us per step)\n",
-              z.decode_d, z.decode_heads, P, z.decode_context, N);
+  fmt::print("\n[decode] one layer, B=1, d={} H={} bf16, prompt {}, context {}, {} steps (us per step)\n", z.decode_d,
+             z.decode_heads, P, z.decode_context, N);
 
   // Prefill, then N one-token steps on `cache`, each timed; checked against the full forward.
   auto run = [&](torchattn::KVCache& cache, const std::string& name) {
@@ -662,33 +705,38 @@ void section_decode(Setup& s) {
 // ---- memory: what a long-context module adds to the device ----
 void section_memory(Setup& s) {
   const Sizes& z = s.z;
-  fmt::print("\n[memory] MultiHeadAttention({}, {}, context_length={}, {} heads), float32, moved to {}\n",
-             z.memory_d, z.memory_d, z.memory_context, z.memory_heads, s.device.str());
+  fmt::print("\n[memory] MultiHeadAttention({}, {}, context_length={}, {} heads), float32, moved to {}\n", z.memory_d,
+             z.memory_d, z.memory_context, z.memory_heads, s.device.str());
   for (const bool mask_buffer : {false, true}) {
     const int64_t before = allocated_bytes(s.device);
     int64_t params = 0, buffers = 0, added = 0;
     {
       torch::manual_seed(0);
-      MultiHeadAttention m(torchattn::MultiHeadAttentionOptions(z.memory_d, z.memory_d, z.memory_context,
-                                                                z.memory_heads).mask_buffer(mask_buffer));
+      MultiHeadAttention m(
+          torchattn::MultiHeadAttentionOptions(z.memory_d, z.memory_d, z.memory_context, z.memory_heads)
+              .mask_buffer(mask_buffer));
       m->to(s.device);
       added = allocated_bytes(s.device) - before;
       for (const at::Tensor& p : m->parameters()) params += p.nbytes();
       for (const at::Tensor& b : m->buffers()) buffers += b.nbytes();
     }
     fmt::print("  mask_buffer({}): adds {:9.1f} MiB (weights {:.1f} MiB, buffers {:.1f} MiB)\n",
-                mask_buffer ? "true" : "false", added / kMiB, params / kMiB, buffers / kMiB);
+               mask_buffer ? "true" : "false", added / kMiB, params / kMiB, buffers / kMiB);
     s.rows.push_back(Row()
                          .s("section", "module_memory")
                          .s("variant", mask_buffer ? "mask_buffer_true" : "mask_buffer_false")
-                         .n("context_length", z.memory_context).n("d", z.memory_d).n("H", z.memory_heads)
-                         .n("added_mib", added / kMiB).n("weights_mib", params / kMiB)
-                         .n("buffers_mib", buffers / kMiB).n("added_le_weights", added <= params ? 1 : 0)
+                         .n("context_length", z.memory_context)
+                         .n("d", z.memory_d)
+                         .n("H", z.memory_heads)
+                         .n("added_mib", added / kMiB)
+                         .n("weights_mib", params / kMiB)
+                         .n("buffers_mib", buffers / kMiB)
+                         .n("added_le_weights", added <= params ? 1 : 0)
                          .n("measured", s.device.is_cuda() ? 1 : 0));
   }
 }
 
-} // namespace
+}  // namespace
 
 int run_device_bench(const c10::Device& device, const CudaBenchOptions& options) {
   const Sizes z = sizes_for(options.quick, options.max_T);
@@ -697,7 +745,7 @@ int run_device_bench(const c10::Device& device, const CudaBenchOptions& options)
   Setup s{device, timer, z, rows};
   try {
     fmt::print("torchattn_bench --device cuda on {}{}\n", device.str(),
-                device.is_cuda() ? "" : " (the harness only: no GPU timings or memory)");
+               device.is_cuda() ? "" : " (the harness only: no GPU timings or memory)");
     section_main(s);
     section_core(s);
     section_sweep(s);
@@ -725,7 +773,7 @@ int run_cuda_bench(const CudaBenchOptions& options) {
 #ifndef TORCHATTN_BENCH_CUDA
   fmt::print(stderr,
              "torchattn_bench: --device cuda needs a build against a CUDA LibTorch; this one was built against a "
-               "CPU LibTorch (build build-gpu/ with `make test-gpu`, see tools/test_gpu.sh)\n");
+             "CPU LibTorch (build build-gpu/ with `make test-gpu`, see tools/test_gpu.sh)\n");
   return 2;
 #else
   if (!torch::cuda::is_available()) {
@@ -736,4 +784,4 @@ int run_cuda_bench(const CudaBenchOptions& options) {
 #endif
 }
 
-} // namespace bench
+}  // namespace bench

@@ -29,4 +29,4 @@ int run_cuda_bench(const CudaBenchOptions& options);
 /// memory figures: a way to test it on a machine without a GPU, not a CPU benchmark.
 int run_device_bench(const c10::Device& device, const CudaBenchOptions& options);
 
-} // namespace bench
+}  // namespace bench

@@ -46,4 +46,4 @@ inline std::string to_json(const std::vector<Row>& rows, const std::string& meta
   return o.str();
 }
 
-} // namespace bench
+}  // namespace bench

@@ -29,12 +29,14 @@ inline std::vector<int64_t> parse_ids(const std::string& text, int64_t vocab_siz
       used = 0;
     }
     if (item.empty() || used != item.size() || v < 0) {
-      throw std::runtime_error("--prompt-ids: '" + item + "' is not a token id (expected comma-separated integers >= 0, "
+      throw std::runtime_error("--prompt-ids: '" + item +
+                               "' is not a token id (expected comma-separated integers >= 0, "
                                "e.g. 1,2,3)");
     }
     if (v >= vocab_size) {
       throw std::runtime_error("--prompt-ids: id " + std::to_string(v) + " is past the model's vocabulary of " +
-                               std::to_string(vocab_size) + " tokens (ids 0 to " + std::to_string(vocab_size - 1) + ")");
+                               std::to_string(vocab_size) + " tokens (ids 0 to " + std::to_string(vocab_size - 1) +
+                               ")");
     }
     ids.push_back(v);
   }
@@ -80,7 +82,8 @@ inline CLI::Validator positive_real(std::optional<double> high = std::nullopt) {
       [high, range](std::string& s) -> std::string {
         const auto v = parse_real(s);
         if (!v) return "expected a finite number, got '" + s + "'";
-        if (!(*v > 0 && (!high || *v <= *high))) return std::string("expected a number ") + (high ? "in " : "") + range + ", got " + s;
+        if (!(*v > 0 && (!high || *v <= *high)))
+          return std::string("expected a number ") + (high ? "in " : "") + range + ", got " + s;
         return {};
       },
       range);
@@ -89,7 +92,8 @@ inline CLI::Validator positive_real(std::optional<double> high = std::nullopt) {
 // A number in [low, high) (high_open) or [low, high]; high may be infinity.
 inline CLI::Validator real_in(double low, double high, bool high_open = false) {
   const std::string range = "[" + fmt::format("{:g}", low) + ", " +
-                            (std::isinf(high) ? std::string("inf") : fmt::format("{:g}", high)) + (high_open ? ")" : "]");
+                            (std::isinf(high) ? std::string("inf") : fmt::format("{:g}", high)) +
+                            (high_open ? ")" : "]");
   return CLI::Validator(
       [low, high, high_open, range](std::string& s) -> std::string {
         const auto v = parse_real(s);
@@ -100,4 +104,4 @@ inline CLI::Validator real_in(double low, double high, bool high_open = false) {
       range);
 }
 
-} // namespace apps
+}  // namespace apps

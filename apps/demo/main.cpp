@@ -77,7 +77,8 @@ void notebook000(const torch::Device& device, int64_t seed) {
   heading(nb, "unscaled causal attention (q k^T, -inf fill, softmax, weights @ v), .scale(1.0)");
   auto inputs = notebook_inputs().to(device);
   torch::manual_seed(seed);
-  torchattn::CausalAttention ca(torchattn::CausalAttentionOptions(3, 2, 6).scale(1.0).backend(torchattn::Backend::Reference));
+  torchattn::CausalAttention ca(
+      torchattn::CausalAttentionOptions(3, 2, 6).scale(1.0).backend(torchattn::Backend::Reference));
   ca->to(device);
   auto q = ca->W_query(inputs), k = ca->W_key(inputs);
   auto scores = q.matmul(k.transpose(-2, -1));
@@ -162,9 +163,10 @@ void notebook003(const torch::Device& device, std::optional<int64_t> seed) {
   fmt::print("context_vecs.shape: {}\n", fmt::streamed(ca(batch).sizes()));
 
   heading(nb, "heads as a batch dimension: a @ a.transpose(2, 3) for each head");
-  auto a = torch::tensor({{{{0.2745, 0.6584, 0.2775, 0.8573}, {0.8993, 0.0390, 0.9268, 0.7388}, {0.7179, 0.7058, 0.9156, 0.4340}},
-                           {{0.0772, 0.3565, 0.1479, 0.5331}, {0.4066, 0.2318, 0.4545, 0.9737}, {0.4606, 0.5159, 0.4220, 0.5786}}}},
-                         torch::TensorOptions().dtype(torch::kFloat32).device(device));
+  auto a = torch::tensor(
+      {{{{0.2745, 0.6584, 0.2775, 0.8573}, {0.8993, 0.0390, 0.9268, 0.7388}, {0.7179, 0.7058, 0.9156, 0.4340}},
+        {{0.0772, 0.3565, 0.1479, 0.5331}, {0.4066, 0.2318, 0.4545, 0.9737}, {0.4606, 0.5159, 0.4220, 0.5786}}}},
+      torch::TensorOptions().dtype(torch::kFloat32).device(device));
   show("a @ a.transpose(2, 3)", a.matmul(a.transpose(2, 3)));
   show("First head", a[0][0].matmul(a[0][0].t()));
   show("Second head", a[0][1].matmul(a[0][1].t()));
@@ -181,7 +183,8 @@ void notebook003(const torch::Device& device, std::optional<int64_t> seed) {
     auto queries = mha->W_query(stacked);
     auto split = queries.view({2, 6, 2, 1});
     fmt::print("queries {} -> view(b, num_tokens, num_heads, head_dim) {} -> transpose(1, 2) {}\n",
-               fmt::streamed(queries.sizes()), fmt::streamed(split.sizes()), fmt::streamed(split.transpose(1, 2).sizes()));
+               fmt::streamed(queries.sizes()), fmt::streamed(split.sizes()),
+               fmt::streamed(split.transpose(1, 2).sizes()));
     fmt::print("scores per head: queries @ keys.transpose(2, 3) -> [2, 2, 6, 6]; masked_fill(-inf), "
                "softmax(scores / sqrt(head_dim)), @ values, transpose back, view [2, 6, 2], out_proj\n");
   }
@@ -215,7 +218,7 @@ void notebook004(const torch::Device& device) {
   fmt::print("output.shape: {}\n", fmt::streamed(Ab.matmul(Vb).sizes()));
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"torchattn demo: the five attention notebooks, step by step, computed by torchattn"};

@@ -30,7 +30,7 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"SentenceEncoder::embed throughput at batch 1 and batch 32"};
@@ -77,12 +77,13 @@ int main(int argc, char** argv) {
       model_dir, torchattn::models::LoadOptions().pack_weights(false));
   const auto [one_unpacked, many_unpacked] = measure(unpacked_encoder);
   fmt::print("torchattn_embed_bench: {} threads: batch 1 {:.1f} sentences/s, batch 32 {:.1f} sentences/s; with "
-             "pack_weights(false): {:.1f} and {:.1f}\n", at::get_num_threads(), one, many, one_unpacked, many_unpacked);
+             "pack_weights(false): {:.1f} and {:.1f}\n",
+             at::get_num_threads(), one, many, one_unpacked, many_unpacked);
   if (!json_path.empty()) {
     std::ofstream(json_path) << fmt::format("{{\"tool\": \"torchattn\", \"threads\": {}, \"batch1_per_s\": {:.3f}, "
                                             "\"batch32_per_s\": {:.3f}, \"unpacked_batch1_per_s\": {:.3f}, "
-                                            "\"unpacked_batch32_per_s\": {:.3f}}}\n", at::get_num_threads(), one,
-                                            many, one_unpacked, many_unpacked);
+                                            "\"unpacked_batch32_per_s\": {:.3f}}}\n",
+                                            at::get_num_threads(), one, many, one_unpacked, many_unpacked);
   }
   return 0;
 }

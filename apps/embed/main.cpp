@@ -53,7 +53,7 @@ void write_jsonl(std::FILE* out, const at::Tensor& rows_in) {
   }
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Sentence embeddings of texts with a Hugging Face BERT-family folder on torchattn"};
@@ -61,7 +61,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> texts;
   int64_t batch_size = 32;
   bool truncate = false, quiet = false;
-  app.add_option("--model", model_dir, "a Hugging Face encoder folder (model_type bert)")->required()
+  app.add_option("--model", model_dir, "a Hugging Face encoder folder (model_type bert)")
+      ->required()
       ->check(CLI::ExistingDirectory);
   app.add_option("texts", texts, "texts to embed (else --file, else stdin, one per line)");
   auto* file_opt = app.add_option("--file", file, "read texts from this file, one per line ('-': stdin)");
@@ -76,7 +77,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    if (!texts.empty() && file_opt->count() > 0) throw std::runtime_error("give texts as arguments or --file, not both");
+    if (!texts.empty() && file_opt->count() > 0)
+      throw std::runtime_error("give texts as arguments or --file, not both");
     // Where the texts came from: "" (the arguments), a file's name, or "stdin".
     std::string origin;
     if (texts.empty()) {
@@ -98,8 +100,8 @@ int main(int argc, char** argv) {
     }
     auto encoder = [&] {
       try {
-        return torchattn::models::SentenceEncoder::from_pretrained(
-            model_dir, torchattn::models::LoadOptions().device(torch::Device(device_name)));
+        return torchattn::models::SentenceEncoder::from_pretrained(model_dir, torchattn::models::LoadOptions().device(
+                                                                                  torch::Device(device_name)));
       } catch (const c10::Error& e) {
         throw std::runtime_error(std::string("--model: ") + e.what_without_backtrace());
       }
@@ -115,7 +117,8 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < texts.size(); ++i) {
       if (const auto bad = torchattn::models::find_invalid_utf8(texts[i])) {
         throw std::runtime_error(fmt::format("{} is not valid UTF-8: the byte 0x{:02X} at offset {} (texts must be "
-                                             "UTF-8)", where(i), static_cast<unsigned char>(texts[i][*bad]), *bad));
+                                             "UTF-8)",
+                                             where(i), static_cast<unsigned char>(texts[i][*bad]), *bad));
       }
       if (truncate) {
         ids[i] = tokenizer.encode(texts[i], true, encoder.max_length());
@@ -124,8 +127,8 @@ int main(int argc, char** argv) {
       ids[i] = tokenizer.encode(texts[i]);
       if (static_cast<int64_t>(ids[i].size()) > encoder.max_length()) {
         throw std::runtime_error(fmt::format("{} has {} tokens, more than the model's max_length of {}; shorten it, "
-                                             "or pass --truncate to keep its first {} tokens", where(i), ids[i].size(),
-                                             encoder.max_length(), encoder.max_length()));
+                                             "or pass --truncate to keep its first {} tokens",
+                                             where(i), ids[i].size(), encoder.max_length(), encoder.max_length()));
       }
     }
     const bool progress = !quiet && static_cast<int64_t>(texts.size()) > batch_size;

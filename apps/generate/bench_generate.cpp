@@ -44,16 +44,14 @@ int64_t status_kb(const char* key) {
   return -1;
 }
 
-double seconds(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"SmolLM2 on torchattn: peak RSS, prefill, decoding and the memory bound"};
@@ -99,8 +97,8 @@ int main(int argc, char** argv) {
       std::string runs;
       for (const double r : decode_tps) runs += fmt::format("{}{:.3f}", runs.empty() ? "" : ", ", r);
       std::ofstream(json_path) << fmt::format("{{\"threads\": {}, \"new_tokens\": {}, \"decode_tokens_per_s\": {:.3f}, "
-                                              "\"runs\": [{}]}}\n", at::get_num_threads(), new_tokens,
-                                              median(decode_tps), runs);
+                                              "\"runs\": [{}]}}\n",
+                                              at::get_num_threads(), new_tokens, median(decode_tps), runs);
     }
     return 0;
   }
@@ -143,7 +141,8 @@ int main(int argc, char** argv) {
   const double gbps = median(bandwidth);
   const double bound = gbps * 1e9 / weight_bytes;
   fmt::print("  memory read bandwidth {:.1f} GB/s: reading the weights bounds decoding at {:.1f} tokens/s; "
-             "decoding runs at {:.0f}% of it\n", gbps, bound, 100.0 * median(decode_tps) / bound);
+             "decoding runs at {:.0f}% of it\n",
+             gbps, bound, 100.0 * median(decode_tps) / bound);
 
   if (!json_path.empty()) {
     std::ofstream(json_path) << fmt::format(

@@ -45,17 +45,21 @@ int main(int argc, char** argv) {
   text->excludes(ids_opt);
   app.option_defaults()->always_capture_default();
   app.add_option("--max-new-tokens", max_new_tokens, "tokens to generate at most")->check(at_least(1));
-  auto* greedy_flag = app.add_flag("--greedy", greedy, "take the most likely token (the default without sampling options)");
-  auto* temperature = app.add_option("--temperature", temperature_value, "sample with this temperature")
-                          ->check(positive_real());
+  auto* greedy_flag = app.add_flag("--greedy", greedy,
+                                   "take the most likely token (the default without sampling options)");
+  auto* temperature =
+      app.add_option("--temperature", temperature_value, "sample with this temperature")->check(positive_real());
   auto* top_k = app.add_option("--top-k", top_k_value, "sample among the k most likely tokens")
-                    ->check(at_least(1))->default_str("all");
+                    ->check(at_least(1))
+                    ->default_str("all");
   auto* top_p = app.add_option("--top-p", top_p_value, "sample among the most likely tokens of this total probability")
                     ->check(positive_real(1.0));
   std::string seed_text;
-  auto* seed = app.add_option("--seed", seed_text, "the sampling seed (without it: a random seed, printed on stderr "
-                                                   "so that the run can be repeated)")
-                   ->check(at_least(0))->default_str("random");
+  auto* seed = app.add_option("--seed", seed_text,
+                              "the sampling seed (without it: a random seed, printed on stderr "
+                              "so that the run can be repeated)")
+                   ->check(at_least(0))
+                   ->default_str("random");
   greedy_flag->excludes(temperature)->excludes(top_k)->excludes(top_p);
   app.add_flag("--chat", chat, "wrap the prompt in the model's <|im_start|> chat template");
   app.add_option("--device", device_name, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
@@ -64,13 +68,15 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    if (text->count() == 0 && ids_opt->count() == 0) throw std::runtime_error("give --prompt TEXT or --prompt-ids 1,2,3");
+    if (text->count() == 0 && ids_opt->count() == 0)
+      throw std::runtime_error("give --prompt TEXT or --prompt-ids 1,2,3");
     options.max_new_tokens(max_new_tokens).temperature(temperature_value).top_k(top_k_value).top_p(top_p_value);
     options.do_sample(temperature->count() > 0 || top_k->count() > 0 || top_p->count() > 0);
     if (options.do_sample()) {
       // No --seed: a fresh one each run (as llama.cpp does), said so that it can be repeated.
       options.seed(seed->count() > 0 ? std::stoull(seed_text) : std::random_device{}() & 0x7fffffff);
-      if (seed->count() == 0) fmt::print(stderr, "[sampling with seed {}; pass --seed {} to repeat]\n", options.seed(), options.seed());
+      if (seed->count() == 0)
+        fmt::print(stderr, "[sampling with seed {}; pass --seed {} to repeat]\n", options.seed(), options.seed());
     }
     if (device_name == "cuda" && !torch::cuda::is_available()) {
       throw std::runtime_error("--device cuda: this LibTorch sees no CUDA device");
@@ -101,7 +107,8 @@ int main(int argc, char** argv) {
       if (!tokenizer) throw std::runtime_error(tokenizer_error);
       if (const auto bad = models::find_invalid_utf8(prompt)) {
         throw std::runtime_error(fmt::format("--prompt: expected UTF-8 text, got the byte 0x{:02X} at offset {}, which "
-                                             "is not valid UTF-8", static_cast<unsigned char>(prompt[*bad]), *bad));
+                                             "is not valid UTF-8",
+                                             static_cast<unsigned char>(prompt[*bad]), *bad));
       }
       if (chat) {
         const auto tmpl = models::read_chat_template(model_dir);
@@ -158,8 +165,9 @@ int main(int argc, char** argv) {
                "[{} {} on {} {}, {} threads] loaded in {:.2f} s; prefill {} tokens in {:.3f} s ({:.1f} tokens/s); "
                "decode {} tokens in {:.3f} s ({:.1f} tokens/s)\n",
                config.model_type, dir.filename().string(), device_name, dtype_name, at::get_num_threads(), load_seconds,
-               result.prompt_tokens, result.prefill_seconds, result.prompt_tokens / std::max(result.prefill_seconds, 1e-9),
-               decoded, result.decode_seconds, decoded > 0 ? decoded / std::max(result.decode_seconds, 1e-9) : 0.0);
+               result.prompt_tokens, result.prefill_seconds,
+               result.prompt_tokens / std::max(result.prefill_seconds, 1e-9), decoded, result.decode_seconds,
+               decoded > 0 ? decoded / std::max(result.decode_seconds, 1e-9) : 0.0);
     return 0;
   } catch (const c10::Error& e) {
     fmt::print(stderr, "torchattn_generate: {}\n", e.what_without_backtrace());

@@ -64,4 +64,4 @@ class Channel {
   std::string message_;
 };
 
-} // namespace serve
+}  // namespace serve

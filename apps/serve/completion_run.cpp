@@ -32,12 +32,12 @@ EngineRequest prepare(const CompletionRequest& request, const models::LanguageMo
                           std::to_string(n) + " (with no room left for an answer)",
                       field, "context_length_exceeded");
   }
-  const int64_t max_tokens = request.max_tokens.value_or(request.chat ? context - n : std::min<int64_t>(16, context - n));
+  const int64_t max_tokens = request.max_tokens.value_or(request.chat ? context - n
+                                                                      : std::min<int64_t>(16, context - n));
   if (n + max_tokens > context) {
     throw bad_request("This model's maximum context length is " + std::to_string(context) + " tokens; the prompt has " +
                           std::to_string(n) + " and max_tokens asks for " + std::to_string(max_tokens) + " more",
-                      request.max_tokens_field,
-                      "context_length_exceeded");
+                      request.max_tokens_field, "context_length_exceeded");
   }
   if (request.ignore_eos) {
     out.options.max_new_tokens(max_tokens).stop_at_eos(false);
@@ -67,7 +67,8 @@ EngineRequest prepare(const CompletionRequest& request, const models::LanguageMo
   return out;
 }
 
-CompletionRun::CompletionRun(const CompletionRequest& request, const models::LanguageModel& model, int64_t prompt_tokens)
+CompletionRun::CompletionRun(const CompletionRequest& request, const models::LanguageModel& model,
+                             int64_t prompt_tokens)
     : tokenizer_(model.tokenizer()), hidden_(hidden_tokens(model)), text_(model.tokenizer(), hidden_, request.stop) {
   usage_.prompt_tokens = prompt_tokens;
 }
@@ -102,4 +103,4 @@ Delta CompletionRun::apply(const models::TokenEvent& event) {
   return delta;
 }
 
-} // namespace serve
+}  // namespace serve

@@ -73,4 +73,4 @@ class CompletionRun {
   bool cancel_engine_ = false;
 };
 
-} // namespace serve
+}  // namespace serve

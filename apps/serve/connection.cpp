@@ -113,7 +113,7 @@ int socket_of(const httplib::Request& req) {
   return -1;
 }
 
-} // namespace
+}  // namespace
 #endif
 
 bool end_connection(const httplib::Request& req, int linger_ms) {
@@ -143,4 +143,4 @@ bool end_connection(const httplib::Request& req, int linger_ms) {
 #endif
 }
 
-} // namespace serve
+}  // namespace serve

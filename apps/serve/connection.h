@@ -32,4 +32,4 @@ std::string why_not_listen(const std::string& host, int port);
 /// POSIX only (a no-op elsewhere); false when the connection was not found.
 bool end_connection(const httplib::Request& req, int linger_ms = 2000);
 
-} // namespace serve
+}  // namespace serve

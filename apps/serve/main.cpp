@@ -49,36 +49,58 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--api-key", server.api_key, "require 'Authorization: Bearer KEY' (all routes but /health)");
   app.add_option("--model-name", server.model_name, "the model's id in the API (default: the folder's name)");
-  auto* context_flag = app.add_option("--context-length", context, "the most tokens of a request, prompt and answer "
+  auto* context_flag = app.add_option("--context-length", context,
+                                      "the most tokens of a request, prompt and answer "
                                       "(default: the config's max_position_embeddings, at most 4096)")
                            ->check(apps::at_least(1));
-  app.add_option("--kv-tokens", kv_tokens, "tokens the KV pool holds over all requests (at least "
-                                 "the context length)")->check(apps::at_least(1))->capture_default_str();
+  app.add_option("--kv-tokens", kv_tokens,
+                 "tokens the KV pool holds over all requests (at least "
+                 "the context length)")
+      ->check(apps::at_least(1))
+      ->capture_default_str();
   app.add_option("--block-size", block_size, "tokens per KV block")->check(apps::at_least(1))->capture_default_str();
-  app.add_option("--max-running", max_running, "requests generated at once")->check(apps::at_least(1))->capture_default_str();
-  app.add_option("--max-waiting", max_waiting, "requests queued; more get 503")->check(apps::at_least(0))->capture_default_str();
+  app.add_option("--max-running", max_running, "requests generated at once")
+      ->check(apps::at_least(1))
+      ->capture_default_str();
+  app.add_option("--max-waiting", max_waiting, "requests queued; more get 503")
+      ->check(apps::at_least(0))
+      ->capture_default_str();
   app.add_option("--prefill-chunk", prefill_chunk, "prompts are prefilled in chunks of this many tokens")
-      ->check(apps::at_least(1))->capture_default_str();
-  app.add_option("--max-prefill-tokens", max_prefill_tokens, "prompt tokens per step, over all prompts, while many "
-                 "requests decode")->check(apps::at_least(1))->capture_default_str();
-  app.add_option("--idle-prefill-tokens", idle_prefill_tokens, "prompt tokens per step while none decodes; beside d "
-                 "decoding requests this over d, at least --max-prefill-tokens")->check(apps::at_least(1))->capture_default_str();
+      ->check(apps::at_least(1))
+      ->capture_default_str();
+  app.add_option("--max-prefill-tokens", max_prefill_tokens,
+                 "prompt tokens per step, over all prompts, while many "
+                 "requests decode")
+      ->check(apps::at_least(1))
+      ->capture_default_str();
+  app.add_option("--idle-prefill-tokens", idle_prefill_tokens,
+                 "prompt tokens per step while none decodes; beside d "
+                 "decoding requests this over d, at least --max-prefill-tokens")
+      ->check(apps::at_least(1))
+      ->capture_default_str();
   app.add_option("--long-prefill-threshold", long_prefill_threshold, "a prompt with more tokens left is long")
-      ->check(apps::at_least(0))->capture_default_str();
-  app.add_option("--long-prefill-tokens", long_prefill_tokens, "tokens a long prompt brings per step while others decode")
-      ->check(apps::at_least(1))->capture_default_str();
+      ->check(apps::at_least(0))
+      ->capture_default_str();
+  app.add_option("--long-prefill-tokens", long_prefill_tokens,
+                 "tokens a long prompt brings per step while others decode")
+      ->check(apps::at_least(1))
+      ->capture_default_str();
   app.add_option("--max-body-bytes", server.max_body_bytes, "larger request bodies get 413")
-      ->check(apps::at_least(1))->capture_default_str();
+      ->check(apps::at_least(1))
+      ->capture_default_str();
   app.add_option("--http-threads", server.http_threads, "connections served at once")
-      ->check(apps::at_least(1))->capture_default_str();
+      ->check(apps::at_least(1))
+      ->capture_default_str();
   app.add_option("--threads", threads, "intra-op threads (default: LibTorch's)")->check(apps::at_least(1));
-  app.add_flag("--no-prefix-cache", no_prefix_cache, "compute every prompt in full (default: reuse the KV blocks of "
+  app.add_flag("--no-prefix-cache", no_prefix_cache,
+               "compute every prompt in full (default: reuse the KV blocks of "
                "earlier requests' identical prefixes)");
   app.add_flag("--quiet", quiet, "no line per request on stderr");
   CLI11_PARSE(app, argc, argv);
   server.log = !quiet;
   if (threads > 0) at::set_num_threads(threads);
-  if (server.model_name.empty()) server.model_name = std::filesystem::path(model_dir).lexically_normal().filename().string();
+  if (server.model_name.empty())
+    server.model_name = std::filesystem::path(model_dir).lexically_normal().filename().string();
   if (server.model_name.empty()) server.model_name = "model";
 
   // SIGINT and SIGTERM go to one thread that shuts the server down (blocked here, before
@@ -96,7 +118,8 @@ int main(int argc, char** argv) {
     const int64_t positions = config.max_position_embeddings;
     if (context_flag->count() > 0 && context > positions) {
       throw std::runtime_error(fmt::format("--context-length {} is past the model's {} positions (config.json's "
-                                           "max_position_embeddings)", context, positions));
+                                           "max_position_embeddings)",
+                                           context, positions));
     }
     if (context_flag->count() == 0) context = std::min<int64_t>(positions, 4096);
     const int64_t pool = (kv_tokens + block_size - 1) / block_size * block_size;
@@ -104,14 +127,18 @@ int main(int argc, char** argv) {
       if (context_flag->count() > 0) {
         throw std::runtime_error(fmt::format(
             "--kv-tokens {} is less than --context-length {}: one request may hold {} tokens; give --kv-tokens {} or "
-            "more, or a smaller --context-length", kv_tokens, context, context, context));
+            "more, or a smaller --context-length",
+            kv_tokens, context, context, context));
       }
-      fmt::print(stderr, "torchattn_serve: the context is {} tokens, the KV pool's size (--kv-tokens {}), not {}: "
-                 "give --kv-tokens {} for the whole context\n", pool, kv_tokens, context, context);
+      fmt::print(stderr,
+                 "torchattn_serve: the context is {} tokens, the KV pool's size (--kv-tokens {}), not {}: "
+                 "give --kv-tokens {} for the whole context\n",
+                 pool, kv_tokens, context, context);
       context = pool;
     }
-    auto lm = torchattn::models::LanguageModel::from_pretrained(
-        model_dir, torchattn::models::LoadOptions().context_length(context));
+    auto lm = torchattn::models::LanguageModel::from_pretrained(model_dir,
+                                                                torchattn::models::LoadOptions().context_length(
+                                                                    context));
     torchattn::models::Engine engine(lm.model(), torchattn::models::EngineOptions()
                                                      .kv_tokens(kv_tokens)
                                                      .block_size(block_size)
@@ -128,7 +155,8 @@ int main(int argc, char** argv) {
     std::thread watcher([&] {
       int got = 0;
       sigwait(&signals, &got);
-      fmt::print(stderr, "torchattn_serve: {}: cancelling what runs and stopping\n", got == SIGINT ? "SIGINT" : "SIGTERM");
+      fmt::print(stderr, "torchattn_serve: {}: cancelling what runs and stopping\n",
+                 got == SIGINT ? "SIGINT" : "SIGTERM");
       http.shutdown();
     });
     fmt::print("torchattn_serve: listening on http://{}:{}, model {} (context {} tokens, KV pool {} tokens, {} MiB)\n",

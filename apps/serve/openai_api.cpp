@@ -80,8 +80,8 @@ bool get_bool(const json& body, const char* field) {
 
 // Fields of OpenAI's chat request schema that this server does not honour: any value
 // but null is a 400 naming the field.
-constexpr const char* kChatUnhonoured[] = {"audio",     "function_call", "functions",         "prediction",
-                                           "reasoning_effort", "verbosity", "web_search_options"};
+constexpr const char* kChatUnhonoured[] = {
+    "audio", "function_call", "functions", "prediction", "reasoning_effort", "verbosity", "web_search_options"};
 
 template <size_t N>
 void refuse_unhonoured(const json& body, const char* const (&fields)[N]) {
@@ -129,8 +129,10 @@ std::string content_text(const json& content, const std::string& field) {
     const std::string where = field + "[" + std::to_string(i) + "]";
     if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
         !part["text"].is_string()) {
-      throw bad_request("'" + where + "' must be a text part {\"type\": \"text\", \"text\": ...}; this server takes "
-                        "text only", where);
+      throw bad_request("'" + where +
+                            "' must be a text part {\"type\": \"text\", \"text\": ...}; this server takes "
+                            "text only",
+                        where);
     }
     text += part["text"].get<std::string>();
   }
@@ -145,7 +147,7 @@ json usage_object(const Usage& u) {
 
 std::string event(const json& j) { return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n"; }
 
-} // namespace
+}  // namespace
 
 ApiError bad_request(const std::string& message, const std::string& param, const std::string& code) {
   return ApiError(400, "invalid_request_error", message, param, code);
@@ -207,7 +209,8 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
     }
     if (given(body, "response_format") && body["response_format"] != json{{"type", "text"}}) {
       throw bad_request("'response_format' is not supported by this server (only {\"type\": \"text\"}): no JSON "
-                        "mode or schema", "response_format");
+                        "mode or schema",
+                        "response_format");
     }
     if (given(body, "parallel_tool_calls") && !body["parallel_tool_calls"].is_boolean()) {
       throw wrong_type("parallel_tool_calls", "a boolean", body["parallel_tool_calls"]);
@@ -223,7 +226,8 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
     if (prompt.is_array()) {
       if (prompt.size() != 1 || !prompt[0].is_string()) {
         throw bad_request("'prompt' must be a string (or an array of one string): several prompts or token ids are "
-                          "not supported", "prompt");
+                          "not supported",
+                          "prompt");
       }
       r.prompt = prompt[0].get<std::string>();
     } else if (prompt.is_string()) {
@@ -262,7 +266,8 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
     if (!o.is_object()) throw wrong_type("stream_options", "an object", o);
     if (!r.stream) throw bad_request("'stream_options' is only allowed with stream: true", "stream_options");
     if (given(o, "include_usage")) {
-      if (!o["include_usage"].is_boolean()) throw wrong_type("stream_options.include_usage", "a boolean", o["include_usage"]);
+      if (!o["include_usage"].is_boolean())
+        throw wrong_type("stream_options.include_usage", "a boolean", o["include_usage"]);
       r.include_usage = o["include_usage"].get<bool>();
     }
   }
@@ -381,7 +386,7 @@ json logprobs_of(const CompletionRequest& request, const std::vector<LogprobEntr
   return request.chat ? chat_logprobs(entries) : text_logprobs(entries);
 }
 
-} // namespace
+}  // namespace
 
 std::string completion_json(const CompletionRequest& request, const std::string& id, int64_t created,
                             const std::string& model, const std::string& text, const std::string& finish_reason,
@@ -448,4 +453,4 @@ std::string models_json(const std::string& model, int64_t created, int64_t conte
       .dump();
 }
 
-} // namespace serve
+}  // namespace serve

@@ -20,7 +20,8 @@ namespace serve {
 /// {"error": {"message", "type", "param", "code"}}.
 struct ApiError : std::runtime_error {
   ApiError(int status, std::string type, const std::string& message, std::string param = "", std::string code = "")
-      : std::runtime_error(message), status(status), type(std::move(type)), param(std::move(param)), code(std::move(code)) {}
+      : std::runtime_error(message), status(status), type(std::move(type)), param(std::move(param)),
+        code(std::move(code)) {}
   int status;
   std::string type;   // invalid_request_error, authentication_error, not_found_error, unavailable_error, ...
   std::string param;  // the request field it is about, or ""
@@ -38,21 +39,21 @@ struct CompletionRequest {
   bool chat = false;
   std::string model;
   std::vector<torchattn::models::ChatMessage> messages;  // chat
-  std::string prompt;                                     // completions
-  std::optional<int64_t> max_tokens;  // max_completion_tokens, else max_tokens; unset: the endpoint's default
+  std::string prompt;                                    // completions
+  std::optional<int64_t> max_tokens;            // max_completion_tokens, else max_tokens; unset: the endpoint's default
   std::string max_tokens_field = "max_tokens";  // which of the two gave it
-  double temperature = 1.0;           // [0, 2]; 0 is greedy
-  double top_p = 1.0;                 // (0, 1]
-  int64_t top_k = 0;                  // >= 0 (an extension, as llama.cpp's and vLLM's)
+  double temperature = 1.0;                     // [0, 2]; 0 is greedy
+  double top_p = 1.0;                           // (0, 1]
+  int64_t top_k = 0;                            // >= 0 (an extension, as llama.cpp's and vLLM's)
   std::optional<uint64_t> seed;
   bool stream = false;
-  bool include_usage = false;          // stream_options.include_usage
-  std::vector<std::string> stop;       // at most 4, each non-empty
-  bool return_token_ids = false;       // an extension: the generated token ids in each choice / chunk
-  bool ignore_eos = false;             // an extension (as vLLM's): go on past EOS and the end of a turn
+  bool include_usage = false;                          // stream_options.include_usage
+  std::vector<std::string> stop;                       // at most 4, each non-empty
+  bool return_token_ids = false;                       // an extension: the generated token ids in each choice / chunk
+  bool ignore_eos = false;                             // an extension (as vLLM's): go on past EOS and the end of a turn
   std::vector<std::pair<int64_t, double>> logit_bias;  // (token id, bias in [-100, 100])
-  double presence_penalty = 0.0;       // [-2, 2]
-  double frequency_penalty = 0.0;      // [-2, 2]
+  double presence_penalty = 0.0;                       // [-2, 2]
+  double frequency_penalty = 0.0;                      // [-2, 2]
   /// -1: no log-probabilities; else they come with each token, with this many most
   /// likely alternatives (chat: logprobs true and top_logprobs in [0, 20]; completions:
   /// logprobs in [0, 5]).
@@ -122,4 +123,4 @@ std::string error_event(const ApiError& e);
 /// GET /v1/models.
 std::string models_json(const std::string& model, int64_t created, int64_t context_length);
 
-} // namespace serve
+}  // namespace serve

@@ -101,7 +101,7 @@ std::string read_body(const httplib::Request& req, const httplib::ContentReader&
 // Writes an SSE event; false when the client is gone.
 bool send(httplib::DataSink& sink, const std::string& event) { return sink.write(event.data(), event.size()); }
 
-} // namespace
+}  // namespace
 
 struct Server::Impl {
   Impl(models::LanguageModel& m, models::Engine& e, ServerOptions o) : model(m), engine(e), options(std::move(o)) {}
@@ -174,7 +174,8 @@ struct Server::Impl {
   void routes();
 };
 
-void Server::Impl::completions(const httplib::Request& req, httplib::Response& res, const std::string& body, bool chat) {
+void Server::Impl::completions(const httplib::Request& req, httplib::Response& res, const std::string& body,
+                               bool chat) {
   const auto start = Clock::now();
   CompletionRequest request;
   EngineRequest engine_request;
@@ -184,7 +185,8 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
     request = parse_completion_request(body, chat);
     if (request.model != options.model_name) {
       throw ApiError(404, "invalid_request_error",
-                     "The model '" + request.model + "' does not exist; this server serves '" + options.model_name + "'",
+                     "The model '" + request.model + "' does not exist; this server serves '" + options.model_name +
+                         "'",
                      "model", "model_not_found");
     }
     try {
@@ -225,8 +227,8 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
     while (!run->done()) {
       const auto got = channel->pop(event, std::chrono::milliseconds(500));
       if (got == Channel::Pop::Aborted) {
-        respond_error(res, ApiError(channel->abort_status(), channel->abort_status() == 503 ? "unavailable_error"
-                                                                                            : "server_error",
+        respond_error(res, ApiError(channel->abort_status(),
+                                    channel->abort_status() == 503 ? "unavailable_error" : "server_error",
                                     channel->abort_message()));
         unregister(id);
         log(completion_line(req, res.status, false, run.get(), start));
@@ -256,7 +258,8 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
         while (!run->done()) {
           const auto got = channel->pop(event, std::chrono::milliseconds(500));
           if (got == Channel::Pop::Aborted) {
-            const ApiError e(channel->abort_status(), channel->abort_status() == 503 ? "unavailable_error" : "server_error",
+            const ApiError e(channel->abort_status(),
+                             channel->abort_status() == 503 ? "unavailable_error" : "server_error",
                              channel->abort_message());
             send(sink, error_event(e));
             send(sink, "data: [DONE]\n\n");
@@ -287,7 +290,8 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
           }
         }
         bool ok = send(sink, chunk_event(request, completion_id, created, name, "", run->finish_reason(), false, {}));
-        if (ok && request.include_usage) ok = send(sink, usage_event(request, completion_id, created, name, run->usage()));
+        if (ok && request.include_usage)
+          ok = send(sink, usage_event(request, completion_id, created, name, run->usage()));
         ok = ok && send(sink, "data: [DONE]\n\n");
         if (!ok) return false;
         sink.done();
@@ -336,7 +340,8 @@ std::optional<ApiError> Server::Impl::early_error(const httplib::Request& req) c
       if (std::stoull(length) > options.max_body_bytes) return too_large(options.max_body_bytes);
     }
     if (req.is_multipart_form_data()) {
-      return ApiError(415, "invalid_request_error", "the request body must be JSON (Content-Type: application/json), "
+      return ApiError(415, "invalid_request_error",
+                      "the request body must be JSON (Content-Type: application/json), "
                       "got multipart/form-data");
     }
   }
@@ -440,8 +445,7 @@ void Server::Impl::routes() {
       std::rethrow_exception(ep);
     } catch (const std::exception& e) {
       what = e.what();
-    } catch (...) {
-    }
+    } catch (...) {}
     log("internal error: " + what);
     respond_error(res, ApiError(500, "server_error", "internal error: " + what));
   });
@@ -494,4 +498,4 @@ void Server::shutdown() {
   impl_->http.stop();
 }
 
-} // namespace serve
+}  // namespace serve

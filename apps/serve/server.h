@@ -17,12 +17,12 @@ namespace serve {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8080;                    // 0: a free port
-  std::string api_key;                // empty: none; else every route but /health wants "Authorization: Bearer KEY"
-  std::string model_name;             // the model's id in requests and /v1/models
-  size_t max_body_bytes = 1 << 20;    // larger bodies get 413
-  int http_threads = 64;              // connections served at once (a streaming request holds one)
-  bool log = true;                    // a line per request on stderr
+  int port = 8080;                  // 0: a free port
+  std::string api_key;              // empty: none; else every route but /health wants "Authorization: Bearer KEY"
+  std::string model_name;           // the model's id in requests and /v1/models
+  size_t max_body_bytes = 1 << 20;  // larger bodies get 413
+  int http_threads = 64;            // connections served at once (a streaming request holds one)
+  bool log = true;                  // a line per request on stderr
 };
 
 class Server {
@@ -49,4 +49,4 @@ class Server {
   std::unique_ptr<Impl> impl_;
 };
 
-} // namespace serve
+}  // namespace serve

@@ -51,4 +51,4 @@ std::string TextStream::finish() {
   return out;
 }
 
-} // namespace serve
+}  // namespace serve

@@ -45,4 +45,4 @@ class TextStream {
   bool stopped_ = false;
 };
 
-} // namespace serve
+}  // namespace serve

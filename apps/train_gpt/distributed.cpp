@@ -34,7 +34,7 @@ void wait_for(const c10::intrusive_ptr<c10d::Work>& work, const DistOptions& o, 
   }
 }
 
-} // namespace
+}  // namespace
 
 Distributed::Distributed(const DistOptions& o) : options_(o), impl_(std::make_unique<Impl>()) {
   if (!active()) return;
@@ -121,7 +121,7 @@ int free_port() {
   return port;
 }
 
-} // namespace
+}  // namespace
 
 int launch_local_ranks(int nproc, const std::vector<std::string>& argv, int grace_s) {
   const int port = free_port();
@@ -157,7 +157,8 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& argv, int grac
         --left;
         const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
         if (!ok) {
-          fmt::print(stderr, "train_gpt: rank {} {} {}\n", r, WIFEXITED(status) ? "exited with status" : "killed by signal",
+          fmt::print(stderr, "train_gpt: rank {} {} {}\n", r,
+                     WIFEXITED(status) ? "exited with status" : "killed by signal",
                      WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
           if (!failed) deadline = std::chrono::steady_clock::now() + std::chrono::seconds(grace_s);
           ++failed;
@@ -179,4 +180,4 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& argv, int grac
   return failed ? 1 : 0;
 }
 
-} // namespace train_gpt
+}  // namespace train_gpt

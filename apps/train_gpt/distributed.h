@@ -48,4 +48,4 @@ class Distributed {
 /// Returns 0 when every rank succeeded.
 int launch_local_ranks(int nproc, const std::vector<std::string>& argv, int grace_s);
 
-} // namespace train_gpt
+}  // namespace train_gpt

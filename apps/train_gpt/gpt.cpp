@@ -6,10 +6,11 @@ namespace train_gpt {
 
 BlockImpl::BlockImpl(const GPTConfig& c) {
   ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
-  attn = register_module("attn", torchattn::MultiHeadAttention(torchattn::MultiHeadAttentionOptions(
-                                     c.d_model, c.d_model, c.context_length, c.n_head)
-                                     .dropout(c.dropout)
-                                     .qkv_bias(true)));
+  attn = register_module("attn",
+                         torchattn::MultiHeadAttention(
+                             torchattn::MultiHeadAttentionOptions(c.d_model, c.d_model, c.context_length, c.n_head)
+                                 .dropout(c.dropout)
+                                 .qkv_bias(true)));
   ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
   mlp = register_module("mlp", torch::nn::Sequential(torch::nn::Linear(c.d_model, 4 * c.d_model), torch::nn::GELU(),
                                                      torch::nn::Linear(4 * c.d_model, c.d_model),
@@ -40,7 +41,8 @@ GPTImpl::GPTImpl(const GPTConfig& c) : config(c) {
     if (name.size() > 5 && name.substr(name.size() - 5) == ".bias") {
       p.value().zero_();
     } else {
-      const bool residual = name.find("out_proj.weight") != std::string::npos || name.find("mlp.2.weight") != std::string::npos;
+      const bool residual = name.find("out_proj.weight") != std::string::npos ||
+                            name.find("mlp.2.weight") != std::string::npos;
       p.value().normal_(0.0, residual ? 0.02 / std::sqrt(2.0 * c.n_layer) : 0.02);
     }
   }
@@ -64,8 +66,8 @@ std::vector<torchattn::KVCache> GPTImpl::make_kv_caches(int64_t batch_size, bool
 
 torch::Tensor GPTImpl::forward_cached(const torch::Tensor& idx, std::vector<torchattn::KVCache>& caches) {
   const int64_t T = idx.size(1);
-  TORCH_CHECK(caches.front().length() + T <= config.context_length, "GPT: the caches hold ",
-              caches.front().length(), " tokens; ", T, " more would pass context_length=", config.context_length);
+  TORCH_CHECK(caches.front().length() + T <= config.context_length, "GPT: the caches hold ", caches.front().length(),
+              " tokens; ", T, " more would pass context_length=", config.context_length);
   // Each sequence's positions count its real tokens ([B, T]), inside a graph too.
   auto pos = caches.front().token_positions().unsqueeze(1) + torch::arange(T, idx.options());
   auto x = tok_emb(idx) + pos_emb(pos);
@@ -73,8 +75,8 @@ torch::Tensor GPTImpl::forward_cached(const torch::Tensor& idx, std::vector<torc
   return torch::linear(ln_f(x), tok_emb->weight);
 }
 
-std::vector<int64_t> GPTImpl::generate(const std::vector<int64_t>& prompt, int64_t n, double temperature,
-                                       int64_t top_k, torch::Generator& gen) {
+std::vector<int64_t> GPTImpl::generate(const std::vector<int64_t>& prompt, int64_t n, double temperature, int64_t top_k,
+                                       torch::Generator& gen) {
   torch::NoGradGuard no_grad;
   const bool was_training = is_training();
   eval();
@@ -110,4 +112,4 @@ std::vector<int64_t> GPTImpl::generate(const std::vector<int64_t>& prompt, int64
   return out;
 }
 
-} // namespace train_gpt
+}  // namespace train_gpt

@@ -66,4 +66,4 @@ class GPTImpl : public torch::nn::Module {
 };
 TORCH_MODULE(GPT);
 
-} // namespace train_gpt
+}  // namespace train_gpt

@@ -88,8 +88,8 @@ Text load_text(const std::vector<std::string>& files) {
 
 // Sequences [first, first+count) of the global batch for `step`: inputs and next-byte
 // targets, [count, T] each. The offsets depend only on (seed, step).
-std::pair<torch::Tensor, torch::Tensor> batch(const std::vector<uint8_t>& data, int64_t T, int64_t global, int64_t first,
-                                              int64_t count, uint64_t seed, int64_t step) {
+std::pair<torch::Tensor, torch::Tensor> batch(const std::vector<uint8_t>& data, int64_t T, int64_t global,
+                                              int64_t first, int64_t count, uint64_t seed, int64_t step) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ULL + static_cast<uint64_t>(step));
   auto offsets = torch::randint(static_cast<int64_t>(data.size()) - T - 1, {global}, gen, torch::kLong);
   auto x = torch::empty({count, T}, torch::kLong), y = torch::empty({count, T}, torch::kLong);
@@ -110,9 +110,7 @@ double lr_at(int64_t step, int64_t steps, int64_t warmup, double lr) {
   return lr * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(M_PI * std::min(1.0, progress))));
 }
 
-std::string clock_text(double s) {
-  return fmt::format("{}:{:02}", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
-}
+std::string clock_text(double s) { return fmt::format("{}:{:02}", static_cast<int>(s) / 60, static_cast<int>(s) % 60); }
 
 struct Progress {
   int64_t total;
@@ -120,8 +118,8 @@ struct Progress {
   void show(int64_t step, double loss, double tok_s, double eta_s) const {
     const int width = 24, filled = static_cast<int>(width * step / std::max<int64_t>(total, 1));
     std::string bar = std::string(filled, '#') + std::string(width - filled, '.');
-    const std::string line = fmt::format("step {:5}/{} [{}] loss {:.3f} | {:7.0f} tok/s | ETA {}", step, total, bar, loss,
-                                         tok_s, clock_text(eta_s));
+    const std::string line = fmt::format("step {:5}/{} [{}] loss {:.3f} | {:7.0f} tok/s | ETA {}", step, total, bar,
+                                         loss, tok_s, clock_text(eta_s));
     if (tty) {
       fmt::print(stderr, "\r{}", line);
     } else if (step == total || step % std::max<int64_t>(1, total / 20) == 0) {
@@ -178,8 +176,7 @@ int main(int argc, char** argv) {
   app.add_option("--dropout", cfg.dropout, "dropout in attention and MLP")->check(apps::real_in(0.0, 1.0, true));
   app.add_option("--lr", lr, "peak learning rate (AdamW)")->check(apps::positive_real());
   app.add_option("--warmup", warmup, "linear warm-up steps, then cosine decay to lr/10")->check(apps::at_least(0));
-  app.add_option("--weight-decay", weight_decay, "AdamW weight decay on matrices")
-      ->check(apps::real_in(0.0, INFINITY));
+  app.add_option("--weight-decay", weight_decay, "AdamW weight decay on matrices")->check(apps::real_in(0.0, INFINITY));
   app.add_option("--clip", clip, "gradient-norm clipping")->check(apps::positive_real());
   app.add_option("--eval-every", eval_every, "steps between eval losses (0: only at the end)")
       ->check(apps::at_least(0));
@@ -258,10 +255,13 @@ int main(int argc, char** argv) {
     torch::manual_seed(seed + static_cast<uint64_t>(ddp.rank()));
     std::vector<torch::Tensor> decay, no_decay;
     for (auto& p : model->named_parameters()) (p.value().dim() >= 2 ? decay : no_decay).push_back(p.value());
-    torch::optim::AdamW opt({torch::optim::OptimizerParamGroup(decay, std::make_unique<torch::optim::AdamWOptions>(
-                                                                          torch::optim::AdamWOptions(lr).betas({0.9, 0.95}).weight_decay(weight_decay))),
-                             torch::optim::OptimizerParamGroup(no_decay, std::make_unique<torch::optim::AdamWOptions>(
-                                                                             torch::optim::AdamWOptions(lr).betas({0.9, 0.95}).weight_decay(0.0)))});
+    torch::optim::AdamW opt(
+        {torch::optim::OptimizerParamGroup(
+             decay, std::make_unique<torch::optim::AdamWOptions>(
+                        torch::optim::AdamWOptions(lr).betas({0.9, 0.95}).weight_decay(weight_decay))),
+         torch::optim::OptimizerParamGroup(no_decay,
+                                           std::make_unique<torch::optim::AdamWOptions>(
+                                               torch::optim::AdamWOptions(lr).betas({0.9, 0.95}).weight_decay(0.0)))});
 
     int64_t start = 0;
     fs::create_directories(out_dir);
@@ -269,13 +269,15 @@ int main(int argc, char** argv) {
     if (!resume.empty()) {
       const fs::path from = fs::path(resume) / "checkpoint";
       std::ifstream meta(from / "step.txt");
-      TORCH_CHECK(meta >> start, "train_gpt: --resume ", resume, ": no checkpoint there (", (from / "step.txt").string(), ")");
+      TORCH_CHECK(meta >> start, "train_gpt: --resume ", resume, ": no checkpoint there (",
+                  (from / "step.txt").string(), ")");
       torch::load(model, (from / "model.pt").string(), device);
       torch::load(opt, (from / "optimizer.pt").string(), device);
       torch::Tensor rng;
       const fs::path rng_file = from / ("rng_rank" + std::to_string(ddp.rank()) + ".pt");
-      TORCH_CHECK(fs::exists(rng_file), "train_gpt: --resume ", resume, ": the checkpoint has no random state for rank ",
-                  ddp.rank(), " (", rng_file.string(), "); resume with the world size it was saved with");
+      TORCH_CHECK(fs::exists(rng_file), "train_gpt: --resume ", resume,
+                  ": the checkpoint has no random state for rank ", ddp.rank(), " (", rng_file.string(),
+                  "); resume with the world size it was saved with");
       torch::load(rng, rng_file.string());
       at::Generator default_gen = at::detail::getDefaultCPUGenerator();
       default_gen.set_state(rng);
@@ -317,7 +319,11 @@ int main(int argc, char** argv) {
       return sum / eval_batches;
     };
 
-    const int64_t n_params = [&] { int64_t n = 0; for (auto& p : model->parameters()) n += p.numel(); return n; }();
+    const int64_t n_params = [&] {
+      int64_t n = 0;
+      for (auto& p : model->parameters()) n += p.numel();
+      return n;
+    }();
     if (lead) {
       fmt::print(stderr, "train_gpt: {}; {} parameters; {} rank(s) x {} sequences of {} bytes; {} thread(s) each\n",
                  text.source, n_params, ddp.world_size(), batch_size, T, at::get_num_threads());
@@ -373,8 +379,8 @@ int main(int argc, char** argv) {
       // Every rank evaluates (the same batches): no rank waits on another's eval.
       if (last || (eval_every > 0 && (step + 1) % eval_every == 0)) ev = eval_loss();
       if (lead) {
-        csv << fmt::format("{},{:g},{},{:g},{:g}\n", step + 1, train_loss, std::isnan(ev) ? "" : fmt::format("{:f}", ev),
-                           step_lr, tok_s)
+        csv << fmt::format("{},{:g},{},{:g},{:g}\n", step + 1, train_loss,
+                           std::isnan(ev) ? "" : fmt::format("{:f}", ev), step_lr, tok_s)
             << std::flush;  // a crash keeps the rows so far
         progress.show(step + 1, loss_avg, tok_s, elapsed / (step - start + 1) * (steps - step - 1));
         if (!std::isnan(ev)) {
@@ -385,7 +391,8 @@ int main(int argc, char** argv) {
       if (save_every > 0 && (step + 1) % save_every == 0) save_checkpoint(step + 1);
     }
     save_checkpoint(steps);
-    torchattn::save_state_dict(*model, (fs::path(out_dir) / ("final_rank" + std::to_string(ddp.rank()) + ".pt")).string());
+    torchattn::save_state_dict(*model,
+                               (fs::path(out_dir) / ("final_rank" + std::to_string(ddp.rank()) + ".pt")).string());
     if (lead && sample_tokens > 0) {
       torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
       std::vector<int64_t> p;

@@ -34,4 +34,4 @@ Backend backend_from_string(std::string_view name);
 
 std::ostream& operator<<(std::ostream& os, Backend backend);
 
-} // namespace torchattn
+}  // namespace torchattn

@@ -74,8 +74,7 @@ class CausalAttentionImpl : public torch::nn::Cloneable<CausalAttentionImpl> {
   explicit CausalAttentionImpl(const CausalAttentionOptions& options);
   /// Mirrors Python's `CausalAttention(d_in, d_out, context_length, dropout, qkv_bias=False)`.
   CausalAttentionImpl(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, bool qkv_bias = false)
-      : CausalAttentionImpl(
-            CausalAttentionOptions(d_in, d_out, context_length).dropout(dropout).qkv_bias(qkv_bias)) {}
+      : CausalAttentionImpl(CausalAttentionOptions(d_in, d_out, context_length).dropout(dropout).qkv_bias(qkv_bias)) {}
 
   /// Builds the layers and buffers from `options`: the constructor calls it, and clone()
   /// on a fresh copy. On a built module it is an error saying so (construct another
@@ -158,4 +157,4 @@ class CausalAttentionImpl : public torch::nn::Cloneable<CausalAttentionImpl> {
 
 TORCH_MODULE(CausalAttention);
 
-} // namespace torchattn
+}  // namespace torchattn

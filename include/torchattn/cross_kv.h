@@ -25,4 +25,4 @@ struct CrossKV {
   int64_t length() const { return keys.size(2); }
 };
 
-} // namespace torchattn
+}  // namespace torchattn

@@ -86,4 +86,4 @@ class DecodeGraph {
   std::vector<bool> captured_padding_;
 };
 
-} // namespace torchattn
+}  // namespace torchattn

@@ -26,11 +26,8 @@ at::Tensor make_causal_mask(int64_t T, double neg_large = -1e9, at::TensorOption
 
 /// The attention weights of notebook 002's `dot_product_attention`:
 /// softmax(q k^T / sqrt(d) + (1 - mask) * -1e9). Shapes as below; returns [..., Tq, Tk].
-at::Tensor dot_product_attention_weights(
-    const at::Tensor& q,
-    const at::Tensor& k,
-    const at::Tensor& mask = {},
-    bool scale = true);
+at::Tensor dot_product_attention_weights(const at::Tensor& q, const at::Tensor& k, const at::Tensor& mask = {},
+                                         bool scale = true);
 
 /// `dot_product_attention` of notebook 002: softmax(q k^T / sqrt(d) + (1 - mask) * -1e9) v.
 ///
@@ -38,20 +35,13 @@ at::Tensor dot_product_attention_weights(
 /// mask: optional, broadcastable to [..., Tq, Tk]; 1 keeps a key, 0 hides it.
 /// scale: divide the scores by sqrt(d) (d = k.size(-1)) when true.
 /// Returns [..., Tq, dv].
-at::Tensor dot_product_attention(
-    const at::Tensor& q,
-    const at::Tensor& k,
-    const at::Tensor& v,
-    const at::Tensor& mask = {},
-    bool scale = true);
+at::Tensor dot_product_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const at::Tensor& mask = {}, bool scale = true);
 
 /// `causal_dot_product_attention` of notebook 002: dot_product_attention with
 /// mask = tril(ones(Tq, Tq)). Shapes as above, with Tk == Tq.
-at::Tensor causal_dot_product_attention(
-    const at::Tensor& q,
-    const at::Tensor& k,
-    const at::Tensor& v,
-    bool scale = true);
+at::Tensor causal_dot_product_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                        bool scale = true);
 
 /// The modules' registered buffer: triu(ones(T, T), diagonal=1), 1 = hidden.
 /// Returns [T, T] float32 unless `options` says otherwise.
@@ -114,12 +104,8 @@ Backend resolve_backend(const AttentionConfig& config);
 ///   undefined for no mask. Query i stands at absolute position past + i and sees
 ///   keys 0 .. past + i (bottom-right alignment), so Tk == past + Tq <= C.
 /// Returns [..., Tq, Tk].
-at::Tensor attention_weights(
-    const at::Tensor& q,
-    const at::Tensor& k,
-    const at::Tensor& causal_mask,
-    int64_t past,
-    std::optional<double> scale);
+at::Tensor attention_weights(const at::Tensor& q, const at::Tensor& k, const at::Tensor& causal_mask, int64_t past,
+                             std::optional<double> scale);
 
 /// Attention as the modules compute it, on the backend `config` resolves to.
 ///
@@ -134,14 +120,8 @@ at::Tensor attention_weights(
 /// A query row that sees no key at all (every key it may see is hidden) comes out
 /// as zeros on every backend, with zero, finite gradients; never NaN.
 /// Returns [B, ..., Tq, dv].
-at::Tensor attention(
-    const at::Tensor& q,
-    const at::Tensor& k,
-    const at::Tensor& v,
-    const at::Tensor& causal_mask,
-    int64_t past,
-    const AttentionConfig& config,
-    const at::Tensor& key_padding_mask = {},
-    const at::Tensor& key_bias = {});
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& causal_mask,
+                     int64_t past, const AttentionConfig& config, const at::Tensor& key_padding_mask = {},
+                     const at::Tensor& key_bias = {});
 
-} // namespace torchattn::functional
+}  // namespace torchattn::functional

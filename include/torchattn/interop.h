@@ -38,4 +38,4 @@ void load_state_dict(torch::nn::Module& module, const std::string& path);
 /// module makes its own mask).
 void save_state_dict(const torch::nn::Module& module, const std::string& path);
 
-} // namespace torchattn
+}  // namespace torchattn

@@ -133,4 +133,4 @@ class KVCache {
   uint64_t owner_ = 0;
 };
 
-} // namespace torchattn
+}  // namespace torchattn

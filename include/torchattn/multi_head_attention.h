@@ -149,9 +149,8 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   /// `MultiHeadAttention(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False)`.
   MultiHeadAttentionImpl(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, int64_t num_heads,
                          bool qkv_bias = false)
-      : MultiHeadAttentionImpl(MultiHeadAttentionOptions(d_in, d_out, context_length, num_heads)
-                                   .dropout(dropout)
-                                   .qkv_bias(qkv_bias)) {}
+      : MultiHeadAttentionImpl(
+            MultiHeadAttentionOptions(d_in, d_out, context_length, num_heads).dropout(dropout).qkv_bias(qkv_bias)) {}
 
   /// Builds the layers and buffers from `options`: the constructor calls it, and clone()
   /// on a fresh copy. On a built module it is an error saying so (construct another
@@ -296,4 +295,4 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
 
 TORCH_MODULE(MultiHeadAttention);
 
-} // namespace torchattn
+}  // namespace torchattn

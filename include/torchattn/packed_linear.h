@@ -60,4 +60,4 @@ class PackedLinear {
   std::shared_ptr<const Packed> packed_;
 };
 
-} // namespace torchattn
+}  // namespace torchattn

@@ -16,4 +16,4 @@ namespace torchattn {
 /// Returns a bool tensor of the same shape and device.
 at::Tensor padding_mask_from_attention_mask(const at::Tensor& attention_mask);
 
-} // namespace torchattn
+}  // namespace torchattn

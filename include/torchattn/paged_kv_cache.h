@@ -195,4 +195,4 @@ class PagedKVCache {
   std::unique_ptr<State> state_;
 };
 
-} // namespace torchattn
+}  // namespace torchattn

@@ -20,4 +20,4 @@ struct QKNormOptions {
   TORCH_ARG(bool, per_head) = true;
 };
 
-} // namespace torchattn
+}  // namespace torchattn

@@ -26,4 +26,4 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
-} // namespace torchattn
+}  // namespace torchattn

@@ -56,9 +56,9 @@ std::pair<at::Tensor, at::Tensor> rotary_tables(const RoPEOptions& options, int6
 /// cos, sin: rotary_tables(options, head_dim, length), float32; gathered at the
 ///   positions and cast to x's dtype before they multiply.
 /// Returns a tensor shaped like x.
-at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos,
-                        const at::Tensor& sin, const RoPEOptions& options);
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
+                        const RoPEOptions& options);
 
-} // namespace functional
+}  // namespace functional
 
-} // namespace torchattn
+}  // namespace torchattn

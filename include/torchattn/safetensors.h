@@ -48,4 +48,4 @@ NamedTensors parse_safetensors(const uint8_t* data, size_t size, const std::stri
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
-} // namespace torchattn
+}  // namespace torchattn

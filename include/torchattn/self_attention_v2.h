@@ -90,4 +90,4 @@ class SelfAttentionV2Impl : public torch::nn::Cloneable<SelfAttentionV2Impl> {
 
 TORCH_MODULE(SelfAttentionV2);
 
-} // namespace torchattn
+}  // namespace torchattn

@@ -74,4 +74,4 @@ NamedTensors torch_multihead_attention_state_dict(const MultiHeadAttentionImpl& 
 ///   # Python: m.load_state_dict(torch.load("from_cpp.pt"))
 void save_torch_multihead_attention(const MultiHeadAttentionImpl& mha, const std::string& path);
 
-} // namespace torchattn
+}  // namespace torchattn

@@ -25,14 +25,10 @@ namespace torchattn {
 
 namespace {
 
-double dropout_p(const functional::AttentionConfig& config) {
-  return config.training ? config.dropout : 0.0;
-}
+double dropout_p(const functional::AttentionConfig& config) { return config.training ? config.dropout : 0.0; }
 
 // Grouped-query attention: q has H heads, k and v Hkv, H a multiple of Hkv.
-int64_t query_groups(const at::Tensor& q, const at::Tensor& k) {
-  return q.dim() == 4 ? q.size(1) / k.size(1) : 1;
-}
+int64_t query_groups(const at::Tensor& q, const at::Tensor& k) { return q.dim() == 4 ? q.size(1) / k.size(1) : 1; }
 
 // [B, Hkv, T, d] -> [B, Hkv * G, T, d]: each key/value head repeated for the G query
 // heads that share it (transformers' repeat_kv).
@@ -125,7 +121,7 @@ at::Tensor key_masked_attention(const at::Tensor& q, const at::Tensor& k, const 
   return out.masked_fill(dead, 0);
 }
 
-} // namespace
+}  // namespace
 
 namespace detail {
 
@@ -178,7 +174,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   return sdpa(q, k, v, keep, is_causal, config);
 }
 
-} // namespace detail
+}  // namespace detail
 
 namespace functional {
 
@@ -189,8 +185,8 @@ Backend resolve_backend(const AttentionConfig& config) {
   return (config.training && config.dropout > 0.0) ? Backend::Reference : Backend::SDPA;
 }
 
-at::Tensor attention_weights(const at::Tensor& q, const at::Tensor& k, const at::Tensor& causal_mask,
-                             int64_t past, std::optional<double> scale) {
+at::Tensor attention_weights(const at::Tensor& q, const at::Tensor& k, const at::Tensor& causal_mask, int64_t past,
+                             std::optional<double> scale) {
   detail::check_qkv("attention", q, k, nullptr);
   detail::MaskSpec spec;
   spec.causal = causal_mask.defined();
@@ -213,6 +209,6 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   return detail::attend(q, k, v, spec, config);
 }
 
-} // namespace functional
+}  // namespace functional
 
-} // namespace torchattn
+}  // namespace torchattn

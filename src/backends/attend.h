@@ -17,4 +17,4 @@ namespace torchattn::detail {
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MaskSpec& mask,
                   const functional::AttentionConfig& config);
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

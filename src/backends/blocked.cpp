@@ -37,8 +37,8 @@ int64_t rows_per_block(const at::Tensor& q, int64_t Tk) {
 // [B or 1, 1, rows, k1 - k0] bool, true = hidden, for the query rows r0 .. r0 + rows
 // of the call and its keys k0 .. k1: positions (causal, window, a static cache's
 // unwritten slots), key padding and keys whose bias is -inf; undefined when nothing is.
-at::Tensor hidden_block(const MaskSpec& spec, int64_t Tq, int64_t Tk, int64_t r0, int64_t rows, int64_t k0,
-                        int64_t k1, const at::Device& device) {
+at::Tensor hidden_block(const MaskSpec& spec, int64_t Tq, int64_t Tk, int64_t r0, int64_t rows, int64_t k0, int64_t k1,
+                        const at::Device& device) {
   const int64_t n = k1 - k0;
   at::Tensor hide;
   if (spec.is_static()) {
@@ -69,9 +69,8 @@ at::Tensor hidden_block(const MaskSpec& spec, int64_t Tq, int64_t Tk, int64_t r0
 // One block of rows: q [B, H, rows, d] -> [B, H, rows, d]. With causal positions only
 // the keys some row of the block sees are read (up to the last row's position, from
 // the first row's window): the others would add exact zeros.
-at::Tensor attend_block(const at::Tensor& q, const at::Tensor& k_all, const at::Tensor& v_all,
-                        const at::Tensor& sinks, const MaskSpec& spec, const functional::AttentionConfig& config,
-                        int64_t Tq, int64_t r0) {
+at::Tensor attend_block(const at::Tensor& q, const at::Tensor& k_all, const at::Tensor& v_all, const at::Tensor& sinks,
+                        const MaskSpec& spec, const functional::AttentionConfig& config, int64_t Tq, int64_t r0) {
   const int64_t B = q.size(0), H = q.size(1), rows = q.size(2), d = q.size(3), Hkv = k_all.size(1), G = H / Hkv;
   const int64_t Tk = k_all.size(2);
   int64_t k0 = 0, k1 = Tk;
@@ -213,7 +212,7 @@ struct Checkpointed : public torch::autograd::Function<Checkpointed> {
       torch::autograd::variable_list inputs{qb, kk, vv};
       if (ss.defined()) inputs.push_back(ss);
       const auto g = torch::autograd::grad({out}, inputs, {grad.narrow(2, r0, rows)}, /*retain_graph=*/false,
-                                          /*create_graph=*/false, /*allow_unused=*/true);
+                                           /*create_graph=*/false, /*allow_unused=*/true);
       if (g[0].defined()) gq.narrow(2, r0, rows).copy_(g[0]);
       if (g[1].defined()) gk.add_(g[1]);
       if (g[2].defined()) gv.add_(g[2]);
@@ -223,7 +222,7 @@ struct Checkpointed : public torch::autograd::Function<Checkpointed> {
   }
 };
 
-} // namespace
+}  // namespace
 
 bool needs_blocked_attention(const functional::AttentionConfig& config) {
   return config.softcap.has_value() || config.sinks.defined();
@@ -242,9 +241,8 @@ at::Tensor blocked_attention(const at::Tensor& q_in, const at::Tensor& k_in, con
                 "attention: expected sinks [num_heads] = [", q.size(1), "] on ", q.device(), ", got ",
                 config.sinks.sizes(), " on ", config.sinks.device());
   }
-  const bool grad = c10::GradMode::is_enabled() &&
-                    (q.requires_grad() || k.requires_grad() || v.requires_grad() ||
-                     (config.sinks.defined() && config.sinks.requires_grad()));
+  const bool grad = c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad() ||
+                                                    (config.sinks.defined() && config.sinks.requires_grad()));
   const bool biases_need_grad = (spec.key_bias.defined() && spec.key_bias.requires_grad()) ||
                                 (spec.score_bias.defined() && spec.score_bias.requires_grad());
   at::Tensor out;
@@ -258,4 +256,4 @@ at::Tensor blocked_attention(const at::Tensor& q_in, const at::Tensor& k_in, con
   return single_head ? out.squeeze(1) : out;
 }
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

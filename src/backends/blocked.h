@@ -28,4 +28,4 @@ bool needs_blocked_attention(const functional::AttentionConfig& config);
 at::Tensor blocked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MaskSpec& spec,
                              const functional::AttentionConfig& config);
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

@@ -18,7 +18,7 @@ void check_key_mask(const char* fn, const char* arg, const at::Tensor& m, const 
   TORCH_CHECK(m.device() == q.device(), fn, ": expected ", arg, " on ", q.device(), ", got ", m.device());
 }
 
-} // namespace
+}  // namespace
 
 void check_mask_spec(const char* fn, const MaskSpec& spec, const at::Tensor& q, int64_t Tk) {
   const int64_t Tq = q.size(-2);
@@ -46,8 +46,8 @@ void check_mask_spec(const char* fn, const MaskSpec& spec, const at::Tensor& q, 
     const at::Tensor& b = spec.score_bias;
     TORCH_CHECK(q.dim() == 4 && b.dim() == 4 && (b.size(0) == 1 || b.size(0) == q.size(0)) &&
                     (b.size(1) == 1 || b.size(1) == q.size(1)) && b.size(2) == Tq && b.size(3) == Tk,
-                fn, ": expected a score bias [B or 1, H or 1, Tq, Tk] = [", q.size(0), ", ", q.dim() == 4 ? q.size(1) : 1,
-                ", ", Tq, ", ", Tk, "] for q ", q.sizes(), ", got ", b.sizes());
+                fn, ": expected a score bias [B or 1, H or 1, Tq, Tk] = [", q.size(0), ", ",
+                q.dim() == 4 ? q.size(1) : 1, ", ", Tq, ", ", Tk, "] for q ", q.sizes(), ", got ", b.sizes());
     TORCH_CHECK(b.scalar_type() == q.scalar_type() && b.device() == q.device(), fn,
                 ": expected a score bias of q's dtype and device, got ", b.scalar_type(), " on ", b.device());
   }
@@ -94,4 +94,4 @@ at::Tensor hidden_keys(const MaskSpec& spec, int64_t Tq, int64_t Tk, const at::D
   return hide;
 }
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

@@ -53,4 +53,4 @@ void check_mask_spec(const char* fn, const MaskSpec& spec, const at::Tensor& q, 
 // Tq x Tk. Key masks are not included.
 at::Tensor hidden_keys(const MaskSpec& spec, int64_t Tq, int64_t Tk, const at::Device& device);
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

@@ -32,4 +32,4 @@ at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& k, const a
   return at::matmul(weights, v);
 }
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

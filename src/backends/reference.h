@@ -25,4 +25,4 @@ at::Tensor masked_scaled_scores(const at::Tensor& q, const at::Tensor& k, const 
 at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& hide,
                                const at::Tensor& bias, std::optional<double> scale, double dropout_p);
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

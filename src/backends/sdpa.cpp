@@ -17,13 +17,9 @@ namespace torchattn::detail {
 
 namespace {
 
-bool is_half(c10::ScalarType t) {
-  return t == c10::ScalarType::Half || t == c10::ScalarType::BFloat16;
-}
+bool is_half(c10::ScalarType t) { return t == c10::ScalarType::Half || t == c10::ScalarType::BFloat16; }
 
-bool aligned_head(int64_t d) {
-  return d > 0 && d % 8 == 0;
-}
+bool aligned_head(int64_t d) { return d > 0 && d % 8 == 0; }
 
 // What the memory-efficient kernel checks and ATen checks before choosing it (cuDNN
 // does not): 16-byte aligned data and rows. Views that are not stay with ATen.
@@ -39,7 +35,7 @@ bool aligned_for_fused(const at::Tensor& t) {
   return true;
 }
 
-} // namespace
+}  // namespace
 
 at::Tensor efficient_bias(const at::Tensor& attn_mask, const at::Tensor& q, int64_t Tk) {
   at::Tensor m = attn_mask;
@@ -104,13 +100,14 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k_in, const at
   switch (kernel) {
     case FusedKernel::Flash:
       return std::get<0>(at::_scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal,
-                                                                  /*return_debug_mask=*/false, scale));
+                                                                 /*return_debug_mask=*/false, scale));
     case FusedKernel::Efficient: {
       std::optional<at::Tensor> bias;
       if (attn_mask) {
         bias = efficient_bias(*attn_mask, q, k.size(-2));
       }
-      const bool needs_lse = c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+      const bool needs_lse = c10::GradMode::is_enabled() &&
+                             (q.requires_grad() || k.requires_grad() || v.requires_grad());
       return std::get<0>(
           at::_scaled_dot_product_efficient_attention(q, k, v, bias, needs_lse, dropout_p, is_causal, scale));
     }
@@ -120,4 +117,4 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k_in, const at
   return at::scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa);
 }
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

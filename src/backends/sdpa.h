@@ -62,4 +62,4 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::T
                            const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                            std::optional<double> scale, bool allow_cudnn, bool enable_gqa = false);
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

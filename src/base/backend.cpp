@@ -27,8 +27,6 @@ Backend backend_from_string(std::string_view name) {
   TORCH_CHECK(false, "backend: expected one of auto, reference, sdpa, got '", std::string(name), "'");
 }
 
-std::ostream& operator<<(std::ostream& os, Backend backend) {
-  return os << to_string(backend);
-}
+std::ostream& operator<<(std::ostream& os, Backend backend) { return os << to_string(backend); }
 
-} // namespace torchattn
+}  // namespace torchattn

@@ -42,17 +42,16 @@ inline void check_qkv(const char* fn, const at::Tensor& q, const at::Tensor& k, 
   check_floating(fn, "k", k);
   TORCH_CHECK(q.dim() >= 2, fn, ": expected q with at least 2 dimensions [..., Tq, d], got ", q.sizes());
   TORCH_CHECK(k.dim() >= 2, fn, ": expected k with at least 2 dimensions [..., Tk, d], got ", k.sizes());
-  TORCH_CHECK(q.size(-1) == k.size(-1), fn, ": expected q and k with the same feature size d, got q ",
-              q.sizes(), " and k ", k.sizes());
-  TORCH_CHECK(q.scalar_type() == k.scalar_type(), fn, ": expected q and k of one dtype, got q ",
-              q.scalar_type(), " and k ", k.scalar_type());
+  TORCH_CHECK(q.size(-1) == k.size(-1), fn, ": expected q and k with the same feature size d, got q ", q.sizes(),
+              " and k ", k.sizes());
+  TORCH_CHECK(q.scalar_type() == k.scalar_type(), fn, ": expected q and k of one dtype, got q ", q.scalar_type(),
+              " and k ", k.scalar_type());
   if (v != nullptr) {
     check_floating(fn, "v", *v);
     TORCH_CHECK(v->dim() >= 2 && v->size(-2) == k.size(-2), fn,
-                ": expected v with as many tokens as k (dimension -2), got k ", k.sizes(), " and v ",
-                v->sizes());
-    TORCH_CHECK(v->scalar_type() == q.scalar_type(), fn, ": expected v of q's dtype ", q.scalar_type(),
-                ", got ", v->scalar_type());
+                ": expected v with as many tokens as k (dimension -2), got k ", k.sizes(), " and v ", v->sizes());
+    TORCH_CHECK(v->scalar_type() == q.scalar_type(), fn, ": expected v of q's dtype ", q.scalar_type(), ", got ",
+                v->scalar_type());
   }
 }
 
@@ -60,8 +59,8 @@ inline void check_qkv(const char* fn, const at::Tensor& q, const at::Tensor& k, 
 inline void check_rope(const char* fn, const RoPEOptions& rope, int64_t head_dim) {
   TORCH_CHECK(std::isfinite(rope.theta()) && rope.theta() > 0.0, fn, ": expected rope theta > 0, got ", rope.theta());
   const int64_t rot = rope.rotary_dim().value_or(head_dim);
-  TORCH_CHECK(rot >= 2 && rot % 2 == 0 && rot <= head_dim, fn, ": expected an even rope rotary_dim in [2, head_dim=",
-              head_dim, "], got ", rot);
+  TORCH_CHECK(rot >= 2 && rot % 2 == 0 && rot <= head_dim, fn,
+              ": expected an even rope rotary_dim in [2, head_dim=", head_dim, "], got ", rot);
 }
 
 // window >= 1, and only for causal attention.
@@ -87,9 +86,10 @@ template <typename M>
 void check_reset_unbuilt(const char* module, const M& m) {
   TORCH_CHECK(m.children().empty() && m.named_parameters(/*recurse=*/false).is_empty() &&
                   m.named_buffers(/*recurse=*/false).is_empty(),
-              module, "::reset: expected a module without its layers (reset() builds them once: the constructor and "
-              "clone() call it), got a built one; for new random weights construct another ", module,
-              " from its options, for a copy call clone()");
+              module,
+              "::reset: expected a module without its layers (reset() builds them once: the constructor and "
+              "clone() call it), got a built one; for new random weights construct another ",
+              module, " from its options, for a copy call clone()");
 }
 
 inline void check_dropout(const char* module, double p) {
@@ -113,8 +113,8 @@ inline void check_input(const char* module, const at::Tensor& x, int64_t d_in, i
   TORCH_CHECK(x.size(-1) == d_in, module, ": expected input with d_in=", d_in, " features, got ", x.size(-1));
   const int64_t T = x.size(-2);
   TORCH_CHECK(T > 0, module, ": expected at least one token, got input ", x.sizes());
-  TORCH_CHECK(context_length <= 0 || T <= context_length, module, ": expected at most context_length=",
-              context_length, " tokens, got ", T);
+  TORCH_CHECK(context_length <= 0 || T <= context_length, module, ": expected at most context_length=", context_length,
+              " tokens, got ", T);
   TORCH_CHECK(x.scalar_type() == weight.scalar_type(), module, ": expected input of the module's dtype ",
               weight.scalar_type(), ", got ", x.scalar_type(), " (use module->to(dtype) or x.to(dtype))");
   TORCH_CHECK(x.device() == weight.device(), module, ": expected input on the module's device ", weight.device(),
@@ -124,7 +124,8 @@ inline void check_input(const char* module, const at::Tensor& x, int64_t d_in, i
 // forward_cached on an encoder (causal(false)): its tokens attend to later tokens, so
 // chunked encoding cannot give the full forward's rows.
 inline void check_causal_for_cache(const char* module, bool causal, const char* fn = "forward_cached") {
-  TORCH_CHECK(causal, module, ": ", fn, " needs a causal module, this one has causal(false): each token "
+  TORCH_CHECK(causal, module, ": ", fn,
+              " needs a causal module, this one has causal(false): each token "
               "attends to later tokens too, so a sequence encoded in chunks cannot give the full forward's rows; "
               "call forward() on the whole sequence");
 }
@@ -144,8 +145,8 @@ inline void check_cache(const char* module, const KVCache& cache, const at::Tens
   TORCH_CHECK(cache.batch_size() == B, module, ": expected input with the cache's batch_size=", cache.batch_size(),
               ", got ", B);
   const int64_t T = x.size(-2);
-  TORCH_CHECK(cache.length() + T <= context_length, module, ": the KV cache holds ", cache.length(),
-              " tokens; ", T, " more would pass context_length=", context_length, " (call cache.reset())");
+  TORCH_CHECK(cache.length() + T <= context_length, module, ": the KV cache holds ", cache.length(), " tokens; ", T,
+              " more would pass context_length=", context_length, " (call cache.reset())");
   // Under autograd the cache's storage would be saved for backward and then
   // overwritten by the next call.
   TORCH_CHECK(!c10::GradMode::is_enabled(), module,
@@ -211,12 +212,12 @@ inline void check_some_key_kept(const char* module, const at::Tensor& key_paddin
   if (!key_padding_mask.defined() || !key_padding_mask.is_cpu()) {
     return;
   }
-  const at::Tensor ignored =
-      (key_padding_mask.dim() == 1 ? key_padding_mask.unsqueeze(0) : key_padding_mask).all(-1);
+  const at::Tensor ignored = (key_padding_mask.dim() == 1 ? key_padding_mask.unsqueeze(0) : key_padding_mask).all(-1);
   if (!ignored.any().item<bool>()) {
     return;
   }
-  TORCH_CHECK(false, module, ": key_padding_mask ignores every key of sequence ", ignored.nonzero().min().item<int64_t>(),
+  TORCH_CHECK(false, module, ": key_padding_mask ignores every key of sequence ",
+              ignored.nonzero().min().item<int64_t>(),
               "; true marks a padding key to ignore (as in torch.nn.MultiheadAttention), the opposite of "
               "at::scaled_dot_product_attention's attn_mask (true = attend): pass mask.logical_not(); a Hugging Face "
               "attention_mask (1 = token) converts with attention_mask == 0, not .to(torch::kBool)");
@@ -232,17 +233,16 @@ inline void check_cross_context(const char* module, const at::Tensor& context, c
   TORCH_CHECK(context.defined() && (context.dim() == 2 || context.dim() == 3), module,
               ": cross_kv expected context of rank 2 [S, kdim] or 3 [B, S, kdim], got ",
               context.defined() ? context.sizes() : c10::IntArrayRef{});
-  TORCH_CHECK(context.size(-1) == kdim && context.size(-2) >= 1, module,
-              ": cross_kv expected context with kdim=", kdim, " features and at least one token, got ",
-              context.sizes());
-  TORCH_CHECK(context.scalar_type() == weight.scalar_type() && context.device() == weight.device(),
-              module, ": cross_kv expected context of the module's dtype ", weight.scalar_type(),
-              " on ", weight.device(), ", got ", context.scalar_type(), " on ", context.device());
+  TORCH_CHECK(context.size(-1) == kdim && context.size(-2) >= 1, module, ": cross_kv expected context with kdim=", kdim,
+              " features and at least one token, got ", context.sizes());
+  TORCH_CHECK(context.scalar_type() == weight.scalar_type() && context.device() == weight.device(), module,
+              ": cross_kv expected context of the module's dtype ", weight.scalar_type(), " on ", weight.device(),
+              ", got ", context.scalar_type(), " on ", context.device());
   if (value_context.defined()) {
     TORCH_CHECK(value_context.dim() == context.dim() && value_context.size(-1) == vdim &&
                     value_context.sizes().slice(0, context.dim() - 1) == context.sizes().slice(0, context.dim() - 1),
-                module, ": cross_kv expected value_context of the context's tokens with vdim=", vdim,
-                " features, got ", value_context.sizes(), " beside context ", context.sizes());
+                module, ": cross_kv expected value_context of the context's tokens with vdim=", vdim, " features, got ",
+                value_context.sizes(), " beside context ", context.sizes());
     TORCH_CHECK(value_context.scalar_type() == context.scalar_type() && value_context.device() == context.device(),
                 module, ": cross_kv expected value_context of the context's dtype and device");
   } else {
@@ -262,14 +262,13 @@ inline void check_cross_context(const char* module, const at::Tensor& context, c
 // x's batch, on x's device and of its dtype.
 inline void check_cross_kv(const char* module, const CrossKV& kv, const at::Tensor& x, int64_t num_kv_heads,
                            int64_t head_dim) {
-  TORCH_CHECK(kv.keys.defined() && kv.values.defined() && kv.keys.dim() == 4 &&
-                  kv.keys.size(1) == num_kv_heads && kv.keys.size(3) == head_dim,
-              module, ": forward_cross expected a CrossKV from this module's cross_kv (keys [B, ",
-              num_kv_heads, ", S, ", head_dim, "]), got keys ",
-              kv.keys.defined() ? kv.keys.sizes() : c10::IntArrayRef{});
+  TORCH_CHECK(kv.keys.defined() && kv.values.defined() && kv.keys.dim() == 4 && kv.keys.size(1) == num_kv_heads &&
+                  kv.keys.size(3) == head_dim,
+              module, ": forward_cross expected a CrossKV from this module's cross_kv (keys [B, ", num_kv_heads,
+              ", S, ", head_dim, "]), got keys ", kv.keys.defined() ? kv.keys.sizes() : c10::IntArrayRef{});
   const int64_t B = x.dim() == 3 ? x.size(0) : 1;
-  TORCH_CHECK(kv.batch_size() == B, module, ": forward_cross expected x of the CrossKV's batch_size=",
-              kv.batch_size(), ", got ", B);
+  TORCH_CHECK(kv.batch_size() == B, module, ": forward_cross expected x of the CrossKV's batch_size=", kv.batch_size(),
+              ", got ", B);
   TORCH_CHECK(kv.keys.device() == x.device() && kv.keys.scalar_type() == x.scalar_type(), module,
               ": forward_cross expected a CrossKV on x's device and of its dtype");
 }
@@ -280,14 +279,17 @@ inline void check_cross_kv(const char* module, const CrossKV& kv, const at::Tens
 inline void check_paged(const char* module, const at::Tensor& x, int64_t d_in, int64_t context_length,
                         const at::Tensor& weight, const PagedKVCache& cache, const PagedStep& step, int64_t layer,
                         const PagedLayer& mine, bool training, double dropout) {
-  TORCH_CHECK(x.defined() && x.dim() == 2, module, ": forward_paged expected x of rank 2 [N, d_in] (the step's "
-              "tokens packed one after another), got ", x.defined() ? x.sizes() : c10::IntArrayRef{});
+  TORCH_CHECK(x.defined() && x.dim() == 2, module,
+              ": forward_paged expected x of rank 2 [N, d_in] (the step's "
+              "tokens packed one after another), got ",
+              x.defined() ? x.sizes() : c10::IntArrayRef{});
   check_floating(module, "input", x);
   TORCH_CHECK(x.size(1) == d_in, module, ": expected input with d_in=", d_in, " features, got ", x.size(1));
   TORCH_CHECK(x.scalar_type() == weight.scalar_type() && x.device() == weight.device(), module,
               ": expected input of the module's dtype ", weight.scalar_type(), " on ", weight.device(), ", got ",
               x.scalar_type(), " on ", x.device());
-  TORCH_CHECK(cache.is_current(step), module, ": forward_paged expected the cache's current step (from "
+  TORCH_CHECK(cache.is_current(step), module,
+              ": forward_paged expected the cache's current step (from "
               "cache.begin_step, with no fork, remove, truncate or other begin_step since), got another");
   TORCH_CHECK(x.size(0) == step.num_tokens(), module, ": forward_paged expected the step's ", step.num_tokens(),
               " tokens, got x with ", x.size(0));
@@ -299,9 +301,9 @@ inline void check_paged(const char* module, const at::Tensor& x, int64_t d_in, i
               "cache; pass this module's index)");
   TORCH_CHECK(l.num_kv_heads == mine.num_kv_heads && l.head_dim == mine.head_dim &&
                   l.options.dtype() == mine.options.dtype() && l.options.device() == mine.options.device(),
-              module, ": layer ", layer, " of this paged cache holds ", l.num_kv_heads, " heads of ", l.head_dim,
-              " (", l.options.dtype(), " on ", l.options.device(), "), the module has ", mine.num_kv_heads,
-              " of ", mine.head_dim, " (", mine.options.dtype(), " on ", mine.options.device(),
+              module, ": layer ", layer, " of this paged cache holds ", l.num_kv_heads, " heads of ", l.head_dim, " (",
+              l.options.dtype(), " on ", l.options.device(), "), the module has ", mine.num_kv_heads, " of ",
+              mine.head_dim, " (", mine.options.dtype(), " on ", mine.options.device(),
               "); make the cache after moving the module");
   TORCH_CHECK(step.max_position() < context_length, module, ": a sequence of the step reaches ",
               step.max_position() + 1, " tokens, past context_length=", context_length);
@@ -314,4 +316,4 @@ inline void check_paged(const char* module, const at::Tensor& x, int64_t d_in, i
               " would drop attention weights while decoding; call module->eval()");
 }
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

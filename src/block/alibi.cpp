@@ -37,7 +37,7 @@ at::Tensor alibi_bias(const at::Tensor& slopes, const at::Tensor& key_padding, i
   const at::Tensor key_positions = key_padding.defined()
                                        ? key_padding.to(slopes.device()).logical_not().to(at::kLong).cumsum(-1) - 1
                                        : at::arange(Tk, options).unsqueeze(0);  // [B or 1, Tk]
-  const at::Tensor query_positions =  // [B or 1, Tq]
+  const at::Tensor query_positions =                                            // [B or 1, Tq]
       query_start.defined()
           ? key_positions.index_select(-1, at::arange(Tq, options) + query_start.to(options).reshape({}))
           : key_positions.narrow(-1, Tk - Tq, Tq);
@@ -45,4 +45,4 @@ at::Tensor alibi_bias(const at::Tensor& slopes, const at::Tensor& key_padding, i
   return (slopes.to(compute).view({1, -1, 1, 1}) * distance.unsqueeze(1)).to(dtype);
 }
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

@@ -27,4 +27,4 @@ at::Tensor alibi_slopes(int64_t num_heads);
 at::Tensor alibi_bias(const at::Tensor& slopes, const at::Tensor& key_padding, int64_t Tq, int64_t Tk,
                       c10::ScalarType dtype, const at::Tensor& query_start = at::Tensor());
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

@@ -42,7 +42,7 @@ void normalize(const AttentionBlock& block, at::Tensor& queries, at::Tensor& key
   keys = block.k_norm->forward(keys);
 }
 
-} // namespace
+}  // namespace
 
 at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, KVCache* cache,
                                    const functional::AttentionConfig& config, const at::Tensor& key_padding_mask,
@@ -134,9 +134,9 @@ at::Tensor paged_attention_block_forward(AttentionBlock& block, const at::Tensor
     keys = block.rope->apply(keys, step.positions);
   }
   cache.write(layer, step, keys[0], values.reshape({N, Hkv, head_dim}));
-  const at::Tensor context =
-      paged_attend(queries[0], cache.keys(layer), cache.values(layer), step, block.window, config, block.alibi_slopes);
+  const at::Tensor context = paged_attend(queries[0], cache.keys(layer), cache.values(layer), step, block.window,
+                                          config, block.alibi_slopes);
   return context.reshape({N, H * head_dim});
 }
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

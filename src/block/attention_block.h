@@ -116,4 +116,4 @@ at::Tensor with_batch_dim(const at::Tensor& x, const at::Tensor& key_padding_mas
   return fn(x, key_padding_mask, key_bias);
 }
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

@@ -17,7 +17,7 @@ at::Tensor split_heads(const AttentionBlock& block, at::Tensor t, int64_t heads,
   return t.transpose(1, 2);
 }
 
-} // namespace
+}  // namespace
 
 CrossKV cross_project(AttentionBlock& block, const at::Tensor& context, const at::Tensor& value_context,
                       const at::Tensor& padding) {
@@ -38,4 +38,4 @@ at::Tensor cross_attention_block_forward(AttentionBlock& block, const at::Tensor
   return context.transpose(1, 2).reshape({B, T, -1});
 }
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

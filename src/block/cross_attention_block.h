@@ -24,4 +24,4 @@ CrossKV cross_project(AttentionBlock& block, const at::Tensor& context, const at
 at::Tensor cross_attention_block_forward(AttentionBlock& block, const at::Tensor& x, const CrossKV& kv,
                                          const functional::AttentionConfig& config);
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

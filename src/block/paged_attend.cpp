@@ -34,8 +34,7 @@ at::Tensor paged_attend(const at::Tensor& q, const at::Tensor& keys, const at::T
     // The kernel reads the slopes and sinks as float32 [H] on the CPU (q is float32 there).
     const at::Tensor slopes = alibi_slopes.defined() ? alibi_slopes.to(at::kFloat).contiguous() : at::Tensor();
     const at::Tensor sinks = config.sinks.defined() ? config.sinks.to(at::kFloat).contiguous() : at::Tensor();
-    const kernels::cpu::PagedScores extra{config.softcap,
-                                          slopes.defined() ? slopes.const_data_ptr<float>() : nullptr,
+    const kernels::cpu::PagedScores extra{config.softcap, slopes.defined() ? slopes.const_data_ptr<float>() : nullptr,
                                           sinks.defined() ? sinks.const_data_ptr<float>() : nullptr};
     kernels::cpu::paged_attention(q, keys, values, rows, kernel_rows, scale, out, std::nullopt, extra);
   }
@@ -60,4 +59,4 @@ at::Tensor paged_attend(const at::Tensor& q, const at::Tensor& keys, const at::T
   return out;
 }
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

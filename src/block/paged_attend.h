@@ -26,4 +26,4 @@ at::Tensor paged_attend(const at::Tensor& q, const at::Tensor& keys, const at::T
                         const std::optional<int64_t>& window, const functional::AttentionConfig& config,
                         const at::Tensor& alibi_slopes = at::Tensor());
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

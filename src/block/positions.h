@@ -23,4 +23,4 @@ namespace torchattn::detail {
 at::Tensor token_positions(int64_t T, const KVCache* cache, const at::Tensor& key_padding_mask,
                            const at::Device& device);
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

@@ -34,4 +34,4 @@ at::Tensor RotaryCache::apply(const at::Tensor& x, const at::Tensor& positions) 
   return functional::apply_rotary(x.transpose(1, 2), positions, cos, sin, options_).transpose(1, 2);
 }
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

@@ -41,4 +41,4 @@ class RotaryCache {
   mutable std::vector<std::pair<at::Device, std::pair<at::Tensor, at::Tensor>>> by_device_;
 };
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

@@ -6,9 +6,7 @@ namespace {
 thread_local AppendWatch* current_watch = nullptr;
 }
 
-AppendWatch::AppendWatch() : outer_(current_watch) {
-  current_watch = this;
-}
+AppendWatch::AppendWatch() : outer_(current_watch) { current_watch = this; }
 
 AppendWatch::~AppendWatch() {
   current_watch = outer_;
@@ -31,4 +29,4 @@ void note_append(const KVCache* cache, bool static_shapes, int64_t length) {
   if (current_watch != nullptr) current_watch->add({cache, static_shapes, length});
 }
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

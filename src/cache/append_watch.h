@@ -44,4 +44,4 @@ class AppendWatch {
 /// Called by KVCache::append: records the cache in the current watch, if any.
 void note_append(const KVCache* cache, bool static_shapes, int64_t length);
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

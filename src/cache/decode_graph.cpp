@@ -22,7 +22,7 @@ struct CapturedGraph {
   at::cuda::CUDAGraph graph;
 #endif
 };
-} // namespace detail
+}  // namespace detail
 
 DecodeGraph::DecodeGraph(Step step, std::vector<KVCache*> caches) : step_(std::move(step)), caches_(std::move(caches)) {
   TORCH_CHECK(step_, "DecodeGraph: expected a step function, got an empty one");
@@ -36,9 +36,7 @@ DecodeGraph::DecodeGraph(Step step, std::vector<KVCache*> caches) : step_(std::m
 
 DecodeGraph::~DecodeGraph() = default;
 
-bool DecodeGraph::uses_cuda_graph() const {
-  return graph_ != nullptr;
-}
+bool DecodeGraph::uses_cuda_graph() const { return graph_ != nullptr; }
 
 void DecodeGraph::check_input(const at::Tensor& input) const {
   TORCH_CHECK(input.defined(), "DecodeGraph: expected a defined input");
@@ -119,7 +117,8 @@ at::Tensor DecodeGraph::operator()(const at::Tensor& input) {
 void DecodeGraph::capture(const at::Tensor& input) {
 #ifdef TORCHATTN_WITH_CUDA
   // Deterministic index_copy_ may synchronise with the host, which capture forbids.
-  TORCH_CHECK(!at::globalContext().deterministicAlgorithms(), "DecodeGraph: cannot capture with "
+  TORCH_CHECK(!at::globalContext().deterministicAlgorithms(),
+              "DecodeGraph: cannot capture with "
               "at::globalContext().setDeterministicAlgorithms(true): the caches' index_copy_ may then synchronise");
   const c10::cuda::CUDAGuard device_guard(input.device());
   std::vector<int64_t> lengths;
@@ -144,7 +143,8 @@ void DecodeGraph::capture(const at::Tensor& input) {
       tokens_per_step_ = added;
     }
     bool room = true;
-    for (size_t i = 0; i < caches_.size(); ++i) room = room && caches_[i]->length() + tokens_per_step_ <= caches_[i]->capacity();
+    for (size_t i = 0; i < caches_.size(); ++i)
+      room = room && caches_[i]->length() + tokens_per_step_ <= caches_[i]->capacity();
     if (room) {
       static_output_ = step_(static_input_);  // a second warm-up where there is room
     }
@@ -160,8 +160,7 @@ void DecodeGraph::capture(const at::Tensor& input) {
     if (capturing) {
       try {
         captured->graph.capture_end();
-      } catch (...) {
-      }
+      } catch (...) {}
     }
     rewind();
     throw;
@@ -176,4 +175,4 @@ void DecodeGraph::capture(const at::Tensor& input) {
 #endif
 }
 
-} // namespace torchattn
+}  // namespace torchattn

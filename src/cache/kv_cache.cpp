@@ -40,8 +40,8 @@ KVCache KVCache::clone() const {
 }
 
 void KVCache::truncate(int64_t length) {
-  TORCH_CHECK(length >= 0 && length <= length_, "KVCache: truncate expected a length in [0, ", length_,
-              "], got ", length);
+  TORCH_CHECK(length >= 0 && length <= length_, "KVCache: truncate expected a length in [0, ", length_, "], got ",
+              length);
   length_ = length;
   if (position_.defined()) {
     position_.fill_(length);
@@ -80,17 +80,11 @@ at::Tensor KVCache::token_positions() const {
   return padding().logical_not().sum(-1);
 }
 
-at::Tensor KVCache::keys() const {
-  return keys_.narrow(-2, 0, length_);
-}
+at::Tensor KVCache::keys() const { return keys_.narrow(-2, 0, length_); }
 
-at::Tensor KVCache::values() const {
-  return values_.narrow(-2, 0, length_);
-}
+at::Tensor KVCache::values() const { return values_.narrow(-2, 0, length_); }
 
-at::Tensor KVCache::padding() const {
-  return padding_.defined() ? padding_.narrow(1, 0, length_) : at::Tensor();
-}
+at::Tensor KVCache::padding() const { return padding_.defined() ? padding_.narrow(1, 0, length_) : at::Tensor(); }
 
 void KVCache::write_padding(const at::Tensor& index, int64_t t_new, const at::Tensor& key_padding_mask) {
   if (!key_padding_mask.defined() && !padding_.defined()) {
@@ -123,8 +117,8 @@ int64_t KVCache::append(const at::Tensor& k, const at::Tensor& v, const at::Tens
               "KVCache: expected keys of dtype ", keys_.scalar_type(), " on ", keys_.device(), ", got ",
               k.scalar_type(), " on ", k.device(), "; make the cache after moving the module");
   const int64_t t_new = k.size(-2);
-  TORCH_CHECK(length_ + t_new <= capacity(), "KVCache: the cache holds ", length_, " of context_length=",
-              capacity(), " tokens and cannot take ", t_new, " more; call cache.reset() to start again");
+  TORCH_CHECK(length_ + t_new <= capacity(), "KVCache: the cache holds ", length_, " of context_length=", capacity(),
+              " tokens and cannot take ", t_new, " more; call cache.reset() to start again");
   if (key_padding_mask.defined()) {
     const int64_t B = keys_.size(0);
     TORCH_CHECK(key_padding_mask.scalar_type() == at::kBool, "KVCache: expected a bool key_padding_mask, got ",
@@ -133,8 +127,8 @@ int64_t KVCache::append(const at::Tensor& k, const at::Tensor& v, const at::Tens
                     key_padding_mask.size(1) == t_new,
                 "KVCache: expected key_padding_mask of shape [", B, ", ", t_new, "] (or [1, ", t_new, "]), got ",
                 key_padding_mask.sizes());
-    TORCH_CHECK(key_padding_mask.device() == keys_.device(), "KVCache: expected key_padding_mask on ",
-                keys_.device(), ", got ", key_padding_mask.device());
+    TORCH_CHECK(key_padding_mask.device() == keys_.device(), "KVCache: expected key_padding_mask on ", keys_.device(),
+                ", got ", key_padding_mask.device());
   }
   at::Tensor index;
   if (static_shapes_) {
@@ -155,4 +149,4 @@ int64_t KVCache::append(const at::Tensor& k, const at::Tensor& v, const at::Tens
   return past;
 }
 
-} // namespace torchattn
+}  // namespace torchattn

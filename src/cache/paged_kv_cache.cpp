@@ -32,7 +32,7 @@ at::Tensor long_tensor(const std::vector<int64_t>& v, const at::Device& device) 
   return device.is_cpu() ? cpu : cpu.to(device, /*non_blocking=*/false);
 }
 
-} // namespace
+}  // namespace
 
 struct PagedKVCache::State {
   struct Sequence {
@@ -47,7 +47,7 @@ struct PagedKVCache::State {
   int64_t num_blocks = 0, block_size = 0;
   std::vector<int32_t> refs;  // sequences holding each block, and the prefix index (one) where published
   detail::PrefixIndex prefix;
-  int64_t touched = 0;  // blocks ever taken: [0, touched)
+  int64_t touched = 0;                                                      // blocks ever taken: [0, touched)
   std::priority_queue<int64_t, std::vector<int64_t>, std::greater<>> free;  // lowest first
   std::map<int64_t, Sequence> sequences;  // ordered: ids grow, so the order they were added
   int64_t next_sequence = 0;
@@ -136,8 +136,8 @@ PagedKVCache::PagedKVCache(std::vector<PagedLayer> layers, const PagedKVCacheOpt
                 ": expected num_kv_heads >= 1 and head_dim >= 1, got ", l.num_kv_heads, " and ", l.head_dim);
     TORCH_CHECK(at::isFloatingType(l.options.dtype().toScalarType()), kPaged, ": layer ", i,
                 ": expected a floating dtype, got ", l.options.dtype());
-    TORCH_CHECK(l.options.device() == device, kPaged, ": expected every layer on one device, got ", device,
-                " and ", l.options.device(), " (layer ", i, ")");
+    TORCH_CHECK(l.options.device() == device, kPaged, ": expected every layer on one device, got ", device, " and ",
+                l.options.device(), " (layer ", i, ")");
     // Uninitialized: pages are touched as blocks are first written. No kernel reads a
     // slot that was not written.
     // Keys transposed within a block ([head_dim, block_size] per head): the CPU kernel
@@ -201,9 +201,10 @@ void PagedKVCache::publish(int64_t sequence, const std::vector<int64_t>& tokens)
       continue;
     }
     const uint64_t parent = q.prefix_ids.empty() ? 0 : q.prefix_ids.back();
-    const uint64_t id =
-        s.prefix.publish(b, parent, {tokens.begin() + i * s.block_size, tokens.begin() + (i + 1) * s.block_size});
-    if (s.prefix.id(b) == id) ++s.refs[static_cast<size_t>(b)];  // the index's hold (else another block has these tokens)
+    const uint64_t id = s.prefix.publish(b, parent,
+                                         {tokens.begin() + i * s.block_size, tokens.begin() + (i + 1) * s.block_size});
+    if (s.prefix.id(b) == id)
+      ++s.refs[static_cast<size_t>(b)];  // the index's hold (else another block has these tokens)
     q.prefix_ids.push_back(id);
   }
 }
@@ -281,8 +282,7 @@ PagedStep PagedKVCache::begin_step(const std::vector<StepTokens>& tokens) {
   s.check_step(tokens);
   const int64_t needed = s.needed(tokens);
   TORCH_CHECK(needed <= s.available(), kPaged, ": the step needs ", needed, " free blocks and the pool has ",
-              s.available(), " of ", s.num_blocks,
-              "; finish or remove sequences first (or make a larger cache)");
+              s.available(), " of ", s.num_blocks, "; finish or remove sequences first (or make a larger cache)");
   PagedStep step;
   std::vector<int64_t> positions, write_blocks, write_offsets, key_slots;
   step.query_start.push_back(0);
@@ -354,7 +354,8 @@ const at::Tensor& PagedKVCache::values(int64_t layer_index) const {
 
 void PagedKVCache::write(int64_t layer_index, const PagedStep& step, const at::Tensor& k, const at::Tensor& v) {
   const PagedLayer& l = layer(layer_index);
-  TORCH_CHECK(is_current(step), kPaged, ": write: this step is not the cache's current one (made by another cache, "
+  TORCH_CHECK(is_current(step), kPaged,
+              ": write: this step is not the cache's current one (made by another cache, "
               "or the cache changed since begin_step)");
   const int64_t N = step.num_tokens();
   for (const at::Tensor* t : {&k, &v}) {
@@ -401,4 +402,4 @@ at::Tensor PagedKVCache::sequence_values(int64_t layer_index, int64_t sequence) 
   return gather(values(layer_index), false, sequence);
 }
 
-} // namespace torchattn
+}  // namespace torchattn

@@ -43,4 +43,4 @@ int64_t PrefixIndex::evict() {
   return block;
 }
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

@@ -51,4 +51,4 @@ class PrefixIndex {
   uint64_t next_id_ = 1, clock_ = 0;
 };
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

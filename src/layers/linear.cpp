@@ -17,4 +17,4 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   return at::linear(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
 }
 
-} // namespace torchattn::functional
+}  // namespace torchattn::functional

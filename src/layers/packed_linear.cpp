@@ -20,7 +20,7 @@ const at::Tensor& bias_at(at::ArrayRef<at::Tensor> biases, size_t i) {
   return biases.empty() ? none : biases[i];
 }
 
-} // namespace
+}  // namespace
 
 struct PackedLinear::Packed {
   // Which tensor a packed copy was made from, and at which write: the same tensor object,
@@ -75,14 +75,16 @@ bool PackedLinear::applies(const at::Tensor& x, at::ArrayRef<at::Tensor> weights
   return true;
 }
 
-at::Tensor PackedLinear::forward(const at::Tensor& x, at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Tensor> biases) {
+at::Tensor PackedLinear::forward(const at::Tensor& x, at::ArrayRef<at::Tensor> weights,
+                                 at::ArrayRef<at::Tensor> biases) {
   TORCH_CHECK(!weights.empty(), "PackedLinear: expected at least one weight, got none");
   TORCH_CHECK(biases.empty() || biases.size() == weights.size(), "PackedLinear: expected no biases or one per weight (",
               weights.size(), "), got ", biases.size());
-  TORCH_CHECK(applies(x, weights, biases), "PackedLinear: expected float32 CPU x [..., in] and dense float32 CPU "
+  TORCH_CHECK(applies(x, weights, biases),
+              "PackedLinear: expected float32 CPU x [..., in] and dense float32 CPU "
               "weights [out, in] (biases [out]) with no gradient to compute, on a LibTorch with oneDNN; got x ",
-              x.sizes(), " of ", x.scalar_type(), " on ", x.device(), " and a first weight ", weights[0].sizes(), " of ",
-              weights[0].scalar_type(), " on ", weights[0].device());
+              x.sizes(), " of ", x.scalar_type(), " on ", x.device(), " and a first weight ", weights[0].sizes(),
+              " of ", weights[0].scalar_type(), " on ", weights[0].device());
   std::shared_ptr<const Packed> packed;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -120,4 +122,4 @@ int64_t PackedLinear::packed_bytes() const {
   return packed_ ? packed_->bytes : 0;
 }
 
-} // namespace torchattn
+}  // namespace torchattn

@@ -23,4 +23,4 @@ at::Tensor padding_mask_from_attention_mask(const at::Tensor& attention_mask) {
   return padding;
 }
 
-} // namespace torchattn
+}  // namespace torchattn

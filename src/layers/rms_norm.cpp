@@ -50,7 +50,7 @@ at::Tensor fused_rms_norm(const at::Tensor& x_in, const at::Tensor& weight, doub
   return y;
 }
 
-} // namespace
+}  // namespace
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
   if (fused_rms_norm_applies(x, weight)) {
@@ -62,4 +62,4 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
   return weight * (h * at::rsqrt(variance + eps)).to(x.scalar_type());
 }
 
-} // namespace torchattn
+}  // namespace torchattn

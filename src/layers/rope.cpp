@@ -83,4 +83,4 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& positions, const 
   return rot == head_dim ? rotated : at::cat({rotated, x.narrow(-1, rot, head_dim - rot)}, -1);
 }
 
-} // namespace torchattn::functional
+}  // namespace torchattn::functional

@@ -11,9 +11,12 @@ namespace torchattn::models {
 
 BertEmbeddingsImpl::BertEmbeddingsImpl(const BertConfig& c) {
   word_embeddings = register_module("word_embeddings", torch::nn::Embedding(c.vocab_size, c.hidden_size));
-  position_embeddings = register_module("position_embeddings", torch::nn::Embedding(c.max_position_embeddings, c.hidden_size));
-  token_type_embeddings = register_module("token_type_embeddings", torch::nn::Embedding(c.type_vocab_size, c.hidden_size));
-  LayerNorm = register_module("LayerNorm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps)));
+  position_embeddings = register_module("position_embeddings",
+                                        torch::nn::Embedding(c.max_position_embeddings, c.hidden_size));
+  token_type_embeddings = register_module("token_type_embeddings",
+                                          torch::nn::Embedding(c.type_vocab_size, c.hidden_size));
+  LayerNorm = register_module("LayerNorm",
+                              torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps)));
   dropout = register_module("dropout", torch::nn::Dropout(c.hidden_dropout));
 }
 
@@ -21,20 +24,19 @@ at::Tensor BertEmbeddingsImpl::forward(const at::Tensor& ids, const at::Tensor& 
   const int64_t T = ids.size(1);
   const at::Tensor positions = at::arange(T, ids.options());
   at::Tensor x = word_embeddings(ids);
-  x = x + (token_type_ids.defined() ? token_type_embeddings(token_type_ids)
-                                     : token_type_embeddings->weight[0]);
+  x = x + (token_type_ids.defined() ? token_type_embeddings(token_type_ids) : token_type_embeddings->weight[0]);
   x = x + position_embeddings(positions);
   return dropout(LayerNorm(x));
 }
 
 BertLayerImpl::BertLayerImpl(const BertConfig& c, bool pack_weights) {
-  attention = register_module(
-      "attention", MultiHeadAttention(MultiHeadAttentionOptions(c.hidden_size, c.hidden_size, c.max_position_embeddings,
-                                                                c.num_heads)
-                                          .causal(false)
-                                          .qkv_bias(true)
-                                          .dropout(c.attention_dropout)
-                                          .pack_weights(pack_weights)));
+  attention = register_module("attention",
+                              MultiHeadAttention(MultiHeadAttentionOptions(c.hidden_size, c.hidden_size,
+                                                                           c.max_position_embeddings, c.num_heads)
+                                                     .causal(false)
+                                                     .qkv_bias(true)
+                                                     .dropout(c.attention_dropout)
+                                                     .pack_weights(pack_weights)));
   const auto norm = torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps);
   attention_norm = register_module("attention_norm", torch::nn::LayerNorm(norm));
   intermediate = register_module("intermediate", torch::nn::Linear(c.hidden_size, c.intermediate_size));
@@ -98,4 +100,4 @@ WeightsOptions BertModelImpl::hf_weights() {
       .ignore({"embeddings.position_ids", "embeddings.token_type_ids", "pooler", "cls"});
 }
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

@@ -18,8 +18,8 @@ using json = nlohmann::json;
 
 [[noreturn]] void unsupported(const std::string& what) {
   TORCH_CHECK(false, "tokenizer: " + what +
-                           "; this library reads byte-level BPE tokenizers (GPT-2, SmolLM2, Qwen2) and WordPiece "
-                           "tokenizers (BERT)");
+                         "; this library reads byte-level BPE tokenizers (GPT-2, SmolLM2, Qwen2) and WordPiece "
+                         "tokenizers (BERT)");
 }
 
 std::string utf8(UChar32 c) {
@@ -55,7 +55,9 @@ std::string nfc(std::string_view text) {
   UErrorCode status = U_ZERO_ERROR;
   const icu::Normalizer2* n = icu::Normalizer2::getNFCInstance(status);
   if (U_FAILURE(status)) TORCH_CHECK(false, "tokenizer: ICU has no NFC normalizer");
-  const icu::UnicodeString out = n->normalize(icu::UnicodeString::fromUTF8(icu::StringPiece(text.data(), static_cast<int32_t>(text.size()))), status);
+  const icu::UnicodeString out = n->normalize(icu::UnicodeString::fromUTF8(
+                                                  icu::StringPiece(text.data(), static_cast<int32_t>(text.size()))),
+                                              status);
   if (U_FAILURE(status)) TORCH_CHECK(false, "tokenizer: NFC normalization failed");
   std::string s;
   out.toUTF8String(s);
@@ -69,7 +71,7 @@ std::string pair_key(const std::string& a, const std::string& b) {
   return k;
 }
 
-} // namespace
+}  // namespace
 
 BpeTokenizer::BpeTokenizer(const json& t) : vocab_(t, "BPE") {
   const json& model = t.at("model");
@@ -267,4 +269,4 @@ std::string BpeTokenizer::decode(const std::vector<int64_t>& ids, bool skip_spec
   return out;
 }
 
-} // namespace torchattn::models::detail
+}  // namespace torchattn::models::detail

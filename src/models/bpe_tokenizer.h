@@ -59,4 +59,4 @@ class BpeTokenizer final : public TokenizerModel {
   mutable std::unordered_map<std::string, std::vector<int64_t>> cache_;
 };
 
-} // namespace torchattn::models::detail
+}  // namespace torchattn::models::detail

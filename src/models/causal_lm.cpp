@@ -19,11 +19,13 @@ namespace {
 // x [..., in] has this many rows.
 int64_t rows_of(const at::Tensor& x) { return x.size(-1) == 0 ? 0 : x.numel() / x.size(-1); }
 
-} // namespace
+}  // namespace
 
 DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, int64_t context_length) {
-  TORCH_CHECK(c.activation == "silu" || c.activation == "gelu_tanh", "DecoderLayer: expected the activation silu or "
-              "gelu_tanh, got '", c.activation, "'");
+  TORCH_CHECK(c.activation == "silu" || c.activation == "gelu_tanh",
+              "DecoderLayer: expected the activation silu or "
+              "gelu_tanh, got '",
+              c.activation, "'");
   gelu_tanh_ = c.activation == "gelu_tanh";
   const bool gemma = c.gemma_norms;
   input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps, gemma));
@@ -41,9 +43,10 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, int64_
   self_attn = register_module("self_attn", torchattn::MultiHeadAttention(attn));
   post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps, gemma));
   if (gemma) {
-    pre_feedforward_layernorm = register_module("pre_feedforward_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps, true));
-    post_feedforward_layernorm =
-        register_module("post_feedforward_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps, true));
+    pre_feedforward_layernorm = register_module("pre_feedforward_layernorm",
+                                                RMSNorm(c.hidden_size, c.rms_norm_eps, true));
+    post_feedforward_layernorm = register_module("post_feedforward_layernorm",
+                                                 RMSNorm(c.hidden_size, c.rms_norm_eps, true));
   }
   const auto mlp = [&](int64_t in, int64_t out) { return torch::nn::LinearOptions(in, out).bias(c.mlp_bias); };
   gate_proj = register_module("gate_proj", torch::nn::Linear(mlp(c.hidden_size, c.intermediate_size)));
@@ -94,10 +97,11 @@ at::Tensor DecoderLayerImpl::mlp(const at::Tensor& m) {
   const bool in_place = !c10::GradMode::is_enabled();
   const bool packed = pack_ && rows_of(m) >= pack_min_rows_;
   at::Tensor gate;
-  if (packed && torchattn::PackedLinear::applies(m, {gate_proj->weight, up_proj->weight}, {gate_proj->bias, up_proj->bias})) {
+  if (packed &&
+      torchattn::PackedLinear::applies(m, {gate_proj->weight, up_proj->weight}, {gate_proj->bias, up_proj->bias})) {
     // gate_proj | up_proj in one product, then SiLU(gate) * up in place on its first half.
-    const at::Tensor both =
-        packed_gate_up_->forward(m, {gate_proj->weight, up_proj->weight}, {gate_proj->bias, up_proj->bias});
+    const at::Tensor both = packed_gate_up_->forward(m, {gate_proj->weight, up_proj->weight},
+                                                     {gate_proj->bias, up_proj->bias});
     const int64_t I = gate_proj->weight.size(0);
     gate = both.narrow(-1, 0, I);
     activate(gate, true).mul_(both.narrow(-1, I, I));
@@ -114,7 +118,8 @@ at::Tensor DecoderLayerImpl::mlp(const at::Tensor& m) {
   return torchattn::functional::linear(gate, down_proj->weight, down_proj->bias);
 }
 
-at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, torchattn::KVCache* cache, const at::Tensor& key_padding_mask) {
+at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, torchattn::KVCache* cache,
+                                     const at::Tensor& key_padding_mask) {
   const at::Tensor a = input_layernorm(x);
   return rest(cache != nullptr ? self_attn->forward_cached(a, *cache, key_padding_mask)
                                : self_attn->forward(a, key_padding_mask),
@@ -131,8 +136,9 @@ CausalLMImpl::CausalLMImpl(const DecoderConfig& config, int64_t context_length)
   for (int64_t i = 0; i < config.num_layers; ++i) layers->push_back(DecoderLayer(config, i, context_length));
   norm = register_module("norm", RMSNorm(config.hidden_size, config.rms_norm_eps, config.gemma_norms));
   if (!config.tie_word_embeddings) {
-    lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(config.hidden_size, config.vocab_size)
-                                                               .bias(false)));
+    lm_head = register_module("lm_head",
+                              torch::nn::Linear(
+                                  torch::nn::LinearOptions(config.hidden_size, config.vocab_size).bias(false)));
   }
   packed_head_ = std::make_shared<torchattn::PackedLinear>();
 }
@@ -149,7 +155,11 @@ WeightsOptions CausalLMImpl::hf_weights() const {
   std::vector<std::string> ignore{"rotary_emb.inv_freq"};
   if (config_.tie_word_embeddings) ignore.emplace_back("lm_head.weight");  // a tied head saved anyway
   return WeightsOptions()
-      .rename({{"model", ""}, {"mlp", ""}, {"q_proj", "W_query"}, {"k_proj", "W_key"}, {"v_proj", "W_value"},
+      .rename({{"model", ""},
+               {"mlp", ""},
+               {"q_proj", "W_query"},
+               {"k_proj", "W_key"},
+               {"v_proj", "W_value"},
                {"o_proj", "out_proj"}})
       .ignore(ignore);
 }
@@ -172,12 +182,16 @@ torchattn::PagedKVCache CausalLMImpl::make_paged_cache(const torchattn::PagedKVC
 
 at::Tensor CausalLMImpl::forward_paged(const at::Tensor& ids, torchattn::PagedKVCache& cache,
                                        const torchattn::PagedStep& step, const at::Tensor& logit_rows) {
-  TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong, "CausalLM: forward_paged expected int64 ids [N] (the "
-              "step's tokens packed), got ", ids.sizes(), " of ", ids.scalar_type());
+  TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong,
+              "CausalLM: forward_paged expected int64 ids [N] (the "
+              "step's tokens packed), got ",
+              ids.sizes(), " of ", ids.scalar_type());
   TORCH_CHECK(cache.num_layers() == static_cast<int64_t>(layers->size()), "CausalLM: expected a paged cache of ",
               layers->size(), " layers (make_paged_cache), got one of ", cache.num_layers());
-  TORCH_CHECK(!logit_rows.defined() || (logit_rows.dim() == 1 && logit_rows.scalar_type() == at::kLong), "CausalLM: "
-              "expected logit_rows as int64 indices [R], got ", logit_rows.sizes(), " of ", logit_rows.scalar_type());
+  TORCH_CHECK(!logit_rows.defined() || (logit_rows.dim() == 1 && logit_rows.scalar_type() == at::kLong),
+              "CausalLM: "
+              "expected logit_rows as int64 indices [R], got ",
+              logit_rows.sizes(), " of ", logit_rows.scalar_type());
   at::Tensor x = embed(ids);
   for (size_t i = 0; i < layers->size(); ++i) {
     x = layers[i]->as<DecoderLayerImpl>()->forward_paged(x, cache, step, static_cast<int64_t>(i));
@@ -197,7 +211,7 @@ at::Tensor CausalLMImpl::head(const at::Tensor& x) {
   const at::Tensor& weight = lm_head ? lm_head->weight : embed_tokens->weight;
   // The packed head is faster even for one row (a vocabulary's worth of outputs).
   at::Tensor logits = pack_ && torchattn::PackedLinear::applies(x, {weight}) ? packed_head_->forward(x, {weight})
-                                                                            : torchattn::functional::linear(x, weight);
+                                                                             : torchattn::functional::linear(x, weight);
   if (config_.final_softcap > 0.0) {  // Gemma 2: cap * tanh(logits / cap)
     logits = at::tanh(logits / config_.final_softcap) * config_.final_softcap;
   }
@@ -220,4 +234,4 @@ at::Tensor CausalLMImpl::forward(const at::Tensor& ids, std::vector<torchattn::K
   return head(norm(x));
 }
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

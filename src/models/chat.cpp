@@ -30,7 +30,8 @@ namespace {
 // The template's default system turn ("<|im_start|>system\n...<|im_end|>\n"), or ""
 // when it writes none (or one with template syntax in it).
 std::string default_system_turn(const std::string& chat_template) {
-  TORCH_CHECK(chat_template.find("<|im_start|>") != std::string::npos, "chat_prompt: this model's chat template does "
+  TORCH_CHECK(chat_template.find("<|im_start|>") != std::string::npos,
+              "chat_prompt: this model's chat template does "
               "not use <|im_start|>; pass the prompt as it should be tokenized instead");
   const std::string open = "<|im_start|>system\n";
   if (const auto at = chat_template.find(open); at != std::string::npos) {
@@ -43,7 +44,7 @@ std::string default_system_turn(const std::string& chat_template) {
   return "";
 }
 
-} // namespace
+}  // namespace
 
 std::string chat_prompt(const std::string& chat_template, const std::string& prompt) {
   return chat_prompt(chat_template, std::vector<ChatMessage>{{"user", prompt}});
@@ -62,4 +63,4 @@ std::string chat_prompt(const std::string& chat_template, const std::vector<Chat
   return out + "<|im_start|>assistant\n";
 }
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

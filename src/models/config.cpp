@@ -35,9 +35,10 @@ std::vector<int64_t> ids(const json& v) {
   return out;
 }
 
-} // namespace
+}  // namespace
 
-const char* supported_model_types() { return "llama, qwen2, qwen3, mistral, gemma2 (decoders); bert (encoders); bart (encoder-decoders)";
+const char* supported_model_types() {
+  return "llama, qwen2, qwen3, mistral, gemma2 (decoders); bert (encoders); bart (encoder-decoders)";
 }
 
 std::string read_model_type(const std::string& path) {
@@ -52,8 +53,8 @@ static DecoderConfig read_decoder_config_unchecked(const std::string& path) {
   m.model_type = c.value("model_type", std::string());
   if (m.model_type != "llama" && m.model_type != "qwen2" && m.model_type != "qwen3" && m.model_type != "mistral" &&
       m.model_type != "gemma2") {
-    fail(path, "model_type '" + m.model_type + "' is not a decoder this library runs; supported: " +
-                   supported_model_types());
+    fail(path,
+         "model_type '" + m.model_type + "' is not a decoder this library runs; supported: " + supported_model_types());
   }
   m.vocab_size = positive(c, path, "vocab_size");
   m.hidden_size = positive(c, path, "hidden_size");
@@ -71,8 +72,9 @@ static DecoderConfig read_decoder_config_unchecked(const std::string& path) {
   }
   if (m.model_type == "gemma2") {
     // Gemma 2 names its activation hidden_activation (hidden_act where older configs give it).
-    const json act = c.contains("hidden_activation") && !c["hidden_activation"].is_null() ? c["hidden_activation"]
-                                                                                          : c.value("hidden_act", json());
+    const json act = c.contains("hidden_activation") && !c["hidden_activation"].is_null()
+                         ? c["hidden_activation"]
+                         : c.value("hidden_act", json());
     if (!act.is_string() || act.get<std::string>() != "gelu_pytorch_tanh") {
       fail(path, "hidden_activation is not gelu_pytorch_tanh");
     }
@@ -81,7 +83,8 @@ static DecoderConfig read_decoder_config_unchecked(const std::string& path) {
     auto cap = [&](const char* key, double fallback) {
       if (!c.contains(key)) return fallback;
       if (c[key].is_null()) return 0.0;
-      if (!c[key].is_number() || c[key].get<double>() <= 0.0) fail(path, std::string(key) + " is not a positive number");
+      if (!c[key].is_number() || c[key].get<double>() <= 0.0)
+        fail(path, std::string(key) + " is not a positive number");
       return c[key].get<double>();
     };
     m.attn_softcap = cap("attn_logit_softcapping", 50.0);
@@ -100,7 +103,9 @@ static DecoderConfig read_decoder_config_unchecked(const std::string& path) {
   const json rope = c.contains("rope_parameters") && c["rope_parameters"].is_object() ? c["rope_parameters"] : c;
   m.rope_theta = rope.value("rope_theta", c.value("rope_theta", 10000.0));
   const json scaling = c.value("rope_scaling", json());
-  const std::string rope_type = rope.value("rope_type", scaling.is_object() ? scaling.value("rope_type", std::string("default")) : std::string("default"));
+  const std::string rope_type = rope.value("rope_type", scaling.is_object()
+                                                            ? scaling.value("rope_type", std::string("default"))
+                                                            : std::string("default"));
   if (rope_type != "default") fail(path, "RoPE type '" + rope_type + "' is not supported (only the default)");
   m.tie_word_embeddings = c.value("tie_word_embeddings", false);
   if (m.model_type == "qwen2") {
@@ -122,7 +127,8 @@ static DecoderConfig read_decoder_config_unchecked(const std::string& path) {
     }
   }
   m.eos_token_ids = ids(c.value("eos_token_id", json()));
-  if (c.contains("bos_token_id") && c["bos_token_id"].is_number_integer()) m.bos_token_id = c["bos_token_id"].get<int64_t>();
+  if (c.contains("bos_token_id") && c["bos_token_id"].is_number_integer())
+    m.bos_token_id = c["bos_token_id"].get<int64_t>();
   return m;
 }
 
@@ -144,12 +150,15 @@ static BertConfig read_bert_config_unchecked(const std::string& path) {
   const std::string act = c.value("hidden_act", std::string("gelu"));
   if (act != "gelu") fail(path, "hidden_act '" + act + "' is not supported (only gelu)");
   const std::string positions = c.value("position_embedding_type", std::string("absolute"));
-  if (positions != "absolute") fail(path, "position_embedding_type '" + positions + "' is not supported (only absolute)");
+  if (positions != "absolute")
+    fail(path, "position_embedding_type '" + positions + "' is not supported (only absolute)");
   if (c.value("is_decoder", false)) fail(path, "is_decoder: a BERT decoder is not supported (only encoders)");
   m.layer_norm_eps = c.value("layer_norm_eps", 1e-12);
   m.hidden_dropout = c.value("hidden_dropout_prob", 0.1);
   m.attention_dropout = c.value("attention_probs_dropout_prob", 0.1);
-  m.pad_token_id = c.contains("pad_token_id") && c["pad_token_id"].is_number_integer() ? c["pad_token_id"].get<int64_t>() : 0;
+  m.pad_token_id = c.contains("pad_token_id") && c["pad_token_id"].is_number_integer()
+                       ? c["pad_token_id"].get<int64_t>()
+                       : 0;
   return m;
 }
 
@@ -157,8 +166,8 @@ static BartConfig read_bart_config_unchecked(const std::string& path) {
   const json c = detail::read_json_file(path, "config");
   const std::string type = c.value("model_type", std::string());
   if (type != "bart") {
-    fail(path, "model_type '" + type + "' is not an encoder-decoder this library runs; supported: " +
-                   supported_model_types());
+    fail(path, "model_type '" + type +
+                   "' is not an encoder-decoder this library runs; supported: " + supported_model_types());
   }
   BartConfig m;
   m.vocab_size = positive(c, path, "vocab_size");
@@ -178,18 +187,20 @@ static BartConfig read_bart_config_unchecked(const std::string& path) {
     fail(path, "activation_function '" + m.activation + "' is not supported (gelu or relu)");
   }
   // mBART's pre-norm layers (normalize_before) are another architecture.
-  if (c.value("normalize_before", false)) fail(path, "normalize_before: pre-norm layers are not supported (BART's are post-norm)");
+  if (c.value("normalize_before", false))
+    fail(path, "normalize_before: pre-norm layers are not supported (BART's are post-norm)");
   m.scale_embedding = c.value("scale_embedding", false);
   // Untied, transformers gives the encoder, the decoder and the head embeddings of their own.
-  if (!c.value("tie_word_embeddings", true)) fail(path, "tie_word_embeddings false is not supported (only BART's tied embeddings)");
+  if (!c.value("tie_word_embeddings", true))
+    fail(path, "tie_word_embeddings false is not supported (only BART's tied embeddings)");
   m.dropout = c.value("dropout", 0.1);
   m.attention_dropout = c.value("attention_dropout", 0.0);
   m.activation_dropout = c.value("activation_dropout", 0.0);
   auto id = [&](const json& j, const std::string& file, const char* key) -> std::optional<int64_t> {
     if (!j.contains(key) || j[key].is_null()) return std::nullopt;
     if (!j[key].is_number_integer() || j[key].get<int64_t>() < 0 || j[key].get<int64_t>() >= m.vocab_size) {
-      fail(file, std::string("expected ") + key + " to be a token id in [0, vocab_size " + std::to_string(m.vocab_size) +
-                     "), got " + j[key].dump());
+      fail(file, std::string("expected ") + key + " to be a token id in [0, vocab_size " +
+                     std::to_string(m.vocab_size) + "), got " + j[key].dump());
     }
     return j[key].get<int64_t>();
   };
@@ -253,4 +264,4 @@ BertConfig read_bert_config(const std::string& path) { return with_json_errors(p
 
 BartConfig read_bart_config(const std::string& path) { return with_json_errors(path, read_bart_config_unchecked); }
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

@@ -65,7 +65,8 @@ struct Engine::State {
   PagedKVCache cache;
 };
 
-Engine::Engine(CausalLM model, const EngineOptions& options) : state_(std::make_unique<State>(std::move(model), options)) {
+Engine::Engine(CausalLM model, const EngineOptions& options)
+    : state_(std::make_unique<State>(std::move(model), options)) {
   auto& m = state_->model;
   m->eval();
   const auto& w = m->embed_tokens->weight;
@@ -87,11 +88,13 @@ int64_t Engine::submit(std::vector<int64_t> prompt, const GenerationOptions& opt
   check_generation_options(options, config.vocab_size, "Engine");
   const int64_t context = s.model->context_length();
   const auto n = static_cast<int64_t>(prompt.size());
-  TORCH_CHECK(n + options.max_new_tokens() <= context, "Engine: ", n, " prompt tokens and max_new_tokens=",
-              options.max_new_tokens(), " pass the model's context_length of ", context);
+  TORCH_CHECK(n + options.max_new_tokens() <= context, "Engine: ", n,
+              " prompt tokens and max_new_tokens=", options.max_new_tokens(), " pass the model's context_length of ",
+              context);
   const int64_t pool = s.cache.num_blocks() * s.cache.block_size();
-  TORCH_CHECK(n + options.max_new_tokens() <= pool, "Engine: ", n, " prompt tokens and max_new_tokens=",
-              options.max_new_tokens(), " pass the KV pool of ", pool, " tokens (EngineOptions::kv_tokens)");
+  TORCH_CHECK(n + options.max_new_tokens() <= pool, "Engine: ", n,
+              " prompt tokens and max_new_tokens=", options.max_new_tokens(), " pass the KV pool of ", pool,
+              " tokens (EngineOptions::kv_tokens)");
   auto r = std::make_unique<detail::Request>();
   r->tokens = std::move(prompt);
   r->prompt_tokens = n;
@@ -147,8 +150,8 @@ bool Engine::step() {
   std::vector<std::pair<TokenCallback, TokenEvent>> events;
   int64_t finished = 0;
   for (auto& r : s.scheduler.take_cancelled(s.cache)) {
-    events.push_back({std::move(r->callback), TokenEvent{r->id, std::nullopt, FinishReason::Cancelled,
-                                                         r->prompt_tokens, r->generated(), std::nullopt}});
+    events.push_back({std::move(r->callback), TokenEvent{r->id, std::nullopt, FinishReason::Cancelled, r->prompt_tokens,
+                                                         r->generated(), std::nullopt}});
     ++finished;
   }
 
@@ -259,4 +262,4 @@ const EngineOptions& Engine::options() const { return state_->options; }
 const PagedKVCache& Engine::cache() const { return state_->cache; }
 CausalLM& Engine::model() { return state_->model; }
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

@@ -61,7 +61,7 @@ void check_config_ids(const std::string& folder, const Tokenizer& tokenizer) {
   }
 }
 
-} // namespace
+}  // namespace
 
 void check_tokenizer(const std::string& folder, const DecoderConfig& config, const Tokenizer& tokenizer) {
   check_kind(folder, tokenizer, config.model_type, "BPE", "a byte-level BPE tokenizer (GPT-2, SmolLM2, Qwen2 kinds)");
@@ -75,7 +75,8 @@ void check_tokenizer(const std::string& folder, const DecoderConfig& config, con
     const std::string source = fs::exists(jinja) ? jinja : file_of(folder, "tokenizer_config.json");
     for (const char* token : {"<|im_start|>", "<|im_end|>"}) {
       TORCH_CHECK(tokenizer.id_of(token).has_value(), "tokenizer: the chat template of '", source, "' uses ", token,
-                  ", expected a token of '", file_of(folder, "tokenizer.json"), "', got none of that name (is the "
+                  ", expected a token of '", file_of(folder, "tokenizer.json"),
+                  "', got none of that name (is the "
                   "tokenizer.json another model's?)");
     }
   }
@@ -99,4 +100,4 @@ void check_tokenizer(const std::string& folder, const BertConfig& config, const 
   check_config_ids(folder, tokenizer);
 }
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

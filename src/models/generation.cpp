@@ -35,8 +35,10 @@ void check_generation_options(const GenerationOptions& o, int64_t vocab_size, co
     TORCH_CHECK(o.temperature() == 1.0, who, ": temperature ", o.temperature(),
                 " is set but do_sample is false (greedy takes the most likely token whatever the temperature); set "
                 "do_sample(true) to sample");
-    TORCH_CHECK(o.top_k() == 0, who, ": top_k ", o.top_k(), " is set but do_sample is false; set do_sample(true) to sample");
-    TORCH_CHECK(o.top_p() == 1.0, who, ": top_p ", o.top_p(), " is set but do_sample is false; set do_sample(true) to sample");
+    TORCH_CHECK(o.top_k() == 0, who, ": top_k ", o.top_k(),
+                " is set but do_sample is false; set do_sample(true) to sample");
+    TORCH_CHECK(o.top_p() == 1.0, who, ": top_p ", o.top_p(),
+                " is set but do_sample is false; set do_sample(true) to sample");
   }
   Sampler::check(sampling_options(o));
 }
@@ -62,7 +64,8 @@ std::vector<GenerationResult> generate(CausalLMImpl& model, const std::vector<st
               model.context_length());
   const int64_t batch = static_cast<int64_t>(prompts.size());
   std::vector<int64_t> stop = options.stop_token_ids();
-  if (options.stop_at_eos()) stop.insert(stop.end(), model.config().eos_token_ids.begin(), model.config().eos_token_ids.end());
+  if (options.stop_at_eos())
+    stop.insert(stop.end(), model.config().eos_token_ids.begin(), model.config().eos_token_ids.end());
   detail::GenerationSteps steps(prompts, options, std::move(stop));
 
   c10::InferenceMode inference;
@@ -86,8 +89,9 @@ std::vector<GenerationResult> generate(CausalLMImpl& model, const std::vector<st
     padded = padded || offset > 0;
   }
   at::Tensor ids = at::tensor(flat, at::kLong).view({batch, longest}).to(device);
-  at::Tensor mask = padded ? at::tensor(at::ArrayRef<uint8_t>(pad), at::kByte).view({batch, longest}).to(device, at::kBool)
-                           : at::Tensor();
+  at::Tensor mask = padded
+                        ? at::tensor(at::ArrayRef<uint8_t>(pad), at::kByte).view({batch, longest}).to(device, at::kBool)
+                        : at::Tensor();
   steps.begin();
   for (int64_t i = 0; i < options.max_new_tokens() && !steps.finished(); ++i) {
     at::Tensor logits;
@@ -129,4 +133,4 @@ std::string Utf8Stream::flush() {
   return out;
 }
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

@@ -13,7 +13,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-} // namespace
+}  // namespace
 
 int64_t check_prompts(const std::vector<std::vector<int64_t>>& prompts, const GenerationOptions& options,
                       int64_t vocab_size, int64_t max_tokens, const char* what) {
@@ -81,4 +81,4 @@ std::vector<GenerationResult> GenerationSteps::results() {
   return results_;
 }
 
-} // namespace torchattn::models::detail
+}  // namespace torchattn::models::detail

@@ -52,4 +52,4 @@ class GenerationSteps {
   double prefill_ = 0.0;
 };
 
-} // namespace torchattn::models::detail
+}  // namespace torchattn::models::detail

@@ -21,4 +21,4 @@ inline nlohmann::json read_json_file(const std::string& path, const std::string&
   }
 }
 
-} // namespace torchattn::models::detail
+}  // namespace torchattn::models::detail

@@ -26,8 +26,8 @@ LanguageModel LanguageModel::from_pretrained(const std::string& folder, const Lo
   const std::string config_path = (fs::path(folder) / "config.json").string();
   const std::string type = read_model_type(config_path);
   TORCH_CHECK(type == "llama" || type == "qwen2" || type == "qwen3" || type == "mistral" || type == "gemma2",
-              "LanguageModel::from_pretrained: '", folder,
-              "' holds a ", type, " model; LanguageModel runs llama, qwen2, qwen3, mistral and gemma2",
+              "LanguageModel::from_pretrained: '", folder, "' holds a ", type,
+              " model; LanguageModel runs llama, qwen2, qwen3, mistral and gemma2",
               type == "bert"   ? " (load a bert folder with SentenceEncoder::from_pretrained)"
               : type == "bart" ? " (load a bart folder with Seq2SeqLM and read_bart_config)"
                                : "",
@@ -99,4 +99,4 @@ std::vector<Completion> LanguageModel::generate(const std::vector<std::string>& 
   return out;
 }
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

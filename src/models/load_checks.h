@@ -14,20 +14,25 @@ inline void check_load_options(const LoadOptions& options) {
   const c10::ScalarType dtype = options.dtype();
   TORCH_CHECK(dtype == c10::kFloat || dtype == c10::kBFloat16 || dtype == c10::kHalf,
               "LoadOptions::dtype: expected float32, bfloat16 or float16 (the floating-point type of the weights and "
-              "of the computations), got ", dtype);
+              "of the computations), got ",
+              dtype);
   const c10::Device device = options.device();
   TORCH_CHECK(device.is_cpu() || device.is_cuda(), "LoadOptions::device: expected cpu or cuda, got ", device);
   if (device.is_cuda()) {
     const int64_t count = static_cast<int64_t>(at::getNumGPUs());
     TORCH_CHECK(count > 0, "LoadOptions::device: expected cpu, or cuda with a CUDA device, got ", device,
                 " while this process sees no CUDA device (a CPU-only LibTorch, or no GPU)");
-    TORCH_CHECK(!device.has_index() || device.index() < count, "LoadOptions::device: expected a CUDA device index "
-                "below ", count, " (the CUDA devices this process sees), got ", device);
+    TORCH_CHECK(!device.has_index() || device.index() < count,
+                "LoadOptions::device: expected a CUDA device index "
+                "below ",
+                count, " (the CUDA devices this process sees), got ", device);
   }
   if (options.context_length()) {
-    TORCH_CHECK(*options.context_length() >= 1, "LoadOptions::context_length: expected at least 1 token (or unset, "
-                "for the config's max_position_embeddings), got ", *options.context_length());
+    TORCH_CHECK(*options.context_length() >= 1,
+                "LoadOptions::context_length: expected at least 1 token (or unset, "
+                "for the config's max_position_embeddings), got ",
+                *options.context_length());
   }
 }
 
-} // namespace torchattn::models::detail
+}  // namespace torchattn::models::detail

@@ -36,13 +36,9 @@ bool is_letter(UChar32 c) { return (U_GET_GC_MASK(c) & U_GC_L_MASK) != 0; }
 
 bool is_number(UChar32 c) { return (U_GET_GC_MASK(c) & U_GC_N_MASK) != 0; }
 
-bool is_space(UChar32 c) {
-  return u_isUWhiteSpace(c);
-}
+bool is_space(UChar32 c) { return u_isUWhiteSpace(c); }
 
-bool is_newline(UChar32 c) {
-  return c == '\r' || c == '\n';
-}
+bool is_newline(UChar32 c) { return c == '\r' || c == '\n'; }
 
 bool is_other(UChar32 c) {  // [^\s\p{L}\p{N}]
   return !is_space(c) && !is_letter(c) && !is_number(c);
@@ -121,7 +117,7 @@ struct Matcher {
   }
 };
 
-} // namespace
+}  // namespace
 
 SplitPattern pattern_from_regex(const std::string& regex) {
   if (regex == R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)") {
@@ -132,7 +128,7 @@ SplitPattern pattern_from_regex(const std::string& regex) {
     return SplitPattern::Qwen2;
   }
   TORCH_CHECK(false, "tokenizer: the split pattern " + regex +
-                           " is not one this tokenizer knows (GPT-2's or Qwen2's); pass --prompt-ids instead");
+                         " is not one this tokenizer knows (GPT-2's or Qwen2's); pass --prompt-ids instead");
 }
 
 std::vector<std::string> split(std::string_view text, SplitPattern pattern) {
@@ -163,4 +159,4 @@ std::vector<std::string> split_digits(std::string_view text) {
   return out;
 }
 
-} // namespace torchattn::models::detail
+}  // namespace torchattn::models::detail

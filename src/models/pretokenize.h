@@ -32,4 +32,4 @@ std::vector<std::string> split(std::string_view text, SplitPattern pattern);
 /// rest kept in runs.
 std::vector<std::string> split_digits(std::string_view text);
 
-} // namespace torchattn::models::detail
+}  // namespace torchattn::models::detail

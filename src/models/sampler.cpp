@@ -19,8 +19,7 @@ namespace torchattn::models {
 Sampler::Sampler(const SamplingOptions& options)
     : options_(options),
       adjusts_(!options.logit_bias.empty() || options.presence_penalty != 0.0 || options.frequency_penalty != 0.0),
-      plain_greedy_(options.greedy && !adjusts_),
-      generator_(at::make_generator<at::CPUGeneratorImpl>(options.seed)) {
+      plain_greedy_(options.greedy && !adjusts_), generator_(at::make_generator<at::CPUGeneratorImpl>(options.seed)) {
   check(options);
 }
 
@@ -52,7 +51,8 @@ int64_t Sampler::next(const at::Tensor& logits) {
     }
     for (const auto& [id, count] : counts_) {
       if (id < vocab) {
-        s[id] -= static_cast<float>(options_.frequency_penalty * static_cast<double>(count) + options_.presence_penalty);
+        s[id] -= static_cast<float>(options_.frequency_penalty * static_cast<double>(count) +
+                                    options_.presence_penalty);
       }
     }
   }
@@ -97,4 +97,4 @@ TokenLogprobs token_logprobs(const at::Tensor& logits, int64_t token, int64_t to
   return out;
 }
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

@@ -148,4 +148,4 @@ Plan Scheduler::plan(PagedKVCache& cache) {
   }
 }
 
-} // namespace torchattn::models::detail
+}  // namespace torchattn::models::detail

@@ -91,4 +91,4 @@ class Scheduler {
   int64_t reused_ = 0;
 };
 
-} // namespace torchattn::models::detail
+}  // namespace torchattn::models::detail

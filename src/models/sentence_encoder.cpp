@@ -38,7 +38,9 @@ SentenceEncoder SentenceEncoder::from_pretrained(const std::string& folder, cons
   const std::string type = read_model_type((dir / "config.json").string());
   TORCH_CHECK(type == "bert", "SentenceEncoder::from_pretrained: '", folder, "' holds a ", type,
               " model; SentenceEncoder runs bert encoders",
-              type == "llama" || type == "qwen2" || type == "qwen3" || type == "mistral" || type == "gemma2" ? " (load a decoder with LanguageModel::from_pretrained)" : "",
+              type == "llama" || type == "qwen2" || type == "qwen3" || type == "mistral" || type == "gemma2"
+                  ? " (load a decoder with LanguageModel::from_pretrained)"
+                  : "",
               "; supported: ", supported_model_types());
   const BertConfig config = read_bert_config((dir / "config.json").string());
   Tokenizer tokenizer((dir / "tokenizer.json").string());
@@ -49,38 +51,41 @@ SentenceEncoder SentenceEncoder::from_pretrained(const std::string& folder, cons
   bool normalize = false;
   int64_t max_length = config.max_position_embeddings;
   try {
-  if (fs::exists(dir / "modules.json")) {
-    const auto modules = detail::read_json_file((dir / "modules.json").string(), "SentenceEncoder");
-    TORCH_CHECK(modules.is_array(), "SentenceEncoder: '", (dir / "modules.json").string(), "' is not a list of modules");
-    for (const auto& m : modules) {
-      const std::string kind = m.value("type", std::string());
-      const std::string path = m.value("path", std::string());
-      if (kind == "sentence_transformers.models.Normalize") {
-        normalize = true;
-      } else if (kind == "sentence_transformers.models.Pooling") {
-        const auto p = detail::read_json_file((dir / path / "config.json").string(), "SentenceEncoder");
-        const bool cls = p.value("pooling_mode_cls_token", false), mean = p.value("pooling_mode_mean_tokens", false);
-        TORCH_CHECK(cls != mean && !p.value("pooling_mode_max_tokens", false) &&
-                        !p.value("pooling_mode_mean_sqrt_len_tokens", false),
-                    "SentenceEncoder: '", (dir / path / "config.json").string(),
-                    "' asks for a pooling other than exactly one of mean or cls");
-        pooling = cls ? Pooling::CLS : Pooling::Mean;
-      } else {
-        TORCH_CHECK(kind == "sentence_transformers.models.Transformer", "SentenceEncoder: '",
-                    (dir / "modules.json").string(), "' has a module ", kind,
-                    "; supported: Transformer, Pooling, Normalize");
+    if (fs::exists(dir / "modules.json")) {
+      const auto modules = detail::read_json_file((dir / "modules.json").string(), "SentenceEncoder");
+      TORCH_CHECK(modules.is_array(), "SentenceEncoder: '", (dir / "modules.json").string(),
+                  "' is not a list of modules");
+      for (const auto& m : modules) {
+        const std::string kind = m.value("type", std::string());
+        const std::string path = m.value("path", std::string());
+        if (kind == "sentence_transformers.models.Normalize") {
+          normalize = true;
+        } else if (kind == "sentence_transformers.models.Pooling") {
+          const auto p = detail::read_json_file((dir / path / "config.json").string(), "SentenceEncoder");
+          const bool cls = p.value("pooling_mode_cls_token", false), mean = p.value("pooling_mode_mean_tokens", false);
+          TORCH_CHECK(cls != mean && !p.value("pooling_mode_max_tokens", false) &&
+                          !p.value("pooling_mode_mean_sqrt_len_tokens", false),
+                      "SentenceEncoder: '", (dir / path / "config.json").string(),
+                      "' asks for a pooling other than exactly one of mean or cls");
+          pooling = cls ? Pooling::CLS : Pooling::Mean;
+        } else {
+          TORCH_CHECK(kind == "sentence_transformers.models.Transformer", "SentenceEncoder: '",
+                      (dir / "modules.json").string(), "' has a module ", kind,
+                      "; supported: Transformer, Pooling, Normalize");
+        }
       }
     }
-  }
-  if (fs::exists(dir / "sentence_bert_config.json")) {
-    const auto c = detail::read_json_file((dir / "sentence_bert_config.json").string(), "SentenceEncoder");
-    if (c.contains("max_seq_length") && c["max_seq_length"].is_number_integer()) {
-      max_length = std::min<int64_t>(max_length, c["max_seq_length"].get<int64_t>());
+    if (fs::exists(dir / "sentence_bert_config.json")) {
+      const auto c = detail::read_json_file((dir / "sentence_bert_config.json").string(), "SentenceEncoder");
+      if (c.contains("max_seq_length") && c["max_seq_length"].is_number_integer()) {
+        max_length = std::min<int64_t>(max_length, c["max_seq_length"].get<int64_t>());
+      }
     }
-  }
   } catch (const nlohmann::json::exception& e) {
-    TORCH_CHECK(false, "SentenceEncoder::from_pretrained: '", folder, "': a sentence-transformers file is not as "
-                "expected: ", e.what());
+    TORCH_CHECK(false, "SentenceEncoder::from_pretrained: '", folder,
+                "': a sentence-transformers file is not as "
+                "expected: ",
+                e.what());
   }
   TORCH_CHECK(max_length >= 2, "SentenceEncoder::from_pretrained: '", folder, "': expected a max_seq_length >= 2, got ",
               max_length);
@@ -119,8 +124,8 @@ void SentenceEncoder::check_special_tokens(size_t i, const std::vector<int64_t>&
     return "expected ids as tokenizer().encode(text) gives them, " + name(prefix) + " ... " + name(suffix) +
            " (sentence-transformers always adds them)";
   };
-  TORCH_CHECK(ids.size() >= prefix.size() + suffix.size(), "SentenceEncoder::embed_ids: text ", i, " has ",
-              ids.size(), " ids, fewer than its special tokens; ", expected());
+  TORCH_CHECK(ids.size() >= prefix.size() + suffix.size(), "SentenceEncoder::embed_ids: text ", i, " has ", ids.size(),
+              " ids, fewer than its special tokens; ", expected());
   for (size_t k = 0; k < prefix.size(); ++k) {
     TORCH_CHECK(ids[k] == prefix[k], "SentenceEncoder::embed_ids: text ", i, " starts with id ", ids[k], " (",
                 name({ids[k]}), ") where ", name({prefix[k]}), " (id ", prefix[k], ") belongs; ", expected());
@@ -134,7 +139,8 @@ void SentenceEncoder::check_special_tokens(size_t i, const std::vector<int64_t>&
 }
 
 at::Tensor SentenceEncoder::embed_ids(const std::vector<std::vector<int64_t>>& ids, const EmbedOptions& options) {
-  TORCH_CHECK(options.batch_size() >= 1, "SentenceEncoder::embed: expected batch_size >= 1, got ", options.batch_size());
+  TORCH_CHECK(options.batch_size() >= 1, "SentenceEncoder::embed: expected batch_size >= 1, got ",
+              options.batch_size());
   const int64_t vocab = model_->config().vocab_size;
   for (size_t i = 0; i < ids.size(); ++i) {
     TORCH_CHECK(!ids[i].empty(), "SentenceEncoder::embed: text ", i, " has no tokens");
@@ -157,8 +163,9 @@ at::Tensor SentenceEncoder::embed_ids(const std::vector<std::vector<int64_t>>& i
   // Longest first, so that each batch pads little.
   std::vector<int64_t> order(ids.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return ids[static_cast<size_t>(a)].size() > ids[static_cast<size_t>(b)].size(); });
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return ids[static_cast<size_t>(a)].size() > ids[static_cast<size_t>(b)].size();
+  });
   for (int64_t first = 0; first < n; first += options.batch_size()) {
     const int64_t count = std::min(options.batch_size(), n - first);
     const int64_t T = static_cast<int64_t>(ids[static_cast<size_t>(order[static_cast<size_t>(first)])].size());
@@ -177,7 +184,8 @@ at::Tensor SentenceEncoder::embed_ids(const std::vector<std::vector<int64_t>>& i
     }
     const at::Tensor batch = at::tensor(flat, at::kLong).view({count, T}).to(device);
     const at::Tensor mask =
-        padded ? at::tensor(at::ArrayRef<uint8_t>(pad), at::kByte).view({count, T}).to(device, at::kBool) : at::Tensor();
+        padded ? at::tensor(at::ArrayRef<uint8_t>(pad), at::kByte).view({count, T}).to(device, at::kBool)
+               : at::Tensor();
     const at::Tensor hidden = model_->forward(batch, mask).to(at::kFloat);  // [count, T, H]
     at::Tensor e;
     if (pooling == Pooling::CLS) {
@@ -196,4 +204,4 @@ at::Tensor SentenceEncoder::embed_ids(const std::vector<std::vector<int64_t>>& i
   return out;
 }
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

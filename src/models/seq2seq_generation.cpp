@@ -48,7 +48,8 @@ std::vector<GenerationResult> generate(Seq2SeqLMImpl& model, const std::vector<s
   steps.begin();  // the prefill: the encoder, its keys and values, and the first token
   const std::vector<torchattn::CrossKV> context = model.cross_kvs(model.encode(ids, mask), mask);
   auto caches = model.make_caches(batch);
-  at::Tensor next_ids = at::full({batch, 1}, config.decoder_start_token_id, at::TensorOptions(at::kLong).device(device));
+  at::Tensor next_ids = at::full({batch, 1}, config.decoder_start_token_id,
+                                 at::TensorOptions(at::kLong).device(device));
   const int64_t last_step = options.max_new_tokens() - 1;
   for (int64_t i = 0; i <= last_step && !steps.finished(); ++i) {
     const at::Tensor logits = model.decode(next_ids, context, &caches, /*last_only=*/true).select(1, 0);  // [B, vocab]
@@ -69,4 +70,4 @@ std::vector<GenerationResult> generate(Seq2SeqLMImpl& model, const std::vector<s
   return steps.results();
 }
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

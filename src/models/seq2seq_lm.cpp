@@ -46,12 +46,13 @@ at::Tensor mlp(const torch::nn::Linear& fc1, const torch::nn::Linear& fc2, torch
 }
 
 // norm(x + dropout(sublayer)), the sum in place without autograd (the same values).
-at::Tensor post_norm(torch::nn::LayerNorm& norm, torch::nn::Dropout& dropout, at::Tensor sublayer, const at::Tensor& x) {
+at::Tensor post_norm(torch::nn::LayerNorm& norm, torch::nn::Dropout& dropout, at::Tensor sublayer,
+                     const at::Tensor& x) {
   sublayer = dropout(sublayer);
   return norm(c10::GradMode::is_enabled() ? sublayer + x : sublayer.add_(x));
 }
 
-} // namespace
+}  // namespace
 
 BartEncoderLayerImpl::BartEncoderLayerImpl(const BartConfig& c) : relu_(c.activation == "relu") {
   self_attn = register_module("self_attn", attention(c, c.encoder_attention_heads, /*causal=*/false));
@@ -96,8 +97,8 @@ at::Tensor BartDecoderLayerImpl::forward(const at::Tensor& x, const torchattn::C
 }
 
 BartStackImpl::BartStackImpl(const BartConfig& c, bool decoder) {
-  embed_positions =
-      register_module("embed_positions", torch::nn::Embedding(c.max_position_embeddings + kPositionOffset, c.d_model));
+  embed_positions = register_module("embed_positions",
+                                    torch::nn::Embedding(c.max_position_embeddings + kPositionOffset, c.d_model));
   layernorm_embedding = register_module("layernorm_embedding", layer_norm(c));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < (decoder ? c.decoder_layers : c.encoder_layers); ++i) {
@@ -111,20 +112,23 @@ BartStackImpl::BartStackImpl(const BartConfig& c, bool decoder) {
 }
 
 at::Tensor BartStackImpl::embed(const at::Tensor& embeds, int64_t past) {
-  const at::Tensor positions =
-      at::arange(past + kPositionOffset, past + kPositionOffset + embeds.size(1), embeds.options().dtype(at::kLong));
+  const at::Tensor positions = at::arange(past + kPositionOffset, past + kPositionOffset + embeds.size(1),
+                                          embeds.options().dtype(at::kLong));
   return dropout(layernorm_embedding(embeds + embed_positions(positions)));
 }
 
 Seq2SeqLMImpl::Seq2SeqLMImpl(const BartConfig& config) : config_(config) {
   TORCH_CHECK(config.activation == "gelu" || config.activation == "relu",
               "Seq2SeqLM: expected the activation gelu or relu, got '", config.activation, "'");
-  for (const auto& [name, value] :
-       {std::pair<const char*, int64_t>{"vocab_size", config.vocab_size}, {"d_model", config.d_model},
-        {"max_position_embeddings", config.max_position_embeddings}, {"encoder_layers", config.encoder_layers},
-        {"decoder_layers", config.decoder_layers}, {"encoder_attention_heads", config.encoder_attention_heads},
-        {"decoder_attention_heads", config.decoder_attention_heads}, {"encoder_ffn_dim", config.encoder_ffn_dim},
-        {"decoder_ffn_dim", config.decoder_ffn_dim}}) {
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"vocab_size", config.vocab_size},
+                                    {"d_model", config.d_model},
+                                    {"max_position_embeddings", config.max_position_embeddings},
+                                    {"encoder_layers", config.encoder_layers},
+                                    {"decoder_layers", config.decoder_layers},
+                                    {"encoder_attention_heads", config.encoder_attention_heads},
+                                    {"decoder_attention_heads", config.decoder_attention_heads},
+                                    {"encoder_ffn_dim", config.encoder_ffn_dim},
+                                    {"decoder_ffn_dim", config.decoder_ffn_dim}}) {
     TORCH_CHECK(value >= 1, "Seq2SeqLM: expected ", name, " >= 1, got ", value);
   }
   auto check_id = [&](const char* name, int64_t id) {
@@ -152,8 +156,8 @@ at::Tensor Seq2SeqLMImpl::embed_tokens(const at::Tensor& ids) {
 }
 
 void Seq2SeqLMImpl::check_ids(const at::Tensor& ids, const char* name, int64_t past) const {
-  TORCH_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kLong, "Seq2SeqLM: expected ", name,
-              " as int64 [B, T], got ", ids.sizes(), " of ", ids.scalar_type());
+  TORCH_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kLong, "Seq2SeqLM: expected ", name, " as int64 [B, T], got ",
+              ids.sizes(), " of ", ids.scalar_type());
   TORCH_CHECK(ids.size(1) >= 1 && past + ids.size(1) <= config_.max_position_embeddings, "Seq2SeqLM: ", name,
               " reach position ", past + ids.size(1), "; the model has positions for 1 to ",
               config_.max_position_embeddings, " tokens (max_position_embeddings)");
@@ -161,8 +165,10 @@ void Seq2SeqLMImpl::check_ids(const at::Tensor& ids, const char* name, int64_t p
 
 at::Tensor Seq2SeqLMImpl::encode(const at::Tensor& ids, const at::Tensor& key_padding_mask) {
   check_ids(ids, "ids", 0);
-  TORCH_CHECK(!key_padding_mask.defined() || key_padding_mask.sizes() == ids.sizes(), "Seq2SeqLM: expected "
-              "key_padding_mask ", ids.sizes(), " as ids, got ", key_padding_mask.sizes());
+  TORCH_CHECK(!key_padding_mask.defined() || key_padding_mask.sizes() == ids.sizes(),
+              "Seq2SeqLM: expected "
+              "key_padding_mask ",
+              ids.sizes(), " as ids, got ", key_padding_mask.sizes());
   at::Tensor x = encoder->embed(embed_tokens(ids));
   for (const auto& layer : *encoder->layers) x = layer->as<BartEncoderLayerImpl>()->forward(x, key_padding_mask);
   return x;
@@ -223,4 +229,4 @@ WeightsOptions Seq2SeqLMImpl::hf_weights() const {
 
 void Seq2SeqLMImpl::load_hf_weights(const std::string& path) { load_weights(*this, path, hf_weights()); }
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

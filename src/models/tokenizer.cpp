@@ -70,7 +70,8 @@ void Tokenizer::init(const void* parsed, const std::string& name) {
     } else if (kind_ == "WordPiece") {
       model_ = std::make_shared<detail::WordPieceTokenizer>(t);
     } else {
-      TORCH_CHECK(false, "tokenizer: '", name, "' is a ", kind_, " tokenizer; this library reads BPE (GPT-2, SmolLM2, "
+      TORCH_CHECK(false, "tokenizer: '", name, "' is a ", kind_,
+                  " tokenizer; this library reads BPE (GPT-2, SmolLM2, "
                   "Qwen2) and WordPiece (BERT) tokenizers");
     }
   } catch (const nlohmann::json::exception& e) {
@@ -96,7 +97,8 @@ std::vector<int64_t> Tokenizer::encode(std::string_view text, bool add_special_t
   TORCH_CHECK(*max_length > specials, "Tokenizer::encode: expected max_length > ", specials,
               " (the special tokens it adds), got ", *max_length);
   std::vector<int64_t> ids = model_->encode(text, /*add_special_tokens=*/false);
-  if (static_cast<int64_t>(ids.size()) > *max_length - specials) ids.resize(static_cast<size_t>(*max_length - specials));
+  if (static_cast<int64_t>(ids.size()) > *max_length - specials)
+    ids.resize(static_cast<size_t>(*max_length - specials));
   if (!add_special_tokens) return ids;
   std::vector<int64_t> out = prefix;
   out.insert(out.end(), ids.begin(), ids.end());
@@ -116,4 +118,4 @@ const std::vector<int64_t>& Tokenizer::prefix_ids() const { return model_->prefi
 
 const std::vector<int64_t>& Tokenizer::suffix_ids() const { return model_->suffix_ids(); }
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

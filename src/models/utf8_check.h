@@ -22,4 +22,4 @@ inline void check_utf8(const char* fn, std::string_view text, const std::string&
               ", which is not valid UTF-8 (Hugging Face tokenizers take only UTF-8 text)");
 }
 
-} // namespace torchattn::models::detail
+}  // namespace torchattn::models::detail

@@ -18,7 +18,7 @@ int64_t token_id(const json& id, const std::string& token) {
   return id.get<int64_t>();
 }
 
-} // namespace
+}  // namespace
 
 Vocabulary::Vocabulary(const json& t, const std::string& kind) {
   const json& vocab = t.at("model").at("vocab");
@@ -106,4 +106,4 @@ void template_ids(const json& post, std::vector<int64_t>& prefix, std::vector<in
   }
 }
 
-} // namespace torchattn::models::detail
+}  // namespace torchattn::models::detail

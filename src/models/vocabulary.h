@@ -73,4 +73,4 @@ class Vocabulary {
 /// the text into `prefix`, those after into `suffix`.
 void template_ids(const nlohmann::json& post, std::vector<int64_t>& prefix, std::vector<int64_t>& suffix);
 
-} // namespace torchattn::models::detail
+}  // namespace torchattn::models::detail

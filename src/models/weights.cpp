@@ -33,7 +33,7 @@ bool ignored(const std::string& name, const WeightsOptions& options) {
   return false;
 }
 
-} // namespace
+}  // namespace
 
 std::string renamed(const std::string& name, const WeightsOptions& options) {
   std::string out = name;
@@ -115,7 +115,8 @@ std::string checkpoint_file(const std::string& folder) {
 
 void load_weights(torch::nn::Module& module, const std::string& path_in, const WeightsOptions& options) {
   namespace fs = std::filesystem;
-  TORCH_CHECK(fs::exists(path_in), "load_weights: '", path_in, "' does not exist (expected a .safetensors file, a "
+  TORCH_CHECK(fs::exists(path_in), "load_weights: '", path_in,
+              "' does not exist (expected a .safetensors file, a "
               "model.safetensors.index.json, or a folder holding either)");
   const std::string path = fs::is_directory(path_in) ? checkpoint_file(path_in) : path_in;
   const std::string suffix = ".index.json";
@@ -125,8 +126,8 @@ void load_weights(torch::nn::Module& module, const std::string& path_in, const W
   }
   // A sharded checkpoint: each shard read on its own, so that errors name it.
   const auto index = detail::read_json_file(path, "load_weights");
-  TORCH_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
-              "load_weights: '", path, "' has no weight_map object");
+  TORCH_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(), "load_weights: '",
+              path, "' has no weight_map object");
   std::vector<std::string> shards;
   std::set<std::string> seen;
   for (const auto& [name, file] : index["weight_map"].items()) {
@@ -145,4 +146,4 @@ void load_weights(torch::nn::Module& module, const std::string& path_in, const W
   load_weights(module, all, options, path, sources);
 }
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

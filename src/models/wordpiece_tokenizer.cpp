@@ -18,7 +18,8 @@ namespace {
 using json = nlohmann::json;
 
 [[noreturn]] void unsupported(const std::string& what) {
-  TORCH_CHECK(false, "tokenizer: ", what, "; this library reads WordPiece tokenizers of BERT's kind (BertNormalizer, "
+  TORCH_CHECK(false, "tokenizer: ", what,
+              "; this library reads WordPiece tokenizers of BERT's kind (BertNormalizer, "
               "BertPreTokenizer, WordPiece) and byte-level BPE tokenizers (GPT-2, SmolLM2, Qwen2)");
 }
 
@@ -50,7 +51,9 @@ std::string to_utf8(std::u32string_view text) {
 }
 
 // The character classes of Hugging Face tokenizers' BERT normalizer and pre-tokenizer.
-bool is_whitespace(char32_t c) { return c == '\t' || c == '\n' || c == '\r' || u_isUWhiteSpace(static_cast<UChar32>(c)); }
+bool is_whitespace(char32_t c) {
+  return c == '\t' || c == '\n' || c == '\r' || u_isUWhiteSpace(static_cast<UChar32>(c));
+}
 
 bool is_control(char32_t c) {
   if (c == '\t' || c == '\n' || c == '\r') return false;
@@ -131,7 +134,7 @@ void append_lowercase(std::u32string& out, char32_t c) {
   }
 }
 
-} // namespace
+}  // namespace
 
 WordPieceTokenizer::WordPieceTokenizer(const json& t) : vocab_(t, "WordPiece") {
   const json& model = t.at("model");
@@ -262,7 +265,7 @@ std::vector<int64_t> WordPieceTokenizer::encode(std::string_view text, bool add_
 
 std::string WordPieceTokenizer::decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const {
   static const std::pair<const char*, const char*> kCleanup[] = {
-      {" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"}, {" n't", "n't"},
+      {" .", "."},   {" ?", "?"},           {" !", "!"},   {" ,", ","},     {" ' ", "'"},   {" n't", "n't"},
       {" 'm", "'m"}, {" do not", " don't"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
   std::string out;
   bool first = true;
@@ -289,4 +292,4 @@ std::string WordPieceTokenizer::decode(const std::vector<int64_t>& ids, bool ski
   return out;
 }
 
-} // namespace torchattn::models::detail
+}  // namespace torchattn::models::detail

@@ -14,9 +14,7 @@ namespace {
 constexpr const char* kCausalAttention = "CausalAttention";
 }
 
-CausalAttentionImpl::CausalAttentionImpl(const CausalAttentionOptions& options_) : options(options_) {
-  reset();
-}
+CausalAttentionImpl::CausalAttentionImpl(const CausalAttentionOptions& options_) : options(options_) { reset(); }
 
 void CausalAttentionImpl::reset() {
   detail::check_reset_unbuilt(kCausalAttention, *this);
@@ -36,7 +34,7 @@ void CausalAttentionImpl::reset() {
   dropout = register_module("dropout", torch::nn::Dropout(options.dropout()));
   cache_owner_ = detail::new_cache_owner();
   rotary_ = options.rope() ? std::make_shared<const detail::RotaryCache>(*options.rope(), options.d_out(),
-                                                                          options.context_length())
+                                                                         options.context_length())
                            : nullptr;
   if (options.causal() && options.mask_buffer()) {
     mask = register_buffer("mask", functional::causal_mask_buffer(options.context_length()));
@@ -73,28 +71,29 @@ at::Tensor CausalAttentionImpl::forward(const at::Tensor& x, const at::Tensor& k
 
 KVCache CausalAttentionImpl::make_kv_cache(int64_t batch_size, bool static_shapes) const {
   detail::check_positive(kCausalAttention, "batch_size", batch_size);
-  return KVCache({batch_size, options.context_length(), options.d_out()}, W_key->weight.options(),
-                 static_shapes, cache_owner_);
+  return KVCache({batch_size, options.context_length(), options.d_out()}, W_key->weight.options(), static_shapes,
+                 cache_owner_);
 }
 
 at::Tensor CausalAttentionImpl::forward_cached(const at::Tensor& x_new, KVCache& cache,
                                                const at::Tensor& key_padding_mask) {
   detail::check_input(kCausalAttention, x_new, options.d_in(), options.context_length(), W_query->weight);
   detail::check_causal_for_cache(kCausalAttention, options.causal());
-  detail::check_cache(kCausalAttention, cache, x_new, options.context_length(), cache_owner_, is_training(), options.dropout());
+  detail::check_cache(kCausalAttention, cache, x_new, options.context_length(), cache_owner_, is_training(),
+                      options.dropout());
   detail::check_key_padding_mask(kCausalAttention, key_padding_mask, x_new);
   return attend(x_new, key_padding_mask, at::Tensor(), &cache);
 }
 
 at::Tensor CausalAttentionImpl::attend(const at::Tensor& x, const at::Tensor& key_padding_mask,
                                        const at::Tensor& key_bias, KVCache* cache) {
-  detail::AttentionBlock block{W_query, W_key, W_value, /*num_heads=*/0, /*num_kv_heads=*/0, options.causal(),
-                               mask, options.window(), rotary_.get()};
+  detail::AttentionBlock block{W_query,          W_key, W_value,          /*num_heads=*/0, /*num_kv_heads=*/0,
+                               options.causal(), mask,  options.window(), rotary_.get()};
   const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend()};
   return detail::with_batch_dim(x, key_padding_mask, key_bias,
                                 [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {
-    return detail::attention_block_forward(block, xb, cache, config, mb, bb);
-  });
+                                  return detail::attention_block_forward(block, xb, cache, config, mb, bb);
+                                });
 }
 
-} // namespace torchattn
+}  // namespace torchattn

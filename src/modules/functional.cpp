@@ -26,8 +26,7 @@ at::Tensor causal_mask_buffer(int64_t T, at::TensorOptions options) {
   return at::triu(at::ones({T, T}, options), 1);
 }
 
-at::Tensor dot_product_attention_weights(const at::Tensor& q, const at::Tensor& k, const at::Tensor& mask,
-                                         bool scale) {
+at::Tensor dot_product_attention_weights(const at::Tensor& q, const at::Tensor& k, const at::Tensor& mask, bool scale) {
   constexpr const char* fn = "dot_product_attention";
   detail::check_qkv(fn, q, k, nullptr);
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1));
@@ -41,14 +40,13 @@ at::Tensor dot_product_attention_weights(const at::Tensor& q, const at::Tensor& 
   return at::softmax(scores, -1);
 }
 
-at::Tensor dot_product_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                 const at::Tensor& mask, bool scale) {
+at::Tensor dot_product_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                                 bool scale) {
   detail::check_qkv("dot_product_attention", q, k, &v);
   return at::matmul(dot_product_attention_weights(q, k, mask, scale), v);
 }
 
-at::Tensor causal_dot_product_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                        bool scale) {
+at::Tensor causal_dot_product_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool scale) {
   detail::check_qkv("causal_dot_product_attention", q, k, &v);
   const int64_t T = q.size(-2);
   TORCH_CHECK(k.size(-2) == T, "causal_dot_product_attention: expected k with Tq=", T,
@@ -69,4 +67,4 @@ at::Tensor softmax_mask_renormalize(const at::Tensor& scores, const at::Tensor& 
   return masked / masked.sum(-1, /*keepdim=*/true);
 }
 
-} // namespace torchattn::functional
+}  // namespace torchattn::functional

@@ -21,13 +21,22 @@ constexpr const char* kMultiHeadAttention = "MultiHeadAttention";
 
 // The block of forward_cross: no causal mask, window, positions or packed products.
 detail::AttentionBlock cross_block(MultiHeadAttentionImpl& m) {
-  return detail::AttentionBlock{m.W_query, m.W_key, m.W_value, m.options.num_heads(), m.num_kv_heads(), false, m.mask,
-                                std::nullopt, nullptr, nullptr, m.options.pack_min_rows(),
+  return detail::AttentionBlock{m.W_query,
+                                m.W_key,
+                                m.W_value,
+                                m.options.num_heads(),
+                                m.num_kv_heads(),
+                                false,
+                                m.mask,
+                                std::nullopt,
+                                nullptr,
+                                nullptr,
+                                m.options.pack_min_rows(),
                                 m.q_norm.is_empty() ? nullptr : m.q_norm.get(),
                                 m.k_norm.is_empty() ? nullptr : m.k_norm.get(),
                                 !m.options.qk_norm() || m.options.qk_norm()->per_head()};
 }
-} // namespace
+}  // namespace
 
 MultiHeadAttentionImpl::MultiHeadAttentionImpl(const MultiHeadAttentionOptions& options_) : options(options_) {
   reset();
@@ -47,8 +56,8 @@ void MultiHeadAttentionImpl::reset() {
                 " and num_heads=", options.num_heads());
   }
   TORCH_CHECK(num_kv_heads() >= 1 && options.num_heads() % num_kv_heads() == 0, kMultiHeadAttention,
-              ": expected num_kv_heads >= 1 dividing num_heads=", options.num_heads(), ", got num_kv_heads=",
-              num_kv_heads());
+              ": expected num_kv_heads >= 1 dividing num_heads=", options.num_heads(),
+              ", got num_kv_heads=", num_kv_heads());
   detail::check_positive(kMultiHeadAttention, "pack_min_rows", options.pack_min_rows());
   detail::check_dropout(kMultiHeadAttention, options.dropout());
   detail::check_scale(kMultiHeadAttention, options.scale());
@@ -68,12 +77,13 @@ void MultiHeadAttentionImpl::reset() {
   W_query = register_module("W_query", torch::nn::Linear(qkv(options.d_in(), q_features)));
   W_key = register_module("W_key", torch::nn::Linear(qkv(options.kdim().value_or(options.d_in()), kv_features)));
   W_value = register_module("W_value", torch::nn::Linear(qkv(options.vdim().value_or(options.d_in()), kv_features)));
-  out_proj = register_module(
-      "out_proj", torch::nn::Linear(torch::nn::LinearOptions(q_features, options.d_out()).bias(options.out_bias())));
+  out_proj = register_module("out_proj",
+                             torch::nn::Linear(
+                                 torch::nn::LinearOptions(q_features, options.d_out()).bias(options.out_bias())));
   dropout = register_module("dropout", torch::nn::Dropout(options.dropout()));
   if (const auto& qk = options.qk_norm()) {
-    TORCH_CHECK(qk->eps() > 0.0 && std::isfinite(qk->eps()), kMultiHeadAttention,
-                ": expected qk_norm eps > 0, got ", qk->eps());
+    TORCH_CHECK(qk->eps() > 0.0 && std::isfinite(qk->eps()), kMultiHeadAttention, ": expected qk_norm eps > 0, got ",
+                qk->eps());
     q_norm = register_module("q_norm", RMSNorm(qk->per_head() ? head_dim() : q_features, qk->eps()));
     k_norm = register_module("k_norm", RMSNorm(qk->per_head() ? head_dim() : kv_features, qk->eps()));
   } else {
@@ -152,8 +162,8 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
 void MultiHeadAttentionImpl::check_self_attention(const char* fn) const {
   const int64_t kdim = options.kdim().value_or(options.d_in()), vdim = options.vdim().value_or(options.d_in());
   TORCH_CHECK(kdim == options.d_in() && vdim == options.d_in(), kMultiHeadAttention, ": ", fn,
-              " reads keys and values from x, so it needs kdim and vdim equal to d_in=", options.d_in(), ", got kdim=",
-              kdim, " and vdim=", vdim, "; attend over a context with forward_cross");
+              " reads keys and values from x, so it needs kdim and vdim equal to d_in=", options.d_in(),
+              ", got kdim=", kdim, " and vdim=", vdim, "; attend over a context with forward_cross");
 }
 
 at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask,
@@ -177,7 +187,8 @@ at::Tensor MultiHeadAttentionImpl::forward_cached(const at::Tensor& x_new, KVCac
   check_self_attention("forward_cached");
   detail::check_input(kMultiHeadAttention, x_new, options.d_in(), options.context_length(), W_query->weight);
   detail::check_causal_for_cache(kMultiHeadAttention, options.causal());
-  detail::check_cache(kMultiHeadAttention, cache, x_new, options.context_length(), cache_owner_, is_training(), options.dropout());
+  detail::check_cache(kMultiHeadAttention, cache, x_new, options.context_length(), cache_owner_, is_training(),
+                      options.dropout());
   detail::check_key_padding_mask(kMultiHeadAttention, key_padding_mask, x_new);
   return attend(x_new, key_padding_mask, at::Tensor(), &cache);
 }
@@ -197,11 +208,21 @@ at::Tensor MultiHeadAttentionImpl::forward_paged(const at::Tensor& x, PagedKVCac
                       layer, paged_layer(), is_training(), options.dropout());
   detail::check_causal_for_cache(kMultiHeadAttention, options.causal(), "forward_paged");
   const bool packed = options.pack_weights();
-  detail::AttentionBlock block{W_query, W_key, W_value, options.num_heads(), num_kv_heads(), options.causal(),
-                               mask, options.window(), rotary_.get(), packed ? packed_qkv_.get() : nullptr,
-                               options.pack_min_rows(), q_norm.is_empty() ? nullptr : q_norm.get(),
+  detail::AttentionBlock block{W_query,
+                               W_key,
+                               W_value,
+                               options.num_heads(),
+                               num_kv_heads(),
+                               options.causal(),
+                               mask,
+                               options.window(),
+                               rotary_.get(),
+                               packed ? packed_qkv_.get() : nullptr,
+                               options.pack_min_rows(),
+                               q_norm.is_empty() ? nullptr : q_norm.get(),
                                k_norm.is_empty() ? nullptr : k_norm.get(),
-                               !options.qk_norm() || options.qk_norm()->per_head(), alibi_slopes_};
+                               !options.qk_norm() || options.qk_norm()->per_head(),
+                               alibi_slopes_};
   const functional::AttentionConfig config{options.scale(), 0.0, false, options.backend(), options.softcap(), sinks};
   const at::Tensor context = detail::paged_attention_block_forward(block, x, cache, step, layer, config);
   if (packed && context.size(0) >= options.pack_min_rows() &&
@@ -239,8 +260,8 @@ at::Tensor MultiHeadAttentionImpl::forward_cross(const at::Tensor& x, const Cros
   detail::check_input(kMultiHeadAttention, x, options.d_in(), options.context_length(), W_query->weight);
   detail::check_cross_kv(kMultiHeadAttention, kv, x, num_kv_heads(), head_dim());
   detail::AttentionBlock block = cross_block(*this);
-  const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend(),
-                                           options.softcap(), sinks};
+  const functional::AttentionConfig config{options.scale(),   options.dropout(), is_training(),
+                                           options.backend(), options.softcap(), sinks};
   const at::Tensor xb = x.dim() == 3 ? x : x.unsqueeze(0);
   const at::Tensor y = out_proj->forward(detail::cross_attention_block_forward(block, xb, kv, config));
   return x.dim() == 3 ? y : y[0];
@@ -258,22 +279,35 @@ at::Tensor MultiHeadAttentionImpl::attend(const at::Tensor& x, const at::Tensor&
     packed_qkv_->clear();  // pack_weights turned off: the copies go
     packed_out_->clear();
   }
-  detail::AttentionBlock block{W_query, W_key, W_value, options.num_heads(), num_kv_heads(), options.causal(),
-                               mask, options.window(), rotary_.get(), packed ? packed_qkv_.get() : nullptr,
-                               options.pack_min_rows(), q_norm.is_empty() ? nullptr : q_norm.get(),
+  detail::AttentionBlock block{W_query,
+                               W_key,
+                               W_value,
+                               options.num_heads(),
+                               num_kv_heads(),
+                               options.causal(),
+                               mask,
+                               options.window(),
+                               rotary_.get(),
+                               packed ? packed_qkv_.get() : nullptr,
+                               options.pack_min_rows(),
+                               q_norm.is_empty() ? nullptr : q_norm.get(),
                                k_norm.is_empty() ? nullptr : k_norm.get(),
-                               !options.qk_norm() || options.qk_norm()->per_head(), alibi_slopes_};
-  const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend(),
-                                           options.softcap(), sinks};
+                               !options.qk_norm() || options.qk_norm()->per_head(),
+                               alibi_slopes_};
+  const functional::AttentionConfig config{options.scale(),   options.dropout(), is_training(),
+                                           options.backend(), options.softcap(), sinks};
   return detail::with_batch_dim(x, key_padding_mask, key_bias,
                                 [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {
-    const at::Tensor context = detail::attention_block_forward(block, xb, cache, config, mb, bb);
-    if (packed && context.numel() >= options.pack_min_rows() * context.size(-1) &&
-        PackedLinear::applies(context, {out_proj->weight}, {out_proj->bias})) {
-      return packed_out_->forward(context, {out_proj->weight}, {out_proj->bias});
-    }
-    return cache != nullptr ? functional::linear(context, out_proj->weight, out_proj->bias) : out_proj->forward(context);
-  });
+                                  const at::Tensor context = detail::attention_block_forward(block, xb, cache, config,
+                                                                                             mb, bb);
+                                  if (packed && context.numel() >= options.pack_min_rows() * context.size(-1) &&
+                                      PackedLinear::applies(context, {out_proj->weight}, {out_proj->bias})) {
+                                    return packed_out_->forward(context, {out_proj->weight}, {out_proj->bias});
+                                  }
+                                  return cache != nullptr
+                                             ? functional::linear(context, out_proj->weight, out_proj->bias)
+                                             : out_proj->forward(context);
+                                });
 }
 
-} // namespace torchattn
+}  // namespace torchattn

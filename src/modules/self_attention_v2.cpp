@@ -13,9 +13,7 @@ namespace {
 constexpr const char* kSelfAttentionV2 = "SelfAttentionV2";
 }
 
-SelfAttentionV2Impl::SelfAttentionV2Impl(const SelfAttentionV2Options& options_) : options(options_) {
-  reset();
-}
+SelfAttentionV2Impl::SelfAttentionV2Impl(const SelfAttentionV2Options& options_) : options(options_) { reset(); }
 
 void SelfAttentionV2Impl::reset() {
   detail::check_reset_unbuilt(kSelfAttentionV2, *this);
@@ -56,8 +54,8 @@ at::Tensor SelfAttentionV2Impl::forward(const at::Tensor& x, const at::Tensor& k
                                            options.backend()};
   return detail::with_batch_dim(x, key_padding_mask, key_bias,
                                 [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {
-    return detail::attention_block_forward(block, xb, nullptr, config, mb, bb);
-  });
+                                  return detail::attention_block_forward(block, xb, nullptr, config, mb, bb);
+                                });
 }
 
-} // namespace torchattn
+}  // namespace torchattn

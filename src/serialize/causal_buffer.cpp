@@ -31,4 +31,4 @@ void check_causal_mask(const char* fn, const std::string& key, const at::Tensor&
               "), 1) that this mask_buffer(false) module applies; load it into a module with mask_buffer(true)");
 }
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

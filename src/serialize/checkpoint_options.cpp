@@ -14,17 +14,11 @@ namespace torchattn::detail {
 
 namespace {
 
-std::string text(int64_t v) {
-  return std::to_string(v);
-}
+std::string text(int64_t v) { return std::to_string(v); }
 
-std::string text(const std::optional<int64_t>& v) {
-  return v ? std::to_string(*v) : "none";
-}
+std::string text(const std::optional<int64_t>& v) { return v ? std::to_string(*v) : "none"; }
 
-std::string text(bool v) {
-  return v ? "true" : "false";
-}
+std::string text(bool v) { return v ? "true" : "false"; }
 
 std::string text(double v) {
   std::ostringstream s;
@@ -32,9 +26,7 @@ std::string text(double v) {
   return s.str();
 }
 
-std::string text(const std::optional<double>& v) {
-  return v ? text(*v) : "default";
-}
+std::string text(const std::optional<double>& v) { return v ? text(*v) : "default"; }
 
 // causal, window and rope, as the modules that have them record them.
 void add_attention_options(OptionValues& out, bool causal, const std::optional<int64_t>& window,
@@ -59,7 +51,7 @@ std::map<std::string, std::string> decode(const char* fn, const std::string& pat
   return out;
 }
 
-} // namespace
+}  // namespace
 
 std::optional<OptionValues> checkpoint_options(const torch::nn::Module& module) {
   if (const auto* m = dynamic_cast<const MultiHeadAttentionImpl*>(&module)) {
@@ -67,7 +59,9 @@ std::optional<OptionValues> checkpoint_options(const torch::nn::Module& module) 
     OptionValues out{{"num_heads", text(o.num_heads())},
                      {"num_kv_heads", text(m->num_kv_heads())},
                      {"head_dim", text(m->head_dim())},
-                     {"qk_norm", !o.qk_norm() ? "none" : o.qk_norm()->per_head() ? "per_head" : "all_heads"},
+                     {"qk_norm", !o.qk_norm()              ? "none"
+                                 : o.qk_norm()->per_head() ? "per_head"
+                                                           : "all_heads"},
                      {"qk_norm_eps", o.qk_norm() ? text(o.qk_norm()->eps()) : "none"},
                      {"alibi", text(o.alibi())},
                      {"softcap", o.softcap() ? text(*o.softcap()) : "none"},
@@ -107,8 +101,8 @@ void check_saved_options(const char* fn, const std::string& path, const std::str
     const auto it = values.find(name);
     // Options that set the tensors' shapes are named before the shapes are compared.
     const bool shapes = name == "num_kv_heads" || name == "head_dim" || name == "kdim" || name == "vdim";
-    TORCH_CHECK(it == values.end() || it->second == value, fn, ": checkpoint of ", where, " was saved with ", name,
-                "=", it->second, ", this module has ", name, "=", value,
+    TORCH_CHECK(it == values.end() || it->second == value, fn, ": checkpoint of ", where, " was saved with ", name, "=",
+                it->second, ", this module has ", name, "=", value,
                 shapes ? " (the tensors' shapes differ with it)"
                        : " (the tensors have the same shapes, but the numbers would differ)");
   }
@@ -131,8 +125,9 @@ std::string shape_hint(const torch::nn::Module& module, const std::string& key) 
   if (m == nullptr || !(key.starts_with("W_key.") || key.starts_with("W_value."))) {
     return "";
   }
-  return " (" + key.substr(0, key.find('.')) + " projects to num_kv_heads * head_dim = " +
-         std::to_string(m->num_kv_heads()) + " * " + std::to_string(m->head_dim()) + " features)";
+  return " (" + key.substr(0, key.find('.')) +
+         " projects to num_kv_heads * head_dim = " + std::to_string(m->num_kv_heads()) + " * " +
+         std::to_string(m->head_dim()) + " features)";
 }
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

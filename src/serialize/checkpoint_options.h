@@ -41,4 +41,4 @@ int64_t implied_causal_mask(const torch::nn::Module& module);
 /// for errors: " (W_key projects to num_kv_heads * head_dim = 3 * 64 features)", or "".
 std::string shape_hint(const torch::nn::Module& module, const std::string& key);
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

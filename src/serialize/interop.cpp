@@ -77,7 +77,7 @@ void load_archive(torch::nn::Module& module, const std::vector<char>& bytes, con
   detail::strict_load(module, archive, "load_state_dict");
 }
 
-} // namespace
+}  // namespace
 
 void load_state_dict(torch::nn::Module& module, const std::string& path) {
   const std::vector<char> bytes = detail::read_file(path, "load_state_dict");
@@ -93,8 +93,8 @@ void load_state_dict(torch::nn::Module& module, const std::string& path) {
   for (const auto& [key, target] : targets) {
     auto it = loaded.find(key);
     TORCH_CHECK(it != loaded.end(), "load_state_dict: '", path, "' is missing key '", key, "'");
-    TORCH_CHECK(it->second.sizes() == target.sizes(), "load_state_dict: key '", key, "' has shape ",
-                it->second.sizes(), " in '", path, "', expected ", target.sizes(), shape_hint(module, key));
+    TORCH_CHECK(it->second.sizes() == target.sizes(), "load_state_dict: key '", key, "' has shape ", it->second.sizes(),
+                " in '", path, "', expected ", target.sizes(), shape_hint(module, key));
     TORCH_CHECK(it->second.scalar_type() == target.scalar_type(), "load_state_dict: key '", key, "' has dtype ",
                 it->second.scalar_type(), " in '", path, "', expected ", target.scalar_type());
   }
@@ -126,4 +126,4 @@ void save_state_dict(const torch::nn::Module& module, const std::string& path) {
   detail::pickle_tensors(tensors, path, "save_state_dict");
 }
 
-} // namespace torchattn
+}  // namespace torchattn

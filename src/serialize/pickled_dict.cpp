@@ -71,4 +71,4 @@ void pickle_tensors(const NamedTensors& tensors, const std::string& path, const 
   TORCH_CHECK(out.good(), fn, ": writing '", path, "' failed");
 }
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

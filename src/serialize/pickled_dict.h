@@ -23,4 +23,4 @@ NamedTensors unpickle_tensors(const std::vector<char>& bytes, const std::string&
 // torch.load reads with its default weights_only=True; errors name `fn`.
 void pickle_tensors(const NamedTensors& tensors, const std::string& path, const char* fn);
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

@@ -39,8 +39,8 @@ struct DtypeName {
   at::ScalarType type;
 };
 constexpr DtypeName kDtypes[] = {
-    {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf},  {"BF16", at::kBFloat16}, {"I64", at::kLong},
-    {"I32", at::kInt},    {"I16", at::kShort}, {"I8", at::kChar},   {"U8", at::kByte},       {"BOOL", at::kBool},
+    {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf}, {"BF16", at::kBFloat16}, {"I64", at::kLong},
+    {"I32", at::kInt},    {"I16", at::kShort}, {"I8", at::kChar},  {"U8", at::kByte},       {"BOOL", at::kBool},
 };
 
 at::ScalarType dtype_of(const std::string& file, const std::string& tensor, const std::string& name) {
@@ -68,7 +68,7 @@ class Mapping {
   explicit Mapping(const std::string& path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     TORCH_CHECK(fd >= 0, "safetensors: cannot open '", path, "': ", std::strerror(errno));
-    struct stat st {};
+    struct stat st{};
     if (::fstat(fd, &st) != 0) {
       const int err = errno;
       ::close(fd);
@@ -153,8 +153,8 @@ std::vector<Entry> read_header(const std::string& file, const char* header, size
     uint64_t elements = 1;
     bool overflow = false;
     for (const auto& d : shape) {
-      TORCH_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0), "safetensors: '",
-                  file, "': tensor '", key, "' has a shape entry that is not a non-negative integer: ", d.dump());
+      TORCH_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0), "safetensors: '", file,
+                  "': tensor '", key, "' has a shape entry that is not a non-negative integer: ", d.dump());
       const uint64_t n = d.get<uint64_t>();
       TORCH_CHECK(n <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), "safetensors: '", file,
                   "': tensor '", key, "' has a dimension too large: ", n);
@@ -164,7 +164,8 @@ std::vector<Entry> read_header(const std::string& file, const char* header, size
     }
     TORCH_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
                     offsets[1].is_number_unsigned(),
-                "safetensors: '", file, "': tensor '", key, "' needs data_offsets [begin, end] of non-negative integers");
+                "safetensors: '", file, "': tensor '", key,
+                "' needs data_offsets [begin, end] of non-negative integers");
     e.begin = offsets[0].get<uint64_t>();
     e.end = offsets[1].get<uint64_t>();
     TORCH_CHECK(e.begin <= e.end, "safetensors: '", file, "': tensor '", key, "' has data_offsets [", e.begin, ", ",
@@ -172,7 +173,8 @@ std::vector<Entry> read_header(const std::string& file, const char* header, size
     TORCH_CHECK(e.end <= data_size, "safetensors: '", file, "': tensor '", key, "' has data_offsets [", e.begin, ", ",
                 e.end, "] past the ", data_size, " bytes of data");
     const uint64_t item = at::elementSize(e.dtype);
-    TORCH_CHECK(!overflow && elements <= std::numeric_limits<uint64_t>::max() / item && elements * item == e.end - e.begin,
+    TORCH_CHECK(!overflow && elements <= std::numeric_limits<uint64_t>::max() / item &&
+                    elements * item == e.end - e.begin,
                 "safetensors: '", file, "': tensor '", key, "' of shape ", c10::IntArrayRef(e.shape), " and dtype ",
                 dtype.get<std::string>(), " needs ", (overflow ? 0 : elements * item), " bytes, its data_offsets hold ",
                 e.end - e.begin);
@@ -198,7 +200,8 @@ std::vector<Entry> read_header(const std::string& file, const char* header, size
 
 // The tensors of one file's bytes; `owner` keeps the bytes alive (null: the caller does).
 NamedTensors tensors_of(const uint8_t* data, size_t size, const std::string& file, std::shared_ptr<void> owner) {
-  TORCH_CHECK(size >= 8, "safetensors: '", file, "' is truncated: ", size, " bytes, less than the 8-byte header length");
+  TORCH_CHECK(size >= 8, "safetensors: '", file, "' is truncated: ", size,
+              " bytes, less than the 8-byte header length");
   const uint64_t length = read_u64_le(data);
   TORCH_CHECK(length <= kMaxHeader, "safetensors: '", file, "': the header length ", length, " is over the ",
               kMaxHeader, "-byte limit");
@@ -275,7 +278,7 @@ NamedTensors load_index(const std::string& path) {
   return out;
 }
 
-} // namespace
+}  // namespace
 
 NamedTensors parse_safetensors(const uint8_t* data, size_t size, const std::string& name) {
   return tensors_of(data, size, name, nullptr);
@@ -305,7 +308,9 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
                 "' must be a defined, dense tensor");
     at::Tensor t = tensor.detach().cpu().contiguous();
     const uint64_t bytes = t.numel() * t.element_size();
-    header[name] = {{"dtype", name_of(t.scalar_type())}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
+    header[name] = {{"dtype", name_of(t.scalar_type())},
+                    {"shape", t.sizes().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
     data.push_back(std::move(t));
   }
@@ -322,7 +327,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
     out.write(reinterpret_cast<const char*>(length), 8);
     out.write(text.data(), static_cast<std::streamsize>(text.size()));
     for (const auto& t : data) {
-      out.write(static_cast<const char*>(t.const_data_ptr()), static_cast<std::streamsize>(t.numel() * t.element_size()));
+      out.write(static_cast<const char*>(t.const_data_ptr()),
+                static_cast<std::streamsize>(t.numel() * t.element_size()));
     }
     out.flush();
     TORCH_CHECK(out.good(), "save_safetensors: writing '", tmp, "' failed");
@@ -331,4 +337,4 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
               "': ", std::strerror(errno));
 }
 
-} // namespace torchattn
+}  // namespace torchattn

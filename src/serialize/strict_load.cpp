@@ -44,8 +44,8 @@ void stage(torch::nn::Module& module, torch::serialize::InputArchive& archive, c
     expected.push_back(key);
     at::Tensor value;
     TORCH_CHECK(archive.try_read(key, value, is_buffer), fn, ": checkpoint is missing key '", prefix + key, "'");
-    TORCH_CHECK(value.sizes() == target.sizes(), fn, ": checkpoint key '", prefix + key, "' has shape ",
-                value.sizes(), ", expected ", target.sizes(), hint);
+    TORCH_CHECK(value.sizes() == target.sizes(), fn, ": checkpoint key '", prefix + key, "' has shape ", value.sizes(),
+                ", expected ", target.sizes(), hint);
     TORCH_CHECK(value.scalar_type() == target.scalar_type(), fn, ": checkpoint key '", prefix + key, "' has dtype ",
                 value.scalar_type(), ", expected ", target.scalar_type());
     staged.push_back({target, value});
@@ -68,7 +68,7 @@ void stage(torch::nn::Module& module, torch::serialize::InputArchive& archive, c
   }
 }
 
-} // namespace
+}  // namespace
 
 void strict_load(torch::nn::Module& module, torch::serialize::InputArchive& archive, const char* fn,
                  const std::string& prefix) {
@@ -104,4 +104,4 @@ void save_with_options(const torch::nn::Module& module, torch::serialize::Output
   }
 }
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

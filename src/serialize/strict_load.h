@@ -29,4 +29,4 @@ std::string archive_path(torch::serialize::InputArchive& archive);
 // Module::save, then the module's options (checkpoint_options) under kOptionsKey.
 void save_with_options(const torch::nn::Module& module, torch::serialize::OutputArchive& archive);
 
-} // namespace torchattn::detail
+}  // namespace torchattn::detail

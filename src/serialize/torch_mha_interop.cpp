@@ -61,8 +61,8 @@ void check_expressible(const MultiHeadAttentionImpl& mha, const char* fn) {
   TORCH_CHECK(o.d_in() == o.d_out(), fn, no, "it maps embed_dim features to embed_dim, so it needs d_in == d_out, ",
               "got d_in=", o.d_in(), " and d_out=", o.d_out());
   TORCH_CHECK(o.d_out() % o.num_heads() == 0 && mha.head_dim() == o.d_out() / o.num_heads(), fn, no,
-              "its heads have embed_dim / num_heads = ", o.d_out(), " / ", o.num_heads(), " features, got head_dim=",
-              mha.head_dim());
+              "its heads have embed_dim / num_heads = ", o.d_out(), " / ", o.num_heads(),
+              " features, got head_dim=", mha.head_dim());
   TORCH_CHECK(mha.num_kv_heads() == o.num_heads(), fn, no, "it has no grouped-query heads (num_kv_heads must equal ",
               "num_heads=", o.num_heads(), "), got num_kv_heads=", mha.num_kv_heads());
   TORCH_CHECK(o.qkv_bias() == o.out_bias(), fn, no, "its bias= gives both in_proj and out_proj biases or neither, ",
@@ -75,8 +75,9 @@ void check_expressible(const MultiHeadAttentionImpl& mha, const char* fn) {
   TORCH_CHECK(!o.softcap(), fn, no, "it has no logit softcapping, got softcap=", o.softcap().value_or(0.0));
   TORCH_CHECK(!o.sinks(), fn, no, "it has no attention sinks, got sinks=true");
   const double scale = 1.0 / std::sqrt(static_cast<double>(mha.head_dim()));
-  TORCH_CHECK(!o.scale() || *o.scale() == scale, fn, no, "it scales the scores by 1/sqrt(embed_dim / num_heads) = ",
-              scale, ", got scale=", o.scale().value_or(0.0));
+  TORCH_CHECK(!o.scale() || *o.scale() == scale, fn, no,
+              "it scales the scores by 1/sqrt(embed_dim / num_heads) = ", scale,
+              ", got scale=", o.scale().value_or(0.0));
 }
 
 // nn.MultiheadAttention's keys for `mha`, in the order of its state dict.
@@ -194,8 +195,8 @@ NamedTensors state_dict_of(const MultiHeadAttentionImpl& mha, const char* fn) {
   return out;
 }
 
-} // namespace
-} // namespace torch_mha
+}  // namespace
+}  // namespace torch_mha
 
 void load_torch_multihead_attention(MultiHeadAttentionImpl& mha, const std::string& path) {
   const std::vector<char> bytes = detail::read_file(path, torch_mha::kLoad);
@@ -217,4 +218,4 @@ void save_torch_multihead_attention(const MultiHeadAttentionImpl& mha, const std
   detail::pickle_tensors(tensors, path, kSave);
 }
 
-} // namespace torchattn
+}  // namespace torchattn

@@ -43,4 +43,4 @@ INSTANTIATE_TEST_SUITE_P(Half, Numerics,
                          ::testing::Combine(::testing::Values(torch::kFloat16, torch::kBFloat16, torch::kFloat32),
                                             ::testing::Values(Backend::Reference, Backend::SDPA)));
 
-} // namespace
+}  // namespace

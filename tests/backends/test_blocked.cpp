@@ -32,13 +32,16 @@ torch::Tensor softcap_sinks_layer(const torch::Tensor& x, const torch::Tensor& w
 }
 
 TEST(ModernAttention, SoftcapAndSinksGradientsAreTheMath) {
-  for (const auto& [T, dtype] : std::vector<std::pair<int64_t, torch::Dtype>>{{9, torch::kFloat64},
-                                                                              {1100, torch::kFloat32}}) {
+  for (const auto& [T, dtype] :
+       std::vector<std::pair<int64_t, torch::Dtype>>{{9, torch::kFloat64}, {1100, torch::kFloat32}}) {
     SCOPED_TRACE("T=" + std::to_string(T));
     torch::manual_seed(11);
     const int64_t H = T > 100 ? 2 : 4, Hkv = T > 100 ? 1 : 2;
-    torchattn::MultiHeadAttention m(
-        torchattn::MultiHeadAttentionOptions(12, 16, T, H).num_kv_heads(Hkv).softcap(2.0).sinks(true).mask_buffer(false));
+    torchattn::MultiHeadAttention m(torchattn::MultiHeadAttentionOptions(12, 16, T, H)
+                                        .num_kv_heads(Hkv)
+                                        .softcap(2.0)
+                                        .sinks(true)
+                                        .mask_buffer(false));
     m->to(dtype);
     {
       torch::NoGradGuard no_grad;
@@ -53,7 +56,8 @@ TEST(ModernAttention, SoftcapAndSinksGradientsAreTheMath) {
     (softcap_sinks_layer(x2, wq, wk, wv, wo, bo, s2, H, Hkv, 2.0) * g.to(torch::kFloat64)).sum().backward();
     const double tol = dtype == torch::kFloat64 ? 1e-10 : 2e-4;
     auto close = [&](const torch::Tensor& a, const torch::Tensor& b, const char* what) {
-      const double err = (a.to(torch::kFloat64) - b).abs().max().item<double>() / (b.abs().max().item<double>() + 1e-30);
+      const double err = (a.to(torch::kFloat64) - b).abs().max().item<double>() /
+                         (b.abs().max().item<double>() + 1e-30);
       EXPECT_LT(err, tol) << what;
     };
     close(x.grad(), x2.grad(), "grad of x");
@@ -65,4 +69,4 @@ TEST(ModernAttention, SoftcapAndSinksGradientsAreTheMath) {
   }
 }
 
-} // namespace
+}  // namespace

@@ -60,13 +60,25 @@ std::vector<ChoiceCase> choice_cases() {
   add("HeadDim512BecomesEfficient", [](KernelQuery& q) { q.head_dim = q.v_head_dim = 512; }, FusedKernel::Efficient);
   add("FlashSwitchedOffBecomesEfficient", [](KernelQuery& q) { q.flash_enabled = false; }, FusedKernel::Efficient);
   add("Float32BecomesEfficient", [](KernelQuery& q) { q.dtype = c10::ScalarType::Float; }, FusedKernel::Efficient);
-  add("BothSwitchedOffStayATen", [](KernelQuery& q) { q.flash_enabled = q.efficient_enabled = false; },
+  add(
+      "BothSwitchedOffStayATen", [](KernelQuery& q) { q.flash_enabled = q.efficient_enabled = false; },
       FusedKernel::ATen);
-  add("MaskWithEfficientOffStaysATen", [](KernelQuery& q) { q.has_mask = true; q.efficient_enabled = false; },
+  add(
+      "MaskWithEfficientOffStaysATen",
+      [](KernelQuery& q) {
+        q.has_mask = true;
+        q.efficient_enabled = false;
+      },
       FusedKernel::ATen);
   add("UnalignedHeadDimStaysATen", [](KernelQuery& q) { q.head_dim = q.v_head_dim = 60; }, FusedKernel::ATen);
   add("OtherValueHeadDimStaysATen", [](KernelQuery& q) { q.v_head_dim = 128; }, FusedKernel::ATen);
-  add("CausalNonSquareStaysATen", [](KernelQuery& q) { q.is_causal = true; q.Tk = 256; }, FusedKernel::ATen);
+  add(
+      "CausalNonSquareStaysATen",
+      [](KernelQuery& q) {
+        q.is_causal = true;
+        q.Tk = 256;
+      },
+      FusedKernel::ATen);
   add("Float64StaysATen", [](KernelQuery& q) { q.dtype = c10::ScalarType::Double; }, FusedKernel::ATen);
   return out;
 }
@@ -90,7 +102,8 @@ TEST(EfficientBias, IsTheBoolMaskAsZeroOrMinusInfWithAlignedRows) {
     EXPECT_EQ(bias.scalar_type(), torch::kBFloat16);
     EXPECT_EQ(bias.stride(-2) % 16, 0) << "Tk=" << Tk;
     EXPECT_EQ(bias.stride(1), 0) << "heads stay broadcast";
-    auto expected = torch::zeros({2, 1, 5, Tk}).masked_fill(keep.logical_not(), -std::numeric_limits<float>::infinity());
+    auto expected =
+        torch::zeros({2, 1, 5, Tk}).masked_fill(keep.logical_not(), -std::numeric_limits<float>::infinity());
     EXPECT_TRUE(torch::equal(bias.to(torch::kFloat32), expected.expand({2, 3, 5, Tk})));
   }
   // A floating mask is already additive: copied as it is.
@@ -119,4 +132,4 @@ TEST(FusedAttention, OnTheCpuIsATensSdpa) {
   }
 }
 
-} // namespace
+}  // namespace

@@ -90,7 +90,8 @@ TEST_P(Masks, OneRowMasksBroadcastOverTheBatch) {
   auto bias = torch::randn({1, 7}).to(device());
   EXPECT_TRUE(tol::close(mha(x, pad), mha(x, pad.expand({3, 7}).contiguous())));
   EXPECT_TRUE(tol::close(mha->forward(x, {}, bias), mha->forward(x, {}, bias.expand({3, 7}).contiguous())));
-  EXPECT_TRUE(tol::close(mha->forward(x, pad, bias), mha->forward(x, pad.expand({3, 7}).contiguous(), bias.expand({3, 7}).contiguous())));
+  EXPECT_TRUE(tol::close(mha->forward(x, pad, bias),
+                         mha->forward(x, pad.expand({3, 7}).contiguous(), bias.expand({3, 7}).contiguous())));
 }
 
 // What a query that sees no key outputs: a context row of zeros (so out_proj's bias
@@ -102,8 +103,8 @@ TEST_P(Masks, FullyMaskedRowsAreZerosWithFiniteGradients) {
   auto x = torch::randn({2, 6, 4}, torch::kFloat64).to(device()).requires_grad_(true);
   // Left padding: in batch 0 query 0 sees only key 0, a padding key; in batch 1
   // queries 0-2 see only padding keys.
-  auto pad = torch::tensor({{true, false, false, false, false, false}, {true, true, true, false, false, false}})
-                 .to(device());
+  auto pad =
+      torch::tensor({{true, false, false, false, false, false}, {true, true, true, false, false, false}}).to(device());
   auto y = mha(x, pad);
   ASSERT_FALSE(y.isnan().any().item<bool>());
   // The zero rows come out of attention; out_proj adds its bias.
@@ -131,7 +132,8 @@ TEST_P(Masks, WorkThroughAnyModuleAndSequentialWithOneArgument) {
   torch::nn::AnyModule any(mha);
   auto x = torch::randn({1, 6, 4}).to(device());
   EXPECT_EQ(any.forward(x).sizes(), x.sizes());
-  EXPECT_EQ(any.forward(x, torch::zeros({1, 6}, torch::TensorOptions(torch::kBool).device(device()))).sizes(), x.sizes());
+  EXPECT_EQ(any.forward(x, torch::zeros({1, 6}, torch::TensorOptions(torch::kBool).device(device()))).sizes(),
+            x.sizes());
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Masks,
@@ -142,4 +144,4 @@ INSTANTIATE_TEST_SUITE_P(Backends, Masks,
                                   std::string(torchattn::to_string(std::get<0>(info.param)));
                          });
 
-} // namespace
+}  // namespace

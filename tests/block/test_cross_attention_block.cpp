@@ -62,4 +62,4 @@ TEST(ModernAttention, CrossAttentionIsTheMathOverItsContext) {
   EXPECT_LT((one - want[0]).abs().max().item<double>(), 1e-12);
 }
 
-} // namespace
+}  // namespace

@@ -46,4 +46,4 @@ TEST_P(RotaryTablesOn, EqualTheCpuTablesBitForBit) {
 INSTANTIATE_TEST_SUITE_P(Devices, RotaryTablesOn, ::testing::ValuesIn(devices::all()),
                          [](const auto& info) { return devices::name(info); });
 
-} // namespace
+}  // namespace

@@ -90,9 +90,7 @@ TEST_P(DecodeGraphModel, PositionsFromTheDeviceFeedEmbeddings) {
   b->to(device);
   auto pos_emb = torch::randn({C, d}).to(device);
   torch::NoGradGuard no_grad;
-  auto full_model = [&](const torch::Tensor& x) {
-    return b(a(x + pos_emb.narrow(0, 0, x.size(1))));
-  };
+  auto full_model = [&](const torch::Tensor& x) { return b(a(x + pos_emb.narrow(0, 0, x.size(1)))); };
   auto ca = a->make_kv_cache(1, true), cb = b->make_kv_cache(1, true);
   auto cached_model = [&](const torch::Tensor& x) {
     auto positions = ca.position() + torch::arange(x.size(1), ca.position().options());
@@ -114,9 +112,7 @@ TEST_P(DecodeGraphModel, PositionsFromTheDeviceFeedEmbeddings) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, DecodeGraphModel, ::testing::ValuesIn(devices::all()),
-                         [](const ::testing::TestParamInfo<torch::Device>& info) {
-                           return devices::name(info);
-                         });
+                         [](const ::testing::TestParamInfo<torch::Device>& info) { return devices::name(info); });
 
 // Inside a DecodeGraph step (a CUDA graph on CUDA) token_positions() advances with
 // every replay, as position() does.
@@ -157,8 +153,9 @@ TEST(DecodeGraphErrors, AreClearAndLeaveTheCachesUsable) {
   torch::manual_seed(43);
   torchattn::MultiHeadAttention mha(4, 4, 6, 0.0, 2);
   auto dynamic = mha->make_kv_cache(1);
-  expect_error([&] { torchattn::DecodeGraph g([](const torch::Tensor& t) { return t; }, {&dynamic}); },
-               "DecodeGraph: cache 0 has dynamic shapes; make it with make_kv_cache(batch_size, /*static_shapes=*/true)");
+  expect_error(
+      [&] { torchattn::DecodeGraph g([](const torch::Tensor& t) { return t; }, {&dynamic}); },
+      "DecodeGraph: cache 0 has dynamic shapes; make it with make_kv_cache(batch_size, /*static_shapes=*/true)");
   expect_error([&] { torchattn::DecodeGraph g(nullptr, {}); }, "DecodeGraph: expected a step function");
   torchattn::KVCache empty;
   expect_error([&] { torchattn::DecodeGraph g([](const torch::Tensor& t) { return t; }, {&empty}); },
@@ -174,7 +171,8 @@ TEST(DecodeGraphErrors, AreClearAndLeaveTheCachesUsable) {
   expect_error([&] { step(x); }, "would pass context_length=6");
   EXPECT_EQ(cache.length(), 6);
   cache.reset();
-  expect_error([&] { step(torch::randn({1, 2, 4})); }, "DecodeGraph: expected every input shaped like the first, [1, 1, 4]");
+  expect_error([&] { step(torch::randn({1, 2, 4})); },
+               "DecodeGraph: expected every input shaped like the first, [1, 1, 4]");
   EXPECT_EQ(step(x).sizes(), (std::vector<int64_t>{1, 1, 4}));
 
   // A step that advances only one of two caches.
@@ -193,7 +191,8 @@ class UnlistedCache : public ::testing::TestWithParam<torch::Device> {
 // (CPU, where the step ran eagerly).
 TEST_P(UnlistedCache, IsAnErrorAtTheFirstCall) {
   const torch::Device device = GetParam();
-  torchattn::MultiHeadAttention a(torchattn::MultiHeadAttentionOptions(8, 8, 16, 2)), b(torchattn::MultiHeadAttentionOptions(8, 8, 16, 2));
+  torchattn::MultiHeadAttention a(torchattn::MultiHeadAttentionOptions(8, 8, 16, 2)),
+      b(torchattn::MultiHeadAttentionOptions(8, 8, 16, 2));
   a->to(device);
   b->to(device);
   a->eval();
@@ -202,16 +201,17 @@ TEST_P(UnlistedCache, IsAnErrorAtTheFirstCall) {
   auto cache_a = a->make_kv_cache(1, true), cache_b = b->make_kv_cache(1, true);
   a->forward_cached(torch::randn({1, 2, 8}).to(device), cache_a);
   b->forward_cached(torch::randn({1, 2, 8}).to(device), cache_b);
-  torchattn::DecodeGraph step([&](const torch::Tensor& x) { return b->forward_cached(a->forward_cached(x, cache_a), cache_b); },
-                              {&cache_a});
+  torchattn::DecodeGraph step(
+      [&](const torch::Tensor& x) { return b->forward_cached(a->forward_cached(x, cache_a), cache_b); }, {&cache_a});
   expect_error([&] { step(torch::randn({1, 1, 8}).to(device)); },
                "DecodeGraph: the step wrote a KV cache (static shapes, 3 tokens) that is not among the 1 caches it "
                "was given; list every cache the step writes");
   // Listing both works.
   cache_a.truncate(2);
   cache_b.truncate(2);
-  torchattn::DecodeGraph good([&](const torch::Tensor& x) { return b->forward_cached(a->forward_cached(x, cache_a), cache_b); },
-                              {&cache_a, &cache_b});
+  torchattn::DecodeGraph good(
+      [&](const torch::Tensor& x) { return b->forward_cached(a->forward_cached(x, cache_a), cache_b); },
+      {&cache_a, &cache_b});
   good(torch::randn({1, 1, 8}).to(device));
   good(torch::randn({1, 1, 8}).to(device));
   EXPECT_EQ(cache_a.length(), 4);
@@ -233,4 +233,4 @@ TEST(KVCacheTruncate, RejectsLengthsOutsideTheCachedOnes) {
   EXPECT_EQ(cache.position().item<int64_t>(), 1);
 }
 
-} // namespace
+}  // namespace

@@ -45,14 +45,18 @@ Decoder make_decoder(bool multi_head, Backend backend, bool mask_buffer, const t
     m->eval();
     return {[m](const torch::Tensor& x) mutable { return m(x); },
             [m, static_shapes](int64_t b) { return m->make_kv_cache(b, static_shapes); },
-            [m](const torch::Tensor& x, KVCache& c, const torch::Tensor& p) mutable { return m->forward_cached(x, c, p); }};
+            [m](const torch::Tensor& x, KVCache& c, const torch::Tensor& p) mutable {
+              return m->forward_cached(x, c, p);
+            }};
   }
   torchattn::CausalAttention m(torchattn::CausalAttentionOptions(6, 5, 16).backend(backend).mask_buffer(mask_buffer));
   m->to(device);
   m->eval();
   return {[m](const torch::Tensor& x) mutable { return m(x); },
           [m, static_shapes](int64_t b) { return m->make_kv_cache(b, static_shapes); },
-          [m](const torch::Tensor& x, KVCache& c, const torch::Tensor& p) mutable { return m->forward_cached(x, c, p); }};
+          [m](const torch::Tensor& x, KVCache& c, const torch::Tensor& p) mutable {
+            return m->forward_cached(x, c, p);
+          }};
 }
 
 using GenParam = std::tuple<bool /*multi-head*/, Backend, bool /*mask_buffer*/, bool /*static_shapes*/, torch::Device>;
@@ -118,8 +122,8 @@ TEST_P(Generation, LeftPaddedPromptsDecodeTogetherAsEachAlone) {
   EXPECT_TRUE(cache.has_padding());
   std::vector<torch::Tensor> steps_out;
   for (int64_t t = 0; t < steps; ++t) {
-    auto token = torch::stack({seqs[0][0][lengths[0] + t], seqs[1][0][lengths[1] + t], seqs[2][0][lengths[2] + t]})
-                     .unsqueeze(1);
+    auto token =
+        torch::stack({seqs[0][0][lengths[0] + t], seqs[1][0][lengths[1] + t], seqs[2][0][lengths[2] + t]}).unsqueeze(1);
     steps_out.push_back(d.cached(token, cache, {}));  // new tokens are real: no mask needed
   }
   auto decoded = torch::cat(steps_out, 1);  // [B, steps, d_out]
@@ -205,9 +209,7 @@ class TokenPositions : public ::testing::TestWithParam<MisuseParam> {
 
 // transformers' position_ids for a padded batch: attention_mask.cumsum(-1) - 1, so the
 // next token of each sequence sits at attention_mask.sum(-1).
-torch::Tensor next_positions(const torch::Tensor& attention_mask) {
-  return attention_mask.sum(-1);
-}
+torch::Tensor next_positions(const torch::Tensor& attention_mask) { return attention_mask.sum(-1); }
 
 // A left-padded batch of prompts of 3, 5 and 1 tokens, then decoding steps: the
 // cache's token_positions() counts each sequence's real tokens as transformers'
@@ -242,7 +244,8 @@ TEST_P(TokenPositions, CountRealTokensAfterALeftPaddedPrefill) {
   EXPECT_EQ(cache.position().item<int64_t>(), 4);
 }
 
-INSTANTIATE_TEST_SUITE_P(Caches, TokenPositions, ::testing::Combine(::testing::Bool(), ::testing::ValuesIn(devices::all())),
+INSTANTIATE_TEST_SUITE_P(Caches, TokenPositions,
+                         ::testing::Combine(::testing::Bool(), ::testing::ValuesIn(devices::all())),
                          [](const auto& info) {
                            return devices::prefix(std::get<1>(info.param)) +
                                   (std::get<0>(info.param) ? "Static" : "Dynamic");
@@ -257,4 +260,4 @@ TEST(ModernAttention, GroupedCachesAreSmallerByTheGroupFactor) {
   EXPECT_EQ(b.key_storage().sizes(), (std::vector<int64_t>{2, 2, 128, 8}));
 }
 
-} // namespace
+}  // namespace

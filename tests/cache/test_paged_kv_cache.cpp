@@ -77,7 +77,7 @@ TEST(PagedKVCache, BlocksAreTakenAsTokensComeAndReturnedWhenASequenceGoes) {
   const int64_t c = cache.add_sequence();
   write_tokens(cache, c, 4, 5.0f);
   EXPECT_EQ(cache.block_table(c), (std::vector<int64_t>{0}));  // a's block 0 again
-  cache.truncate(c, 1);  // keeps its first token, still in block 0
+  cache.truncate(c, 1);                                        // keeps its first token, still in block 0
   EXPECT_EQ(cache.block_table(c), (std::vector<int64_t>{0}));
   cache.truncate(c, 0);
   EXPECT_TRUE(cache.block_table(c).empty());
@@ -170,8 +170,8 @@ TEST(PagedKVCache, PublishedBlocksAreReusedByTheirTokensAndEvictedLeastRecentlyR
   const int64_t c = cache.add_sequence(tokens);
   EXPECT_EQ(cache.length(c), 8);
   EXPECT_EQ(cache.reusable_blocks(), 0);
-  EXPECT_TRUE(torch::equal(cache.sequence_values(1, c), torch::cat({torch::full({2, 4, 4}, 2.0f),
-                                                                     torch::full({2, 4, 4}, 4.0f)}, 1)));
+  EXPECT_TRUE(torch::equal(cache.sequence_values(1, c),
+                           torch::cat({torch::full({2, 4, 4}, 2.0f), torch::full({2, 4, 4}, 4.0f)}, 1)));
   cache.remove(c);
   // The pool needs blocks: free ones it used before go first (blocks 2 and 3), then the
   // published ones, least recently released first (a sequence gives its last block back
@@ -203,8 +203,8 @@ TEST(PagedKVCache, PublishedBlocksAreReusedByTheirTokensAndEvictedLeastRecentlyR
   const int64_t f = cache.add_sequence(tokens);
   EXPECT_EQ(cache.block_table(f), published);
   EXPECT_TRUE(torch::equal(cache.sequence_keys(0, f), torch::full({2, 8, 4}, 6.0f)));
-  expect_error([&] { cache.publish(e, {1, 2, 3}); },
-               "PagedKVCache: publish expected the tokens of sequence " + std::to_string(e) + " (at least its 8), got 3");
+  expect_error([&] { cache.publish(e, {1, 2, 3}); }, "PagedKVCache: publish expected the tokens of sequence " +
+                                                         std::to_string(e) + " (at least its 8), got 3");
   for (const int64_t q : cache.sequences()) cache.remove(q);
   // A fork made before its parent published, publishing the blocks it shares, adds no
   // second hold: every block comes back.
@@ -291,11 +291,11 @@ TEST(PagedKernel, WriteGivesTheBitsOfIndexPut) {
   }
   // Where it does not apply, the cache takes index_put_.
   const auto k = torch::randn({2, 3, 4}), pool_k = torch::zeros({4, 3, 4, 2}), pool_v = torch::zeros({4, 3, 2, 4});
-  EXPECT_FALSE(K::paged_write_applies(k, k.to(torch::kDouble), pool_k, pool_v));         // mixed dtypes
-  EXPECT_FALSE(K::paged_write_applies(k.transpose(1, 2), k, pool_k, pool_v));            // rows not unit-stride
-  EXPECT_FALSE(K::paged_write_applies(k, k, pool_k.transpose(2, 3), pool_v));            // pool not contiguous
+  EXPECT_FALSE(K::paged_write_applies(k, k.to(torch::kDouble), pool_k, pool_v));  // mixed dtypes
+  EXPECT_FALSE(K::paged_write_applies(k.transpose(1, 2), k, pool_k, pool_v));     // rows not unit-stride
+  EXPECT_FALSE(K::paged_write_applies(k, k, pool_k.transpose(2, 3), pool_v));     // pool not contiguous
   EXPECT_FALSE(K::paged_write_applies(k.to(torch::kInt), k.to(torch::kInt), pool_k.to(torch::kInt),
-                                      pool_v.to(torch::kInt)));                          // not floating
+                                      pool_v.to(torch::kInt)));  // not floating
 }
 
 TEST(PagedKernel, EveryInstructionSetGivesTheMathAndEachRowAloneTheSameBits) {
@@ -345,13 +345,13 @@ TEST(PagedKernel, EveryInstructionSetGivesTheMathAndEachRowAloneTheSameBits) {
         std::vector<torch::Tensor> k, v;
         for (int64_t p = 0; p < L; ++p) {
           const int64_t slot = slots[static_cast<size_t>(ks[s] + p)];
-          k.push_back(keys[slot / bs].select(2, slot % bs));   // [Hkv, d]
+          k.push_back(keys[slot / bs].select(2, slot % bs));    // [Hkv, d]
           v.push_back(values[slot / bs].select(1, slot % bs));  // [Hkv, d]
         }
         const auto K_ = torch::stack(k, 1).to(torch::kDouble).repeat_interleave(G, 0);  // [H, L, d]
         const auto V_ = torch::stack(v, 1).to(torch::kDouble).repeat_interleave(G, 0);
-        const auto Q = q.narrow(0, qs[s], n).transpose(0, 1).to(torch::kDouble);        // [H, n, d]
-        auto scores = torch::matmul(Q, K_.transpose(1, 2)) * scale;                       // [H, n, L]
+        const auto Q = q.narrow(0, qs[s], n).transpose(0, 1).to(torch::kDouble);  // [H, n, d]
+        auto scores = torch::matmul(Q, K_.transpose(1, 2)) * scale;               // [H, n, L]
         const auto pos = torch::arange(L - n, L).unsqueeze(1), key = torch::arange(L).unsqueeze(0);
         if (extra.softcap) scores = torch::tanh(scores / *extra.softcap) * *extra.softcap;
         if (extra.slopes.defined()) scores = scores + extra.slopes.to(torch::kDouble).view({-1, 1, 1}) * (key - pos);
@@ -392,11 +392,14 @@ TEST(PagedKernel, EveryInstructionSetGivesTheMathAndEachRowAloneTheSameBits) {
       }
     }
   }
-  expect_error([&] {
-    auto out = torch::zeros_like(q);
-    const K::PagedRows rows{slots.data(), &qs, &ks, std::nullopt};
-    K::paged_attention(q, keys, values, rows, {0}, scale, out, std::nullopt, K::PagedScores{-1.0, nullptr, nullptr});
-  }, "paged_attention: expected softcap > 0, got -1");
+  expect_error(
+      [&] {
+        auto out = torch::zeros_like(q);
+        const K::PagedRows rows{slots.data(), &qs, &ks, std::nullopt};
+        K::paged_attention(q, keys, values, rows, {0}, scale, out, std::nullopt,
+                           K::PagedScores{-1.0, nullptr, nullptr});
+      },
+      "paged_attention: expected softcap > 0, got -1");
   EXPECT_GE(K::paged_isas().size(), 1u);
 }
 
@@ -417,9 +420,7 @@ struct PagedCase {
   bool alibi = false;
 };
 
-std::string describe(const PagedCase& c, const torch::Device& device) {
-  return devices::prefix(device) + c.name;
-}
+std::string describe(const PagedCase& c, const torch::Device& device) { return devices::prefix(device) + c.name; }
 
 std::vector<PagedCase> paged_cases() {
   using torchattn::Backend;
@@ -433,8 +434,8 @@ std::vector<PagedCase> paged_cases() {
       {"double_auto_mha_block1", torch::kDouble, Backend::Auto, 2, 2, false, std::nullopt, 1},
       {"float_auto_gqa_rope_qknorm_headdim", torch::kFloat, Backend::Auto, 4, 2, true, std::nullopt, 4, false, true},
       // Gemma 2's softcap beside a window, gpt-oss' sinks, BLOOM's ALiBi.
-      {"float_auto_gqa_rope_window_softcap_sinks", torch::kFloat, Backend::Auto, 6, 2, true, int64_t{5}, 4, false, false,
-       0.5, true},
+      {"float_auto_gqa_rope_window_softcap_sinks", torch::kFloat, Backend::Auto, 6, 2, true, int64_t{5}, 4, false,
+       false, 0.5, true},
       {"float_auto_gqa_alibi", torch::kFloat, Backend::Auto, 6, 3, false, std::nullopt, 4, false, false, std::nullopt,
        false, true},
       {"float_auto_packed_alibi_softcap_sinks", torch::kFloat, Backend::Auto, 6, 2, false, std::nullopt, 8, true, false,
@@ -495,7 +496,10 @@ TEST_P(PagedForward, EverySequenceEqualsTheContiguousCacheAlone) {
       if (done[s] == lengths[s] || rng() % 3 == 0) continue;
       const int64_t left = lengths[s] - done[s];
       const int64_t pick = rng() % 4;
-      const int64_t n = std::min(left, pick == 0 ? int64_t{1} : pick == 1 ? int64_t{3} : pick == 2 ? int64_t{17} : left);
+      const int64_t n = std::min(left, pick == 0   ? int64_t{1}
+                                       : pick == 1 ? int64_t{3}
+                                       : pick == 2 ? int64_t{17}
+                                                   : left);
       tokens.push_back({ids[s], n});
       parts.push_back(xs[s].narrow(0, done[s], n));
       chunks[s].push_back(n);
@@ -603,8 +607,7 @@ TEST(PagedForward, MisuseIsAnErrorNamingTheCause) {
     expect_error([&] { mha->forward_paged(torch::randn({4, 8}), cache, late); },
                  "a sequence of the step reaches 7 tokens, past context_length=6");
     auto next = cache.begin_step({{s, 1}});
-    expect_error([&] { mha->forward_paged(torch::randn({1, 8}), cache, step); },
-                 "expected the cache's current step");
+    expect_error([&] { mha->forward_paged(torch::randn({1, 8}), cache, step); }, "expected the cache's current step");
   }
   const int64_t fresh = cache.add_sequence();
   auto step = cache.begin_step({{fresh, 1}});
@@ -619,4 +622,4 @@ TEST(PagedForward, MisuseIsAnErrorNamingTheCause) {
                "forward_paged needs a causal module, this one has causal(false)");
 }
 
-} // namespace
+}  // namespace

@@ -47,9 +47,7 @@ inline std::vector<torch::Device> present() {
 }
 
 // "" for the CPU (test names as before devices were added), "cuda_" for CUDA.
-inline std::string prefix(const torch::Device& device) {
-  return device.is_cpu() ? "" : device.str() + "_";
-}
+inline std::string prefix(const torch::Device& device) { return device.is_cpu() ? "" : device.str() + "_"; }
 
 // The test-name suffix of a suite parametrized by the device alone: "cpu", "cuda".
 template <typename Info>
@@ -69,4 +67,4 @@ inline void skip_unless_present(const torch::Device& device) {
   GTEST_SKIP() << "no CUDA device on this machine";
 }
 
-} // namespace devices
+}  // namespace devices

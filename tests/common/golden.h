@@ -105,4 +105,4 @@ inline File load(const std::string& file_name) {
   return file;
 }
 
-} // namespace golden
+}  // namespace golden

@@ -33,8 +33,7 @@ inline std::vector<int64_t> to_ids(const at::Tensor& t) {
 
 /// max |a - e| / max |e|, in float64 on the CPU.
 inline double relative_error(const at::Tensor& a, const at::Tensor& e) {
-  return (a.to(at::kDouble).cpu() - e.to(at::kDouble).cpu()).abs().max().item<double>() /
-         e.abs().max().item<double>();
+  return (a.to(at::kDouble).cpu() - e.to(at::kDouble).cpu()).abs().max().item<double>() / e.abs().max().item<double>();
 }
 
-} // namespace torchattn::testing
+}  // namespace torchattn::testing

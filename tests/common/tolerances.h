@@ -33,8 +33,7 @@ inline Tolerance for_dtype(torch::Dtype dtype) {
   }
 }
 
-inline ::testing::AssertionResult close(const torch::Tensor& actual, const torch::Tensor& expected,
-                                        Tolerance t) {
+inline ::testing::AssertionResult close(const torch::Tensor& actual, const torch::Tensor& expected, Tolerance t) {
   if (actual.sizes() != expected.sizes()) {
     std::ostringstream s;
     s << "shape " << actual.sizes() << " != expected " << expected.sizes();
@@ -48,8 +47,9 @@ inline ::testing::AssertionResult close(const torch::Tensor& actual, const torch
     return ::testing::AssertionSuccess();
   }
   std::ostringstream s;
-  s << "max abs error " << err.max().item<double>() << " exceeds atol=" << t.atol << " rtol=" << t.rtol
-    << "\nactual:\n" << a << "\nexpected:\n" << e;
+  s << "max abs error " << err.max().item<double>() << " exceeds atol=" << t.atol << " rtol=" << t.rtol << "\nactual:\n"
+    << a << "\nexpected:\n"
+    << e;
   return ::testing::AssertionFailure() << s.str();
 }
 
@@ -57,4 +57,4 @@ inline ::testing::AssertionResult close(const torch::Tensor& actual, const torch
   return close(actual, expected, for_dtype(expected.scalar_type()));
 }
 
-} // namespace tol
+}  // namespace tol

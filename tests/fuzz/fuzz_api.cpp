@@ -15,7 +15,8 @@
 namespace {
 
 torch::Dtype pick_dtype(FuzzedDataProvider& in) {
-  const torch::Dtype all[] = {torch::kFloat32, torch::kFloat64, torch::kBFloat16, torch::kFloat16, torch::kInt64, torch::kBool};
+  const torch::Dtype all[] = {torch::kFloat32, torch::kFloat64, torch::kBFloat16,
+                              torch::kFloat16, torch::kInt64,   torch::kBool};
   return all[in.ConsumeIntegralInRange<int>(0, 5)];
 }
 
@@ -32,8 +33,8 @@ torch::Tensor make_tensor(FuzzedDataProvider& in, std::vector<int64_t> shape, to
 }
 
 std::optional<double> pick_scale(FuzzedDataProvider& in) {
-  const double values[] = {0.5, 1.0, -1.0, 1e4, std::numeric_limits<double>::quiet_NaN(),
-                           std::numeric_limits<double>::infinity(), 0.0};
+  const double values[] = {
+      0.5, 1.0, -1.0, 1e4, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(), 0.0};
   if (in.ConsumeBool()) return std::nullopt;
   return values[in.ConsumeIntegralInRange<int>(0, 6)];
 }
@@ -52,10 +53,12 @@ void run(FuzzedDataProvider& in) {
   const bool mask_buffer = in.ConsumeBool(), static_shapes = in.ConsumeBool();
   // The options of today's models, valid or not.
   const bool causal = in.ConsumeIntegralInRange<int>(0, 3) != 0, out_bias = in.ConsumeBool();
-  const std::optional<int64_t> kv_heads =
-      in.ConsumeBool() ? std::optional<int64_t>(in.ConsumeIntegralInRange<int64_t>(-1, 4)) : std::nullopt;
-  const std::optional<int64_t> window =
-      in.ConsumeBool() ? std::optional<int64_t>(in.ConsumeIntegralInRange<int64_t>(-1, 6)) : std::nullopt;
+  const std::optional<int64_t> kv_heads = in.ConsumeBool()
+                                              ? std::optional<int64_t>(in.ConsumeIntegralInRange<int64_t>(-1, 4))
+                                              : std::nullopt;
+  const std::optional<int64_t> window = in.ConsumeBool()
+                                            ? std::optional<int64_t>(in.ConsumeIntegralInRange<int64_t>(-1, 6))
+                                            : std::nullopt;
   std::optional<torchattn::RoPEOptions> rope;
   if (in.ConsumeBool()) {
     const double thetas[] = {10000.0, 1e6, 0.0, -1.0, std::numeric_limits<double>::infinity()};
@@ -70,15 +73,23 @@ void run(FuzzedDataProvider& in) {
     auto v = make_tensor(in, pick_shape(in, 4), pick_dtype(in));
     auto mask = in.ConsumeBool() ? make_tensor(in, pick_shape(in, 3), pick_dtype(in)) : torch::Tensor();
     switch (in.ConsumeIntegralInRange<int>(0, 4)) {
-      case 0: F::dot_product_attention(q, k, v, mask, in.ConsumeBool()); break;
-      case 1: F::causal_dot_product_attention(q, k, v, in.ConsumeBool()); break;
-      case 2: F::make_causal_mask(in.ConsumeIntegralInRange<int64_t>(-2, 8), scale.value_or(-1e9)); break;
-      case 3: F::masked_softmax(q, mask.defined() ? mask : k); break;
+      case 0:
+        F::dot_product_attention(q, k, v, mask, in.ConsumeBool());
+        break;
+      case 1:
+        F::causal_dot_product_attention(q, k, v, in.ConsumeBool());
+        break;
+      case 2:
+        F::make_causal_mask(in.ConsumeIntegralInRange<int64_t>(-2, 8), scale.value_or(-1e9));
+        break;
+      case 3:
+        F::masked_softmax(q, mask.defined() ? mask : k);
+        break;
       default: {
         auto cm = in.ConsumeBool() ? F::causal_mask_buffer(std::max<int64_t>(C, 1)) : torch::Tensor();
         auto bias_mask = in.ConsumeBool() ? make_tensor(in, pick_shape(in, 3), pick_dtype(in)) : torch::Tensor();
-        F::attention(q, k, v, cm, in.ConsumeIntegralInRange<int64_t>(-1, 4), {scale, dropout, in.ConsumeBool(), backend},
-                     mask, bias_mask);
+        F::attention(q, k, v, cm, in.ConsumeIntegralInRange<int64_t>(-1, 4),
+                     {scale, dropout, in.ConsumeBool(), backend}, mask, bias_mask);
       }
     }
     return;
@@ -88,7 +99,8 @@ void run(FuzzedDataProvider& in) {
   // forward_cached on the module's cache, or (fork = true) on a clone of it.
   std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, bool)> cached;
   if (kind == 0) {
-    torchattn::SelfAttentionV2 m(torchattn::SelfAttentionV2Options(d_in, d_out).qkv_bias(bias).scale(scale).backend(backend));
+    torchattn::SelfAttentionV2 m(
+        torchattn::SelfAttentionV2Options(d_in, d_out).qkv_bias(bias).scale(scale).backend(backend));
     any = torch::nn::AnyModule(m);
   } else if (kind == 1) {
     torchattn::CausalAttention m(torchattn::CausalAttentionOptions(d_in, d_out, C)
@@ -141,13 +153,15 @@ void run(FuzzedDataProvider& in) {
     try {
       if (cached && in.ConsumeBool()) {
         torch::NoGradGuard no_grad;
-        auto pad = in.ConsumeBool() ? make_tensor(in, pick_shape(in, 3), in.ConsumeBool() ? torch::kBool : pick_dtype(in))
-                                    : torch::Tensor();
+        auto pad = in.ConsumeBool()
+                       ? make_tensor(in, pick_shape(in, 3), in.ConsumeBool() ? torch::kBool : pick_dtype(in))
+                       : torch::Tensor();
         cached(x, pad, in.ConsumeBool());
       } else if (in.ConsumeBool()) {
         auto mask = make_tensor(in, pick_shape(in, 3), in.ConsumeBool() ? torch::kBool : pick_dtype(in));
-        auto bias_mask = in.ConsumeBool() ? make_tensor(in, pick_shape(in, 3), in.ConsumeBool() ? module_dtype : pick_dtype(in))
-                                          : torch::Tensor();
+        auto bias_mask = in.ConsumeBool()
+                             ? make_tensor(in, pick_shape(in, 3), in.ConsumeBool() ? module_dtype : pick_dtype(in))
+                             : torch::Tensor();
         auto y = any.forward(x, mask, bias_mask);
         if (y.requires_grad() && in.ConsumeBool()) y.sum().backward();
       } else {
@@ -160,7 +174,7 @@ void run(FuzzedDataProvider& in) {
   }
 }
 
-} // namespace
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const bool once = [] {

@@ -31,7 +31,7 @@ void render(const serve::CompletionRequest& r) {
   if (whole.empty() || chunk.empty()) fail("an empty response");
 }
 
-} // namespace
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string input(reinterpret_cast<const char*>(data), size);

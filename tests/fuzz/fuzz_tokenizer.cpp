@@ -57,7 +57,7 @@ void check(bool ok) {
   if (!ok) std::abort();
 }
 
-} // namespace
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
@@ -72,8 +72,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     try {
       (void)(mode < 96 ? wordpiece : bpe).encode(raw);
       check(false);  // accepted invalid UTF-8
-    } catch (const c10::Error&) {
-    }
+    } catch (const c10::Error&) {}
   }
   std::string valid(raw);
   if (mode < 160) {

@@ -27,13 +27,14 @@ namespace K = torchattn::kernels::cpu;
 
 // softmax(q k^T * scale + mask) v in float64 with ATen's ops, rows with no visible key
 // set to zero; key heads repeated for grouped queries.
-torch::Tensor decode_math(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& mask,
-                   double scale) {
+torch::Tensor decode_math(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                          const torch::Tensor& mask, double scale) {
   const int64_t G = q.size(1) / k.size(1);
   auto kk = k.to(torch::kFloat64).repeat_interleave(G, 1), vv = v.to(torch::kFloat64).repeat_interleave(G, 1);
   auto s = torch::matmul(q.to(torch::kFloat64), kk.transpose(-2, -1)) * scale;
   if (mask.defined()) {
-    s = mask.scalar_type() == torch::kBool ? s.masked_fill(mask.logical_not(), -INFINITY) : s + mask.to(torch::kFloat64);
+    s = mask.scalar_type() == torch::kBool ? s.masked_fill(mask.logical_not(), -INFINITY)
+                                           : s + mask.to(torch::kFloat64);
   }
   const auto dead = s.isneginf().all(-1, true);
   auto p = torch::softmax(s.masked_fill(dead, 0), -1);
@@ -63,7 +64,7 @@ TEST(DecodeAttention, MatchesTheMathOverShapesMasksAndLayouts) {
       }
     }
   }
-  cases.push_back({1, 2, 2, 1, 9, 5, 3, "", false});     // odd head sizes, dv != d
+  cases.push_back({1, 2, 2, 1, 9, 5, 3, "", false});  // odd head sizes, dv != d
   cases.push_back({3, 2, 1, 2, 33, 40, 24, "float_key", true});
   int checked = 0;
   for (const auto& c : cases) {
@@ -99,8 +100,9 @@ TEST(DecodeAttention, MatchesTheMathOverShapesMasksAndLayouts) {
     }
     // ATen's fused kernel where it takes the case: the same numbers within float32 rounding.
     if (c.Hkv == c.H && c.mask != "bool_dead") {
-      const auto aten = at::scaled_dot_product_attention(q, k, v, mask.defined() ? std::optional<at::Tensor>(mask)
-                                                                                  : std::nullopt);
+      const auto aten = at::scaled_dot_product_attention(q, k, v,
+                                                         mask.defined() ? std::optional<at::Tensor>(mask)
+                                                                        : std::nullopt);
       EXPECT_LT((out - aten).abs().max().item<float>(), 2e-5f);
     }
     ++checked;
@@ -111,9 +113,9 @@ TEST(DecodeAttention, MatchesTheMathOverShapesMasksAndLayouts) {
 TEST(DecodeAttention, AppliesOnlyToWhatItComputes) {
   const auto q = torch::randn({1, 2, 1, 8}), k = torch::randn({1, 2, 5, 8}), v = torch::randn({1, 2, 5, 8});
   EXPECT_TRUE(K::decode_attention_applies(q, k, v, {}));
-  EXPECT_FALSE(K::decode_attention_applies(q.to(torch::kFloat64), k, v, {}));  // float32 only
+  EXPECT_FALSE(K::decode_attention_applies(q.to(torch::kFloat64), k, v, {}));        // float32 only
   EXPECT_FALSE(K::decode_attention_applies(torch::randn({1, 2, 17, 8}), k, v, {}));  // more rows: fused kernels
-  EXPECT_FALSE(K::decode_attention_applies(torch::randn({1, 3, 1, 8}), k, v, {}));  // heads not a multiple
+  EXPECT_FALSE(K::decode_attention_applies(torch::randn({1, 3, 1, 8}), k, v, {}));   // heads not a multiple
   EXPECT_FALSE(K::decode_attention_applies(q, k, v, torch::zeros({1, 1, 1, 4})));    // mask of another length
   EXPECT_FALSE(K::decode_attention_applies(q, k, v, torch::zeros({1, 1, 1, 5}, torch::kLong)));
   EXPECT_FALSE(K::decode_attention_applies(q.clone().requires_grad_(), k, v, {}));  // autograd: ATen
@@ -158,4 +160,4 @@ TEST(StallAware, CoversEveryIndexAndGoesSerialAfterStalls) {
   EXPECT_EQ(threads[0], 0);
 }
 
-} // namespace
+}  // namespace

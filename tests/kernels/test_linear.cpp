@@ -80,4 +80,4 @@ TEST(Linear, OtherCasesAreAtLinear) {
   EXPECT_TRUE(torch::equal(wg.grad(), torch::ones({8, 2}).matmul(x)));
 }
 
-} // namespace
+}  // namespace

@@ -50,4 +50,4 @@ TEST(ModernAttention, CpuRotaryKernelEqualsTheComposite) {
   }
 }
 
-} // namespace
+}  // namespace

@@ -82,8 +82,8 @@ TEST(PackedLinear, FollowsWeightsWrittenOrReplaced) {
   EXPECT_TRUE(tol::close(p.forward(x, {w}, {b}), torch::linear(x, w), rounding(5)));
   // Other weights (here: a second layer side by side) are a new packed copy too.
   const auto w2 = torch::randn({3, 5});
-  EXPECT_TRUE(tol::close(p.forward(x, {w, w2}), torch::cat({torch::linear(x, w), torch::linear(x, w2)}, -1),
-                         rounding(5)));
+  EXPECT_TRUE(
+      tol::close(p.forward(x, {w, w2}), torch::cat({torch::linear(x, w), torch::linear(x, w2)}, -1), rounding(5)));
   EXPECT_EQ(p.packed_bytes(), (8 + 3) * 5 * 4);
   p.clear();
   EXPECT_EQ(p.packed_bytes(), 0);
@@ -113,11 +113,11 @@ TEST(PackedLinear, AppliesOnlyToWhatItComputesAndSaysWhy) {
     torch::NoGradGuard no_grad;
     EXPECT_TRUE(PackedLinear::applies(x, {w}));
     EXPECT_FALSE(PackedLinear::applies(x.to(torch::kDouble), {w.to(torch::kDouble)}));  // float32 only
-    EXPECT_FALSE(PackedLinear::applies(x, {w.t().contiguous().t()}));                     // a dense [out, in]
-    EXPECT_FALSE(PackedLinear::applies(x, {}));                                            // no weight
-    EXPECT_FALSE(PackedLinear::applies(x, {w, w}, {torch::randn({8})}));                   // a bias for each or none
-    EXPECT_FALSE(PackedLinear::applies(torch::randn({3, 5}), {w}));                        // x of another width
-    EXPECT_FALSE(PackedLinear::applies(torch::randn({0, 4}), {w}));                        // no rows
+    EXPECT_FALSE(PackedLinear::applies(x, {w.t().contiguous().t()}));                   // a dense [out, in]
+    EXPECT_FALSE(PackedLinear::applies(x, {}));                                         // no weight
+    EXPECT_FALSE(PackedLinear::applies(x, {w, w}, {torch::randn({8})}));                // a bias for each or none
+    EXPECT_FALSE(PackedLinear::applies(torch::randn({3, 5}), {w}));                     // x of another width
+    EXPECT_FALSE(PackedLinear::applies(torch::randn({0, 4}), {w}));                     // no rows
     PackedLinear p;
     expect_error([&] { p.forward(x.to(torch::kDouble), {w.to(torch::kDouble)}); },
                  "PackedLinear: expected float32 CPU x [..., in]");
@@ -152,8 +152,8 @@ TEST(PackedLinear, MultiHeadAttentionPackWeightsMatchesTheUnpackedModule) {
       EXPECT_TRUE(tol::close(packed->forward_cached(x.narrow(1, 0, 12), c2, pad.narrow(1, 0, 12)),
                              plain->forward_cached(x.narrow(1, 0, 12), c1, pad.narrow(1, 0, 12)), rounding(32)));
       for (int64_t t = 12; t < 20; ++t) {
-        EXPECT_TRUE(tol::close(packed->forward_cached(x.narrow(1, t, 1), c2), plain->forward_cached(x.narrow(1, t, 1), c1),
-                               rounding(32)));
+        EXPECT_TRUE(tol::close(packed->forward_cached(x.narrow(1, t, 1), c2),
+                               plain->forward_cached(x.narrow(1, t, 1), c1), rounding(32)));
       }
     }
     // With autograd the packed copy is not used: the same bits and gradients as without it.
@@ -171,4 +171,4 @@ TEST(PackedLinear, MultiHeadAttentionPackWeightsMatchesTheUnpackedModule) {
   EXPECT_NE(printed.str().find("pack_weights=true"), std::string::npos) << printed.str();
 }
 
-} // namespace
+}  // namespace

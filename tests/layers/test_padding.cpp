@@ -44,4 +44,4 @@ TEST(HuggingFaceMask, ConvertsToThePaddingMaskAndTheSlipIsNamed) {
                "padding_mask_from_attention_mask: expected attention_mask of shape [B, T] or [T], got [1, 2, 3]");
 }
 
-} // namespace
+}  // namespace

@@ -46,4 +46,4 @@ TEST(ModernAttention, RotaryTablesAreFloat32AndReused) {
   EXPECT_TRUE(torch::equal(sin.select(0, 0), torch::zeros({4})));
 }
 
-} // namespace
+}  // namespace

@@ -3,7 +3,8 @@
 // TORCHATTN_GENERATE_REFERENCE names; TORCHATTN_SMOLLM2 names the converted
 // SmolLM2 folder; ctest -R generate sets both).
 //
-// - tiny random Llama (one with heads of their own size), Qwen2, Qwen3, Mistral and Gemma 2 checkpoints: prompt logits within 1e-4
+// - tiny random Llama (one with heads of their own size), Qwen2, Qwen3, Mistral and Gemma 2 checkpoints: prompt logits
+// within 1e-4
 //   (relative to the largest), 32 greedy tokens equal, cached decoding equal to
 //   recomputing the whole sequence;
 // - the tokenizers: every line of the fortunes text, ids and decoded text equal
@@ -68,7 +69,9 @@ models::CausalLM load_model(const fs::path& dir, int64_t context = 0) {
 // Greedy ids of `prompt` through the generation loop (the CLI's), up to n tokens.
 std::vector<int64_t> greedy(models::CausalLMImpl& model, const std::vector<int64_t>& prompt, int64_t n,
                             const std::vector<int64_t>& stop) {
-  return models::generate(model, {prompt}, models::GenerationOptions().max_new_tokens(n).stop_token_ids(stop).stop_at_eos(false))[0].ids;
+  return models::generate(model, {prompt},
+                          models::GenerationOptions().max_new_tokens(n).stop_token_ids(stop).stop_at_eos(false))[0]
+      .ids;
 }
 
 // ---- tiny random models of each type ----
@@ -116,7 +119,8 @@ TEST_P(TinyModel, EachPromptOfABatchGetsTheTokensItGetsAlone) {
   std::vector<std::vector<int64_t>> prompts;
   for (const int64_t n : {5, 11, 1, 8}) prompts.push_back(to_ids(torch::randint(3, model->config().vocab_size, {n})));
   const auto greedy_options = models::GenerationOptions().max_new_tokens(12).stop_at_eos(false);
-  const auto sampled_options = models::GenerationOptions(greedy_options).do_sample(true).temperature(0.9).top_k(20).seed(7);
+  const auto sampled_options =
+      models::GenerationOptions(greedy_options).do_sample(true).temperature(0.9).top_k(20).seed(7);
   for (const auto& options : {greedy_options, sampled_options}) {
     SCOPED_TRACE(options.do_sample() ? "sampled" : "greedy");
     std::vector<std::vector<int64_t>> streamed(prompts.size());
@@ -180,8 +184,8 @@ TEST_P(TinyModel, TheEngineGivesTransformersTokensBesideOtherRequests) {
                         models::EngineOptions().kv_tokens(512).block_size(4).prefill_chunk(5).max_prefill_tokens(8));
   const auto prompt = to_ids(expected.at("prompt").toTensor());
   const std::vector<int64_t> other_a(prompt.rbegin(), prompt.rend()), other_b(prompt.begin(), prompt.begin() + 3);
-  const auto results =
-      engine.generate({other_a, prompt, other_b}, models::GenerationOptions().max_new_tokens(32).stop_at_eos(false));
+  const auto results = engine.generate({other_a, prompt, other_b},
+                                       models::GenerationOptions().max_new_tokens(32).stop_at_eos(false));
   EXPECT_EQ(results[1].ids, to_ids(expected.at("tokens").toTensor()));
   EXPECT_GT(engine.stats().steps, 32);
   EXPECT_EQ(engine.cache().free_blocks(), engine.cache().num_blocks());
@@ -193,8 +197,8 @@ INSTANTIATE_TEST_SUITE_P(Generate, TinyModel, ::testing::ValuesIn(tiny_models())
 TEST(GenerateReference, IsPresent) {
   ASSERT_EQ(tiny_models().size(), 7u) << "no reference in TORCHATTN_GENERATE_REFERENCE='" << reference().string()
                                       << "' (ctest -R generate makes it)";
-  ASSERT_TRUE(fs::exists(smollm2() / "model.safetensors")) << "no SmolLM2 in TORCHATTN_SMOLLM2='" << smollm2().string()
-                                                           << "'";
+  ASSERT_TRUE(fs::exists(smollm2() / "model.safetensors"))
+      << "no SmolLM2 in TORCHATTN_SMOLLM2='" << smollm2().string() << "'";
 }
 
 // ---- weights ----
@@ -216,13 +220,15 @@ TEST(GenerateWeights, MissingOrMisshapenWeightsAreErrorsNamingTheKey) {
   without.erase(std::remove_if(without.begin(), without.end(),
                                [](const auto& p) { return p.first == "model.layers.1.self_attn.k_proj.weight"; }),
                 without.end());
-  expect(without, "load_weights: model.safetensors has no tensor for 'layers.1.self_attn.W_key.weight' (shape [16, 64])");
+  expect(without,
+         "load_weights: model.safetensors has no tensor for 'layers.1.self_attn.W_key.weight' (shape [16, 64])");
   auto misshapen = tensors;
   for (auto& [name, t] : misshapen) {
     if (name == "model.layers.0.mlp.up_proj.weight") t = t.narrow(0, 0, 100);
   }
-  expect(misshapen, "load_weights: tensor 'model.layers.0.mlp.up_proj.weight' of model.safetensors has shape [100, 64], "
-                   "expected [128, 64] for 'layers.0.up_proj.weight'");
+  expect(misshapen,
+         "load_weights: tensor 'model.layers.0.mlp.up_proj.weight' of model.safetensors has shape [100, 64], "
+         "expected [128, 64] for 'layers.0.up_proj.weight'");
   auto extra = tensors;
   extra.emplace_back("model.layers.0.self_attn.q_norm.weight", torch::ones({16}));
   expect(extra, "load_weights: model.safetensors has tensor 'model.layers.0.self_attn.q_norm.weight' "
@@ -267,9 +273,11 @@ TEST(GenerateTokenizer, OtherKindsAreRefusedNamingWhatTheyAre) {
     models::Tokenizer tok(path.string());
     ADD_FAILURE() << "a Unigram tokenizer was accepted";
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what_without_backtrace()).find("is a Unigram tokenizer; this library reads BPE (GPT-2, "
-                                                            "SmolLM2, Qwen2) and WordPiece (BERT) tokenizers"),
-              std::string::npos) << e.what_without_backtrace();
+    EXPECT_NE(std::string(e.what_without_backtrace())
+                  .find("is a Unigram tokenizer; this library reads BPE (GPT-2, "
+                        "SmolLM2, Qwen2) and WordPiece (BERT) tokenizers"),
+              std::string::npos)
+        << e.what_without_backtrace();
   }
   fs::remove(path);
 }
@@ -284,15 +292,18 @@ TEST(GenerateSmolLM2, ConversationsAreTheChatTemplatesText) {
   ASSERT_EQ(conversations.size(), 2u);
   for (const auto& c : conversations) {
     std::vector<models::ChatMessage> messages;
-    for (const auto& m : c["messages"]) messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    for (const auto& m : c["messages"])
+      messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
     EXPECT_EQ(models::chat_prompt(*chat_template, messages), c["text"].get<std::string>());
   }
   try {
     models::chat_prompt(*chat_template, std::vector<models::ChatMessage>{{"tool", "{}"}});
     ADD_FAILURE() << "a tool turn was accepted";
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what_without_backtrace()).find("message 0 has role 'tool'; expected system, user or "
-                                                            "assistant"), std::string::npos);
+    EXPECT_NE(std::string(e.what_without_backtrace())
+                  .find("message 0 has role 'tool'; expected system, user or "
+                        "assistant"),
+              std::string::npos);
   }
 }
 
@@ -326,7 +337,8 @@ TEST(GenerateSmolLM2, ChatPromptLogitsAndGreedyTokensAreTransformers) {
     for (size_t s = 0; s < want.size(); ++s) {
       if (margins[static_cast<int64_t>(s)].item<double>() < 1e-4) {
         std::printf("[generate] SmolLM2 prompt %lld: transformers' top two logits tie within 1e-4 at step %zu; "
-                    "tokens compared up to there\n", static_cast<long long>(i), s);
+                    "tokens compared up to there\n",
+                    static_cast<long long>(i), s);
         n = s;
         break;
       }
@@ -336,7 +348,8 @@ TEST(GenerateSmolLM2, ChatPromptLogitsAndGreedyTokensAreTransformers) {
               std::vector<int64_t>(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(n)));
     if (n == want.size()) EXPECT_EQ(got.size(), want.size());
     std::printf("[generate] SmolLM2 prompt %lld: %zu greedy tokens equal to transformers' generate: \"%s\"\n",
-                static_cast<long long>(i), n, tok.decode(std::vector<int64_t>(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(n))).c_str());
+                static_cast<long long>(i), n,
+                tok.decode(std::vector<int64_t>(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(n))).c_str());
   }
 }
 
@@ -371,7 +384,8 @@ TEST(GenerateSmolLM2, LanguageModelGeneratesTheReferenceTokensForABatchOfPrompts
     EXPECT_EQ(out[i].text, lm.tokenizer().decode(ids));
     EXPECT_EQ(streamed[i], out[i].text);
     std::printf("[generate] LanguageModel, batch of %zu, prompt %zu: %zu tokens equal to transformers' generate: "
-                "\"%s\"\n", prompts.size(), i, n, out[i].text.c_str());
+                "\"%s\"\n",
+                prompts.size(), i, n, out[i].text.c_str());
   }
 }
 
@@ -392,24 +406,30 @@ TEST(GenerateFolders, AnotherModelsTokenizerIsAnErrorNamingTheFiles) {
   const std::string tokenizer = (dir / "tokenizer.json").string(), config = (dir / "config.json").string();
   auto load = [&] { return error_of([&] { models::LanguageModel::from_pretrained(dir.string()); }); };
   write_file(dir / "tokenizer.json", kTinyWordPiece);  // a BERT's
-  EXPECT_HAS(load(), "tokenizer: '" + tokenizer + "' is a WordPiece tokenizer; '" + config + "' holds a llama model, "
-                     "which expects a byte-level BPE tokenizer (GPT-2, SmolLM2, Qwen2 kinds) (is the tokenizer.json "
-                     "another model's?)");
+  EXPECT_HAS(load(),
+             "tokenizer: '" + tokenizer + "' is a WordPiece tokenizer; '" + config +
+                 "' holds a llama model, "
+                 "which expects a byte-level BPE tokenizer (GPT-2, SmolLM2, Qwen2 kinds) (is the tokenizer.json "
+                 "another model's?)");
   // Its own without <|im_end|>: chat prompts were plain text, and the answer never ended.
   std::string own = read_text(smollm2() / "tokenizer.json"), renamed = own;
   for (size_t at = renamed.find("<|im_end|>"); at != std::string::npos; at = renamed.find("<|im_end|>", at)) {
     renamed.replace(at, 10, "<|im_stop|>");
   }
   write_file(dir / "tokenizer.json", renamed);
-  const auto chat_file =
-      fs::exists(dir / "chat_template.jinja") ? dir / "chat_template.jinja" : dir / "tokenizer_config.json";
-  EXPECT_HAS(load(), "tokenizer: the chat template of '" + chat_file.string() + "' uses <|im_end|>, expected a token "
-                     "of '" + tokenizer + "', got none of that name");
+  const auto chat_file = fs::exists(dir / "chat_template.jinja") ? dir / "chat_template.jinja"
+                                                                 : dir / "tokenizer_config.json";
+  EXPECT_HAS(load(), "tokenizer: the chat template of '" + chat_file.string() +
+                         "' uses <|im_end|>, expected a token "
+                         "of '" +
+                         tokenizer + "', got none of that name");
   // An end token past the tokenizer's ids.
   write_file(dir / "tokenizer.json", own);
   write_file(dir / "generation_config.json", R"({"eos_token_id": [2, 49200]})");
-  EXPECT_HAS(load(), "tokenizer: '" + (dir / "generation_config.json").string() + "' has eos_token_id 49200, expected "
-                     "an id of '" + tokenizer + "' (0 to 49151): is the tokenizer.json another model's?");
+  EXPECT_HAS(load(), "tokenizer: '" + (dir / "generation_config.json").string() +
+                         "' has eos_token_id 49200, expected "
+                         "an id of '" +
+                         tokenizer + "' (0 to 49151): is the tokenizer.json another model's?");
   fs::remove(dir / "generation_config.json");
   EXPECT_EQ(load(), "(no error)");
   fs::remove_all(dir);
@@ -469,8 +489,10 @@ TEST(GenerateErrors, BadPromptsAndOptionsNameWhatIsWrong) {
   EXPECT_EQ(message({{1, 211}}, o), "generate: prompt 0 has token id 211, outside the vocabulary [0, 211)");
   EXPECT_EQ(message({std::vector<int64_t>(30, 1)}, o), "generate: 30 prompt tokens and 4 new ones pass the context "
                                                        "length 32");
-  EXPECT_EQ(message({{1}}, models::GenerationOptions().max_new_tokens(0)), "generate: expected max_new_tokens >= 1, got 0");
-  EXPECT_EQ(message({{1}}, models::GenerationOptions().max_new_tokens(4).do_sample(true).top_p(1.5)), "sampling: expected top_p in (0, 1], got 1.5");
+  EXPECT_EQ(message({{1}}, models::GenerationOptions().max_new_tokens(0)),
+            "generate: expected max_new_tokens >= 1, got 0");
+  EXPECT_EQ(message({{1}}, models::GenerationOptions().max_new_tokens(4).do_sample(true).top_p(1.5)),
+            "sampling: expected top_p in (0, 1], got 1.5");
 }
 
-} // namespace
+}  // namespace

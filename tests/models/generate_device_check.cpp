@@ -35,14 +35,13 @@ namespace {
 
 c10::impl::GenericDict read_pickle(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read " + path.string() + " (tests/reference/make_device_reference.py writes it)");
+  if (!in)
+    throw std::runtime_error("cannot read " + path.string() + " (tests/reference/make_device_reference.py writes it)");
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   return torch::pickle_load(bytes).toGenericDict();
 }
 
-at::Tensor get(const c10::impl::GenericDict& d, const std::string& key) {
-  return d.at(key).toTensor();
-}
+at::Tensor get(const c10::impl::GenericDict& d, const std::string& key) { return d.at(key).toTensor(); }
 
 double relative_error(const at::Tensor& a, const at::Tensor& e) {
   return (a.to(at::kDouble).cpu() - e.to(at::kDouble)).abs().max().item<double>() / e.abs().max().item<double>();
@@ -56,7 +55,7 @@ std::string arg(int argc, char** argv, const std::string& name, const std::strin
   return fallback;
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
   try {
@@ -82,7 +81,9 @@ int main(int argc, char** argv) {
     const double err32 = relative_error(model->forward(prompt.unsqueeze(0).to(device))[0], expected32);
     if (err32 > 1e-4) problems.push_back("float32 logits error " + std::to_string(err32) + " > 1e-4");
     const auto ours = torchattn::models::generate(
-        *model, {prompt_ids}, torchattn::models::GenerationOptions().max_new_tokens(n_tokens).stop_at_eos(false))[0].ids;
+                          *model, {prompt_ids},
+                          torchattn::models::GenerationOptions().max_new_tokens(n_tokens).stop_at_eos(false))[0]
+                          .ids;
     int64_t equal = 0, compared = 0;
     bool tie = false;
     for (int64_t i = 0; i < n_tokens; ++i) {
@@ -111,9 +112,9 @@ int main(int argc, char** argv) {
     std::string status = problems.empty() ? "PASS" : "FAIL";
     std::printf("generate_device_check: %s on %s, %d layers: float32 logits error %.2e (<= 1e-4), greedy %lld of %lld "
                 "tokens equal%s; bfloat16 logits error %.2e against float32 (transformers' bfloat16: %.2e)\n",
-                status.c_str(), device.str().c_str(), static_cast<int>(config.num_layers),
-                err32, static_cast<long long>(equal), static_cast<long long>(compared),
-                tie ? " then a near tie" : "", err16, theirs_err16);
+                status.c_str(), device.str().c_str(), static_cast<int>(config.num_layers), err32,
+                static_cast<long long>(equal), static_cast<long long>(compared), tie ? " then a near tie" : "", err16,
+                theirs_err16);
     for (const auto& p : problems) std::printf("generate_device_check:   %s\n", p.c_str());
     return problems.empty() ? 0 : 1;
   } catch (const std::exception& e) {

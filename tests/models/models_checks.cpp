@@ -48,7 +48,7 @@ std::map<std::string, torch::Tensor> read_tensors(const fs::path& path) {
 
 std::string minilm() { return read_json(reference() / "minilm.json")["model"].get<std::string>(); }
 
-} // namespace
+}  // namespace
 
 TEST(ModelsReference, IsPresent) {
   ASSERT_TRUE(fs::exists(reference() / "minilm.json"))
@@ -74,8 +74,8 @@ TEST(WordPiece, EncodesEveryFortuneLineAsTransformers) {
                     << ref["decoded"][i].get<std::string>() << "'";
     }
   }
-  std::printf("[models] WordPiece: %zu lines, %zu encode and %zu decode differently from transformers\n",
-              lines.size(), wrong_ids, wrong_text);
+  std::printf("[models] WordPiece: %zu lines, %zu encode and %zu decode differently from transformers\n", lines.size(),
+              wrong_ids, wrong_text);
   EXPECT_EQ(wrong_ids, 0u);
   EXPECT_EQ(wrong_text, 0u);
 }
@@ -90,7 +90,8 @@ TEST(WordPiece, SpecialTokensTruncationAndErrors) {
   const auto cut = tok.encode("one two three four", true, 4);
   EXPECT_EQ(cut, (std::vector<int64_t>{*cls, plain[0], plain[1], *sep}));
   EXPECT_EQ(tok.decode(tok.encode("Hello, world!"), /*skip_special_tokens=*/true), "hello, world!");
-  EXPECT_HAS(error_of([&] { tok.decode({tok.vocab_size()}); }), "tokenizer: no token has id 30522 (vocabulary of 30522)");
+  EXPECT_HAS(error_of([&] { tok.decode({tok.vocab_size()}); }),
+             "tokenizer: no token has id 30522 (vocabulary of 30522)");
   EXPECT_HAS(error_of([&] { tok.encode("x", true, 2); }), "Tokenizer::encode: expected max_length > 2 (the special "
                                                           "tokens it adds), got 2");
 }
@@ -102,14 +103,18 @@ TEST(Tokenizers, DamagedFilesAreErrorsNamingWhatIsWrong) {
       "vocab": {"[UNK]": 0, "a": 1}}, "normalizer": {"type": "BertNormalizer"}, )";
   EXPECT_HAS(error_of([&] { models::Tokenizer::from_json(wordpiece_head + R"("pre_tojenizer": {}})", "t"); }),
              "tokenizer: a pre-tokenizer other than BertPreTokenizer");
-  EXPECT_HAS(error_of([&] { models::Tokenizer::from_json(R"({"model": {"type": "BPE", "vocab": {"a": 0},
-      "merges": []}, "decoder": {"type": "ByteLevel"}})", "t"); }),
+  EXPECT_HAS(error_of([&] {
+               models::Tokenizer::from_json(R"({"model": {"type": "BPE", "vocab": {"a": 0},
+      "merges": []}, "decoder": {"type": "ByteLevel"}})",
+                                            "t");
+             }),
              "tokenizer: a tokenizer without a pre-tokenizer");
-  EXPECT_HAS(error_of([&] { models::Tokenizer::from_json(R"({"model": {"type": "WordPiece", "vocab": {"a": -3}}})",
-                                                         "t"); }),
+  EXPECT_HAS(error_of(
+                 [&] { models::Tokenizer::from_json(R"({"model": {"type": "WordPiece", "vocab": {"a": -3}}})", "t"); }),
              "tokenizer: the id of token 'a' is -3; expected an integer in [0, 2^26)");
-  EXPECT_HAS(error_of([&] { models::Tokenizer::from_json(R"({"model": {"type": "WordPiece", "vocab": {"a": "x"}}})",
-                                                         "t"); }),
+  EXPECT_HAS(error_of([&] {
+               models::Tokenizer::from_json(R"({"model": {"type": "WordPiece", "vocab": {"a": "x"}}})", "t");
+             }),
              "tokenizer: the id of token 'a' is \"x\"");
   EXPECT_HAS(error_of([&] { models::Tokenizer::from_json(R"({"model": {"type": "WordPiece"}})", "t"); }),
              "tokenizer: 't' is not a tokenizer.json this library reads: ");
@@ -159,11 +164,11 @@ TEST(MiniLM, BatchesOfAnySizeGiveTheSameRows) {
   auto encoder = models::SentenceEncoder::from_pretrained(minilm());
   const auto one_batch = encoder.embed(sentences, models::EmbedOptions().batch_size(64));
   int64_t calls = 0;
-  const auto batches = encoder.embed(sentences, models::EmbedOptions().batch_size(5).on_progress(
-                                                    [&](int64_t done, int64_t all) {
-                                                      ++calls;
-                                                      EXPECT_EQ(all, static_cast<int64_t>(sentences.size()));
-                                                    }));
+  const auto batches = encoder.embed(sentences,
+                                     models::EmbedOptions().batch_size(5).on_progress([&](int64_t done, int64_t all) {
+                                       ++calls;
+                                       EXPECT_EQ(all, static_cast<int64_t>(sentences.size()));
+                                     }));
   EXPECT_EQ(calls, (static_cast<int64_t>(sentences.size()) + 4) / 5);
   EXPECT_LE((one_batch - batches).abs().max().item<double>(), 1e-6);
 }
@@ -259,9 +264,10 @@ TEST(LoadWeights, RenamesIgnoresAndNamesWhatIsWrong) {
     models::load_weights(*bert, t, o, "tiny.safetensors");
   };
   // Without the rules nothing matches: the first file tensor is named.
-  EXPECT_HAS(error_of([&] { load(tensors, {}); }), "load_weights: tiny.safetensors has tensor "
-                                                   "'encoder.layer.0.attention.output.LayerNorm.bias', which the module "
-                                                   "does not have");
+  EXPECT_HAS(error_of([&] { load(tensors, {}); }),
+             "load_weights: tiny.safetensors has tensor "
+             "'encoder.layer.0.attention.output.LayerNorm.bias', which the module "
+             "does not have");
   auto misshapen = tensors;
   for (auto& [name, t] : misshapen) {
     if (name == "encoder.layer.1.intermediate.dense.weight") t = t.narrow(0, 0, 10);
@@ -275,16 +281,18 @@ TEST(LoadWeights, RenamesIgnoresAndNamesWhatIsWrong) {
              "load_weights: tiny.safetensors has no tensor for 'layers.0.output_norm.weight' (shape [32])");
   auto twice = tensors;
   twice.emplace_back("bert.embeddings.LayerNorm.bias", torch::zeros({32}));
-  EXPECT_HAS(error_of([&] { load(twice, models::BertModelImpl::hf_weights()); }),
-             "load_weights: tensors 'embeddings.LayerNorm.bias' (tiny.safetensors) and 'bert.embeddings.LayerNorm.bias' "
-             "(tiny.safetensors) both load into 'embeddings.LayerNorm.bias'");
+  EXPECT_HAS(
+      error_of([&] { load(twice, models::BertModelImpl::hf_weights()); }),
+      "load_weights: tensors 'embeddings.LayerNorm.bias' (tiny.safetensors) and 'bert.embeddings.LayerNorm.bias' "
+      "(tiny.safetensors) both load into 'embeddings.LayerNorm.bias'");
   auto integers = tensors;
   for (auto& [name, t] : integers) {
     if (name == "embeddings.word_embeddings.weight") t = t.to(torch::kLong);
   }
-  EXPECT_HAS(error_of([&] { load(integers, models::BertModelImpl::hf_weights()); }),
-             "load_weights: tensor 'embeddings.word_embeddings.weight' of tiny.safetensors is Long, expected a floating "
-             "dtype for 'embeddings.word_embeddings.weight'");
+  EXPECT_HAS(
+      error_of([&] { load(integers, models::BertModelImpl::hf_weights()); }),
+      "load_weights: tensor 'embeddings.word_embeddings.weight' of tiny.safetensors is Long, expected a floating "
+      "dtype for 'embeddings.word_embeddings.weight'");
   // A failed load leaves the module as it was.
   models::BertModel bert(config);
   const auto before = bert->embeddings->word_embeddings->weight.clone();
@@ -300,12 +308,14 @@ TEST(LoadWeights, ShardedCheckpointErrorsNameTheShard) {
   auto smaller = config;
   smaller.num_layers = 1;
   models::BertModel one_layer(smaller);
-  const std::string message = error_of([&] { models::load_weights(*one_layer, dir.string(), one_layer->hf_weights()); });
+  const std::string message = error_of(
+      [&] { models::load_weights(*one_layer, dir.string(), one_layer->hf_weights()); });
   EXPECT_HAS(message, "load_weights: " + (dir / "model-0000").string());
   EXPECT_HAS(message, "has tensor 'encoder.layer.1.");
   EXPECT_HAS(error_of([&] { models::load_weights(*bert, (reference() / "no_such_folder").string()); }),
-             "load_weights: '" + (reference() / "no_such_folder").string() + "' does not exist (expected a "
-             ".safetensors file, a model.safetensors.index.json, or a folder holding either)");
+             "load_weights: '" + (reference() / "no_such_folder").string() +
+                 "' does not exist (expected a "
+                 ".safetensors file, a model.safetensors.index.json, or a folder holding either)");
   const auto empty = reference() / "empty_folder";
   fs::create_directories(empty);
   EXPECT_HAS(error_of([&] { models::load_weights(*bert, empty.string()); }),
@@ -321,9 +331,10 @@ TEST(ModelFolders, WrongKindsAndUnsupportedTypesNameTheSupportedOnes) {
   EXPECT_HAS(error_of([&] { models::SentenceEncoder::from_pretrained(tmp.string()); }),
              "holds a t5 model; SentenceEncoder runs bert encoders; supported: llama, qwen2, qwen3, mistral, gemma2 "
              "(decoders); bert (encoders); bart (encoder-decoders)");
-  EXPECT_HAS(error_of([&] { models::LanguageModel::from_pretrained(tmp.string()); }),
-             "holds a t5 model; LanguageModel runs llama, qwen2, qwen3, mistral and gemma2; supported: llama, qwen2, qwen3, "
-             "mistral, gemma2 (decoders); bert (encoders); bart (encoder-decoders)");
+  EXPECT_HAS(
+      error_of([&] { models::LanguageModel::from_pretrained(tmp.string()); }),
+      "holds a t5 model; LanguageModel runs llama, qwen2, qwen3, mistral and gemma2; supported: llama, qwen2, qwen3, "
+      "mistral, gemma2 (decoders); bert (encoders); bart (encoder-decoders)");
   EXPECT_HAS(error_of([&] { models::LanguageModel::from_pretrained(minilm()); }),
              "holds a bert model; LanguageModel runs llama, qwen2, qwen3, mistral and gemma2 (load a bert folder with "
              "SentenceEncoder::from_pretrained)");
@@ -348,7 +359,7 @@ std::string tiny_wordpiece(const std::string& vocab) {
          R"(}}, "normalizer": {"type": "BertNormalizer"}, "pre_tokenizer": {"type": "BertPreTokenizer"}})";
 }
 
-} // namespace
+}  // namespace
 
 // A folder whose tokenizer.json is another model's loaded and embedded garbage.
 TEST(ModelFolders, AnotherModelsTokenizerIsAnErrorNamingTheFiles) {
@@ -356,21 +367,23 @@ TEST(ModelFolders, AnotherModelsTokenizerIsAnErrorNamingTheFiles) {
   const std::string tokenizer = (dir / "tokenizer.json").string(), config = (dir / "config.json").string();
   auto load = [&] { models::SentenceEncoder::from_pretrained(dir.string()); };
   write_file(dir / "tokenizer.json", kTinyBpe);
-  EXPECT_HAS(error_of(load), "tokenizer: '" + tokenizer + "' is a BPE tokenizer; '" + config + "' holds a bert model, "
-                             "which expects a WordPiece tokenizer (BERT's kind) (is the tokenizer.json another "
-                             "model's?)");
+  EXPECT_HAS(error_of(load), "tokenizer: '" + tokenizer + "' is a BPE tokenizer; '" + config +
+                                 "' holds a bert model, "
+                                 "which expects a WordPiece tokenizer (BERT's kind) (is the tokenizer.json another "
+                                 "model's?)");
   write_file(dir / "tokenizer.json", tiny_wordpiece(R"("[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "[PAD]": 3, "a": 40000)"));
   EXPECT_HAS(error_of(load), "tokenizer: '" + tokenizer + "' gives ids up to 40000 (40001 tokens); '" + config +
-                             "' has vocab_size 30522, so expected every id below 30522");
+                                 "' has vocab_size 30522, so expected every id below 30522");
   write_file(dir / "tokenizer.json", tiny_wordpiece(R"("[UNK]": 0, "[PAD]": 1, "a": 2)"));
-  EXPECT_HAS(error_of(load), "tokenizer: '" + tokenizer + "' lacks tokens a BERT encoder reads: expected [CLS], [SEP] "
-                             "and [UNK], got none for [CLS], [SEP]");
+  EXPECT_HAS(error_of(load), "tokenizer: '" + tokenizer +
+                                 "' lacks tokens a BERT encoder reads: expected [CLS], [SEP] "
+                                 "and [UNK], got none for [CLS], [SEP]");
   write_file(dir / "tokenizer.json", tiny_wordpiece(R"("[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "a": 3)"));
   auto with_pad = read_json(fs::path(minilm()) / "config.json");
   with_pad["pad_token_id"] = 7;
   write_file(dir / "config.json", with_pad.dump());
   EXPECT_HAS(error_of(load), "tokenizer: '" + tokenizer + "' has no [PAD] token and '" + config +
-                             "' has pad_token_id 7, expected an id of the tokenizer (0 to 3)");
+                                 "' has pad_token_id 7, expected an id of the tokenizer (0 to 3)");
   fs::remove_all(dir);
 }
 
@@ -399,12 +412,12 @@ TEST(ModelFolders, LoadOptionsAreCheckedWithTheirNames) {
 // cannot take them at all.
 TEST(WordPiece, InvalidUtf8IsAnErrorNamingTheByte) {
   EXPECT_FALSE(models::find_invalid_utf8("plain, é, 中文, 🍕").has_value());
-  EXPECT_EQ(models::find_invalid_utf8("caf\xE9"), 3u);                // Latin-1
-  EXPECT_EQ(models::find_invalid_utf8("a\x80"), 1u);                  // a lone continuation byte
-  EXPECT_EQ(models::find_invalid_utf8("\xC0\xAF"), 0u);               // overlong
-  EXPECT_EQ(models::find_invalid_utf8("ab\xED\xA0\x80"), 2u);         // a surrogate
-  EXPECT_EQ(models::find_invalid_utf8("\xF4\x90\x80\x80"), 0u);       // past U+10FFFF
-  EXPECT_EQ(models::find_invalid_utf8("\xE2\x82"), 0u);               // truncated
+  EXPECT_EQ(models::find_invalid_utf8("caf\xE9"), 3u);           // Latin-1
+  EXPECT_EQ(models::find_invalid_utf8("a\x80"), 1u);             // a lone continuation byte
+  EXPECT_EQ(models::find_invalid_utf8("\xC0\xAF"), 0u);          // overlong
+  EXPECT_EQ(models::find_invalid_utf8("ab\xED\xA0\x80"), 2u);    // a surrogate
+  EXPECT_EQ(models::find_invalid_utf8("\xF4\x90\x80\x80"), 0u);  // past U+10FFFF
+  EXPECT_EQ(models::find_invalid_utf8("\xE2\x82"), 0u);          // truncated
   EXPECT_FALSE(models::find_invalid_utf8(std::string("a\0b", 3)).has_value());
   const models::Tokenizer tok((fs::path(minilm()) / "tokenizer.json").string());
   EXPECT_HAS(error_of([&] { tok.encode("caf\xE9 au lait"); }),

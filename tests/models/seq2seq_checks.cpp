@@ -163,8 +163,8 @@ TEST_P(TinySeq2Seq, CachedDecodingEqualsRecomputingAndAPaddedRowEqualsItsPromptA
 // This module's parameter name -> transformers' ("encoder.layers.0.self_attn.W_query.weight"
 // -> "model.encoder.layers.0.self_attn.q_proj.weight").
 std::string hf_name(std::string name) {
-  for (const auto& [ours, theirs] : {std::pair<std::string, std::string>{"W_query", "q_proj"}, {"W_key", "k_proj"},
-                                     {"W_value", "v_proj"}}) {
+  for (const auto& [ours, theirs] :
+       {std::pair<std::string, std::string>{"W_query", "q_proj"}, {"W_key", "k_proj"}, {"W_value", "v_proj"}}) {
     if (const auto at = name.find("." + ours + "."); at != std::string::npos) name.replace(at + 1, ours.size(), theirs);
   }
   return "model." + name;
@@ -207,7 +207,8 @@ INSTANTIATE_TEST_SUITE_P(Generate, TinySeq2Seq, ::testing::ValuesIn(tiny_models(
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 TEST(Seq2SeqReference, IsPresent) {
-  ASSERT_EQ(tiny_models().size(), 2u) << "no reference in '" << reference().string() << "' (ctest -R generate makes it)";
+  ASSERT_EQ(tiny_models().size(), 2u) << "no reference in '" << reference().string()
+                                      << "' (ctest -R generate makes it)";
 }
 
 // ---- errors ----
@@ -220,7 +221,8 @@ struct EditedConfig {
   EditedConfig(const std::string& name, const std::vector<std::pair<std::string, std::string>>& edits,
                const std::string& generation_config = "") {
     static int count = 0;
-    dir = fs::temp_directory_path() / ("torchattn_seq2seq_" + std::to_string(::getpid()) + "_" + std::to_string(count++));
+    dir = fs::temp_directory_path() /
+          ("torchattn_seq2seq_" + std::to_string(::getpid()) + "_" + std::to_string(count++));
     fs::create_directories(dir);
     std::ifstream in(reference() / name / "config.json");
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -254,13 +256,15 @@ TEST(Seq2SeqErrors, ConfigsThisLibraryCannotRunAreErrorsNamingTheField) {
              "expected a decoder_start_token_id or a bos_token_id (the decoder's first input)");
   EXPECT_HAS(read("bart_gelu", {{"decoder_start_token_id", "500"}}),
              "expected decoder_start_token_id to be a token id in [0, vocab_size 211), got 500");
-  EXPECT_HAS(read("bart_gelu", {{"eos_token_id", "\"2\""}}), "expected eos_token_id to be token ids in [0, vocab_size 211), got \"2\"");
+  EXPECT_HAS(read("bart_gelu", {{"eos_token_id", "\"2\""}}),
+             "expected eos_token_id to be token ids in [0, vocab_size 211), got \"2\"");
   EXPECT_HAS(read("bart_gelu", {{"model_type", "\"t5\""}}),
              "model_type 't5' is not an encoder-decoder this library runs; supported: llama, qwen2, qwen3, mistral, "
              "gemma2 (decoders); bert (encoders); bart (encoder-decoders)");
   // generation_config.json's errors name it.
   const std::string bad = read("bart_gelu", {}, R"({"decoder_start_token_id": 2, "eos_token_id": [2, null]})");
-  EXPECT_HAS(bad, "generation_config.json': expected eos_token_id to be token ids in [0, vocab_size 211), got [2,null]");
+  EXPECT_HAS(bad,
+             "generation_config.json': expected eos_token_id to be token ids in [0, vocab_size 211), got [2,null]");
   // A bart folder given to LanguageModel says where it goes.
   EXPECT_HAS(error_of([] { models::LanguageModel::from_pretrained((reference() / "bart_gelu").string()); }),
              "holds a bart model; LanguageModel runs llama, qwen2, qwen3, mistral and gemma2 (load a bart folder with "
@@ -270,7 +274,8 @@ TEST(Seq2SeqErrors, ConfigsThisLibraryCannotRunAreErrorsNamingTheField) {
   EXPECT_HAS(error_of([&] { models::Seq2SeqLM m(c); }), "Seq2SeqLM: expected decoder_layers >= 1, got 0");
   c.decoder_layers = 1;
   c.forced_eos_token_id = 211;
-  EXPECT_HAS(error_of([&] { models::Seq2SeqLM m(c); }), "Seq2SeqLM: expected forced_eos_token_id in [0, vocab_size 211), got 211");
+  EXPECT_HAS(error_of([&] { models::Seq2SeqLM m(c); }),
+             "Seq2SeqLM: expected forced_eos_token_id in [0, vocab_size 211), got 211");
 }
 
 // generate's settings as transformers reads them: generation_config.json alone where the
@@ -300,7 +305,9 @@ TEST(Seq2SeqErrors, WeightsAndInputsOutsideTheModelAreErrorsNamingThem) {
   auto model = load_model(dir);
   auto tensors = torchattn::load_safetensors((dir / "model.safetensors").string());
   tensors.erase(std::remove_if(tensors.begin(), tensors.end(),
-                               [](const auto& p) { return p.first == "model.decoder.layers.1.encoder_attn.k_proj.bias"; }),
+                               [](const auto& p) {
+                                 return p.first == "model.decoder.layers.1.encoder_attn.k_proj.bias";
+                               }),
                 tensors.end());
   models::Seq2SeqLM fresh(model->config());
   EXPECT_HAS(error_of([&] { models::load_weights(*fresh, tensors, fresh->hf_weights(), "model.safetensors"); }),
@@ -321,7 +328,8 @@ TEST(Seq2SeqErrors, WeightsAndInputsOutsideTheModelAreErrorsNamingThem) {
   c10::InferenceMode inference;
   const auto ids = torch::randint(3, 211, {2, 4});
   const auto context = model->cross_kvs(model->encode(ids));
-  EXPECT_HAS(error_of([&] { model->encode(ids.to(torch::kInt)); }), "Seq2SeqLM: expected ids as int64 [B, T], got [2, 4] of Int");
+  EXPECT_HAS(error_of([&] { model->encode(ids.to(torch::kInt)); }),
+             "Seq2SeqLM: expected ids as int64 [B, T], got [2, 4] of Int");
   EXPECT_HAS(error_of([&] { model->encode(ids, torch::zeros({2, 5}, torch::kBool)); }),
              "Seq2SeqLM: expected key_padding_mask [2, 4] as ids, got [2, 5]");
   EXPECT_HAS(error_of([&] { model->decode(ids, {context.front()}); }),
@@ -334,4 +342,4 @@ TEST(Seq2SeqErrors, WeightsAndInputsOutsideTheModelAreErrorsNamingThem) {
              "Seq2SeqLM: decoder_ids reach position 65; the model has positions for 1 to 64 tokens");
 }
 
-} // namespace
+}  // namespace

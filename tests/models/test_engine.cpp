@@ -280,7 +280,8 @@ TEST(Engine, StopTokensLengthsAndCancellationEndARequestAndFreeItsBlocks) {
   auto model = tiny_model(torch::kFloat, false, /*context=*/40);
   models::Engine engine(model, small_chunks());
   const auto ps = prompts({6, 6, 30, 8}, 5);
-  const auto alone = ids_of(engine.generate({ps[0]}, models::GenerationOptions().max_new_tokens(10).stop_at_eos(false)))[0];
+  const auto alone = ids_of(
+      engine.generate({ps[0]}, models::GenerationOptions().max_new_tokens(10).stop_at_eos(false)))[0];
   // A stop token: the request ends with it.
   std::vector<models::TokenEvent> events;
   auto record = [&](const models::TokenEvent& e) { events.push_back(e); };
@@ -412,11 +413,13 @@ TEST(Engine, LogitBiasPenaltiesAndLogprobsFollowOpenAIsDefinitions) {
   }
   // A bias of 100 forces its token; -100 bans the greedy one.
   const auto plain = models::generate(*model, {prompt}, models::GenerationOptions().max_new_tokens(4))[0].ids;
-  const auto banned = models::generate(*model, {prompt}, models::GenerationOptions().max_new_tokens(4).logit_bias(
-                                                              {{plain[0], -100.0}}))[0].ids;
+  const auto banned = models::generate(*model, {prompt},
+                                       models::GenerationOptions().max_new_tokens(4).logit_bias(
+                                           {{plain[0], -100.0}}))[0]
+                          .ids;
   EXPECT_NE(banned[0], plain[0]);
-  const auto forced = models::generate(*model, {prompt}, models::GenerationOptions().max_new_tokens(4).logit_bias(
-                                                              {{9, 100.0}}))[0].ids;
+  const auto forced =
+      models::generate(*model, {prompt}, models::GenerationOptions().max_new_tokens(4).logit_bias({{9, 100.0}}))[0].ids;
   EXPECT_EQ(forced, std::vector<int64_t>(4, 9));
   // Without logprobs none come.
   EXPECT_TRUE(models::generate(*model, {prompt}, models::GenerationOptions().max_new_tokens(2))[0].logprobs.empty());
@@ -428,7 +431,8 @@ TEST(Engine, TheQueueLimitAndBadRequestsAreErrorsNamingTheCause) {
   const auto options = models::GenerationOptions().max_new_tokens(4);
   auto none = [](const models::TokenEvent&) {};
   expect_error([&] { engine.submit({}, options, none); }, "expected a prompt of at least one token, got none");
-  expect_error([&] { engine.submit({1, 96}, options, none); }, "the prompt has token id 96, outside the vocabulary [0, 96)");
+  expect_error([&] { engine.submit({1, 96}, options, none); },
+               "the prompt has token id 96, outside the vocabulary [0, 96)");
   expect_error([&] { engine.submit({1, 2}, models::GenerationOptions().max_new_tokens(63), none); },
                "2 prompt tokens and max_new_tokens=63 pass the model's context_length of 64");
   expect_error([&] { engine.submit({1, 2}, models::GenerationOptions().max_new_tokens(0), none); },
@@ -473,4 +477,4 @@ TEST(Engine, TheQueueLimitAndBadRequestsAreErrorsNamingTheCause) {
                "expected long_prefill_tokens >= 1, got 0");
 }
 
-} // namespace
+}  // namespace

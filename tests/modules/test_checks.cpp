@@ -49,39 +49,43 @@ std::vector<ErrorCase> error_cases() {
        "MultiHeadAttention: expected d_out divisible by num_heads (or head_dim set), got d_out=5 and num_heads=2"},
       {"AlibiNotCausal", [] { MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).alibi(true).causal(false)); },
        "MultiHeadAttention: alibi needs causal(true) (its distances are to earlier keys), got causal(false)"},
-      {"AlibiAndRope", [] { MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).alibi(true).rope(torchattn::RoPEOptions())); },
+      {"AlibiAndRope",
+       [] { MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).alibi(true).rope(torchattn::RoPEOptions())); },
        "MultiHeadAttention: alibi and rope both give positions; choose one, got both"},
       {"KdimZero", [] { MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).kdim(0)); },
        "MultiHeadAttention: expected kdim > 0, got 0"},
       {"SelfAttentionWithKdim", [] { MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).kdim(6))(x3(1, 3, 4)); },
        "MultiHeadAttention: forward reads keys and values from x, so it needs kdim and vdim equal to d_in=4, got kdim=6 "
        "and vdim=4; attend over a context with forward_cross"},
-      {"CrossOnCausal", [] { MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2))->forward_cross(x3(1, 3, 4), x3(1, 5, 4)); },
+      {"CrossOnCausal",
+       [] { MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2))->forward_cross(x3(1, 3, 4), x3(1, 5, 4)); },
        "MultiHeadAttention: cross_kv attends over the whole context, so it needs causal(false), got causal(true)"},
-      {"CrossWithRope", [] {
+      {"CrossWithRope",
+       [] {
          MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).causal(false).rope(torchattn::RoPEOptions()))
              ->forward_cross(x3(1, 3, 4), x3(1, 5, 4));
        },
        "MultiHeadAttention: cross_kv gives the context no positions, so it is not available with rope"},
-      {"CrossContextWidth", [] {
-         MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).causal(false).kdim(6))->cross_kv(x3(1, 5, 4));
-       },
+      {"CrossContextWidth",
+       [] { MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).causal(false).kdim(6))->cross_kv(x3(1, 5, 4)); },
        "MultiHeadAttention: cross_kv expected context with kdim=6 features and at least one token, got [1, 5, 4]"},
-      {"CrossValueWidth", [] {
-         MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).causal(false).vdim(3))->cross_kv(x3(1, 5, 4));
-       },
+      {"CrossValueWidth",
+       [] { MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).causal(false).vdim(3))->cross_kv(x3(1, 5, 4)); },
        "MultiHeadAttention: cross_kv needs a value_context [..., S, vdim=3] when vdim differs from kdim=4"},
-      {"CrossPaddingAll", [] {
+      {"CrossPaddingAll",
+       [] {
          MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).causal(false))
              ->cross_kv(x3(1, 5, 4), torch::ones({1, 5}, torch::kBool));
        },
        "MultiHeadAttention: key_padding_mask ignores every key of sequence 0"},
-      {"CrossPaddingShape", [] {
+      {"CrossPaddingShape",
+       [] {
          MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).causal(false))
              ->cross_kv(x3(2, 5, 4), torch::zeros({2, 4}, torch::kBool));
        },
        "MultiHeadAttention: expected context_padding_mask of shape [B, T] = [2, 5] (or [1, 5]), got [2, 4]"},
-      {"CrossBatch", [] {
+      {"CrossBatch",
+       [] {
          MultiHeadAttention m(MultiHeadAttentionOptions(4, 4, 6, 2).causal(false));
          m->forward_cross(x3(3, 2, 4), m->cross_kv(x3(2, 5, 4)));
        },
@@ -117,16 +121,23 @@ std::vector<ErrorCase> error_cases() {
       {"ZeroTokens", [] { CausalAttention(3, 2, 6, 0.0)(x3(1, 0, 3)); },
        "CausalAttention: expected at least one token"},
       {"MaskDoesNotBroadcast",
-       [] { F::dot_product_attention(torch::randn({2, 3}), torch::randn({4, 3}), torch::randn({4, 3}), torch::ones({3, 4})); },
+       [] {
+         F::dot_product_attention(torch::randn({2, 3}), torch::randn({4, 3}), torch::randn({4, 3}),
+                                  torch::ones({3, 4}));
+       },
        "dot_product_attention: expected mask broadcastable to [2, 4], got [3, 4]"},
       {"MaskTooManyDims",
-       [] { F::dot_product_attention(torch::randn({2, 3}), torch::randn({4, 3}), torch::randn({4, 3}), torch::ones({1, 2, 4})); },
+       [] {
+         F::dot_product_attention(torch::randn({2, 3}), torch::randn({4, 3}), torch::randn({4, 3}),
+                                  torch::ones({1, 2, 4}));
+       },
        "dot_product_attention: expected mask broadcastable to [2, 4], got [1, 2, 4]"},
       {"QKFeatures", [] { F::dot_product_attention(torch::randn({2, 3}), torch::randn({4, 5}), torch::randn({4, 5})); },
        "dot_product_attention: expected q and k with the same feature size d"},
       {"VTokens", [] { F::dot_product_attention(torch::randn({2, 3}), torch::randn({4, 3}), torch::randn({5, 3})); },
        "dot_product_attention: expected v with as many tokens as k"},
-      {"IntegerQ", [] { F::dot_product_attention(torch::ones({2, 3}, torch::kInt), torch::randn({4, 3}), torch::randn({4, 3})); },
+      {"IntegerQ",
+       [] { F::dot_product_attention(torch::ones({2, 3}, torch::kInt), torch::randn({4, 3}), torch::randn({4, 3})); },
        "dot_product_attention: expected a floating-point q"},
       {"CausalNotSquare",
        [] { F::causal_dot_product_attention(torch::randn({2, 3}), torch::randn({4, 3}), torch::randn({4, 3})); },
@@ -226,8 +237,7 @@ std::vector<ErrorCase> error_cases() {
        "got Long; a Hugging Face attention_mask (1 = token, 0 = padding) means the opposite: pass attention_mask == 0, "
        "or torchattn::padding_mask_from_attention_mask(attention_mask), not attention_mask.to(torch::kBool)"},
       // A float keep-mask (1 = keep, as functional::dot_product_attention takes) is not silently added.
-      {"FloatKeepMaskAsPaddingMask",
-       [] { MultiHeadAttention(3, 2, 6, 0.0, 2)(x3(2, 5, 3), torch::ones({2, 5})); },
+      {"FloatKeepMaskAsPaddingMask", [] { MultiHeadAttention(3, 2, 6, 0.0, 2)(x3(2, 5, 3), torch::ones({2, 5})); },
        "MultiHeadAttention: expected a bool key_padding_mask (true = ignore that key, as in torch.nn.MultiheadAttention), "
        "got Float; an additive mask (0 keeps, -inf hides) goes in key_bias"},
       // at::scaled_dot_product_attention's bool convention (true = attend) hides everything.
@@ -237,18 +247,22 @@ std::vector<ErrorCase> error_cases() {
        "in torch.nn.MultiheadAttention), the opposite of at::scaled_dot_product_attention's attn_mask (true = "
        "attend): pass mask.logical_not(); a Hugging Face attention_mask (1 = token) converts with attention_mask == 0, "
        "not .to(torch::kBool)"},
-      {"SdpaConventionPaddingMaskSA",
-       [] { SelfAttentionV2(3, 2)(x3(1, 4, 3), torch::ones({1, 4}, torch::kBool)); },
+      {"SdpaConventionPaddingMaskSA", [] { SelfAttentionV2(3, 2)(x3(1, 4, 3), torch::ones({1, 4}, torch::kBool)); },
        "SelfAttentionV2: key_padding_mask ignores every key of sequence 0"},
       {"PaddingMaskUnbatched", [] { SelfAttentionV2(3, 2)(torch::randn({5, 3}), torch::zeros({1, 5}, torch::kBool)); },
        "SelfAttentionV2: expected key_padding_mask of shape [T] = [5], got [1, 5]"},
       {"PaddingMaskDevice",
-       [] { CausalAttention(3, 2, 6, 0.0)(x3(1, 5, 3), torch::zeros({1, 5}, torch::TensorOptions(torch::kBool).device(torch::kMeta))); },
+       [] {
+         CausalAttention(3, 2, 6, 0.0)(x3(1, 5, 3),
+                                       torch::zeros({1, 5}, torch::TensorOptions(torch::kBool).device(torch::kMeta)));
+       },
        "CausalAttention: expected key_padding_mask on cpu, got meta"},
-      {"KeyBiasBool", [] { CausalAttention(3, 2, 6, 0.0)->forward(x3(2, 5, 3), {}, torch::zeros({2, 5}, torch::kBool)); },
+      {"KeyBiasBool",
+       [] { CausalAttention(3, 2, 6, 0.0)->forward(x3(2, 5, 3), {}, torch::zeros({2, 5}, torch::kBool)); },
        "CausalAttention: expected key_bias of the input's dtype Float (added to the scores: 0 keeps, -inf hides), got "
        "Bool; a bool mask of keys to ignore is key_padding_mask"},
-      {"KeyBiasDtype", [] { MultiHeadAttention(3, 2, 6, 0.0, 2)->forward(x3(2, 5, 3), {}, torch::zeros({2, 5}, torch::kDouble)); },
+      {"KeyBiasDtype",
+       [] { MultiHeadAttention(3, 2, 6, 0.0, 2)->forward(x3(2, 5, 3), {}, torch::zeros({2, 5}, torch::kDouble)); },
        "MultiHeadAttention: expected key_bias of the input's dtype Float"},
       {"KeyBiasShape", [] { SelfAttentionV2(3, 2)->forward(x3(2, 5, 3), {}, torch::zeros({3, 5})); },
        "SelfAttentionV2: expected key_bias of shape [B, T] = [2, 5] (or [1, 5]), got [3, 5]"},
@@ -293,4 +307,4 @@ std::vector<ErrorCase> error_cases() {
 INSTANTIATE_TEST_SUITE_P(Checks, BadInput, ::testing::ValuesIn(error_cases()),
                          [](const ::testing::TestParamInfo<ErrorCase>& info) { return info.param.name; });
 
-} // namespace
+}  // namespace

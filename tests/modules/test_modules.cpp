@@ -66,9 +66,7 @@ Built build(const golden::Case& c, Backend backend) {
   return {m.ptr(), [m](const torch::Tensor& x) mutable { return m(x); }};
 }
 
-bool trains_with_dropout(const golden::Case& c) {
-  return c.integer("training") != 0 && c.real("dropout") > 0.0;
-}
+bool trains_with_dropout(const golden::Case& c) { return c.integer("training") != 0 && c.real("dropout") > 0.0; }
 
 using GoldenParam = std::tuple<std::string, Backend>;
 
@@ -151,8 +149,7 @@ TEST(StateDict, KeysAreThePythonOnes) {
   for (const auto& p : mha->named_parameters()) params.push_back(p.key());
   for (const auto& b : mha->named_buffers()) buffers.push_back(b.key());
   EXPECT_EQ(params, (std::vector<std::string>{"W_query.weight", "W_query.bias", "W_key.weight", "W_key.bias",
-                                               "W_value.weight", "W_value.bias", "out_proj.weight",
-                                               "out_proj.bias"}));
+                                              "W_value.weight", "W_value.bias", "out_proj.weight", "out_proj.bias"}));
   EXPECT_EQ(buffers, std::vector<std::string>{"mask"});
   EXPECT_TRUE(torch::equal(mha->mask, torch::triu(torch::ones({8, 8}), 1)));
 
@@ -242,13 +239,13 @@ std::string backend_param_name(const ::testing::TestParamInfo<BackendParam>& inf
          std::string(c10::toString(dtype)) + "_" + std::string(torchattn::to_string(backend));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, BackendsAgree,
-    ::testing::Combine(::testing::Values(1, 3), ::testing::Values(1, 2, 17, 97), ::testing::Values(1, 3),
-                       ::testing::Values(torch::kFloat32, torch::kFloat64, torch::kBFloat16),
-                       ::testing::Values(Backend::Reference, Backend::SDPA, Backend::Auto),
-                       ::testing::ValuesIn(devices::all())),
-    backend_param_name);
+INSTANTIATE_TEST_SUITE_P(Shapes, BackendsAgree,
+                         ::testing::Combine(::testing::Values(1, 3), ::testing::Values(1, 2, 17, 97),
+                                            ::testing::Values(1, 3),
+                                            ::testing::Values(torch::kFloat32, torch::kFloat64, torch::kBFloat16),
+                                            ::testing::Values(Backend::Reference, Backend::SDPA, Backend::Auto),
+                                            ::testing::ValuesIn(devices::all())),
+                         backend_param_name);
 
 TEST(Backends, AutoKeepsPythonDropoutMasksInTraining) {
   namespace F = torchattn::functional;
@@ -280,8 +277,9 @@ TEST(Backends, ParseAndPrint) {
     torchattn::backend_from_string("flash");
     FAIL() << "expected c10::Error";
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what_without_backtrace()).find("backend: expected one of auto, reference, sdpa, got 'flash'"),
-              std::string::npos);
+    EXPECT_NE(
+        std::string(e.what_without_backtrace()).find("backend: expected one of auto, reference, sdpa, got 'flash'"),
+        std::string::npos);
   }
 }
 
@@ -303,7 +301,8 @@ TEST_P(KVCacheMatchesFullForward, PromptThenChunks) {
   std::function<torch::Tensor(const torch::Tensor&, torchattn::KVCache&)> cached;
   torchattn::KVCache cache;
   if (multi_head) {
-    torchattn::MultiHeadAttention m(torchattn::MultiHeadAttentionOptions(d_in, d_out, C, 3).qkv_bias(true).backend(backend));
+    torchattn::MultiHeadAttention m(
+        torchattn::MultiHeadAttentionOptions(d_in, d_out, C, 3).qkv_bias(true).backend(backend));
     m->to(device, dtype);
     any = torch::nn::AnyModule(m);
     cache = m->make_kv_cache(B, static_shapes);
@@ -350,18 +349,17 @@ TEST_P(KVCacheMatchesFullForward, PromptThenChunks) {
 
 std::string cache_param_name(const ::testing::TestParamInfo<CacheParam>& info) {
   const auto [mh, prompt, chunk, backend, dtype, static_shapes, device] = info.param;
-  return devices::prefix(device) + std::string(static_shapes ? "Static" : "") + std::string(mh ? "MHA" : "Causal") + "_prompt" + std::to_string(prompt) + "_chunk" +
-         std::to_string(chunk) + "_" + std::string(torchattn::to_string(backend)) + "_" +
-         std::string(c10::toString(dtype));
+  return devices::prefix(device) + std::string(static_shapes ? "Static" : "") + std::string(mh ? "MHA" : "Causal") +
+         "_prompt" + std::to_string(prompt) + "_chunk" + std::to_string(chunk) + "_" +
+         std::string(torchattn::to_string(backend)) + "_" + std::string(c10::toString(dtype));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Decode, KVCacheMatchesFullForward,
-    ::testing::Combine(::testing::Bool(), ::testing::Values(1, 7, 24), ::testing::Values(1, 5),
-                       ::testing::Values(Backend::Reference, Backend::SDPA),
-                       ::testing::Values(torch::kFloat32, torch::kFloat64, torch::kBFloat16), ::testing::Bool(),
-                       ::testing::ValuesIn(devices::all())),
-    cache_param_name);
+INSTANTIATE_TEST_SUITE_P(Decode, KVCacheMatchesFullForward,
+                         ::testing::Combine(::testing::Bool(), ::testing::Values(1, 7, 24), ::testing::Values(1, 5),
+                                            ::testing::Values(Backend::Reference, Backend::SDPA),
+                                            ::testing::Values(torch::kFloat32, torch::kFloat64, torch::kBFloat16),
+                                            ::testing::Bool(), ::testing::ValuesIn(devices::all())),
+                         cache_param_name);
 
 TEST(KVCache, UnbatchedInputUsesABatchOfOne) {
   torch::manual_seed(3);
@@ -416,9 +414,11 @@ TEST(Encoder, ForwardCachedIsAnError) {
 template <typename Module>
 void expect_reset_refused_and_clone_kept(Module m, const std::string& name) {
   const std::string message = error_of([&] { m->reset(); });
-  EXPECT_HAS(message, name + "::reset: expected a module without its layers (reset() builds them once: the "
-                      "constructor and clone() call it), got a built one; for new random weights construct another " +
-                      name + " from its options, for a copy call clone()");
+  EXPECT_HAS(message,
+             name +
+                 "::reset: expected a module without its layers (reset() builds them once: the "
+                 "constructor and clone() call it), got a built one; for new random weights construct another " +
+                 name + " from its options, for a copy call clone()");
   auto copy = std::dynamic_pointer_cast<typename Module::ContainedType>(m->clone());
   ASSERT_NE(copy, nullptr);
   EXPECT_TRUE(torch::equal(copy->W_query->weight, m->W_query->weight));
@@ -432,4 +432,4 @@ TEST(Reset, OnABuiltModuleIsAnErrorAndCloneStillWorks) {
   expect_reset_refused_and_clone_kept(torchattn::SelfAttentionV2(8, 8), "SelfAttentionV2");
 }
 
-} // namespace
+}  // namespace

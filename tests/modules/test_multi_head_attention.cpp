@@ -50,9 +50,10 @@ struct ModernConfig {
 std::string describe_modern(const ModernConfig& c) {
   std::ostringstream s;
   s << "config #" << c.index << ": B=" << c.B << " T=" << c.T << " C=" << c.C << " d_in=" << c.d_in
-    << " heads=" << c.heads << " kv_heads=" << c.kv_heads << " head_dim=" << c.head_dim << " d_out=" << c.d_out << " qk_norm=" << c.qk_norm << " alibi=" << c.alibi << " softcap=" << c.softcap << " sinks=" << c.sinks
-    << " causal=" << c.causal
-    << " qkv_bias=" << c.qkv_bias << " out_bias=" << c.out_bias << " window=" << c.window.value_or(0);
+    << " heads=" << c.heads << " kv_heads=" << c.kv_heads << " head_dim=" << c.head_dim << " d_out=" << c.d_out
+    << " qk_norm=" << c.qk_norm << " alibi=" << c.alibi << " softcap=" << c.softcap << " sinks=" << c.sinks
+    << " causal=" << c.causal << " qkv_bias=" << c.qkv_bias << " out_bias=" << c.out_bias
+    << " window=" << c.window.value_or(0);
   if (c.rope) {
     s << " rope(theta=" << c.rope->theta() << ", interleaved=" << c.rope->interleaved()
       << ", rotary_dim=" << c.rope->rotary_dim().value_or(0) << ")";
@@ -98,11 +99,13 @@ std::vector<ModernConfig> modern_configs() {
     c.padding = pick(0, 2) == 0;
     c.static_cache = c.cache && pick(0, 1) == 1;
     c.mask_buffer = pick(0, 1) == 1;
-    if (std::uniform_int_distribution<int>(0, 2)(own) == 0) c.d_out = std::uniform_int_distribution<int64_t>(1, 12)(own);
+    if (std::uniform_int_distribution<int>(0, 2)(own) == 0)
+      c.d_out = std::uniform_int_distribution<int64_t>(1, 12)(own);
     c.qk_norm = std::uniform_int_distribution<int>(0, 3)(own) % 3;  // none half the time
     // ALiBi where it applies: causal, no RoPE.
     c.alibi = std::uniform_int_distribution<int>(0, 2)(own) == 0 && c.causal && !c.rope;
-    if (std::uniform_int_distribution<int>(0, 3)(own) == 0) c.softcap = 0.5 + std::uniform_int_distribution<int>(0, 4)(own);
+    if (std::uniform_int_distribution<int>(0, 3)(own) == 0)
+      c.softcap = 0.5 + std::uniform_int_distribution<int>(0, 4)(own);
     c.sinks = std::uniform_int_distribution<int>(0, 3)(own) == 0;
     out.push_back(c);
   }
@@ -141,8 +144,8 @@ torchattn::MultiHeadAttentionOptions options_of(const ModernConfig& c) {
 torch::Tensor rotate(const torch::Tensor& x /*[B, H, T, hd] f64*/, const torch::Tensor& pos /*[B, T] i64*/,
                      const RoPEOptions& rope) {
   const int64_t hd = x.size(-1), rot = rope.rotary_dim().value_or(hd);
-  const auto inv_freq =
-      1.0 / torch::pow(rope.theta(), torch::arange(0, rot, 2, torch::kFloat32) / static_cast<double>(rot));
+  const auto inv_freq = 1.0 /
+                        torch::pow(rope.theta(), torch::arange(0, rot, 2, torch::kFloat32) / static_cast<double>(rot));
   const auto angle = pos.to(torch::kFloat32).unsqueeze(-1) * inv_freq;  // [B, T, rot/2], float32
   auto c = angle.cos().to(torch::kFloat64).unsqueeze(1), s = angle.sin().to(torch::kFloat64).unsqueeze(1);
   auto xr = x.narrow(-1, 0, rot);
@@ -274,8 +277,8 @@ TEST_P(Modern, MatchesTheLayerWrittenOutInFloat64) {
     auto cache = m->make_kv_cache(c.B, c.static_cache);
     EXPECT_EQ(cache.key_storage().size(1), c.kv_heads);
     const int64_t first = std::max<int64_t>(1, c.T / 2);
-    std::vector<torch::Tensor> parts{m->forward_cached(on(x.narrow(1, 0, first)), cache,
-                                                       pad.defined() ? on(pad.narrow(1, 0, first)) : pad)};
+    std::vector<torch::Tensor> parts{
+        m->forward_cached(on(x.narrow(1, 0, first)), cache, pad.defined() ? on(pad.narrow(1, 0, first)) : pad)};
     for (int64_t t = first; t < c.T; ++t) {
       parts.push_back(m->forward_cached(on(x.narrow(1, t, 1)), cache, pad.defined() ? on(pad.narrow(1, t, 1)) : pad));
     }
@@ -368,14 +371,16 @@ TEST(ModernAttention, StateDictKeysOfLlamaAndBertStyles) {
   EXPECT_TRUE(bert->W_key->bias.defined());
   std::ostringstream s;
   llama->pretty_print(s);
-  EXPECT_EQ(s.str(),
-            "torchattn::MultiHeadAttention(d_in=48, d_out=48, context_length=64, num_heads=6, dropout=0, qkv_bias=false, "
-            "backend=auto, num_kv_heads=2, out_bias=false, rope=(theta=100000, interleaved=false))");
+  EXPECT_EQ(
+      s.str(),
+      "torchattn::MultiHeadAttention(d_in=48, d_out=48, context_length=64, num_heads=6, dropout=0, qkv_bias=false, "
+      "backend=auto, num_kv_heads=2, out_bias=false, rope=(theta=100000, interleaved=false))");
   std::ostringstream t;
   bert->pretty_print(t);
-  EXPECT_EQ(t.str(),
-            "torchattn::MultiHeadAttention(d_in=48, d_out=48, context_length=64, num_heads=6, dropout=0, qkv_bias=true, "
-            "backend=auto, causal=false)");
+  EXPECT_EQ(
+      t.str(),
+      "torchattn::MultiHeadAttention(d_in=48, d_out=48, context_length=64, num_heads=6, dropout=0, qkv_bias=true, "
+      "backend=auto, causal=false)");
 }
 
 // head_dim of its own (Qwen3, Gemma 2): W_query gives num_heads * head_dim features,
@@ -383,8 +388,11 @@ TEST(ModernAttention, StateDictKeysOfLlamaAndBertStyles) {
 // path gives forward's rows; the same head_dim as d_out / num_heads changes nothing.
 TEST(ModernAttention, HeadDimOfItsOwn) {
   torch::manual_seed(3);
-  const auto options = torchattn::MultiHeadAttentionOptions(24, 20, 16, 4).num_kv_heads(2).head_dim(8)
-                           .rope(RoPEOptions(1e4)).out_bias(false);
+  const auto options = torchattn::MultiHeadAttentionOptions(24, 20, 16, 4)
+                           .num_kv_heads(2)
+                           .head_dim(8)
+                           .rope(RoPEOptions(1e4))
+                           .out_bias(false);
   torchattn::MultiHeadAttention m(options);
   m->eval();
   EXPECT_EQ(m->head_dim(), 8);
@@ -400,7 +408,9 @@ TEST(ModernAttention, HeadDimOfItsOwn) {
   const auto y = m(x);
   EXPECT_EQ(y.sizes(), (std::vector<int64_t>{1, 11, 20}));
   auto cache = m->make_kv_cache(1);
-  const auto cached = torch::cat({m->forward_cached(x.narrow(1, 0, 7), cache), m->forward_cached(x.narrow(1, 7, 4), cache)}, 1);
+  const auto cached = torch::cat({m->forward_cached(x.narrow(1, 0, 7), cache),
+                                  m->forward_cached(x.narrow(1, 7, 4), cache)},
+                                 1);
   EXPECT_TRUE(torch::allclose(cached, y, 1e-5, 1e-6));
   auto paged = m->make_paged_kv_cache(torchattn::PagedKVCacheOptions(8).block_size(4));
   const int64_t seq = paged.add_sequence();
@@ -422,7 +432,8 @@ TEST(ModernAttention, HeadDimOfItsOwn) {
 // is an error naming it.
 TEST(ModernAttention, QKNormWeightsAndOptions) {
   const auto base = torchattn::MultiHeadAttentionOptions(16, 16, 12, 4).num_kv_heads(2).head_dim(8);
-  torchattn::MultiHeadAttention per_head(torchattn::MultiHeadAttentionOptions(base).qk_norm(torchattn::QKNormOptions()));
+  torchattn::MultiHeadAttention per_head(
+      torchattn::MultiHeadAttentionOptions(base).qk_norm(torchattn::QKNormOptions()));
   const auto params = per_head->named_parameters();
   ASSERT_TRUE(params.contains("q_norm.weight") && params.contains("k_norm.weight"));
   EXPECT_EQ(params["q_norm.weight"].sizes(), (std::vector<int64_t>{8}));
@@ -436,19 +447,28 @@ TEST(ModernAttention, QKNormWeightsAndOptions) {
   all_heads->pretty_print(s);
   EXPECT_NE(s.str().find(", qk_norm=(eps=1e-05, per_head=false)"), std::string::npos) << s.str();
   EXPECT_FALSE(torchattn::MultiHeadAttention(base)->named_parameters().contains("q_norm.weight"));
-  EXPECT_EQ(error_of([&] { torchattn::MultiHeadAttention(torchattn::MultiHeadAttentionOptions(base).qk_norm(
-                               torchattn::QKNormOptions().eps(0.0))); }),
+  EXPECT_EQ(error_of([&] {
+              torchattn::MultiHeadAttention(
+                  torchattn::MultiHeadAttentionOptions(base).qk_norm(torchattn::QKNormOptions().eps(0.0)));
+            }),
             "MultiHeadAttention: expected qk_norm eps > 0, got 0");
   // Saved with per-head norms: another eps, or none, is named.
   const auto path = temp_path("qk_norm.pt");
   torch::save(per_head, path);
   torchattn::MultiHeadAttention other_eps(
       torchattn::MultiHeadAttentionOptions(base).qk_norm(torchattn::QKNormOptions().eps(1e-5)));
-  EXPECT_NE(error_of([&] { torch::load(other_eps, path); }).find("saved with qk_norm_eps=9.9999999999999995e-07, this module has qk_norm_eps=1.0000000000000001e-05"),
-            std::string::npos) << error_of([&] { torch::load(other_eps, path); });
+  EXPECT_NE(
+      error_of([&] {
+        torch::load(other_eps, path);
+      }).find("saved with qk_norm_eps=9.9999999999999995e-07, this module has qk_norm_eps=1.0000000000000001e-05"),
+      std::string::npos)
+      << error_of([&] { torch::load(other_eps, path); });
   torchattn::MultiHeadAttention none(base);
-  EXPECT_NE(error_of([&] { torch::load(none, path); }).find("saved with qk_norm=per_head, this module has qk_norm=none"),
-            std::string::npos) << error_of([&] { torch::load(none, path); });
+  EXPECT_NE(error_of([&] {
+              torch::load(none, path);
+            }).find("saved with qk_norm=per_head, this module has qk_norm=none"),
+            std::string::npos)
+      << error_of([&] { torch::load(none, path); });
   torchattn::MultiHeadAttention same(torchattn::MultiHeadAttentionOptions(base).qk_norm(torchattn::QKNormOptions()));
   torch::load(same, path);
 }
@@ -460,7 +480,8 @@ class Concurrency : public ::testing::TestWithParam<Backend> {};
 
 TEST_P(Concurrency, EightThreadsGetTheSerialResults) {
   torch::manual_seed(31);
-  torchattn::MultiHeadAttention mha(torchattn::MultiHeadAttentionOptions(16, 16, 32, 4).dropout(0.2).backend(GetParam()));
+  torchattn::MultiHeadAttention mha(
+      torchattn::MultiHeadAttentionOptions(16, 16, 32, 4).dropout(0.2).backend(GetParam()));
   mha->eval();
   std::vector<torch::Tensor> xs, serial;
   for (int i = 0; i < 8; ++i) {
@@ -483,4 +504,4 @@ TEST_P(Concurrency, EightThreadsGetTheSerialResults) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, Concurrency, ::testing::Values(Backend::Reference, Backend::SDPA, Backend::Auto));
 
-} // namespace
+}  // namespace

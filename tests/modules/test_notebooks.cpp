@@ -113,10 +113,11 @@ TEST(Notebook002, DotProductAttentionFunctions) {
   const auto q = c.tensor("q"), k = c.tensor("k"), v = c.tensor("v"), m = c.tensor("m");
   EXPECT_TRUE(tol::close(F::dot_product_attention_weights(q, k, m), c.tensor("weights")));
   EXPECT_TRUE(tol::close(F::dot_product_attention(q, k, v, m), c.tensor("output")));
-  EXPECT_TRUE(tol::close(F::dot_product_attention_weights(q, k, torch::tril(torch::ones({2, 2}))),
-                         c.tensor("causal_weights")));
+  EXPECT_TRUE(
+      tol::close(F::dot_product_attention_weights(q, k, torch::tril(torch::ones({2, 2}))), c.tensor("causal_weights")));
   EXPECT_TRUE(tol::close(F::causal_dot_product_attention(q, k, v), c.tensor("causal_output")));
-  EXPECT_TRUE(tol::close(F::causal_dot_product_attention(q, k, v, /*scale=*/false), c.tensor("causal_output_unscaled")));
+  EXPECT_TRUE(
+      tol::close(F::causal_dot_product_attention(q, k, v, /*scale=*/false), c.tensor("causal_output_unscaled")));
   EXPECT_NEAR(F::causal_dot_product_attention(q, k, v)[1][0].item<double>(), 0.8497, 5e-5);
 }
 
@@ -126,7 +127,8 @@ TEST(Notebook004, MakeCausalMaskBroadcastsOverBatchAndHeads) {
   auto mask = F::make_causal_mask(4);
   EXPECT_EQ(mask.scalar_type(), torch::kFloat32);
   EXPECT_TRUE(tol::close(mask, c.tensor("causal_mask"), {0.0, 0.0}));
-  EXPECT_TRUE(tol::close(F::make_causal_mask(7, -100.0, torch::kFloat64), c.tensor("causal_mask_T7_neg100"), {0.0, 0.0}));
+  EXPECT_TRUE(
+      tol::close(F::make_causal_mask(7, -100.0, torch::kFloat64), c.tensor("causal_mask_T7_neg100"), {0.0, 0.0}));
 
   const auto scores = c.tensor("scores");  // [2, 3, 4, 4] float64
   auto attn = torch::softmax(scores + F::make_causal_mask(4, -1e9, torch::kFloat64), -1);
@@ -217,7 +219,10 @@ std::vector<Config> property_configs() {
     c.B = pick(1, 3);
     c.C = pick(1, 40);
     const int64_t t_kind = pick(0, 3);  // 1, exactly C, odd, anything
-    c.T = t_kind == 0 ? 1 : t_kind == 1 ? c.C : t_kind == 2 ? std::min<int64_t>(c.C, 2 * pick(0, 20) + 1) : pick(1, c.C);
+    c.T = t_kind == 0   ? 1
+          : t_kind == 1 ? c.C
+          : t_kind == 2 ? std::min<int64_t>(c.C, 2 * pick(0, 20) + 1)
+                        : pick(1, c.C);
     c.d_in = pick(1, 12);
     c.heads = c.kind == Kind::MultiHeadAttention ? pick(1, 4) : 0;
     c.d_out = c.kind == Kind::MultiHeadAttention ? c.heads * pick(1, 6) : pick(1, 12);
@@ -251,8 +256,10 @@ struct ModuleUnderTest {
   std::function<torch::Tensor(const torch::Tensor&, int64_t)> forward_in_chunks;  // cache, else null
   Weights weights() const {
     auto p = module->named_parameters();
-    auto get = [&](const std::string& k) { return p.contains(k) ? p[k].detach().cpu().to(torch::kFloat64) : torch::Tensor(); };
-    return {get("W_query.weight"), get("W_key.weight"), get("W_value.weight"), get("W_query.bias"),
+    auto get = [&](const std::string& k) {
+      return p.contains(k) ? p[k].detach().cpu().to(torch::kFloat64) : torch::Tensor();
+    };
+    return {get("W_query.weight"), get("W_key.weight"), get("W_value.weight"),  get("W_query.bias"),
             get("W_key.bias"),     get("W_value.bias"), get("out_proj.weight"), get("out_proj.bias")};
   }
 };
@@ -261,13 +268,16 @@ ModuleUnderTest make_module(Kind kind, int64_t d_in, int64_t d_out, int64_t C, i
                             std::optional<double> scale, Backend backend, bool mask_buffer = true,
                             bool static_cache = false) {
   if (kind == Kind::SelfAttentionV2) {
-    torchattn::SelfAttentionV2 m(torchattn::SelfAttentionV2Options(d_in, d_out).qkv_bias(bias).scale(scale).backend(backend));
+    torchattn::SelfAttentionV2 m(
+        torchattn::SelfAttentionV2Options(d_in, d_out).qkv_bias(bias).scale(scale).backend(backend));
     return {m.ptr(), [m](const torch::Tensor& x, const torch::Tensor& p) mutable { return m(x, p); }, nullptr};
   }
   if (kind == Kind::CausalAttention) {
-    torchattn::CausalAttention m(
-        torchattn::CausalAttentionOptions(d_in, d_out, C).qkv_bias(bias).scale(scale).backend(backend).mask_buffer(
-            mask_buffer));
+    torchattn::CausalAttention m(torchattn::CausalAttentionOptions(d_in, d_out, C)
+                                     .qkv_bias(bias)
+                                     .scale(scale)
+                                     .backend(backend)
+                                     .mask_buffer(mask_buffer));
     return {m.ptr(), [m](const torch::Tensor& x, const torch::Tensor& p) mutable { return m(x, p); },
             [m, static_cache](const torch::Tensor& x, int64_t split) mutable {
               auto cache = m->make_kv_cache(x.size(0), static_cache);
@@ -277,9 +287,11 @@ ModuleUnderTest make_module(Kind kind, int64_t d_in, int64_t d_out, int64_t C, i
               return torch::cat(parts, 1);
             }};
   }
-  torchattn::MultiHeadAttention m(
-      torchattn::MultiHeadAttentionOptions(d_in, d_out, C, heads).qkv_bias(bias).scale(scale).backend(backend).mask_buffer(
-          mask_buffer));
+  torchattn::MultiHeadAttention m(torchattn::MultiHeadAttentionOptions(d_in, d_out, C, heads)
+                                      .qkv_bias(bias)
+                                      .scale(scale)
+                                      .backend(backend)
+                                      .mask_buffer(mask_buffer));
   return {m.ptr(), [m](const torch::Tensor& x, const torch::Tensor& p) mutable { return m(x, p); },
           [m, static_cache](const torch::Tensor& x, int64_t split) mutable {
             auto cache = m->make_kv_cache(x.size(0), static_cache);
@@ -298,7 +310,8 @@ struct ErrorLog {
   std::map<std::string, int> runs;
   ~ErrorLog() {
     std::printf("\n[property] configurations run per dtype, and the largest error against float64 notebook math:\n");
-    for (auto& [k, v] : max_error) std::printf("[property]   %-9s %4d configs  max abs error %.3e\n", k.c_str(), runs[k], v);
+    for (auto& [k, v] : max_error)
+      std::printf("[property]   %-9s %4d configs  max abs error %.3e\n", k.c_str(), runs[k], v);
   }
 } error_log;
 
@@ -333,7 +346,8 @@ TEST_P(Property, MatchesTheNotebookMathInFloat64) {
   torch::Tensor y;
   {
     torch::NoGradGuard no_grad;
-    y = c.cache ? m.forward_in_chunks(on_device(x), std::max<int64_t>(1, c.T / 2)) : m.forward(on_device(x), on_device(pad));
+    y = c.cache ? m.forward_in_chunks(on_device(x), std::max<int64_t>(1, c.T / 2))
+                : m.forward(on_device(x), on_device(pad));
     ASSERT_EQ(y.device(), c.device);
     y = y.cpu();
   }
@@ -416,11 +430,11 @@ std::string grad_param_name(const ::testing::TestParamInfo<GradParam>& info) {
          (padding ? "_padding" : "") + (mask_buffer ? "" : "_no_mask_buffer");
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Float64, GradCheck,
-    ::testing::Combine(::testing::Values(Kind::SelfAttentionV2, Kind::CausalAttention, Kind::MultiHeadAttention),
-                       ::testing::Values(Backend::Reference, Backend::SDPA, Backend::Auto), ::testing::Bool(),
-                       ::testing::Bool(), ::testing::ValuesIn(devices::all())),
-    grad_param_name);
+INSTANTIATE_TEST_SUITE_P(Float64, GradCheck,
+                         ::testing::Combine(::testing::Values(Kind::SelfAttentionV2, Kind::CausalAttention,
+                                                              Kind::MultiHeadAttention),
+                                            ::testing::Values(Backend::Reference, Backend::SDPA, Backend::Auto),
+                                            ::testing::Bool(), ::testing::Bool(), ::testing::ValuesIn(devices::all())),
+                         grad_param_name);
 
-} // namespace
+}  // namespace

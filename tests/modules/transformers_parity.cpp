@@ -58,9 +58,8 @@ bool is_cross(const std::string& name) { return name.find("_cross_") != std::str
 
 // The self-attention cases; decoders_only: those with cached decoding (all but BERT).
 std::vector<std::string> case_files(bool decoders_only = false) {
-  return reference_cases([&](const std::string& name) {
-    return !is_cross(name) && !(decoders_only && name.rfind("bert", 0) == 0);
-  });
+  return reference_cases(
+      [&](const std::string& name) { return !is_cross(name) && !(decoders_only && name.rfind("bert", 0) == 0); });
 }
 
 // The cross-attention cases (BART's and Whisper's decoder over the encoder's output).
@@ -345,8 +344,9 @@ TEST(TransformersReference, IsPresentAndCoversEveryFamily) {
   auto files = case_files();
   const auto cross = cross_case_files();
   files.insert(files.end(), cross.begin(), cross.end());
-  ASSERT_FALSE(files.empty()) << "no reference in TORCHATTN_TRANSFORMERS_REFERENCE='" << reference_dir()
-                              << "' (ctest -R transformers makes it with tests/reference/make_transformers_reference.py)";
+  ASSERT_FALSE(files.empty())
+      << "no reference in TORCHATTN_TRANSFORMERS_REFERENCE='" << reference_dir()
+      << "' (ctest -R transformers makes it with tests/reference/make_transformers_reference.py)";
   for (const std::string family : {"llama", "qwen2", "qwen3", "mistral", "phi", "gptj", "gpt2", "bert", "bloom",
                                    "gpt_oss", "gemma2", "bart_cross", "whisper_cross"}) {
     EXPECT_TRUE(std::any_of(files.begin(), files.end(), [&](const std::string& f) { return f.rfind(family, 0) == 0; }))
@@ -357,4 +357,4 @@ TEST(TransformersReference, IsPresentAndCoversEveryFamily) {
               r.text("transformers_version").c_str(), r.text("torch_version").c_str());
 }
 
-} // namespace
+}  // namespace

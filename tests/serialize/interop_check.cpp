@@ -55,13 +55,13 @@ int check_torch_mha(const std::string& dir, const std::string& name, int64_t see
   const int64_t E = io.at("embed_dim").toInt();
   const bool bias = io.at("bias").toInt() != 0, cross = io.at("cross").toInt() != 0;
   const auto make = [&] {
-    torchattn::MultiHeadAttention m(torchattn::MultiHeadAttentionOptions(E, E, /*context_length=*/16,
-                                                                         io.at("num_heads").toInt())
-                                        .causal(io.at("causal").toInt() != 0)
-                                        .qkv_bias(bias)
-                                        .out_bias(bias)
-                                        .kdim(io.at("kdim").toInt())
-                                        .vdim(io.at("vdim").toInt()));
+    torchattn::MultiHeadAttention m(
+        torchattn::MultiHeadAttentionOptions(E, E, /*context_length=*/16, io.at("num_heads").toInt())
+            .causal(io.at("causal").toInt() != 0)
+            .qkv_bias(bias)
+            .out_bias(bias)
+            .kdim(io.at("kdim").toInt())
+            .vdim(io.at("vdim").toInt()));
     m->to(torch::kFloat64);
     m->eval();
     return m;
@@ -111,8 +111,8 @@ int check_torch_mha(const std::string& dir, const std::string& name, int64_t see
   const std::string path = dir + "/cpp_mha_" + name + ".pt";
   torchattn::save_torch_multihead_attention(*fresh, path);
   torch::NoGradGuard no_grad;
-  write_tensor(dir + "/cpp_mha_" + name + "_out.pt", "y", run(fresh, get("query"), cross ? get("key") : torch::Tensor(),
-                                                               cross ? get("value") : torch::Tensor()));
+  write_tensor(dir + "/cpp_mha_" + name + "_out.pt", "y",
+               run(fresh, get("query"), cross ? get("key") : torch::Tensor(), cross ? get("value") : torch::Tensor()));
   auto reloaded = make();  // and back: exactly the same parameters
   torchattn::load_torch_multihead_attention(*reloaded, path);
   const auto fresh_params = fresh->named_parameters();
@@ -144,11 +144,17 @@ int main(int argc, char** argv) {
     };
     const std::vector<Case> cases{
         {"self_attention_v2", [] { return torchattn::SelfAttentionV2(5, 4, true).ptr(); },
-         [](torch::nn::Module& m, const torch::Tensor& x) { return dynamic_cast<torchattn::SelfAttentionV2Impl&>(m).forward(x); }},
+         [](torch::nn::Module& m, const torch::Tensor& x) {
+           return dynamic_cast<torchattn::SelfAttentionV2Impl&>(m).forward(x);
+         }},
         {"causal_attention", [] { return torchattn::CausalAttention(5, 4, 9, 0.0, true).ptr(); },
-         [](torch::nn::Module& m, const torch::Tensor& x) { return dynamic_cast<torchattn::CausalAttentionImpl&>(m).forward(x); }},
+         [](torch::nn::Module& m, const torch::Tensor& x) {
+           return dynamic_cast<torchattn::CausalAttentionImpl&>(m).forward(x);
+         }},
         {"multi_head_attention", [] { return torchattn::MultiHeadAttention(5, 6, 9, 0.0, 3, true).ptr(); },
-         [](torch::nn::Module& m, const torch::Tensor& x) { return dynamic_cast<torchattn::MultiHeadAttentionImpl&>(m).forward(x); }},
+         [](torch::nn::Module& m, const torch::Tensor& x) {
+           return dynamic_cast<torchattn::MultiHeadAttentionImpl&>(m).forward(x);
+         }},
     };
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < cases.size(); ++i) {
@@ -156,7 +162,8 @@ int main(int argc, char** argv) {
       auto m = c.make();
       m->eval();
       torchattn::load_state_dict(*m, dir + "/py_" + c.name + ".pt");
-      const double err = (c.forward(*m, x) - read_tensor(dir + "/py_" + c.name + "_out.pt", "y")).abs().max().item<double>();
+      const double err =
+          (c.forward(*m, x) - read_tensor(dir + "/py_" + c.name + "_out.pt", "y")).abs().max().item<double>();
       std::printf("Python -> C++ %-22s max |diff| %.2e\n", c.name.c_str(), err);
       failures += err > 1e-6;
 
@@ -188,7 +195,8 @@ int main(int argc, char** argv) {
       c10::impl::GenericDict dict(c10::AnyType::get(), c10::AnyType::get());
       for (const auto& [name, t] : mine) dict.insert(name, t);
       auto out = torch::pickle_save(dict);
-      std::ofstream(dir + "/cpp_tensors.pt", std::ios::binary).write(out.data(), static_cast<std::streamsize>(out.size()));
+      std::ofstream(dir + "/cpp_tensors.pt", std::ios::binary)
+          .write(out.data(), static_cast<std::streamsize>(out.size()));
     }
     // PyTorch's nn.MultiheadAttention, both ways.
     const auto mha_cases = read_dict(dir + "/py_mha_cases.pt").at("cases").toList();
@@ -197,7 +205,8 @@ int main(int argc, char** argv) {
       mha_failures += check_torch_mha(dir, mha_cases.get(i).toStringRef(), 700 + static_cast<int64_t>(i));
     }
     std::printf("%s: %zu nn.MultiheadAttention state dicts in MultiHeadAttention give PyTorch's outputs and "
-                "gradients (<= %g)\n", mha_failures ? "FAIL" : "ok", mha_cases.size(), kMhaTolerance);
+                "gradients (<= %g)\n",
+                mha_failures ? "FAIL" : "ok", mha_cases.size(), kMhaTolerance);
     failures += mha_failures;
     // A mismatch is an error naming the key.
     torchattn::MultiHeadAttention wrong(5, 8, 9, 0.0, 2, true);

@@ -51,7 +51,8 @@ TEST_P(MaskBufferOff, GivesTheSameOutputsGradientsAndCachedRows) {
     make_cache = [b](bool s) { return b->make_kv_cache(2, s); };
   } else {
     torchattn::CausalAttention a(torchattn::CausalAttentionOptions(d, d, C).qkv_bias(true).backend(backend));
-    torchattn::CausalAttention b(torchattn::CausalAttentionOptions(d, d, C).qkv_bias(true).backend(backend).mask_buffer(false));
+    torchattn::CausalAttention b(
+        torchattn::CausalAttentionOptions(d, d, C).qkv_bias(true).backend(backend).mask_buffer(false));
     with = a.ptr();
     without = b.ptr();
     f_with = [a](const torch::Tensor& x, const torch::Tensor& p) mutable { return a(x, p); };
@@ -150,8 +151,9 @@ TEST(MaskBuffer, NotebookCheckpointsLoadWhenTheirMaskIsCausal) {
     with->W_key->weight.add_(1);
   }
   torch::save(with, path);
-  expect_error([&] { torch::load(without, path); },
-               "MultiHeadAttention: checkpoint key 'mask' of shape [10, 10] is not the causal mask triu(ones(10, 10), 1)");
+  expect_error(
+      [&] { torch::load(without, path); },
+      "MultiHeadAttention: checkpoint key 'mask' of shape [10, 10] is not the causal mask triu(ones(10, 10), 1)");
   EXPECT_FALSE(torch::equal(without->W_key->weight, with->W_key->weight));
 
   // A context length that differs is not the module's causal mask either.
@@ -192,4 +194,4 @@ TEST(MaskBuffer, PythonStateDictsLoadWhenTheirMaskIsCausal) {
   std::remove(path.c_str());
 }
 
-} // namespace
+}  // namespace

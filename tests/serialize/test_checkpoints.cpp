@@ -60,26 +60,33 @@ TEST(Checkpoint, MissingExtraAndMisshapenKeysAreNamedAndLeaveTheModuleUnchanged)
 
   torchattn::CausalAttention with_bias(torchattn::CausalAttentionOptions(4, 3, 6).qkv_bias(true));
   auto before = snapshot(*with_bias);
-  EXPECT_NE(error_of([&] { torch::load(with_bias, path); }).find("CausalAttention: checkpoint is missing key 'W_query.bias'"),
+  EXPECT_NE(error_of([&] {
+              torch::load(with_bias, path);
+            }).find("CausalAttention: checkpoint is missing key 'W_query.bias'"),
             std::string::npos);
   expect_unchanged(*with_bias, before);
 
   torch::save(torchattn::CausalAttention(torchattn::CausalAttentionOptions(4, 3, 6).qkv_bias(true)), path);
   torchattn::CausalAttention no_bias(torchattn::CausalAttentionOptions(4, 3, 6));
   before = snapshot(*no_bias);
-  EXPECT_NE(error_of([&] { torch::load(no_bias, path); }).find("CausalAttention: checkpoint has unexpected key 'W_query.bias'"),
+  EXPECT_NE(error_of([&] {
+              torch::load(no_bias, path);
+            }).find("CausalAttention: checkpoint has unexpected key 'W_query.bias'"),
             std::string::npos);
   expect_unchanged(*no_bias, before);
 
   torchattn::CausalAttention wider(torchattn::CausalAttentionOptions(4, 5, 6).qkv_bias(true));
   before = snapshot(*wider);
-  EXPECT_NE(error_of([&] { torch::load(wider, path); })
-                .find("CausalAttention: checkpoint key 'W_query.weight' has shape [3, 4], expected [5, 4]"),
+  EXPECT_NE(error_of([&] {
+              torch::load(wider, path);
+            }).find("CausalAttention: checkpoint key 'W_query.weight' has shape [3, 4], expected [5, 4]"),
             std::string::npos);
   expect_unchanged(*wider, before);
 
   torchattn::CausalAttention longer(torchattn::CausalAttentionOptions(4, 3, 9).qkv_bias(true));
-  EXPECT_NE(error_of([&] { torch::load(longer, path); }).find("checkpoint key 'mask' has shape [6, 6], expected [9, 9]"),
+  EXPECT_NE(error_of([&] {
+              torch::load(longer, path);
+            }).find("checkpoint key 'mask' has shape [6, 6], expected [9, 9]"),
             std::string::npos);
 
   torch::save(torchattn::MultiHeadAttention(4, 4, 6, 0.0, 2), path);
@@ -125,8 +132,8 @@ TEST(Checkpoint, TruncatedOrCorruptedFilesAreErrorsNotCrashes) {
     for (int j = 0; j < 8; ++j) corrupt[rng() % corrupt.size()] ^= static_cast<char>(1 + rng() % 255);
     try_load(corrupt);  // an exception with a message, or a load; a crash fails the run
   }
-  std::printf("[checkpoint] 40 corrupted files: %d errors, %d loads (damage inside tensor data can load)\n",
-              errors - 6, loads);
+  std::printf("[checkpoint] 40 corrupted files: %d errors, %d loads (damage inside tensor data can load)\n", errors - 6,
+              loads);
   expect_unchanged(*m, before);
   std::filesystem::remove(path);
   std::filesystem::remove(bad);
@@ -153,15 +160,17 @@ TEST(Checkpoint, OptionsThatKeepTheShapesAreRecordedAndChecked) {
 
   torch::save(torchattn::CausalAttention(torchattn::CausalAttentionOptions(4, 3, 6).scale(1.0)), path);
   torchattn::CausalAttention unscaled(torchattn::CausalAttentionOptions(4, 3, 6));
-  EXPECT_NE(error_of([&] { torch::load(unscaled, path); })
-                .find("CausalAttention: checkpoint of the module was saved with scale=1, this module has scale=default"),
+  EXPECT_NE(error_of([&] {
+              torch::load(unscaled, path);
+            }).find("CausalAttention: checkpoint of the module was saved with scale=1, this module has scale=default"),
             std::string::npos);
   torch::save(torchattn::SelfAttentionV2(torchattn::SelfAttentionV2Options(4, 3).scale(0.1)), path);
   torchattn::SelfAttentionV2 sa(torchattn::SelfAttentionV2Options(4, 3).scale(0.1));
   torch::load(sa, path);  // the same scale, to 17 digits
   torchattn::SelfAttentionV2 sa2(torchattn::SelfAttentionV2Options(4, 3).scale(0.1 + 1e-16));
-  EXPECT_NE(error_of([&] { torch::load(sa2, path); }).find("saved with scale=0.10000000000000001, this module has "
-                                                          "scale=0.1000000000000001"),
+  EXPECT_NE(error_of([&] { torch::load(sa2, path); })
+                .find("saved with scale=0.10000000000000001, this module has "
+                      "scale=0.1000000000000001"),
             std::string::npos);
   std::filesystem::remove(path);
 }
@@ -237,8 +246,8 @@ TEST(Checkpoint, WholeModelsNameTheKeyWithItsPath) {
   torchattn::load_state_dict(*same, path);
   auto x = torch::randn({2, 5, 8});
   EXPECT_TRUE(torch::equal(same(x), four(x)));
-  EXPECT_TRUE(torch::equal(same->blocks[0]->as<torchattn::MultiHeadAttentionImpl>()->W_query->weight,
-                           torch::zeros({8, 8})));
+  EXPECT_TRUE(
+      torch::equal(same->blocks[0]->as<torchattn::MultiHeadAttentionImpl>()->W_query->weight, torch::zeros({8, 8})));
   std::filesystem::remove(path);
 }
 
@@ -263,7 +272,8 @@ TEST(Checkpoint, LoadStateDictReadsTorchSaveArchives) {
 // of another context width) is named with the option that explains its shape.
 TEST(ModernAttention, CheckpointsRecordTheNewOptions) {
   const auto path = temp_path("modern_options.pt");
-  const auto base = torchattn::MultiHeadAttentionOptions(16, 16, 12, 4).num_kv_heads(2).rope(RoPEOptions(1e4)).window(4);
+  const auto base =
+      torchattn::MultiHeadAttentionOptions(16, 16, 12, 4).num_kv_heads(2).rope(RoPEOptions(1e4)).window(4);
   torch::save(torchattn::MultiHeadAttention(base), path);
   torchattn::MultiHeadAttention same(base);
   torch::load(same, path);
@@ -273,21 +283,25 @@ TEST(ModernAttention, CheckpointsRecordTheNewOptions) {
   };
   const std::vector<Case> cases{
       {torchattn::MultiHeadAttentionOptions(base).window(6), "saved with window=4, this module has window=6"},
-      {torchattn::MultiHeadAttentionOptions(base).window(std::nullopt), "saved with window=4, this module has window=none"},
+      {torchattn::MultiHeadAttentionOptions(base).window(std::nullopt),
+       "saved with window=4, this module has window=none"},
       {torchattn::MultiHeadAttentionOptions(base).rope(RoPEOptions(1e5)),
        "saved with rope_theta=10000, this module has rope_theta=100000"},
       {torchattn::MultiHeadAttentionOptions(base).rope(RoPEOptions(1e4).interleaved(true)),
        "saved with rope_interleaved=false, this module has rope_interleaved=true"},
       {torchattn::MultiHeadAttentionOptions(base).rope(RoPEOptions(1e4).rotary_dim(2)),
        "saved with rope_rotary_dim=none, this module has rope_rotary_dim=2"},
-      {torchattn::MultiHeadAttentionOptions(base).rope(std::nullopt), "saved with rope_theta=10000, this module has rope_theta=none"},
+      {torchattn::MultiHeadAttentionOptions(base).rope(std::nullopt),
+       "saved with rope_theta=10000, this module has rope_theta=none"},
       {torchattn::MultiHeadAttentionOptions(base).window(std::nullopt).causal(false),
        "saved with causal=true, this module has causal=false"},
       {torchattn::MultiHeadAttentionOptions(base).head_dim(8), "saved with head_dim=4, this module has head_dim=8"},
   };
   for (const auto& c : cases) {
     torchattn::MultiHeadAttention m(c.options);
-    EXPECT_NE(error_of([&] { torch::load(m, path); }).find("MultiHeadAttention: checkpoint of the module was " + c.message),
+    EXPECT_NE(error_of([&] {
+                torch::load(m, path);
+              }).find("MultiHeadAttention: checkpoint of the module was " + c.message),
               std::string::npos)
         << c.message << "\n got: " << error_of([&] { torch::load(m, path); });
   }
@@ -296,15 +310,17 @@ TEST(ModernAttention, CheckpointsRecordTheNewOptions) {
   const auto cross = torchattn::MultiHeadAttentionOptions(16, 16, 12, 4).causal(false).kdim(12).vdim(8);
   torch::save(torchattn::MultiHeadAttention(cross), path);
   torchattn::MultiHeadAttention cross_kdim10(torchattn::MultiHeadAttentionOptions(cross).kdim(10));
-  EXPECT_EQ(error_of([&] { torch::load(cross_kdim10, path); }),
-            "MultiHeadAttention: checkpoint of the module was saved with kdim=12, this module has kdim=10 (the tensors' "
-            "shapes differ with it)");
+  EXPECT_EQ(
+      error_of([&] { torch::load(cross_kdim10, path); }),
+      "MultiHeadAttention: checkpoint of the module was saved with kdim=12, this module has kdim=10 (the tensors' "
+      "shapes differ with it)");
   torchattn::MultiHeadAttention cross_vdim(torchattn::MultiHeadAttentionOptions(cross).vdim(std::nullopt));
   EXPECT_EQ(error_of([&] { torch::load(cross_vdim, path); }),
             "MultiHeadAttention: checkpoint of the module was saved with vdim=8, this module has vdim=16 (the tensors' "
             "shapes differ with it)");
   torch::save(torchattn::MultiHeadAttention(torchattn::MultiHeadAttentionOptions(16, 16, 12, 4).causal(false)), path);
-  torchattn::MultiHeadAttention explicit_width(torchattn::MultiHeadAttentionOptions(16, 16, 12, 4).causal(false).kdim(16));
+  torchattn::MultiHeadAttention explicit_width(
+      torchattn::MultiHeadAttentionOptions(16, 16, 12, 4).causal(false).kdim(16));
   torch::load(explicit_width, path);
   torch::save(torchattn::MultiHeadAttention(base), path);
   // num_kv_heads changes W_key's shape: the recorded option names it first, and a file
@@ -373,7 +389,8 @@ TEST(TorchMultiheadAttention, MisuseIsNamedAndLeavesTheModuleUnchanged) {
   const torchattn::NamedTensors sd = torchattn::torch_multihead_attention_state_dict(*source);
   const auto without = [&](const std::string& key) {
     torchattn::NamedTensors out;
-    for (const auto& kv : sd) if (kv.first != key) out.push_back(kv);
+    for (const auto& kv : sd)
+      if (kv.first != key) out.push_back(kv);
     return out;
   };
   const auto with = [&](const std::string& key, const torch::Tensor& t) {
@@ -450,4 +467,4 @@ TEST(TorchMultiheadAttention, MisuseIsNamedAndLeavesTheModuleUnchanged) {
   expect_unchanged(*m, before);
 }
 
-} // namespace
+}  // namespace

@@ -93,7 +93,8 @@ TEST(Safetensors, LoadedTensorsCanBeWrittenWithoutTouchingTheFile) {
 TEST(Safetensors, ShardedIndexLoadsEveryShardAndChecksTheMap) {
   const auto dir = temp_path("sharded");
   std::filesystem::create_directories(dir);
-  torchattn::save_safetensors(dir + "/model-00001-of-00002.safetensors", {{"a", torch::ones({2})}, {"b", torch::zeros({3})}});
+  torchattn::save_safetensors(dir + "/model-00001-of-00002.safetensors",
+                              {{"a", torch::ones({2})}, {"b", torch::zeros({3})}});
   torchattn::save_safetensors(dir + "/model-00002-of-00002.safetensors", {{"c", torch::full({1}, 7.0)}});
   write_file(dir + "/model.safetensors.index.json",
              R"({"metadata": {"total_size": 24}, "weight_map": {"a": "model-00001-of-00002.safetensors",
@@ -145,7 +146,8 @@ std::vector<Damage> damages() {
       {"Empty", "", " is truncated: 0 bytes, less than the 8-byte header length"},
       {"Seven", std::string(7, '\0'), " is truncated: 7 bytes"},
       {"HeaderPastEnd", file_with_header("{" + f32 + "}", 8).substr(0, 20), ": the header length 61 runs past the end"},
-      {"HugeHeader", std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8) + "{}", ": the header length 9223372036854775807 is over"},
+      {"HugeHeader", std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8) + "{}",
+       ": the header length 9223372036854775807 is over"},
       {"InvalidJson", file_with_header("{\"t\": [1, 2", 0), ": the header is not valid JSON"},
       {"NotAnObject", file_with_header("[1, 2, 3]", 0), ": expected the header to be a JSON object, got array"},
       {"UnknownDtype", file_with_header(R"({"t": {"dtype": "F8_E4M3", "shape": [2], "data_offsets": [0, 2]}})", 2),
@@ -157,16 +159,19 @@ std::vector<Damage> damages() {
        ": tensor 't' of shape"},
       {"NegativeDim", file_with_header(R"({"t": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}})", 8),
        ": tensor 't' has a shape entry that is not a non-negative integer: -2"},
-      {"OffsetsPastData", file_with_header("{" + f32 + "}", 4), ": tensor 't' has data_offsets [0, 8] past the 4 bytes of data"},
+      {"OffsetsPastData", file_with_header("{" + f32 + "}", 4),
+       ": tensor 't' has data_offsets [0, 8] past the 4 bytes of data"},
       {"OffsetsBackwards", file_with_header(R"({"t": {"dtype": "F32", "shape": [0], "data_offsets": [8, 0]}})", 8),
        ": tensor 't' has data_offsets [8, 0] that run backwards"},
       {"Overlapping",
        file_with_header(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-                            "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})", 12),
+                            "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
+                        12),
        ": tensor 'b' at bytes [4, 12) overlaps the tensor before it, which ends at 8"},
       {"Hole",
        file_with_header(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
-                            "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})", 12),
+                            "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})",
+                        12),
        ": bytes [4, 8) of the data belong to no tensor"},
       {"TrailingBytes", file_with_header("{" + f32 + "}", 12), ": bytes [8, 12) of the data belong to no tensor"},
       {"MissingField", file_with_header(R"({"t": {"dtype": "F32", "shape": [2]}})", 8),
@@ -219,4 +224,4 @@ TEST(Safetensors, WriterRefusesWhatTheFormatCannotHold) {
   EXPECT_FALSE(std::filesystem::exists(path));
 }
 
-} // namespace
+}  // namespace

@@ -38,10 +38,11 @@ void expect_bad(const std::string& body, bool chat, int status, const std::strin
 }
 
 TEST(ServeApi, ParsesRequestsWithTheApisDefaults) {
-  const json msgs = json::array({{{"role", "system"}, {"content", "Be brief."}},
-                                 {{"role", "user"}, {"content", json::array({{{"type", "text"}, {"text", "Hi "}},
-                                                                            {{"type", "text"}, {"text", "there"}}})}},
-                                 {{"role", "developer"}, {"content", "x"}}});
+  const json msgs = json::array(
+      {{{"role", "system"}, {"content", "Be brief."}},
+       {{"role", "user"},
+        {"content", json::array({{{"type", "text"}, {"text", "Hi "}}, {{"type", "text"}, {"text", "there"}}})}},
+       {{"role", "developer"}, {"content", "x"}}});
   const auto r = parse({{"model", "m"}, {"messages", msgs}, {"unknown_field", 1}, {"max_tokens", nullptr}});
   EXPECT_TRUE(r.chat);
   EXPECT_EQ(r.model, "m");
@@ -51,10 +52,20 @@ TEST(ServeApi, ParsesRequestsWithTheApisDefaults) {
   EXPECT_FALSE(r.max_tokens.has_value());
   EXPECT_EQ(r.temperature, 1.0);
   EXPECT_FALSE(r.stream);
-  const auto c = parse({{"model", "m"}, {"prompt", json::array({"once"})}, {"max_completion_tokens", 5}, {"max_tokens", 9},
-                        {"temperature", 0}, {"top_p", 0.5}, {"top_k", 7}, {"seed", 3}, {"stream", true},
-                        {"stream_options", {{"include_usage", true}}}, {"stop", "END"}, {"n", 1},
-                        {"return_token_ids", true}, {"ignore_eos", true}},
+  const auto c = parse({{"model", "m"},
+                        {"prompt", json::array({"once"})},
+                        {"max_completion_tokens", 5},
+                        {"max_tokens", 9},
+                        {"temperature", 0},
+                        {"top_p", 0.5},
+                        {"top_k", 7},
+                        {"seed", 3},
+                        {"stream", true},
+                        {"stream_options", {{"include_usage", true}}},
+                        {"stop", "END"},
+                        {"n", 1},
+                        {"return_token_ids", true},
+                        {"ignore_eos", true}},
                        false);
   EXPECT_EQ(c.prompt, "once");
   EXPECT_EQ(*c.max_tokens, 5);  // max_completion_tokens wins
@@ -105,11 +116,22 @@ TEST(ServeApi, EveryBadFieldIsAnErrorNamingIt) {
 // with the values that have none, and refused (400 naming the field) otherwise.
 TEST(ServeApi, SchemaFieldsAreHonouredOrRefusedNeverIgnored) {
   const json msgs = json::array({{{"role", "user"}, {"content", "hi"}}});
-  const auto r = parse({{"model", "m"}, {"messages", msgs}, {"logit_bias", {{"42", -100}, {"7", 5.5}}},
-                        {"presence_penalty", 0.5}, {"frequency_penalty", -1.25}, {"logprobs", true},
-                        {"top_logprobs", 3}, {"user", "u"}, {"safety_identifier", "s"}, {"prompt_cache_key", "k"},
-                        {"service_tier", "auto"}, {"store", false}, {"parallel_tool_calls", true},
-                        {"modalities", {"text"}}, {"response_format", {{"type", "text"}}}, {"tool_choice", "none"}});
+  const auto r = parse({{"model", "m"},
+                        {"messages", msgs},
+                        {"logit_bias", {{"42", -100}, {"7", 5.5}}},
+                        {"presence_penalty", 0.5},
+                        {"frequency_penalty", -1.25},
+                        {"logprobs", true},
+                        {"top_logprobs", 3},
+                        {"user", "u"},
+                        {"safety_identifier", "s"},
+                        {"prompt_cache_key", "k"},
+                        {"service_tier", "auto"},
+                        {"store", false},
+                        {"parallel_tool_calls", true},
+                        {"modalities", {"text"}},
+                        {"response_format", {{"type", "text"}}},
+                        {"tool_choice", "none"}});
   EXPECT_EQ(r.logit_bias, (std::vector<std::pair<int64_t, double>>{{42, -100.0}, {7, 5.5}}));
   EXPECT_EQ(r.presence_penalty, 0.5);
   EXPECT_EQ(r.frequency_penalty, -1.25);
@@ -120,9 +142,10 @@ TEST(ServeApi, SchemaFieldsAreHonouredOrRefusedNeverIgnored) {
   EXPECT_EQ(parse({{"model", "m"}, {"prompt", "x"}, {"logprobs", 5}, {"best_of", 1}}, false).logprobs, 5);
 
   const std::string m = R"("model": "m", "messages": [{"role": "user", "content": "hi"}])";
-  for (const char* field : {"audio", "function_call", "functions", "prediction", "reasoning_effort", "verbosity",
-                            "web_search_options"}) {
-    expect_bad("{" + m + ", \"" + field + "\": {\"x\": 1}}", true, 400, std::string("'") + field + "' is not supported");
+  for (const char* field :
+       {"audio", "function_call", "functions", "prediction", "reasoning_effort", "verbosity", "web_search_options"}) {
+    expect_bad("{" + m + ", \"" + field + "\": {\"x\": 1}}", true, 400,
+               std::string("'") + field + "' is not supported");
   }
   expect_bad("{" + m + R"(, "response_format": {"type": "json_object"}})", true, 400, "response_format");
   expect_bad("{" + m + R"(, "metadata": "x"})", true, 400, "'metadata' must be an object of strings");
@@ -160,8 +183,8 @@ TEST(ServeApi, OverflowingNumbersAreRequestErrorsPrintedAsGiven) {
   for (const char* field : {"max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "n",
                             "presence_penalty", "frequency_penalty", "top_logprobs"}) {
     for (const char* number : {"1e309", "-1e309"}) {
-      expect_bad("{" + m + ", \"" + field + "\": " + number + "}", true, 400, "number overflow parsing '" +
-                 std::string(number) + "'");
+      expect_bad("{" + m + ", \"" + field + "\": " + number + "}", true, 400,
+                 "number overflow parsing '" + std::string(number) + "'");
     }
     try {
       serve::parse_completion_request("{" + m + ", \"" + field + "\": 1e300, \"logprobs\": true}", true);
@@ -172,7 +195,8 @@ TEST(ServeApi, OverflowingNumbersAreRequestErrorsPrintedAsGiven) {
     }
   }
   expect_bad("{" + m + R"(, "logit_bias": {"1": 1e309}})", true, 400, "number overflow");
-  expect_bad(R"({"model": "m", "prompt": "x", "logprobs": 9223372036854775808})", false, 400, "got 9223372036854775808");
+  expect_bad(R"({"model": "m", "prompt": "x", "logprobs": 9223372036854775808})", false, 400,
+             "got 9223372036854775808");
 }
 
 TEST(ServeApi, RoutesAnswer404ForUnknownPathsAnd405ForOtherMethods) {
@@ -197,8 +221,8 @@ TEST(ServeApi, RoutesAnswer404ForUnknownPathsAnd405ForOtherMethods) {
 }
 
 TEST(ServeApi, ResponsesAndChunksAreOpenAIsFormat) {
-  auto r = parse({{"model", "m"}, {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})},
-                  {"return_token_ids", true}});
+  auto r = parse(
+      {{"model", "m"}, {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}, {"return_token_ids", true}});
   const auto whole = json::parse(serve::completion_json(r, "chatcmpl-1", 100, "m", "Hello", "stop", {5, 2}, {7, 8}));
   EXPECT_EQ(whole["object"], "chat.completion");
   EXPECT_EQ(whole["choices"][0]["message"]["content"], "Hello");
@@ -223,8 +247,10 @@ TEST(ServeApi, ResponsesAndChunksAreOpenAIsFormat) {
   EXPECT_EQ(usage["choices"], json::array());
   EXPECT_EQ(usage["usage"]["completion_tokens"], 4);
   auto c = parse({{"model", "m"}, {"prompt", "x"}}, false);
-  EXPECT_EQ(json::parse(serve::completion_json(c, "cmpl-1", 1, "m", "t", "length", {1, 1}, {}))["choices"][0]["text"], "t");
-  const auto err = json::parse(serve::error_json(serve::ApiError(503, "unavailable_error", "busy", "", "server_overloaded")));
+  EXPECT_EQ(json::parse(serve::completion_json(c, "cmpl-1", 1, "m", "t", "length", {1, 1}, {}))["choices"][0]["text"],
+            "t");
+  const auto err = json::parse(
+      serve::error_json(serve::ApiError(503, "unavailable_error", "busy", "", "server_overloaded")));
   EXPECT_EQ(err["error"]["code"], "server_overloaded");
   EXPECT_TRUE(err["error"]["param"].is_null());
   const auto models = json::parse(serve::models_json("m", 5, 4096));
@@ -237,8 +263,10 @@ TEST(ServeApi, ResponsesAndChunksAreOpenAIsFormat) {
 TEST(ServeApi, LogprobsAreOpenAIsFormat) {
   const std::vector<serve::LogprobEntry> entries{{{"He", -0.25}, {{"He", -0.25}, {"Hi", -1.5}}, 0},
                                                  {{"\xc3", -0.5}, {{"\xc3", -0.5}, {"x", -2.0}}, 2}};
-  auto chat = parse({{"model", "m"}, {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})},
-                     {"logprobs", true}, {"top_logprobs", 2}});
+  auto chat = parse({{"model", "m"},
+                     {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})},
+                     {"logprobs", true},
+                     {"top_logprobs", 2}});
   const auto whole = json::parse(serve::completion_json(chat, "c", 1, "m", "He\xc3", "stop", {1, 2}, {}, entries));
   const json content = whole["choices"][0]["logprobs"]["content"];
   ASSERT_EQ(content.size(), 2u);
@@ -252,8 +280,9 @@ TEST(ServeApi, LogprobsAreOpenAIsFormat) {
   EXPECT_TRUE(whole["choices"][0]["logprobs"]["refusal"].is_null());
   const auto chunk = json::parse(serve::chunk_event(chat, "c", 1, "m", "He", "", false, {}, {entries[0]}).substr(6));
   EXPECT_EQ(chunk["choices"][0]["logprobs"]["content"].size(), 1u);
-  EXPECT_TRUE(json::parse(serve::chunk_event(chat, "c", 1, "m", "", "stop", false, {}).substr(6))["choices"][0]
-                  ["logprobs"].is_null());
+  EXPECT_TRUE(
+      json::parse(serve::chunk_event(chat, "c", 1, "m", "", "stop", false, {}).substr(6))["choices"][0]["logprobs"]
+          .is_null());
   auto text = parse({{"model", "m"}, {"prompt", "x"}, {"logprobs", 2}}, false);
   const auto t = json::parse(serve::completion_json(text, "c", 1, "m", "He\xc3", "stop", {1, 2}, {}, entries));
   const json lp = t["choices"][0]["logprobs"];
@@ -264,22 +293,25 @@ TEST(ServeApi, LogprobsAreOpenAIsFormat) {
   // logprobs 0: each top_logprobs dict holds the chosen token (OpenAI's "up to logprobs + 1").
   text.logprobs = 0;
   const std::vector<serve::LogprobEntry> bare{{{"He", -0.25}, {}, 0}, {{"\xc3", -0.5}, {{"\xa9", -0.7}}, 2}};
-  const json tops = json::parse(serve::completion_json(text, "c", 1, "m", "He", "stop", {1, 2}, {}, bare))["choices"][0]
-                        ["logprobs"]["top_logprobs"];
+  const json tops = json::parse(serve::completion_json(text, "c", 1, "m", "He", "stop", {1, 2}, {},
+                                                       bare))["choices"][0]["logprobs"]["top_logprobs"];
   EXPECT_EQ(tops[0], json({{"He", -0.25}}));
   // Two half characters print alike: one key, the first's logprob.
   EXPECT_EQ(tops[1], json({{"\xef\xbf\xbd", -0.7}}));
   auto none = parse({{"model", "m"}, {"prompt", "x"}}, false);
-  EXPECT_TRUE(json::parse(serve::completion_json(none, "c", 1, "m", "He", "stop", {1, 2}, {}, entries))["choices"][0]
-                  ["logprobs"].is_null());
+  EXPECT_TRUE(json::parse(serve::completion_json(none, "c", 1, "m", "He", "stop", {1, 2}, {},
+                                                 entries))["choices"][0]["logprobs"]
+                  .is_null());
 }
 
 // A byte-level BPE whose tokens are pieces of text: 0 "a", 1 "b", 2 "c", 3 " ", 4 "ST",
 // 5 "OP", 6 and 7 the two bytes of "é", 8 an end-of-text token.
 torchattn::models::Tokenizer tiny_tokenizer() {
-  const json t = {{"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}, {"c", 2}, {"\u0120", 3}, {"ST", 4},
-                                                         {"OP", 5}, {"\u00c3", 6}, {"\u00a9", 7}}},
-                             {"merges", json::array()}}},
+  const json t = {{"model",
+                   {{"type", "BPE"},
+                    {"vocab",
+                     {{"a", 0}, {"b", 1}, {"c", 2}, {"\u0120", 3}, {"ST", 4}, {"OP", 5}, {"\u00c3", 6}, {"\u00a9", 7}}},
+                    {"merges", json::array()}}},
                   {"pre_tokenizer", {{"type", "ByteLevel"}, {"use_regex", true}}},
                   {"decoder", {{"type", "ByteLevel"}}},
                   {"normalizer", nullptr},
@@ -323,4 +355,4 @@ TEST(ServeText, WholeCharactersHiddenTokensAndStopSequences) {
   }
 }
 
-} // namespace
+}  // namespace

@@ -93,4 +93,4 @@ class BertModelImpl : public torch::nn::Module {
 };
 TORCH_MODULE(BertModel);
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

@@ -132,4 +132,4 @@ class CausalLMImpl : public torch::nn::Module {
 };
 TORCH_MODULE(CausalLM);
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

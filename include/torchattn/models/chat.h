@@ -31,4 +31,4 @@ struct ChatMessage {
 /// or a role other than system, user or assistant, is an error naming it.
 std::string chat_prompt(const std::string& chat_template, const std::vector<ChatMessage>& messages);
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

@@ -27,7 +27,7 @@ struct DecoderConfig {
   bool qkv_bias = false;  // Qwen2: true; Llama: attention_bias
   bool o_bias = false;    // Llama: attention_bias
   bool mlp_bias = false;
-  bool qk_norm = false;   // Qwen3: RMSNorm of each head's queries and keys (q_norm, k_norm)
+  bool qk_norm = false;  // Qwen3: RMSNorm of each head's queries and keys (q_norm, k_norm)
   /// The gate's activation in the MLP: "silu" (SwiGLU, the Llama family) or "gelu_tanh"
   /// (GeGLU, Gemma 2's gelu_pytorch_tanh).
   std::string activation = "silu";
@@ -93,7 +93,7 @@ struct BartConfig {
   std::string activation = "gelu";
   /// The token embeddings times sqrt(d_model) (scale_embedding), else 1.
   bool scale_embedding = false;
-  double dropout = 0.1;             // after each sublayer and the embeddings, in training mode
+  double dropout = 0.1;  // after each sublayer and the embeddings, in training mode
   double attention_dropout = 0.0;
   double activation_dropout = 0.0;  // after the MLP's activation
   int64_t pad_token_id = 1;
@@ -124,4 +124,4 @@ std::string read_model_type(const std::string& path);
 /// "llama, qwen2, qwen3, mistral, gemma2 (decoders); bert (encoders); bart (encoder-decoders)".
 const char* supported_model_types();
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

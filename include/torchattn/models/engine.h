@@ -109,7 +109,7 @@ struct TokenEvent {
   std::optional<int64_t> token;
   std::optional<FinishReason> finished;
   int64_t prompt_tokens = 0;
-  int64_t generated = 0;  // tokens generated so far, this one included
+  int64_t generated = 0;                  // tokens generated so far, this one included
   std::optional<TokenLogprobs> logprobs;  // with a token, when GenerationOptions::logprobs >= 0
 };
 
@@ -122,17 +122,17 @@ class EngineFull : public std::runtime_error {
 };
 
 struct EngineStats {
-  int64_t running = 0;         // requests in the running batch
-  int64_t waiting = 0;         // requests waiting to start (or to resume after preemption)
-  int64_t kv_blocks = 0;       // blocks in the pool
-  int64_t kv_blocks_used = 0;  // blocks holding tokens
-  int64_t kv_bytes_used = 0;   // their bytes, every layer, keys and values
-  int64_t tokens_held = 0;     // tokens the running requests hold in the pool
-  int64_t steps = 0;           // steps run so far
-  int64_t finished = 0;        // requests finished (any reason)
-  int64_t preempted = 0;       // times a running request gave its blocks back to make room
-  int64_t kv_blocks_reusable = 0;     // blocks no request holds, kept for prefix reuse (free when needed)
-  int64_t prefix_reused_tokens = 0;   // tokens requests took from the prefix cache (a preempted one's own included)
+  int64_t running = 0;               // requests in the running batch
+  int64_t waiting = 0;               // requests waiting to start (or to resume after preemption)
+  int64_t kv_blocks = 0;             // blocks in the pool
+  int64_t kv_blocks_used = 0;        // blocks holding tokens
+  int64_t kv_bytes_used = 0;         // their bytes, every layer, keys and values
+  int64_t tokens_held = 0;           // tokens the running requests hold in the pool
+  int64_t steps = 0;                 // steps run so far
+  int64_t finished = 0;              // requests finished (any reason)
+  int64_t preempted = 0;             // times a running request gave its blocks back to make room
+  int64_t kv_blocks_reusable = 0;    // blocks no request holds, kept for prefix reuse (free when needed)
+  int64_t prefix_reused_tokens = 0;  // tokens requests took from the prefix cache (a preempted one's own included)
 };
 
 /// Runs requests on a CausalLM with a PagedKVCache: submit() from any thread; one
@@ -203,4 +203,4 @@ class Engine {
   std::unique_ptr<State> state_;
 };
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

@@ -29,4 +29,4 @@ void check_tokenizer(const std::string& folder, const DecoderConfig& config, con
 /// token or config.json's pad_token_id is one of its ids. Errors as above.
 void check_tokenizer(const std::string& folder, const BertConfig& config, const Tokenizer& tokenizer);
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

@@ -60,9 +60,9 @@ struct GenerationOptions {
 };
 
 struct GenerationResult {
-  std::vector<int64_t> ids;      // the new tokens (the stop token included, if one came)
+  std::vector<int64_t> ids;             // the new tokens (the stop token included, if one came)
   std::vector<TokenLogprobs> logprobs;  // one per new token when options.logprobs >= 0
-  bool stopped = false;          // ended by a stop token (else by max_new_tokens)
+  bool stopped = false;                 // ended by a stop token (else by max_new_tokens)
   int64_t prompt_tokens = 0;
   double prefill_seconds = 0.0;  // the batch's prompt forward and first token
   double decode_seconds = 0.0;   // every step after the first
@@ -100,4 +100,4 @@ class Utf8Stream {
   std::string pending_;
 };
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

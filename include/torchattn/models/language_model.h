@@ -67,4 +67,4 @@ class LanguageModel {
   std::optional<int64_t> end_of_turn_;
 };
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

@@ -34,4 +34,4 @@ struct LoadOptions {
   TORCH_ARG(std::optional<bool>, pack_weights) = std::nullopt;
 };
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

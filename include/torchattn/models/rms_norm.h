@@ -10,4 +10,4 @@ namespace torchattn::models {
 using torchattn::RMSNorm;
 using torchattn::RMSNormImpl;
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

@@ -74,4 +74,4 @@ struct TokenLogprobs {
 /// penalties, temperature, top-k and top-p (as vLLM's raw log-probabilities).
 TokenLogprobs token_logprobs(const at::Tensor& logits, int64_t token, int64_t top);
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

@@ -85,4 +85,4 @@ class SentenceEncoder {
   int64_t pad_id_ = 0;
 };
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

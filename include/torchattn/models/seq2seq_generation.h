@@ -31,4 +31,4 @@ namespace torchattn::models {
 std::vector<GenerationResult> generate(Seq2SeqLMImpl& model, const std::vector<std::vector<int64_t>>& prompts,
                                        const GenerationOptions& options = {});
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

@@ -68,7 +68,7 @@ class BartDecoderLayerImpl : public torch::nn::Module {
   /// cross_kv). -> [B, T, d_model].
   at::Tensor forward(const at::Tensor& x, const torchattn::CrossKV& context, torchattn::KVCache* cache = nullptr);
 
-  torchattn::MultiHeadAttention self_attn{nullptr};     // causal
+  torchattn::MultiHeadAttention self_attn{nullptr};  // causal
   torch::nn::LayerNorm self_attn_layer_norm{nullptr};
   torchattn::MultiHeadAttention encoder_attn{nullptr};  // causal(false), over the encoder's output
   torch::nn::LayerNorm encoder_attn_layer_norm{nullptr};
@@ -150,4 +150,4 @@ class Seq2SeqLMImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Seq2SeqLM);
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

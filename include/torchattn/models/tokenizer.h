@@ -69,4 +69,4 @@ class Tokenizer {
 /// a code point past U+10FFFF), or nullopt when all of it is UTF-8.
 std::optional<size_t> find_invalid_utf8(std::string_view text);
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

@@ -61,4 +61,4 @@ std::string renamed(const std::string& name, const WeightsOptions& options);
 /// model.safetensors.index.json when sharded. An error naming the folder if neither.
 std::string checkpoint_file(const std::string& folder);
 
-} // namespace torchattn::models
+}  // namespace torchattn::models

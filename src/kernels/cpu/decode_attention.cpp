@@ -25,11 +25,11 @@ constexpr int64_t kSerialWork = 1 << 20;
 constexpr int64_t kChunkWork = 1 << 18;
 
 bool plain_float(const at::Tensor& t) {
-  return t.is_cpu() && t.scalar_type() == at::kFloat && t.layout() == at::kStrided && !t.is_nested() &&
-         t.dim() == 4 && t.stride(3) == 1;
+  return t.is_cpu() && t.scalar_type() == at::kFloat && t.layout() == at::kStrided && !t.is_nested() && t.dim() == 4 &&
+         t.stride(3) == 1;
 }
 
-} // namespace
+}  // namespace
 
 bool decode_attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
   if (!plain_float(q) || !plain_float(k) || !plain_float(v)) return false;
@@ -125,4 +125,4 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return out;
 }
 
-} // namespace torchattn::kernels::cpu
+}  // namespace torchattn::kernels::cpu

@@ -30,4 +30,4 @@ bool decode_attention_applies(const at::Tensor& q, const at::Tensor& k, const at
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                             double scale);
 
-} // namespace torchattn::kernels::cpu
+}  // namespace torchattn::kernels::cpu

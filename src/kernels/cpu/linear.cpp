@@ -35,7 +35,8 @@ bool small_linear_applies(const at::Tensor& x, const at::Tensor& weight, const a
 }
 
 at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& weight, const at::Tensor& bias) {
-  TORCH_CHECK(small_linear_applies(x_in, weight, bias), "small_linear: expected a few float32 CPU rows and no gradient");
+  TORCH_CHECK(small_linear_applies(x_in, weight, bias),
+              "small_linear: expected a few float32 CPU rows and no gradient");
   const at::Tensor x = x_in.contiguous();
   const int64_t in = weight.size(1), out = weight.size(0), rows = x.numel() / in;
   std::vector<int64_t> shape = x.sizes().vec();
@@ -62,4 +63,4 @@ at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& weight, const 
   return y;
 }
 
-} // namespace torchattn::kernels::cpu
+}  // namespace torchattn::kernels::cpu

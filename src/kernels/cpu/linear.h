@@ -30,4 +30,4 @@ bool small_linear_applies(const at::Tensor& x, const at::Tensor& weight, const a
 /// within float32 rounding, not bit for bit.
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
-} // namespace torchattn::kernels::cpu
+}  // namespace torchattn::kernels::cpu

@@ -14,4 +14,4 @@ inline bool needs_grad(const at::Tensor& t) {
   return t.defined() && ((c10::GradMode::is_enabled() && t.requires_grad()) || t._fw_grad(/*level=*/0).defined());
 }
 
-} // namespace torchattn::kernels::cpu
+}  // namespace torchattn::kernels::cpu

@@ -47,7 +47,7 @@ at::Tensor call_linear_pointwise(const at::Tensor& x, const at::Tensor& weight, 
   return std::move(stack[0]).toTensor();
 }
 
-} // namespace
+}  // namespace
 
 bool onednn_available() { return linear_pointwise().has_value() && reorder_linear_weight().has_value(); }
 
@@ -84,4 +84,4 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& weight, const at
   return call_linear_pointwise(x, weight, bias);
 }
 
-} // namespace torchattn::kernels::cpu
+}  // namespace torchattn::kernels::cpu

@@ -33,4 +33,4 @@ at::Tensor onednn_pack_weight(const at::Tensor& weight);
 /// order whatever the number of rows: a row gives the same bits alone or in a batch.
 at::Tensor onednn_linear_packed(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& bias);
 
-} // namespace torchattn::kernels::cpu
+}  // namespace torchattn::kernels::cpu

@@ -44,15 +44,15 @@ constexpr int64_t kPagedSerialWork = 1 << 18;
 constexpr int64_t kRowBlock = 8;
 
 struct Task {
-  const float* q;        // row 0, query head hk * G
+  const float* q;         // row 0, query head hk * G
   int64_t q_row, q_head;  // strides between rows and between the G heads
   float* out;
   int64_t out_row, out_head;
   int64_t rows, groups, keys, dim, block_size, window;  // window 0: none
   float scale;
-  float softcap;          // 0: none
-  const float* slopes;    // ALiBi: G slopes from the task's first query head; null: none
-  const float* sinks;     // G sink logits from the task's first query head; null: none
+  float softcap;                     // 0: none
+  const float* slopes;               // ALiBi: G slopes from the task's first query head; null: none
+  const float* sinks;                // G sink logits from the task's first query head; null: none
   const float* const* key_blocks;    // [keys / block_size] blocks of [dim, block_size]
   const float* const* value_blocks;  // [keys / block_size] blocks of [block_size, dim]
 };
@@ -78,9 +78,7 @@ struct Scalar {
   static V visible(V s, int64_t j, int64_t lo, int64_t hi) { return j < lo || j > hi ? kNegInf : s; }
   static V exp_shifted(V x, V m) { return x == kNegInf ? 0.0f : std::exp(x - m); }
   static V softcap(V s, float cap) { return std::tanh(s / cap) * cap; }
-  static V alibi(V s, float slope, int64_t j, int64_t position) {
-    return s + slope * static_cast<float>(j - position);
-  }
+  static V alibi(V s, float slope, int64_t j, int64_t position) { return s + slope * static_cast<float>(j - position); }
 };
 
 #define PA_ISA Scalar
@@ -99,15 +97,15 @@ struct Scalar {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 // exp(x) for x <= 0 (Cephes' polynomial on x - n ln 2, then * 2^n): within 2 ulp.
-#define PA_EXP_POLY(I, x)                                                                   \
-  const auto n = I::round(I::mul(x, I::set1(1.44269504088896341f)));                        \
-  const auto r = I::fma(n, I::set1(2.12194440e-4f), I::fma(n, I::set1(-0.693359375f), x));  \
-  auto y = I::set1(1.9875691500e-4f);                                                       \
-  y = I::fma(y, r, I::set1(1.3981999507e-3f));                                              \
-  y = I::fma(y, r, I::set1(8.3334519073e-3f));                                              \
-  y = I::fma(y, r, I::set1(4.1665795894e-2f));                                              \
-  y = I::fma(y, r, I::set1(1.6666665459e-1f));                                              \
-  y = I::fma(y, r, I::set1(5.0000001201e-1f));                                              \
+#define PA_EXP_POLY(I, x)                                                                  \
+  const auto n = I::round(I::mul(x, I::set1(1.44269504088896341f)));                       \
+  const auto r = I::fma(n, I::set1(2.12194440e-4f), I::fma(n, I::set1(-0.693359375f), x)); \
+  auto y = I::set1(1.9875691500e-4f);                                                      \
+  y = I::fma(y, r, I::set1(1.3981999507e-3f));                                             \
+  y = I::fma(y, r, I::set1(8.3334519073e-3f));                                             \
+  y = I::fma(y, r, I::set1(4.1665795894e-2f));                                             \
+  y = I::fma(y, r, I::set1(1.6666665459e-1f));                                             \
+  y = I::fma(y, r, I::set1(5.0000001201e-1f));                                             \
   y = I::fma(y, I::mul(r, r), I::add(r, I::set1(1.0f)));
 
 // cap * tanh(s / cap) (Cephes' tanhf: an odd polynomial below |x| = 0.625, else
@@ -168,7 +166,8 @@ struct Avx2 {
     return _mm_cvtss_f32(h);
   }
   PA_AVX2 V visible(V s, int64_t j0, int64_t lo, int64_t hi) {
-    const __m256i j = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(j0)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i j = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(j0)),
+                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     const __m256i out = _mm256_or_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(lo)), j),
                                         _mm256_cmpgt_epi32(j, _mm256_set1_epi32(static_cast<int>(hi))));
     return _mm256_blendv_ps(s, _mm256_set1_ps(kNegInf), _mm256_castsi256_ps(out));
@@ -193,8 +192,8 @@ struct Avx2 {
     const V p = exp_neg(_mm256_sub_ps(s, m));
     return _mm256_andnot_ps(_mm256_cmp_ps(s, _mm256_set1_ps(kNegInf), _CMP_EQ_OQ), p);
   }
-  PA_AVX2 V softcap(V s, float cap) { PA_SOFTCAP(Avx2, s, cap) }
-  PA_AVX2 V alibi(V s, float slope, int64_t j0, int64_t position) {
+  PA_AVX2 V softcap(V s, float cap){PA_SOFTCAP(Avx2, s, cap)} PA_AVX2 V
+      alibi(V s, float slope, int64_t j0, int64_t position) {
     const __m256i j = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(j0 - position)),
                                        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     return _mm256_add_ps(s, _mm256_mul_ps(_mm256_set1_ps(slope), _mm256_cvtepi32_ps(j)));
@@ -218,7 +217,9 @@ struct Avx512 {
   PA_AVX512 __mmask16 lanes_below(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
   PA_AVX512 V zero() { return _mm512_setzero_ps(); }
   PA_AVX512 V set1(float x) { return _mm512_set1_ps(x); }
-  PA_AVX512 V load(const float* p, int n) { return n == W ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(lanes_below(n), p); }
+  PA_AVX512 V load(const float* p, int n) {
+    return n == W ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(lanes_below(n), p);
+  }
   PA_AVX512 V load_pad(const float* p, int n) {
     return n == W ? _mm512_loadu_ps(p) : _mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), lanes_below(n), p);
   }
@@ -273,8 +274,8 @@ struct Avx512 {
     const __mmask16 finite = _mm512_cmp_ps_mask(s, _mm512_set1_ps(kNegInf), _CMP_NEQ_OQ);
     return _mm512_maskz_mov_ps(finite, exp_neg(_mm512_sub_ps(s, m)));
   }
-  PA_AVX512 V softcap(V s, float cap) { PA_SOFTCAP(Avx512, s, cap) }
-  PA_AVX512 V alibi(V s, float slope, int64_t j0, int64_t position) {
+  PA_AVX512 V softcap(V s, float cap){PA_SOFTCAP(Avx512, s, cap)} PA_AVX512 V
+      alibi(V s, float slope, int64_t j0, int64_t position) {
     const __m512i j = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(j0 - position)),
                                        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
     return _mm512_add_ps(s, _mm512_mul_ps(_mm512_set1_ps(slope), _mm512_maskz_cvtepi32_ps(0xFFFF, j)));
@@ -328,7 +329,7 @@ bool plain_float(const at::Tensor& t, int64_t dim) {
          t.dim() == dim && t.stride(dim - 1) == 1 && !needs_grad(t);
 }
 
-} // namespace
+}  // namespace
 
 std::vector<PagedIsa> paged_isas() {
   std::vector<PagedIsa> out{PagedIsa::Scalar};
@@ -352,7 +353,8 @@ void paged_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tens
                      const PagedScores& extra) {
   TORCH_CHECK(!extra.softcap || (*extra.softcap > 0.0 && std::isfinite(*extra.softcap)),
               "paged_attention: expected softcap > 0, got ", extra.softcap.value_or(0.0));
-  TORCH_CHECK(paged_attention_applies(q, keys, values), "paged_attention: expected float32 CPU q [N, H, d], "
+  TORCH_CHECK(paged_attention_applies(q, keys, values),
+              "paged_attention: expected float32 CPU q [N, H, d], "
               "contiguous keys [blocks, Hkv, d, block_size] and values [blocks, Hkv, block_size, d], H a multiple of "
               "Hkv, and no gradient");
   TORCH_CHECK(out.is_contiguous() && out.sizes() == q.sizes() && out.scalar_type() == at::kFloat,
@@ -411,13 +413,24 @@ void paged_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tens
       }
       scratch.resize(static_cast<size_t>(rows * G * (L + 1)));
       const int64_t row = qs[p.s] + p.r0;
-      const Task t{qp + row * q.stride(0) + p.hk * G * q.stride(1), q.stride(0), q.stride(1),
-                   op + (row * H + p.hk * G) * d, H * d, d,
-                   rows, G, L, d, bs, r.window.value_or(0), static_cast<float>(scale),
+      const Task t{qp + row * q.stride(0) + p.hk * G * q.stride(1),
+                   q.stride(0),
+                   q.stride(1),
+                   op + (row * H + p.hk * G) * d,
+                   H * d,
+                   d,
+                   rows,
+                   G,
+                   L,
+                   d,
+                   bs,
+                   r.window.value_or(0),
+                   static_cast<float>(scale),
                    static_cast<float>(extra.softcap.value_or(0.0)),
                    extra.alibi_slopes != nullptr ? extra.alibi_slopes + p.hk * G : nullptr,
                    extra.sinks != nullptr ? extra.sinks + p.hk * G : nullptr,
-                   key_blocks.data(), value_blocks.data()};
+                   key_blocks.data(),
+                   value_blocks.data()};
       rows_fn(t, scratch.data());
     }
   };
@@ -443,4 +456,4 @@ void paged_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tens
   });
 }
 
-} // namespace torchattn::kernels::cpu
+}  // namespace torchattn::kernels::cpu

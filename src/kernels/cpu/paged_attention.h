@@ -64,4 +64,4 @@ void paged_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tens
                      const std::vector<int64_t>& which, double scale, at::Tensor& out,
                      std::optional<PagedIsa> isa = std::nullopt, const PagedScores& extra = {});
 
-} // namespace torchattn::kernels::cpu
+}  // namespace torchattn::kernels::cpu

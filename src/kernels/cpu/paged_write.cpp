@@ -38,7 +38,7 @@ void write(const at::Tensor& k, const at::Tensor& v, const int64_t* blocks, cons
   }
 }
 
-} // namespace
+}  // namespace
 
 void paged_write(const at::Tensor& k, const at::Tensor& v, const int64_t* blocks, const int64_t* offsets,
                  at::Tensor& keys, at::Tensor& values) {
@@ -46,4 +46,4 @@ void paged_write(const at::Tensor& k, const at::Tensor& v, const int64_t* blocks
                                   [&] { write<scalar_t>(k, v, blocks, offsets, keys, values); });
 }
 
-} // namespace torchattn::kernels::cpu
+}  // namespace torchattn::kernels::cpu

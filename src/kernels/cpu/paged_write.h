@@ -23,4 +23,4 @@ bool paged_write_applies(const at::Tensor& k, const at::Tensor& v, const at::Ten
 void paged_write(const at::Tensor& k, const at::Tensor& v, const int64_t* blocks, const int64_t* offsets,
                  at::Tensor& keys, at::Tensor& values);
 
-} // namespace torchattn::kernels::cpu
+}  // namespace torchattn::kernels::cpu

@@ -51,9 +51,8 @@ void rotate(const at::Tensor& x, at::Tensor& out, const at::Tensor& positions, c
 at::Tensor rotated(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
                    int64_t rot, bool interleaved, float sign) {
   at::Tensor out = at::empty_like(x);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "torchattn_rotary", [&] {
-    rotate<scalar_t>(x, out, positions, cos, sin, rot, interleaved, sign);
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "torchattn_rotary",
+                                  [&] { rotate<scalar_t>(x, out, positions, cos, sin, rot, interleaved, sign); });
   return out;
 }
 
@@ -77,12 +76,14 @@ struct Rotary : public torch::autograd::Function<Rotary> {
   }
 };
 
-} // namespace
+}  // namespace
 
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
                   const RoPEOptions& options) {
-  TORCH_CHECK(x.dim() == 4 && x.is_contiguous() && x.is_cpu(), "rotary: expected a contiguous CPU x of shape "
-              "[B, T, G, head_dim], got ", x.sizes());
+  TORCH_CHECK(x.dim() == 4 && x.is_contiguous() && x.is_cpu(),
+              "rotary: expected a contiguous CPU x of shape "
+              "[B, T, G, head_dim], got ",
+              x.sizes());
   TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_cpu() && positions.is_contiguous() &&
                   positions.size(-1) == x.size(1),
               "rotary: expected contiguous int64 CPU positions of [T] or [B, T] with T=", x.size(1), ", got ",
@@ -93,10 +94,10 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& positions, const at::Te
               "rotary: expected float32 cos and sin tables of [length, ", rot / 2, "], got ", cos.sizes());
   // The kernel reads table rows by position: each must be one (a pass over B x T
   // integers on the CPU, nothing next to the attention).
-  TORCH_CHECK(positions.numel() == 0 || (positions.min().item<int64_t>() >= 0 &&
-                                         positions.max().item<int64_t>() < cos.size(0)),
+  TORCH_CHECK(positions.numel() == 0 ||
+                  (positions.min().item<int64_t>() >= 0 && positions.max().item<int64_t>() < cos.size(0)),
               "rotary: expected positions in [0, ", cos.size(0), ")");
   return Rotary::apply(x, positions, cos, sin, rot, options.interleaved(), 1.0);
 }
 
-} // namespace torchattn::kernels::cpu
+}  // namespace torchattn::kernels::cpu

@@ -18,4 +18,4 @@ namespace torchattn::kernels::cpu {
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
                   const RoPEOptions& options);
 
-} // namespace torchattn::kernels::cpu
+}  // namespace torchattn::kernels::cpu

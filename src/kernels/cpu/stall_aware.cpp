@@ -12,7 +12,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr int64_t kFirstBackoffNs = 100'000'000;  // 0.1 s
+constexpr int64_t kFirstBackoffNs = 100'000'000;   // 0.1 s
 constexpr int64_t kLastBackoffNs = 6'400'000'000;  // 6.4 s
 // A join that waits this much longer than the calling thread's own work (and at least
 // this many times longer) means a worker was not scheduled.
@@ -33,11 +33,9 @@ int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
 }
 
-} // namespace
+}  // namespace
 
-bool stalled_recently() {
-  return now_ns() < serial_until_ns.load(std::memory_order_relaxed);
-}
+bool stalled_recently() { return now_ns() < serial_until_ns.load(std::memory_order_relaxed); }
 
 void parallel_for_unless_stalled(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& f) {
   if (n <= 0) return;
@@ -70,4 +68,4 @@ void parallel_for_unless_stalled(int64_t n, int64_t grain, const std::function<v
   }
 }
 
-} // namespace torchattn::kernels::cpu
+}  // namespace torchattn::kernels::cpu

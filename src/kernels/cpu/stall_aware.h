@@ -31,4 +31,4 @@ void parallel_for_unless_stalled(int64_t n, int64_t grain, const std::function<v
 /// Whether regions currently run on the calling thread alone (for tests and benchmarks).
 bool stalled_recently();
 
-} // namespace torchattn::kernels::cpu
+}  // namespace torchattn::kernels::cpu

@@ -51,16 +51,14 @@ __attribute__((target("avx2,fma"))) void axpy_avx2(float alpha, const float* x, 
 }
 #endif
 
-} // namespace
+}  // namespace
 
 #if defined(TORCHATTN_VEC_X86)
 bool has_avx2() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return yes;
 }
-float dot(const float* a, const float* b, int64_t n) {
-  return has_avx2() ? dot_avx2(a, b, n) : dot_scalar(a, b, n);
-}
+float dot(const float* a, const float* b, int64_t n) { return has_avx2() ? dot_avx2(a, b, n) : dot_scalar(a, b, n); }
 void axpy(float alpha, const float* x, float* y, int64_t n) {
   has_avx2() ? axpy_avx2(alpha, x, y, n) : axpy_scalar(alpha, x, y, n);
 }
@@ -71,4 +69,4 @@ float dot(const float* a, const float* b, int64_t n) { return dot_scalar(a, b, n
 void axpy(float alpha, const float* x, float* y, int64_t n) { axpy_scalar(alpha, x, y, n); }
 #endif
 
-} // namespace torchattn::kernels::cpu
+}  // namespace torchattn::kernels::cpu

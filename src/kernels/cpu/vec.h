@@ -16,4 +16,4 @@ float dot(const float* a, const float* b, int64_t n);
 /// y[i] += alpha * x[i] over n floats.
 void axpy(float alpha, const float* x, float* y, int64_t n);
 
-} // namespace torchattn::kernels::cpu
+}  // namespace torchattn::kernels::cpu
