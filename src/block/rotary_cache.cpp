@@ -28,7 +28,8 @@ std::pair<at::Tensor, at::Tensor> RotaryCache::tables(const at::Device& device) 
 at::Tensor RotaryCache::apply(const at::Tensor& x, const at::Tensor& positions) const {
   const auto [cos, sin] = tables(x.device());
   if (x.is_cpu() && x.is_contiguous()) {
-    return kernels::cpu::rotary(x, positions, cos, sin, options_);
+    return kernels::cpu::rotary(x, positions, cos, sin, options_.rotary_dim().value_or(x.size(3)),
+                                options_.interleaved());
   }
   // [B, T, G, hd] -> [B, G, T, hd] (tokens at -2, as apply_rotary takes them) and back.
   return functional::apply_rotary(x.transpose(1, 2), positions, cos, sin, options_).transpose(1, 2);

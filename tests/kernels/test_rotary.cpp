@@ -30,7 +30,7 @@ TEST(ModernAttention, CpuRotaryKernelEqualsTheComposite) {
           const auto pos = per_sequence ? torch::randint(0, 12, {2, 7}, torch::kLong) : torch::arange(3, 10);
           auto a = torch::randn({2, 7, 3, 8}).to(dtype).requires_grad_(true);  // [B, T, G, head_dim]
           auto b = a.detach().clone().requires_grad_(true);
-          auto kernel = torchattn::kernels::cpu::rotary(a, pos, cos, sin, rope);
+          auto kernel = torchattn::kernels::cpu::rotary(a, pos, cos, sin, rot, interleaved);
           auto composite = torchattn::functional::apply_rotary(b.transpose(1, 2), pos, cos, sin, rope).transpose(1, 2);
           EXPECT_TRUE(torch::equal(kernel, composite));
           const auto g = torch::randn({2, 7, 3, 8}).to(dtype);
@@ -43,7 +43,7 @@ TEST(ModernAttention, CpuRotaryKernelEqualsTheComposite) {
   }
   const auto [cos, sin] = torchattn::functional::rotary_tables(RoPEOptions(), 8, 4);
   try {
-    torchattn::kernels::cpu::rotary(torch::zeros({1, 2, 1, 8}), torch::tensor({1, 4}), cos, sin, RoPEOptions());
+    torchattn::kernels::cpu::rotary(torch::zeros({1, 2, 1, 8}), torch::tensor({1, 4}), cos, sin, 8, false);
     ADD_FAILURE() << "a position past the tables was accepted";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what_without_backtrace()).find("rotary: expected positions in [0, 4)"), std::string::npos);

@@ -4,10 +4,12 @@
 // its sequence's keys and values from the pool's blocks (nothing gathered), softmax in
 // two passes, vectorized across the keys of a block (keys are kept transposed within
 // a block, [head_dim, block_size], so that a block's scores are broadcast-FMAs with no
-// horizontal sums) with AVX-512 or AVX2 where the CPU has them.
+// horizontal sums) with AVX-512 or AVX2 where the CPU has them (simd.h).
 //
 // Each row's arithmetic depends on its own query, position and keys only: a row gives
 // the same bits in any step, beside any rows, in a chunk of any size.
+
+#include "kernels/cpu/cpu_features.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -50,9 +52,10 @@ struct PagedScores {
   const float* sinks = nullptr;
 };
 
-/// The vector instructions of the kernel: the widest the CPU has by default.
-enum class PagedIsa { Scalar, Avx2, Avx512 };
-/// The ones this CPU runs (Scalar always).
+/// The vector instructions of the kernel (cpu_features.h): the widest the CPU has by
+/// default.
+using PagedIsa = Isa;
+/// The ones this CPU runs, narrowest first (supported_isas(): Scalar always).
 std::vector<PagedIsa> paged_isas();
 
 /// Computes the rows of the sequences listed in `which` (each with at most

@@ -79,25 +79,26 @@ struct Rotary : public torch::autograd::Function<Rotary> {
 }  // namespace
 
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
-                  const RoPEOptions& options) {
+                  int64_t rotary_dim, bool interleaved) {
   TORCH_CHECK(x.dim() == 4 && x.is_contiguous() && x.is_cpu(),
               "rotary: expected a contiguous CPU x of shape "
               "[B, T, G, head_dim], got ",
               x.sizes());
+  TORCH_CHECK(rotary_dim >= 2 && rotary_dim % 2 == 0 && rotary_dim <= x.size(3),
+              "rotary: expected an even rotary_dim in [2, head_dim = ", x.size(3), "], got ", rotary_dim);
   TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_cpu() && positions.is_contiguous() &&
                   positions.size(-1) == x.size(1),
               "rotary: expected contiguous int64 CPU positions of [T] or [B, T] with T=", x.size(1), ", got ",
               positions.sizes());
-  const int64_t rot = options.rotary_dim().value_or(x.size(3));
-  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat && cos.size(1) == rot / 2 &&
-                  sin.sizes() == cos.sizes(),
-              "rotary: expected float32 cos and sin tables of [length, ", rot / 2, "], got ", cos.sizes());
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat &&
+                  cos.size(1) == rotary_dim / 2 && sin.sizes() == cos.sizes(),
+              "rotary: expected float32 cos and sin tables of [length, ", rotary_dim / 2, "], got ", cos.sizes());
   // The kernel reads table rows by position: each must be one (a pass over B x T
   // integers on the CPU, nothing next to the attention).
   TORCH_CHECK(positions.numel() == 0 ||
                   (positions.min().item<int64_t>() >= 0 && positions.max().item<int64_t>() < cos.size(0)),
               "rotary: expected positions in [0, ", cos.size(0), ")");
-  return Rotary::apply(x, positions, cos, sin, rot, options.interleaved(), 1.0);
+  return Rotary::apply(x, positions, cos, sin, rotary_dim, interleaved, 1.0);
 }
 
 }  // namespace torchattn::kernels::cpu

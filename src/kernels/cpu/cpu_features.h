@@ -1,0 +1,27 @@
+#pragma once
+
+// The vector instruction sets the CPU kernels are written for, and which of them this
+// CPU runs: the one place that asks the CPU (once, then cached).
+
+#include <cstdint>
+#include <vector>
+
+namespace torchattn::kernels::cpu {
+
+/// The instruction sets of the vector types in simd.h, narrowest first: Scalar (plain
+/// float arithmetic, any CPU), Avx2 (8 float lanes, with FMA), Avx512 (16 lanes,
+/// AVX-512F).
+enum class Isa : int8_t { Scalar, Avx2, Avx512 };
+
+/// The widest instruction set this CPU runs: Avx512 with AVX-512F, AVX2 and FMA;
+/// Avx2 with AVX2 and FMA; else (or off x86) Scalar. Read from the CPU on the first
+/// call, then cached.
+Isa best_isa();
+
+/// Every instruction set this CPU runs, narrowest first: Scalar .. best_isa().
+std::vector<Isa> supported_isas();
+
+/// "scalar", "avx2" or "avx512" (test names, messages).
+const char* isa_name(Isa isa);
+
+}  // namespace torchattn::kernels::cpu

@@ -1,0 +1,368 @@
+#pragma once
+
+// The SIMD layer of the CPU kernels: a vector type per instruction set (Scalar: one
+// float; Avx2: __m256, 8 lanes, with FMA; Avx512: __m512, 16 lanes), each a struct of
+// static operations on its register type V, and run_on<Kernel>(isa, args...), which
+// runs a kernel written once as a template over the vector type with the instructions
+// of `isa` (cpu_features.h says which this CPU has).
+//
+// The library compiles without -mavx flags: the x86 types' operations carry target
+// attributes, and run_on enters each instruction set through a function of that
+// target which inlines the whole kernel (flatten), its operations included. A kernel:
+//
+//   struct Twice {
+//     static constexpr Isa kWidest = Isa::Avx512;  // the widest it is instantiated for
+//     template <class S> static void run(const float* x, float* y) {
+//       S::store(y, S::add(S::load(x), S::load(x)));
+//     }
+//   };
+//   run_on<Twice>(best_isa(), x, y);
+//
+// The operations round as the instructions do, so a kernel's numbers depend on its
+// vector type only through what it asks for (FMA or multiply then add, lane widths,
+// the order of its reductions). Lanes hold NaN only from NaN inputs; what the masking
+// operations make of a NaN lane is each instruction set's own (noted where it differs).
+
+#include "kernels/cpu/cpu_features.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <utility>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define TORCHATTN_SIMD_X86 1
+#include <immintrin.h>
+#endif
+
+// Around the kernels written over the vector types (and in this header): GCC warns
+// that a template instantiated for an x86 type passes __m256 values without AVX
+// (-Wpsabi) in its unused non-target copy (run_on only calls the target one, into
+// which everything is inlined); and its AVX-512 headers pass _mm512_undefined_*
+// through some intrinsics (roundscale, scalef, extract), which -Wmaybe-uninitialized
+// reports once per inlining.
+#if defined(__GNUC__) && !defined(__clang__)
+#define TORCHATTN_SIMD_KERNELS_BEGIN                                           \
+  _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wpsabi\"") \
+      _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")              \
+          _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")
+#define TORCHATTN_SIMD_KERNELS_END _Pragma("GCC diagnostic pop")
+#else
+#define TORCHATTN_SIMD_KERNELS_BEGIN
+#define TORCHATTN_SIMD_KERNELS_END
+#endif
+
+TORCHATTN_SIMD_KERNELS_BEGIN
+
+namespace torchattn::kernels::cpu::simd {
+
+inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// The polynomials below take and give their vectors by reference: as functions of no
+// target of their own, passing __m256 by value would change GCC's ABI (it warns).
+
+/// out = exp(x) for x <= 0, x clamped at -87, within 2 ulp: Cephes' polynomial on
+/// r = x - n ln 2, then * 2^n (S::ldexp). For the x86 types.
+template <class S>
+void exp_neg_poly(const typename S::V& x_in, typename S::V& out) {
+  using V = typename S::V;
+  const V x = S::max(x_in, S::set1(-87.0f));
+  // The polynomial's own constants (ln 2 split in two), kept bit for bit.
+  // NOLINTNEXTLINE(modernize-use-std-numbers)
+  const V n = S::round(S::mul(x, S::set1(1.44269504088896341f)));
+  // NOLINTNEXTLINE(modernize-use-std-numbers)
+  const V r = S::fma(n, S::set1(2.12194440e-4f), S::fma(n, S::set1(-0.693359375f), x));
+  V y = S::set1(1.9875691500e-4f);
+  y = S::fma(y, r, S::set1(1.3981999507e-3f));
+  y = S::fma(y, r, S::set1(8.3334519073e-3f));
+  y = S::fma(y, r, S::set1(4.1665795894e-2f));
+  y = S::fma(y, r, S::set1(1.6666665459e-1f));
+  y = S::fma(y, r, S::set1(5.0000001201e-1f));
+  y = S::fma(y, S::mul(r, r), S::add(r, S::set1(1.0f)));
+  out = S::ldexp(y, n);
+}
+
+/// out = tanh(x) within a few ulp: Cephes' tanhf, an odd polynomial below |x| =
+/// 0.625, else 1 - 2 / (exp(2|x|) + 1) written with e = exp(-2|x|). For the x86 types.
+template <class S>
+void tanh_poly(const typename S::V& x, typename S::V& out) {
+  using V = typename S::V;
+  const V a = S::abs(x);
+  const V z = S::mul(x, x);
+  V small = S::set1(-5.70498872745e-3f);
+  small = S::fma(small, z, S::set1(2.06390887954e-2f));
+  small = S::fma(small, z, S::set1(-5.37397155531e-2f));
+  small = S::fma(small, z, S::set1(1.33314422036e-1f));
+  small = S::fma(small, z, S::set1(-3.33332819422e-1f));
+  small = S::fma(S::mul(small, z), x, x);
+  const V e = S::exp_neg(S::mul(a, S::set1(-2.0f)));
+  const V large = S::with_sign(S::div(S::sub(S::set1(1.0f), e), S::add(S::set1(1.0f), e)), x);
+  out = S::below(a, 0.625f, small, large);
+}
+
+// Every vector type has the operations below (V its register, W its lanes). Loads
+// and stores of `n` lanes take the first n (1 <= n <= W) and leave the memory past
+// them untouched.
+
+/// One float: plain C++ arithmetic (FMA through std::fma), libm's exp and tanh.
+struct Scalar {
+  using V = float;
+  static constexpr int W = 1;
+  static constexpr Isa kIsa = Isa::Scalar;
+  static V zero() { return 0.0f; }
+  static V set1(float x) { return x; }
+  static V load(const float* p) { return *p; }
+  /// The first n lanes from p, 0 past them.
+  static V load(const float* p, int) { return *p; }
+  /// The first n lanes from p, `fill` past them.
+  static V load_or(const float* p, int, float) { return *p; }
+  static void store(float* p, V v) { *p = v; }
+  static void store(float* p, V v, int) { *p = v; }
+  static V fma(V a, V b, V c) { return std::fma(a, b, c); }  // a * b + c, rounded once
+  static V mul(V a, V b) { return a * b; }
+  static V add(V a, V b) { return a + b; }
+  static V sub(V a, V b) { return a - b; }
+  static V div(V a, V b) { return a / b; }
+  static V max(V a, V b) { return a > b ? a : b; }  // b where either is NaN, as maxps
+  /// Nearest integer, ties to even (the default rounding mode).
+  static V round(V a) { return std::nearbyint(a); }
+  static V abs(V a) { return std::fabs(a); }
+  /// |magnitude| (a non-negative one) with the sign of `sign`.
+  static V with_sign(V magnitude, V sign) { return std::copysign(magnitude, sign); }
+  /// `yes` in the lanes where a < bound, `no` elsewhere.
+  static V below(V a, float bound, V yes, V no) { return a < bound ? yes : no; }
+  /// y * 2^n for integral n in [-126, 0].
+  static V ldexp(V y, V n) { return std::ldexp(y, static_cast<int>(n)); }
+  /// The lanes' sum, folded in halves: 16 lanes first to 8 (l_i + l_i+8); 8 lanes
+  /// to ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
+  static float reduce_add(V v) { return v; }
+  /// The lanes' sum: folded in halves down to 4 lanes m (m_i = l_i + l_i+4 for 8),
+  /// then adjacent pairs: (m0 + m1) + (m2 + m3).
+  static float reduce_add_adjacent(V v) { return v; }
+  /// The largest lane, in reduce_add's order (maxps: a NaN lane may or may not win).
+  static float reduce_max(V v) { return v; }
+  /// Lane i holds float(base + i).
+  static V iota(int64_t base) { return static_cast<float>(base); }
+  /// Lane i keeps v where lo <= first + i <= hi, else holds fill.
+  static V keep_between(V v, int64_t first, int64_t lo, int64_t hi, float fill) {
+    return first < lo || first > hi ? fill : v;
+  }
+  /// 0 in the lanes where `test` equals `value`, v elsewhere (a NaN test: v).
+  static V zero_where_equal(V test, float value, V v) { return test == value ? 0.0f : v; }
+  /// exp(x) for x <= 0.
+  static V exp_neg(V x) { return std::exp(x); }
+  static V tanh(V x) { return std::tanh(x); }
+};
+
+#if defined(TORCHATTN_SIMD_X86)
+#define TORCHATTN_SIMD_AVX2 __attribute__((target("avx2,fma"))) static
+#define TORCHATTN_SIMD_AVX512 __attribute__((target("avx512f,fma"))) static
+
+/// AVX2 and FMA: 8 lanes.
+struct Avx2 {
+  using V = __m256;
+  static constexpr int W = 8;
+  static constexpr Isa kIsa = Isa::Avx2;
+  TORCHATTN_SIMD_AVX2 __m256i lanes_below(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  TORCHATTN_SIMD_AVX2 __m256i lane_index(int64_t base) {
+    return _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(base)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  TORCHATTN_SIMD_AVX2 V zero() { return _mm256_setzero_ps(); }
+  TORCHATTN_SIMD_AVX2 V set1(float x) { return _mm256_set1_ps(x); }
+  TORCHATTN_SIMD_AVX2 V load(const float* p) { return _mm256_loadu_ps(p); }
+  TORCHATTN_SIMD_AVX2 V load(const float* p, int n) {
+    return n == W ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lanes_below(n));
+  }
+  TORCHATTN_SIMD_AVX2 V load_or(const float* p, int n, float fill) {
+    return n == W ? _mm256_loadu_ps(p)
+                  : _mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, lanes_below(n)),
+                                     _mm256_castsi256_ps(lanes_below(n)));
+  }
+  TORCHATTN_SIMD_AVX2 void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  TORCHATTN_SIMD_AVX2 void store(float* p, V v, int n) {
+    if (n == W) {
+      _mm256_storeu_ps(p, v);
+    } else {
+      _mm256_maskstore_ps(p, lanes_below(n), v);
+    }
+  }
+  TORCHATTN_SIMD_AVX2 V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  TORCHATTN_SIMD_AVX2 V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  TORCHATTN_SIMD_AVX2 V add(V a, V b) { return _mm256_add_ps(a, b); }
+  TORCHATTN_SIMD_AVX2 V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  TORCHATTN_SIMD_AVX2 V div(V a, V b) { return _mm256_div_ps(a, b); }
+  TORCHATTN_SIMD_AVX2 V max(V a, V b) { return _mm256_max_ps(a, b); }
+  TORCHATTN_SIMD_AVX2 V round(V a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  TORCHATTN_SIMD_AVX2 V abs(V a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+  TORCHATTN_SIMD_AVX2 V with_sign(V magnitude, V sign) {
+    return _mm256_or_ps(magnitude, _mm256_and_ps(sign, _mm256_set1_ps(-0.0f)));
+  }
+  TORCHATTN_SIMD_AVX2 V below(V a, float bound, V yes, V no) {
+    return _mm256_blendv_ps(no, yes, _mm256_cmp_ps(a, _mm256_set1_ps(bound), _CMP_LT_OQ));
+  }
+  // n + 127 as the exponent bits.
+  TORCHATTN_SIMD_AVX2 V ldexp(V y, V n) {
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  }
+  TORCHATTN_SIMD_AVX2 float reduce_add(V v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+  }
+  TORCHATTN_SIMD_AVX2 float reduce_add_adjacent(V v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_hadd_ps(h, h);
+    h = _mm_hadd_ps(h, h);
+    return _mm_cvtss_f32(h);
+  }
+  TORCHATTN_SIMD_AVX2 float reduce_max(V v) {
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+  }
+  /// Lane indices as int32 (callers keep them within int32).
+  TORCHATTN_SIMD_AVX2 V iota(int64_t base) { return _mm256_cvtepi32_ps(lane_index(base)); }
+  TORCHATTN_SIMD_AVX2 V keep_between(V v, int64_t first, int64_t lo, int64_t hi, float fill) {
+    const __m256i j = lane_index(first);
+    const __m256i out = _mm256_or_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(lo)), j),
+                                        _mm256_cmpgt_epi32(j, _mm256_set1_epi32(static_cast<int>(hi))));
+    return _mm256_blendv_ps(v, _mm256_set1_ps(fill), _mm256_castsi256_ps(out));
+  }
+  /// (a NaN test: v)
+  TORCHATTN_SIMD_AVX2 V zero_where_equal(V test, float value, V v) {
+    return _mm256_andnot_ps(_mm256_cmp_ps(test, _mm256_set1_ps(value), _CMP_EQ_OQ), v);
+  }
+  TORCHATTN_SIMD_AVX2 V exp_neg(V x) {
+    V out;
+    exp_neg_poly<Avx2>(x, out);
+    return out;
+  }
+  TORCHATTN_SIMD_AVX2 V tanh(V x) {
+    V out;
+    tanh_poly<Avx2>(x, out);
+    return out;
+  }
+};
+
+/// AVX-512F: 16 lanes.
+struct Avx512 {
+  using V = __m512;
+  static constexpr int W = 16;
+  static constexpr Isa kIsa = Isa::Avx512;
+  TORCHATTN_SIMD_AVX512 __mmask16 lanes_below(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
+  TORCHATTN_SIMD_AVX512 __m512i lane_index(int64_t base) {
+    return _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(base)),
+                            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  }
+  TORCHATTN_SIMD_AVX512 V zero() { return _mm512_setzero_ps(); }
+  TORCHATTN_SIMD_AVX512 V set1(float x) { return _mm512_set1_ps(x); }
+  TORCHATTN_SIMD_AVX512 V load(const float* p) { return _mm512_loadu_ps(p); }
+  TORCHATTN_SIMD_AVX512 V load(const float* p, int n) {
+    return n == W ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(lanes_below(n), p);
+  }
+  TORCHATTN_SIMD_AVX512 V load_or(const float* p, int n, float fill) {
+    return n == W ? _mm512_loadu_ps(p) : _mm512_mask_loadu_ps(_mm512_set1_ps(fill), lanes_below(n), p);
+  }
+  TORCHATTN_SIMD_AVX512 void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  TORCHATTN_SIMD_AVX512 void store(float* p, V v, int n) {
+    if (n == W) {
+      _mm512_storeu_ps(p, v);
+    } else {
+      _mm512_mask_storeu_ps(p, lanes_below(n), v);
+    }
+  }
+  TORCHATTN_SIMD_AVX512 V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  TORCHATTN_SIMD_AVX512 V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  TORCHATTN_SIMD_AVX512 V add(V a, V b) { return _mm512_add_ps(a, b); }
+  TORCHATTN_SIMD_AVX512 V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  TORCHATTN_SIMD_AVX512 V div(V a, V b) { return _mm512_div_ps(a, b); }
+  TORCHATTN_SIMD_AVX512 V max(V a, V b) { return _mm512_max_ps(a, b); }
+  TORCHATTN_SIMD_AVX512 V round(V a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  TORCHATTN_SIMD_AVX512 V abs(V a) {
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7fffffff)));
+  }
+  TORCHATTN_SIMD_AVX512 V with_sign(V magnitude, V sign) {
+    const __m512i bit = _mm512_and_si512(_mm512_castps_si512(sign), _mm512_set1_epi32(static_cast<int>(0x80000000u)));
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(magnitude), bit));
+  }
+  TORCHATTN_SIMD_AVX512 V below(V a, float bound, V yes, V no) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, _mm512_set1_ps(bound), _CMP_LT_OQ), no, yes);
+  }
+  TORCHATTN_SIMD_AVX512 V ldexp(V y, V n) { return _mm512_scalef_ps(y, n); }
+  /// The upper 8 lanes (the zero-masked extract with every lane kept is the plain one;
+  /// GCC 12's plain one warns of its own undefined operand).
+  TORCHATTN_SIMD_AVX512 __m256 high_half(V v) {
+    return _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xFF, _mm512_castps_pd(v), 1));
+  }
+  /// The two halves added, then Avx2's.
+  TORCHATTN_SIMD_AVX512 __m256 halves_add(V v) { return _mm256_add_ps(_mm512_castps512_ps256(v), high_half(v)); }
+  TORCHATTN_SIMD_AVX512 float reduce_add(V v) { return Avx2::reduce_add(halves_add(v)); }
+  TORCHATTN_SIMD_AVX512 float reduce_add_adjacent(V v) { return Avx2::reduce_add_adjacent(halves_add(v)); }
+  TORCHATTN_SIMD_AVX512 float reduce_max(V v) {
+    const __m256 h = _mm256_max_ps(_mm512_castps512_ps256(v), high_half(v));
+    return Avx2::reduce_max(h);
+  }
+  TORCHATTN_SIMD_AVX512 V iota(int64_t base) { return _mm512_maskz_cvtepi32_ps(0xFFFF, lane_index(base)); }
+  TORCHATTN_SIMD_AVX512 V keep_between(V v, int64_t first, int64_t lo, int64_t hi, float fill) {
+    const __m512i j = lane_index(first);
+    const __mmask16 in = _mm512_cmpge_epi32_mask(j, _mm512_set1_epi32(static_cast<int>(lo))) &
+                         _mm512_cmple_epi32_mask(j, _mm512_set1_epi32(static_cast<int>(hi)));
+    return _mm512_mask_blend_ps(in, _mm512_set1_ps(fill), v);
+  }
+  /// (a NaN test: 0)
+  TORCHATTN_SIMD_AVX512 V zero_where_equal(V test, float value, V v) {
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(test, _mm512_set1_ps(value), _CMP_NEQ_OQ), v);
+  }
+  TORCHATTN_SIMD_AVX512 V exp_neg(V x) {
+    V out;
+    exp_neg_poly<Avx512>(x, out);
+    return out;
+  }
+  TORCHATTN_SIMD_AVX512 V tanh(V x) {
+    V out;
+    tanh_poly<Avx512>(x, out);
+    return out;
+  }
+};
+
+#undef TORCHATTN_SIMD_AVX2
+#undef TORCHATTN_SIMD_AVX512
+
+namespace detail {
+// The entry points of the x86 instruction sets: functions of their target into which
+// the kernel and every operation it calls are inlined.
+template <class Kernel, class... Args>
+__attribute__((target("avx2,fma"), flatten)) auto on_avx2(Args&&... args) {
+  return Kernel::template run<Avx2>(std::forward<Args>(args)...);
+}
+template <class Kernel, class... Args>
+__attribute__((target("avx512f,fma"), flatten)) auto on_avx512(Args&&... args) {
+  return Kernel::template run<Avx512>(std::forward<Args>(args)...);
+}
+}  // namespace detail
+#endif
+
+/// Kernel::run<S>(args...) for the vector type S of `isa`, or of Kernel::kWidest
+/// where `isa` is wider (a kernel is instantiated up to its kWidest only). `isa` must
+/// be one this CPU runs (supported_isas()); off x86, Scalar whatever `isa`.
+template <class Kernel, class... Args>
+decltype(auto) run_on(Isa isa, Args&&... args) {
+#if defined(TORCHATTN_SIMD_X86)
+  if constexpr (Kernel::kWidest >= Isa::Avx512) {
+    if (isa >= Isa::Avx512) return detail::on_avx512<Kernel>(std::forward<Args>(args)...);
+  }
+  if constexpr (Kernel::kWidest >= Isa::Avx2) {
+    if (isa >= Isa::Avx2) return detail::on_avx2<Kernel>(std::forward<Args>(args)...);
+  }
+#endif
+  return Kernel::template run<Scalar>(std::forward<Args>(args)...);
+}
+
+}  // namespace torchattn::kernels::cpu::simd
+
+TORCHATTN_SIMD_KERNELS_END

@@ -1,0 +1,273 @@
+// The SIMD layer of the CPU kernels (kernels/cpu/simd.h, cpu_features.h): the
+// instruction set chosen is the widest the CPU's flags allow; every vector type's
+// operations give the scalar type's bits lane for lane (exp and tanh within a few
+// ulp), its reductions add in their documented order, partial loads and stores touch
+// only their lanes; and dot and axpy follow their documented order on every
+// instruction set, to the bit (but where dot's tail lets the compiler fuse a product
+// into its add or not).
+
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/paged_attention.h"
+#include "kernels/cpu/simd.h"
+#include "kernels/cpu/vec.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace K = torchattn::kernels::cpu;
+using K::Isa;
+
+// The CPU's flags as Linux lists them ("flags : fpu vme ... avx2 ..."); empty where
+// there is no /proc/cpuinfo.
+std::set<std::string> cpuinfo_flags() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line.substr(line.find(':') + 1));
+    std::set<std::string> flags;
+    for (std::string w; words >> w;) flags.insert(w);
+    return flags;
+  }
+  return {};
+}
+
+TEST(CpuFeatures, TheChosenIsaIsTheWidestTheCpuFlagsAllow) {
+  const auto isas = K::supported_isas();
+  ASSERT_FALSE(isas.empty());
+  EXPECT_EQ(isas.front(), Isa::Scalar);
+  EXPECT_EQ(isas.back(), K::best_isa());
+  EXPECT_TRUE(std::is_sorted(isas.begin(), isas.end()));
+  EXPECT_EQ(isas.size(), static_cast<size_t>(K::best_isa()) + 1);
+  EXPECT_EQ(K::paged_isas(), isas);
+  EXPECT_EQ(K::vec_isa(), std::min(K::best_isa(), Isa::Avx2));
+#if defined(__x86_64__) || defined(__i386__)
+  const auto flags = cpuinfo_flags();
+  if (flags.empty()) GTEST_SKIP() << "no /proc/cpuinfo to compare with";
+  const bool avx2 = flags.count("avx2") && flags.count("fma");
+  const Isa want = avx2 && flags.count("avx512f") ? Isa::Avx512 : avx2 ? Isa::Avx2 : Isa::Scalar;
+  EXPECT_EQ(K::best_isa(), want) << "chose " << K::isa_name(K::best_isa()) << ", the flags say " << K::isa_name(want);
+#else
+  EXPECT_EQ(K::best_isa(), Isa::Scalar);
+#endif
+}
+
+// Lane-wise operations of the vector type over n floats, W lanes at a time (the last
+// vector partial): out[op * n + i] for each op below.
+constexpr int kLaneOps = 17;
+
+TORCHATTN_SIMD_KERNELS_BEGIN
+struct LaneOps {
+  static constexpr Isa kWidest = Isa::Avx512;
+  template <class S>
+  static void run(const float* a, const float* b, const float* c, int64_t n, float* out) {
+    using V = typename S::V;
+    for (int64_t i = 0; i < n; i += S::W) {
+      const int lanes = static_cast<int>(std::min<int64_t>(S::W, n - i));
+      const V x = S::load(a + i, lanes), y = S::load(b + i, lanes), z = S::load(c + i, lanes);
+      const V ops[kLaneOps] = {
+          S::fma(x, y, z),
+          S::mul(x, y),
+          S::add(x, y),
+          S::sub(x, y),
+          S::div(x, y),
+          S::max(x, y),
+          S::round(S::mul(x, S::set1(3.0f))),
+          S::abs(x),
+          S::with_sign(S::abs(y), x),
+          S::below(x, 0.25f, y, z),
+          S::ldexp(y, S::round(S::mul(S::abs(z), S::set1(-20.0f)))),
+          S::iota(i - 5),
+          S::keep_between(x, i, 3, n - 4, -1.5f),
+          S::zero_where_equal(x, K::simd::kNegInf, y),
+          S::load_or(a + i, lanes, 7.0f),
+          S::exp_neg(S::mul(S::abs(x), S::set1(-8.0f))),
+          S::tanh(S::mul(x, S::set1(3.0f))),
+      };
+      for (int op = 0; op < kLaneOps; ++op) S::store(out + op * n + i, ops[op], lanes);
+    }
+  }
+};
+
+// The three reductions of W consecutive floats.
+struct Reductions {
+  static constexpr Isa kWidest = Isa::Avx512;
+  template <class S>
+  static void run(const float* a, float* out) {
+    out[0] = S::reduce_add(S::load(a));
+    out[1] = S::reduce_add_adjacent(S::load(a));
+    out[2] = S::reduce_max(S::load(a));
+  }
+};
+
+struct Width {
+  static constexpr Isa kWidest = Isa::Avx512;
+  template <class S>
+  static int run() {
+    return S::W;
+  }
+};
+TORCHATTN_SIMD_KERNELS_END
+
+int lanes_of(Isa isa) { return K::simd::run_on<Width>(isa); }
+
+uint32_t float_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+TEST(Simd, EveryVectorTypeGivesTheScalarTypesBitsLaneForLane) {
+  torch::manual_seed(3);
+  const int64_t n = 37;  // a partial vector at the end for 8 and 16 lanes
+  auto a = torch::randn({n}), b = torch::randn({n}) + 0.1, c = torch::randn({n});
+  a[4] = -INFINITY;
+  a[21] = -INFINITY;
+  b[5] = 0.0f;  // x / 0
+  const auto run = [&](Isa isa) {
+    std::vector<float> out(kLaneOps * n + 32, 99.0f);
+    K::simd::run_on<LaneOps>(isa, a.const_data_ptr<float>(), b.const_data_ptr<float>(), c.const_data_ptr<float>(), n,
+                             out.data());
+    return out;
+  };
+  const auto want = run(Isa::Scalar);
+  for (const Isa isa : K::supported_isas()) {
+    SCOPED_TRACE(K::isa_name(isa));
+    const auto got = run(isa);
+    for (int op = 0; op < kLaneOps; ++op) {
+      for (int64_t i = 0; i < n; ++i) {
+        const float g = got[op * n + i], w = want[op * n + i];
+        if (op >= 15) {  // exp, tanh: polynomials against libm
+          EXPECT_NEAR(g, w, 4e-7f * std::max(1.0f, std::abs(w))) << "op " << op << " lane " << i;
+        } else {
+          EXPECT_EQ(float_bits(g), float_bits(w)) << "op " << op << " lane " << i << ": " << g << " vs " << w;
+        }
+      }
+    }
+    // Past the last partial store: untouched.
+    for (size_t i = kLaneOps * n; i < got.size(); ++i) EXPECT_EQ(got[i], 99.0f);
+  }
+}
+
+TEST(Simd, ReductionsAddInTheirDocumentedOrder) {
+  torch::manual_seed(4);
+  // Magnitudes far apart, so that another order gives other bits.
+  const auto a = (torch::randn({16}) * torch::pow(10.0, torch::randint(-6, 7, {16}))).to(torch::kFloat);
+  const float* l = a.const_data_ptr<float>();
+  for (const Isa isa : K::supported_isas()) {
+    SCOPED_TRACE(K::isa_name(isa));
+    const int W = lanes_of(isa);
+    float got[3];
+    K::simd::run_on<Reductions>(isa, l, got);
+    // 16 lanes fold to 8, 8 to 4.
+    std::vector<float> m(l, l + W);
+    if (W == 16) {
+      for (int i = 0; i < 8; ++i) m[i] = l[i] + l[i + 8];
+    }
+    float want_add = m[0], want_adjacent = m[0], want_max = *std::max_element(l, l + W);
+    if (W >= 8) {
+      float h[4];
+      for (int i = 0; i < 4; ++i) h[i] = m[i] + m[i + 4];
+      want_add = (h[0] + h[2]) + (h[1] + h[3]);
+      want_adjacent = (h[0] + h[1]) + (h[2] + h[3]);
+    }
+    EXPECT_EQ(float_bits(got[0]), float_bits(want_add));
+    EXPECT_EQ(float_bits(got[1]), float_bits(want_adjacent));
+    EXPECT_EQ(float_bits(got[2]), float_bits(want_max));
+  }
+}
+
+// The results dot's documented order allows for `lanes` lanes (vec.h): with vectors,
+// the vector part to the bit, then each product of the tail in order, fused into its
+// add or not (the compiler's choice); one lane: in order, multiply then add.
+std::set<uint32_t> dot_in_order(const float* a, const float* b, int64_t n, int lanes) {
+  int64_t i = 0;
+  if (lanes == 1) {
+    float total = 0.0f;
+    for (; i < n; ++i) {
+      const float p = a[i] * b[i];
+      total += p;
+    }
+    return {float_bits(total)};
+  }
+  std::vector<float> acc(4 * lanes, 0.0f);
+  for (; i + 4 * lanes <= n; i += 4 * lanes) {
+    for (int k = 0; k < 4 * lanes; ++k) acc[k] = std::fma(a[i + k], b[i + k], acc[k]);
+  }
+  for (; i + lanes <= n; i += lanes) {
+    for (int k = 0; k < lanes; ++k) acc[k] = std::fma(a[i + k], b[i + k], acc[k]);
+  }
+  float s[8], h[4];
+  for (int k = 0; k < 8; ++k) s[k] = (acc[k] + acc[lanes + k]) + (acc[2 * lanes + k] + acc[3 * lanes + k]);
+  for (int k = 0; k < 4; ++k) h[k] = s[k] + s[k + 4];
+  std::vector<float> totals{(h[0] + h[1]) + (h[2] + h[3])};
+  for (; i < n; ++i) {
+    std::vector<float> next;
+    for (const float t : totals) {
+      const float p = a[i] * b[i];
+      next.push_back(std::fma(a[i], b[i], t));
+      next.push_back(t + p);
+    }
+    totals = next;
+  }
+  std::set<uint32_t> out;
+  for (const float t : totals) out.insert(float_bits(t));
+  return out;
+}
+
+TEST(Simd, DotAndAxpyFollowTheirDocumentedOrderOnEveryIsa) {
+  torch::manual_seed(5);
+  for (const Isa isa : K::supported_isas()) {
+    if (isa > K::vec_isa()) {
+      const auto x = torch::randn({8});
+      EXPECT_THROW(K::dot(x.const_data_ptr<float>(), x.const_data_ptr<float>(), 8, isa), c10::Error);
+      continue;
+    }
+    SCOPED_TRACE(K::isa_name(isa));
+    const int lanes = lanes_of(isa);
+    ASSERT_LE(lanes, 8);
+    for (const int64_t n : {1, 7, 8, 9, 31, 32, 33, 40, 64, 71, 576}) {
+      SCOPED_TRACE("n " + std::to_string(n));
+      const auto a = torch::randn({n}), b = torch::randn({n});
+      const float* ap = a.const_data_ptr<float>();
+      const float* bp = b.const_data_ptr<float>();
+      const float got = K::dot(ap, bp, n, isa);
+      EXPECT_EQ(dot_in_order(ap, bp, n, lanes).count(float_bits(got)), 1u) << got;
+      if (isa == K::vec_isa()) {
+        EXPECT_EQ(float_bits(K::dot(ap, bp, n)), float_bits(got));
+      }
+      // axpy: one FMA per element with vectors (the tail too: the compiler contracts it
+      // for FMA targets), multiply then add on one lane.
+      auto y = torch::randn({n});
+      auto y_default = y.clone();
+      std::vector<float> want(y.const_data_ptr<float>(), y.const_data_ptr<float>() + n);
+      for (int64_t i = 0; i < n; ++i) {
+        const float p = 0.7f * ap[i];
+        want[i] = lanes > 1 ? std::fma(0.7f, ap[i], want[i]) : want[i] + p;
+      }
+      K::axpy(0.7f, ap, y.mutable_data_ptr<float>(), n, isa);
+      for (int64_t i = 0; i < n; ++i) {
+        EXPECT_EQ(float_bits(y[i].item<float>()), float_bits(want[static_cast<size_t>(i)])) << i;
+      }
+      if (isa == K::vec_isa()) {
+        K::axpy(0.7f, ap, y_default.mutable_data_ptr<float>(), n);
+        EXPECT_TRUE(torch::equal(y_default, y));
+      }
+    }
+  }
+}
+
+}  // namespace
