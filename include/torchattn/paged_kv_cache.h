@@ -180,7 +180,8 @@ class PagedKVCache {
   static at::Tensor by_token(const at::Tensor& storage, bool keys);
 
   /// Writes the step's new keys and values of a layer ([N, num_kv_heads, head_dim]
-  /// each) at step.write_blocks / write_offsets.
+  /// each) at step.write_blocks / write_offsets. The step must be current
+  /// (is_current): this is where a step is checked, forward_paged's included.
   void write(int64_t layer, const PagedStep& step, const at::Tensor& keys, const at::Tensor& values);
 
   /// A sequence's keys / values in one layer, oldest first: [num_kv_heads, length,

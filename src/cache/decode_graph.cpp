@@ -80,6 +80,7 @@ at::Tensor DecodeGraph::operator()(const at::Tensor& input) {
   if (!input.is_cuda()) {
     // Eagerly: the caches check their own room and advance themselves.
     std::vector<int64_t> before;
+    before.reserve(caches_.size());
     for (KVCache* c : caches_) before.push_back(c->length());
     at::Tensor out = run_watched(input);
     for (size_t i = 0; i < caches_.size(); ++i) {
@@ -114,7 +115,7 @@ at::Tensor DecodeGraph::operator()(const at::Tensor& input) {
 #endif
 }
 
-void DecodeGraph::capture(const at::Tensor& input) {
+void DecodeGraph::capture([[maybe_unused]] const at::Tensor& input) {
 #ifdef TORCHATTN_WITH_CUDA
   // Deterministic index_copy_ may synchronise with the host, which capture forbids.
   TORCH_CHECK(!at::globalContext().deterministicAlgorithms(),

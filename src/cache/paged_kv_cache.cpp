@@ -1,17 +1,21 @@
+// PagedKVCache: the pool's storage (each layer's keys and values), its sequences, and
+// the public API, delegating the block allocator (cache/block_allocator.h), the
+// prefix-cache policy (cache/prefix_cache.h) and the step's tables (cache/paged_step.h).
+
 #include <torchattn/paged_kv_cache.h>
 
-#include "cache/prefix_index.h"
+#include "cache/block_allocator.h"
+#include "cache/paged_step.h"
+#include "cache/prefix_cache.h"
 #include "kernels/cpu/paged_write.h"
 
 #include <ATen/ops/empty.h>
-#include <ATen/ops/from_blob.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <ranges>
 #include <atomic>
-#include <functional>
 #include <map>
-#include <queue>
 #include <unordered_set>
 
 namespace torchattn {
@@ -25,35 +29,29 @@ uint64_t new_cache_id() {
   return next.fetch_add(1, std::memory_order_relaxed);
 }
 
-// Host int64 values as a tensor on `device`.
-at::Tensor long_tensor(const std::vector<int64_t>& v, const at::Device& device) {
-  at::Tensor cpu = at::empty({static_cast<int64_t>(v.size())}, at::TensorOptions().dtype(at::kLong));
-  std::copy(v.begin(), v.end(), cpu.mutable_data_ptr<int64_t>());
-  return device.is_cpu() ? cpu : cpu.to(device, /*non_blocking=*/false);
-}
-
 }  // namespace
 
 struct PagedKVCache::State {
   struct Sequence {
-    std::vector<int64_t> blocks;
-    int64_t length = 0;
+    detail::BlockTable table;
     // The prefix ids of its leading blocks that are published (or match published ones).
     std::vector<uint64_t> prefix_ids;
   };
 
+  State(int64_t num_blocks, int64_t block_size) : blocks(num_blocks, block_size), pool(blocks) {}
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+
   std::vector<PagedLayer> layers;
-  std::vector<at::Tensor> keys, values;  // [num_blocks, block_size, Hkv, d] per layer
-  int64_t num_blocks = 0, block_size = 0;
-  std::vector<int32_t> refs;  // sequences holding each block, and the prefix index (one) where published
-  detail::PrefixIndex prefix;
-  int64_t touched = 0;                                                      // blocks ever taken: [0, touched)
-  std::priority_queue<int64_t, std::vector<int64_t>, std::greater<>> free;  // lowest first
+  std::vector<at::Tensor> keys, values;   // per layer: see PagedKVCache::keys and values
+  detail::BlockAllocator blocks;          // free list and holders
+  detail::PrefixCache pool;               // takes and releases blocks (over `blocks`), keeps published ones
   std::map<int64_t, Sequence> sequences;  // ordered: ids grow, so the order they were added
   int64_t next_sequence = 0;
   uint64_t id = new_cache_id();
   uint64_t epoch = 0;
 
+  // Sequence s, or an error naming the caller `what`.
   Sequence& at(int64_t s, const char* what) {
     auto it = sequences.find(s);
     TORCH_CHECK(it != sequences.end(), kPaged, ": ", what, ": no sequence ", s, " in this cache");
@@ -61,47 +59,16 @@ struct PagedKVCache::State {
   }
   const Sequence& at(int64_t s, const char* what) const { return const_cast<State*>(this)->at(s, what); }
 
-  // Free blocks, and published ones no sequence holds (reusable, given back when needed).
-  int64_t available() const { return static_cast<int64_t>(free.size()) + prefix.reusable(); }
-  // The lowest free block, unless it was never used yet and a reusable one can be given
-  // back (least recently released first): kept blocks live in memory the pool already
-  // uses, so prefix caching adds no resident memory (blocks are taken lowest first, so
-  // the blocks ever used are [0, touched)).
-  int64_t take() {
-    int64_t b = 0;
-    if (!free.empty() && (free.top() < touched || prefix.reusable() == 0)) {
-      b = free.top();
-      free.pop();
-    } else {
-      b = prefix.evict();
-    }
-    touched = std::max(touched, b + 1);
-    refs[static_cast<size_t>(b)] = 1;
-    return b;
-  }
-  void release(int64_t b) {
-    const int32_t left = --refs[static_cast<size_t>(b)];
-    if (left == 0) {
-      free.push(b);
-    } else if (left == 1 && prefix.id(b) != 0) {
-      prefix.unheld(b);  // only the index holds it now: reusable
-    }
-  }
-  // A published block for one more sequence.
-  void hold(int64_t b) {
-    if (refs[static_cast<size_t>(b)] == 1) prefix.held(b);
-    ++refs[static_cast<size_t>(b)];
-  }
-  int64_t blocks_for(int64_t tokens) const { return (tokens + block_size - 1) / block_size; }
-
-  // Blocks a sequence needs to write `count` more tokens: new ones past its table, and a
-  // copy of its last block when that is partly filled and shared.
-  int64_t needed(const Sequence& q, int64_t count) const {
-    int64_t n = blocks_for(q.length + count) - static_cast<int64_t>(q.blocks.size());
-    if (q.length % block_size != 0 && refs[static_cast<size_t>(q.blocks.back())] > 1) ++n;
-    return n;
+  // A new sequence id for `q`; the cache changed.
+  int64_t add(Sequence q) {
+    const int64_t sequence = next_sequence++;
+    sequences.emplace(sequence, std::move(q));
+    ++epoch;
+    return sequence;
   }
 
+  // begin_step's and blocks_needed's `tokens`: at least one, each an existing sequence,
+  // once, with count >= 1.
   void check_step(const std::vector<StepTokens>& tokens) const {
     TORCH_CHECK(!tokens.empty(), kPaged, ": begin_step expected at least one sequence, got none");
     std::unordered_set<int64_t> seen;
@@ -114,21 +81,43 @@ struct PagedKVCache::State {
     }
   }
 
+  // Blocks the pool gives checked `tokens`: new ones and copies on write.
   int64_t needed(const std::vector<StepTokens>& tokens) const {
     int64_t n = 0;
-    for (const auto& t : tokens) n += needed(at(t.sequence, "begin_step"), t.count);
+    for (const auto& t : tokens) n += blocks.needed(at(t.sequence, "begin_step").table, t.count);
     return n;
+  }
+
+  // Room for `count` more tokens in `table` (the blocks available): copy on write of a
+  // shared, partly filled last block (its keys and values in every layer), then new
+  // blocks; advances its length.
+  void reserve(detail::BlockTable& table, int64_t count) {
+    if (blocks.must_copy(table)) {
+      const int64_t shared = table.blocks.back(), own = pool.take();
+      for (size_t l = 0; l < keys.size(); ++l) {
+        keys[l][own].copy_(keys[l][shared]);
+        values[l][own].copy_(values[l][shared]);
+      }
+      pool.release(shared);
+      table.blocks.back() = own;
+    }
+    while (static_cast<int64_t>(table.blocks.size()) < blocks.blocks_for(table.length + count)) {
+      table.blocks.push_back(pool.take());
+    }
+    table.length += count;
   }
 };
 
-PagedKVCache::PagedKVCache(std::vector<PagedLayer> layers, const PagedKVCacheOptions& options)
-    : state_(std::make_unique<State>()) {
+// layers: at least one, each with heads and a head size >= 1, a floating dtype, all on
+// one device; options: num_blocks >= 1, block_size >= 1. Storage per layer: keys
+// [num_blocks, Hkv, head_dim, block_size], values [num_blocks, Hkv, block_size, head_dim].
+PagedKVCache::PagedKVCache(std::vector<PagedLayer> layers, const PagedKVCacheOptions& options) {
   TORCH_CHECK(!layers.empty(), kPaged, ": expected at least one layer, got none");
   TORCH_CHECK(options.num_blocks() >= 1, kPaged, ": expected num_blocks >= 1, got ", options.num_blocks());
   TORCH_CHECK(options.block_size() >= 1, kPaged, ": expected block_size >= 1, got ", options.block_size());
-  State& s = *state_;
-  s.num_blocks = options.num_blocks();
-  s.block_size = options.block_size();
+  const int64_t num_blocks = options.num_blocks(), block_size = options.block_size();
+  auto state = std::make_unique<State>(num_blocks, block_size);
+  State& s = *state;
   const at::Device device = layers.front().options.device();
   for (size_t i = 0; i < layers.size(); ++i) {
     const PagedLayer& l = layers[i];
@@ -142,111 +131,84 @@ PagedKVCache::PagedKVCache(std::vector<PagedLayer> layers, const PagedKVCacheOpt
     // slot that was not written.
     // Keys transposed within a block ([head_dim, block_size] per head): the CPU kernel
     // computes a block's scores lane by key, with no horizontal sums.
-    s.keys.push_back(at::empty({s.num_blocks, l.num_kv_heads, l.head_dim, s.block_size}, l.options));
-    s.values.push_back(at::empty({s.num_blocks, l.num_kv_heads, s.block_size, l.head_dim}, l.options));
+    s.keys.push_back(at::empty({num_blocks, l.num_kv_heads, l.head_dim, block_size}, l.options));
+    s.values.push_back(at::empty({num_blocks, l.num_kv_heads, block_size, l.head_dim}, l.options));
   }
   s.layers = std::move(layers);
-  s.refs.assign(static_cast<size_t>(s.num_blocks), 0);
-  for (int64_t b = 0; b < s.num_blocks; ++b) s.free.push(b);
+  state_ = std::move(state);
 }
 
 PagedKVCache::PagedKVCache(PagedKVCache&&) noexcept = default;
 PagedKVCache& PagedKVCache::operator=(PagedKVCache&&) noexcept = default;
 PagedKVCache::~PagedKVCache() = default;
 
+// The state, or an error for a moved-from cache.
 PagedKVCache::State& PagedKVCache::state() const {
   TORCH_CHECK(state_ != nullptr, kPaged, ": this cache was moved from");
   return *state_;
 }
 
-int64_t PagedKVCache::add_sequence() {
-  State& s = state();
-  const int64_t id = s.next_sequence++;
-  s.sequences.emplace(id, State::Sequence{});
-  ++s.epoch;
-  return id;
-}
+// An empty sequence: no blocks.
+int64_t PagedKVCache::add_sequence() { return state().add(State::Sequence{}); }
 
+// A sequence starting with the published blocks of tokens' longest published prefix
+// (whole blocks, at most tokens.size() - 1 tokens), shared.
 int64_t PagedKVCache::add_sequence(const std::vector<int64_t>& tokens) {
   State& s = state();
   State::Sequence q;
-  // Whole published blocks, leaving at least one token to compute.
-  const auto reusable = static_cast<int64_t>(tokens.empty() ? 0 : (tokens.size() - 1)) / s.block_size;
-  uint64_t parent = 0;
-  for (int64_t i = 0; i < reusable; ++i) {
-    const std::vector<int64_t> part(tokens.begin() + i * s.block_size, tokens.begin() + (i + 1) * s.block_size);
-    const std::optional<int64_t> b = s.prefix.find(parent, part);
-    if (!b) break;
-    s.hold(*b);
-    q.blocks.push_back(*b);
-    parent = s.prefix.id(*b);
-    q.prefix_ids.push_back(parent);
-  }
-  q.length = static_cast<int64_t>(q.blocks.size()) * s.block_size;
-  const int64_t id = s.next_sequence++;
-  s.sequences.emplace(id, std::move(q));
-  ++s.epoch;
-  return id;
+  s.pool.reuse(tokens, q.table, q.prefix_ids);
+  return s.add(std::move(q));
 }
 
+// tokens: at least length(sequence) of them. Publishes its full blocks not yet published.
 void PagedKVCache::publish(int64_t sequence, const std::vector<int64_t>& tokens) {
   State& s = state();
   State::Sequence& q = s.at(sequence, "publish");
-  TORCH_CHECK(static_cast<int64_t>(tokens.size()) >= q.length, kPaged, ": publish expected the tokens of sequence ",
-              sequence, " (at least its ", q.length, "), got ", tokens.size());
-  for (auto i = static_cast<int64_t>(q.prefix_ids.size()); i < q.length / s.block_size; ++i) {
-    const int64_t b = q.blocks[static_cast<size_t>(i)];
-    if (const uint64_t id = s.prefix.id(b); id != 0) {  // published through a fork sharing it
-      q.prefix_ids.push_back(id);
-      continue;
-    }
-    const uint64_t parent = q.prefix_ids.empty() ? 0 : q.prefix_ids.back();
-    const uint64_t id = s.prefix.publish(b, parent,
-                                         {tokens.begin() + i * s.block_size, tokens.begin() + (i + 1) * s.block_size});
-    if (s.prefix.id(b) == id)
-      ++s.refs[static_cast<size_t>(b)];  // the index's hold (else another block has these tokens)
-    q.prefix_ids.push_back(id);
-  }
+  TORCH_CHECK(static_cast<int64_t>(tokens.size()) >= q.table.length, kPaged,
+              ": publish expected the tokens of sequence ", sequence, " (at least its ", q.table.length, "), got ",
+              tokens.size());
+  s.pool.publish(q.table, tokens, q.prefix_ids);
 }
 
-int64_t PagedKVCache::reusable_blocks() const { return state().prefix.reusable(); }
+int64_t PagedKVCache::reusable_blocks() const { return state().pool.reusable(); }
 
+// A copy of parent's table and prefix ids; each block one holder more (the parent holds
+// them, so none was reusable).
 int64_t PagedKVCache::fork(int64_t parent) {
   State& s = state();
   State::Sequence copy = s.at(parent, "fork");
-  for (const int64_t b : copy.blocks) ++s.refs[static_cast<size_t>(b)];
-  const int64_t id = s.next_sequence++;
-  s.sequences.emplace(id, std::move(copy));
-  ++s.epoch;
-  return id;
+  for (const int64_t b : copy.table.blocks) s.blocks.share(b);
+  return s.add(std::move(copy));
 }
 
+// Releases the sequence's blocks, last first: a chain's later blocks are given back
+// before its first ones (a shared system prompt's blocks stay longest).
 void PagedKVCache::remove(int64_t sequence) {
   State& s = state();
   State::Sequence& q = s.at(sequence, "remove");
-  // Last block first: a chain's later blocks are given back before its first ones (a
-  // shared system prompt's blocks stay longest).
-  for (auto it = q.blocks.rbegin(); it != q.blocks.rend(); ++it) s.release(*it);
+  for (const auto block : std::views::reverse(q.table.blocks)) s.pool.release(block);
   s.sequences.erase(sequence);
   ++s.epoch;
 }
 
+// length in [0, length(sequence)]: releases the blocks past it, last first.
 void PagedKVCache::truncate(int64_t sequence, int64_t length) {
   State& s = state();
   State::Sequence& q = s.at(sequence, "truncate");
-  TORCH_CHECK(length >= 0 && length <= q.length, kPaged, ": truncate expected a length in [0, ", q.length,
+  TORCH_CHECK(length >= 0 && length <= q.table.length, kPaged, ": truncate expected a length in [0, ", q.table.length,
               "] for sequence ", sequence, ", got ", length);
-  const auto keep = static_cast<size_t>(s.blocks_for(length));
-  for (size_t i = q.blocks.size(); i > keep; --i) s.release(q.blocks[i - 1]);
-  q.blocks.resize(keep);
-  q.length = length;
-  q.prefix_ids.resize(std::min(q.prefix_ids.size(), static_cast<size_t>(length / s.block_size)));
+  std::vector<int64_t>& blocks = q.table.blocks;
+  const auto keep = static_cast<size_t>(s.blocks.blocks_for(length));
+  for (size_t i = blocks.size(); i > keep; --i) s.pool.release(blocks[i - 1]);
+  blocks.resize(keep);
+  q.table.length = length;
+  q.prefix_ids.resize(std::min(q.prefix_ids.size(), static_cast<size_t>(length / s.blocks.block_size())));
   ++s.epoch;
 }
 
 bool PagedKVCache::contains(int64_t sequence) const { return state().sequences.count(sequence) > 0; }
 
-int64_t PagedKVCache::length(int64_t sequence) const { return state().at(sequence, "length").length; }
+int64_t PagedKVCache::length(int64_t sequence) const { return state().at(sequence, "length").table.length; }
 
 std::vector<int64_t> PagedKVCache::sequences() const {
   std::vector<int64_t> out;
@@ -254,19 +216,21 @@ std::vector<int64_t> PagedKVCache::sequences() const {
   return out;
 }
 
-int64_t PagedKVCache::num_blocks() const { return state().num_blocks; }
-int64_t PagedKVCache::block_size() const { return state().block_size; }
-int64_t PagedKVCache::free_blocks() const { return state().available(); }
+int64_t PagedKVCache::num_blocks() const { return state().blocks.num_blocks(); }
+int64_t PagedKVCache::block_size() const { return state().blocks.block_size(); }
+int64_t PagedKVCache::free_blocks() const { return state().pool.available(); }
 
+// Keys and values of one block, summed over the layers.
 int64_t PagedKVCache::bytes_per_block() const {
   const State& s = state();
   int64_t bytes = 0;
-  for (size_t i = 0; i < s.keys.size(); ++i) {
-    bytes += 2 * s.keys[i][0].numel() * static_cast<int64_t>(s.keys[i].element_size());
+  for (const auto& k : s.keys) {
+    bytes += 2 * k[0].numel() * static_cast<int64_t>(k.element_size());
   }
   return bytes;
 }
 
+// tokens checked as begin_step checks them.
 int64_t PagedKVCache::blocks_needed(const std::vector<StepTokens>& tokens) const {
   const State& s = state();
   s.check_step(tokens);
@@ -274,60 +238,34 @@ int64_t PagedKVCache::blocks_needed(const std::vector<StepTokens>& tokens) const
 }
 
 std::vector<int64_t> PagedKVCache::block_table(int64_t sequence) const {
-  return state().at(sequence, "block_table").blocks;
+  return state().at(sequence, "block_table").table.blocks;
 }
 
+// tokens: checked (check_step), then all or nothing: the blocks needed must be
+// available. Reserves each sequence's room in order, then builds the step's tables.
 PagedStep PagedKVCache::begin_step(const std::vector<StepTokens>& tokens) {
   State& s = state();
   s.check_step(tokens);
   const int64_t needed = s.needed(tokens);
-  TORCH_CHECK(needed <= s.available(), kPaged, ": the step needs ", needed, " free blocks and the pool has ",
-              s.available(), " of ", s.num_blocks, "; finish or remove sequences first (or make a larger cache)");
-  PagedStep step;
-  std::vector<int64_t> positions, write_blocks, write_offsets, key_slots;
-  step.query_start.push_back(0);
-  step.key_start.push_back(0);
+  TORCH_CHECK(needed <= s.pool.available(), kPaged, ": the step needs ", needed, " free blocks and the pool has ",
+              s.pool.available(), " of ", s.blocks.num_blocks(),
+              "; finish or remove sequences first (or make a larger cache)");
+  std::vector<const detail::BlockTable*> tables;
   for (const auto& t : tokens) {
-    State::Sequence& q = s.sequences.at(t.sequence);
-    // Copy on write: the partly filled last block is shared, and about to be written.
-    if (q.length % s.block_size != 0 && s.refs[static_cast<size_t>(q.blocks.back())] > 1) {
-      const int64_t shared = q.blocks.back(), own = s.take();
-      for (size_t l = 0; l < s.keys.size(); ++l) {
-        s.keys[l][own].copy_(s.keys[l][shared]);
-        s.values[l][own].copy_(s.values[l][shared]);
-      }
-      s.release(shared);
-      q.blocks.back() = own;
-    }
-    while (static_cast<int64_t>(q.blocks.size()) < s.blocks_for(q.length + t.count)) q.blocks.push_back(s.take());
-    for (int64_t i = 0; i < t.count; ++i) {
-      const int64_t p = q.length + i;
-      positions.push_back(p);
-      write_blocks.push_back(q.blocks[static_cast<size_t>(p / s.block_size)]);
-      write_offsets.push_back(p % s.block_size);
-    }
-    q.length += t.count;
-    for (int64_t p = 0; p < q.length; ++p) {
-      key_slots.push_back(q.blocks[static_cast<size_t>(p / s.block_size)] * s.block_size + p % s.block_size);
-    }
-    step.sequences.push_back(t.sequence);
-    step.query_start.push_back(step.query_start.back() + t.count);
-    step.context_lengths.push_back(q.length);
-    step.key_start.push_back(static_cast<int64_t>(key_slots.size()));
-    step.max_position_ = std::max(step.max_position_, q.length - 1);
+    detail::BlockTable& table = s.sequences.at(t.sequence).table;
+    s.reserve(table, t.count);
+    tables.push_back(&table);
   }
-  const at::Device device = s.layers.front().options.device();
-  step.positions = long_tensor(positions, device);
-  step.write_blocks = long_tensor(write_blocks, device);
-  step.write_offsets = long_tensor(write_offsets, device);
-  step.key_slots_cpu = long_tensor(key_slots, at::kCPU);
-  step.key_slots = device.is_cpu() ? step.key_slots_cpu : step.key_slots_cpu.to(device);
+  PagedStep step;
+  step.max_position_ = detail::fill_step_tables(step, tokens, tables, s.blocks.block_size(),
+                                                s.layers.front().options.device());
   ++s.epoch;
   step.cache_id_ = s.id;
   step.epoch_ = s.epoch;
   return step;
 }
 
+// Made by this cache (its id), with no change since (its epoch).
 bool PagedKVCache::is_current(const PagedStep& step) const {
   const State& s = state();
   return step.cache_id_ == s.id && step.epoch_ == s.epoch;
@@ -335,6 +273,7 @@ bool PagedKVCache::is_current(const PagedStep& step) const {
 
 int64_t PagedKVCache::num_layers() const { return static_cast<int64_t>(state().layers.size()); }
 
+// index in [0, num_layers()).
 const PagedLayer& PagedKVCache::layer(int64_t index) const {
   const State& s = state();
   TORCH_CHECK(index >= 0 && index < static_cast<int64_t>(s.layers.size()), kPaged, ": expected a layer in [0, ",
@@ -352,11 +291,15 @@ const at::Tensor& PagedKVCache::values(int64_t layer_index) const {
   return state_->values[static_cast<size_t>(layer_index)];
 }
 
+// The one place a step is checked before it is used (forward_paged reaches the cache
+// through here too): the step current, then k and v [N, num_kv_heads, head_dim] of the
+// layer's dtype and device. Writes them at step.write_blocks / write_offsets.
 void PagedKVCache::write(int64_t layer_index, const PagedStep& step, const at::Tensor& k, const at::Tensor& v) {
   const PagedLayer& l = layer(layer_index);
   TORCH_CHECK(is_current(step), kPaged,
               ": write: this step is not the cache's current one (made by another cache, "
-              "or the cache changed since begin_step)");
+              "or the cache changed since begin_step); expected the cache's current step, from cache.begin_step "
+              "with no fork, remove, truncate or other begin_step since");
   const int64_t N = step.num_tokens();
   for (const at::Tensor* t : {&k, &v}) {
     TORCH_CHECK(t->dim() == 3 && t->size(0) == N && t->size(1) == l.num_kv_heads && t->size(2) == l.head_dim, kPaged,
@@ -377,20 +320,19 @@ void PagedKVCache::write(int64_t layer_index, const PagedStep& step, const at::T
   by_token(value_pool, false).index_put_(where, v);
 }
 
+// keys: [num_blocks, Hkv, head_dim, block_size] -> [num_blocks, block_size, Hkv,
+// head_dim]; values: [num_blocks, Hkv, block_size, head_dim] -> the same. Views.
 at::Tensor PagedKVCache::by_token(const at::Tensor& storage, bool keys) {
   return keys ? storage.permute({0, 3, 1, 2}) : storage.permute({0, 2, 1, 3});
 }
 
+// The sequence's tokens of `storage` (a layer's keys or values), oldest first:
+// [Hkv, length, head_dim], a copy.
 at::Tensor PagedKVCache::gather(const at::Tensor& storage, bool keys, int64_t sequence) const {
   const State& s = state();
   const auto& q = s.at(sequence, "sequence_keys");
-  std::vector<int64_t> blocks, offsets;
-  for (int64_t p = 0; p < q.length; ++p) {
-    blocks.push_back(q.blocks[static_cast<size_t>(p / s.block_size)]);
-    offsets.push_back(p % s.block_size);
-  }
-  const c10::List<std::optional<at::Tensor>> where(
-      {long_tensor(blocks, storage.device()), long_tensor(offsets, storage.device())});
+  auto [blocks, offsets] = detail::token_places(q.table, s.blocks.block_size(), storage.device());
+  const c10::List<std::optional<at::Tensor>> where({blocks, offsets});
   return by_token(storage, keys).index(where).transpose(0, 1).contiguous();
 }
 

@@ -607,7 +607,8 @@ TEST(PagedForward, MisuseIsAnErrorNamingTheCause) {
     expect_error([&] { mha->forward_paged(torch::randn({4, 8}), cache, late); },
                  "a sequence of the step reaches 7 tokens, past context_length=6");
     auto next = cache.begin_step({{s, 1}});
-    expect_error([&] { mha->forward_paged(torch::randn({1, 8}), cache, step); }, "expected the cache's current step");
+    expect_error([&] { mha->forward_paged(torch::randn({3, 8}), cache, step); },  // x fits the stale step
+                 "expected the cache's current step");
   }
   const int64_t fresh = cache.add_sequence();
   auto step = cache.begin_step({{fresh, 1}});
