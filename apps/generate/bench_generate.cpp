@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
     c10::InferenceMode inference;
     const auto long_ids = at::randint(100, config.vocab_size - 100, {1, long_prompt}, at::kLong);
     for (int r = 0; r < (quick ? 2 : 6); ++r) {
-      auto caches = model->make_caches(1);
+      auto caches = model->make_kv_caches(1);
       const auto t = Clock::now();
       model->forward(long_ids, &caches, {}, /*last_only=*/true);
       if (r > 0) prefill.push_back(seconds(t));  // the first is the warm-up

@@ -5,8 +5,8 @@
 //                   [--kv-tokens 16384] [--max-running 32] [--max-waiting 256] ...
 //   torchattn_serve --model MODEL_DIR ...   (as the other apps)
 //
-//   curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \
-//     -d '{"model": "smollm2", "messages": [{"role": "user", "content": "Hi!"}]}'
+//   body='{"model": "smollm2", "messages": [{"role": "user", "content": "Hi!"}]}'
+//   curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' -d "$body"
 //
 // Prints "torchattn_serve: listening on http://HOST:PORT ..." on stdout once it
 // listens (with --port 0, on a free port). SIGINT or SIGTERM cancels what runs and
@@ -33,75 +33,82 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"Serves a Hugging Face decoder folder over OpenAI's API (chat and text completions, streamed or not)"};
+  namespace models = torchattn::models;
+  // The flags write into the options themselves (TORCH_ARG's accessors return references).
   std::string model_dir;
   serve::ServerOptions server;
-  int64_t context = 0, kv_tokens = 16384, block_size = 16, max_running = 32, max_waiting = 256;
-  int64_t prefill_chunk = 32, max_prefill_tokens = 32, idle_prefill_tokens = 512, long_prefill_threshold = 256,
-          long_prefill_tokens = 8;
+  models::LoadOptions load;
+  models::EngineOptions engine_options;
   int threads = 0;
-  bool quiet = false, no_prefix_cache = false;
   app.add_option("model,--model", model_dir, "a Hugging Face model folder (llama, qwen2, qwen3, mistral, gemma2)")
       ->required()
       ->check(CLI::ExistingDirectory);
-  app.add_option("--host", server.host, "the address to listen on")->capture_default_str();
-  app.add_option("--port", server.port, "the port to listen on; 0: a free one")
+  app.add_option("--host", server.host(), "the address to listen on")->capture_default_str();
+  app.add_option("--port", server.port(), "the port to listen on; 0: a free one")
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
-  app.add_option("--api-key", server.api_key, "require 'Authorization: Bearer KEY' (all routes but /health)");
-  app.add_option("--model-name", server.model_name, "the model's id in the API (default: the folder's name)");
-  auto* context_flag = app.add_option("--context-length", context,
-                                      "the most tokens of a request, prompt and answer "
-                                      "(default: the config's max_position_embeddings, at most 4096)")
-                           ->check(apps::at_least(1));
-  app.add_option("--kv-tokens", kv_tokens,
+  app.add_option("--api-key", server.api_key(), "require 'Authorization: Bearer KEY' (all routes but /health)");
+  app.add_option("--model-name", server.model_name(), "the model's id in the API (default: the folder's name)");
+  app.add_option("--context-length", load.context_length(),
+                 "the most tokens of a request, prompt and answer "
+                 "(default: the config's max_position_embeddings, at most 4096)")
+      ->check(apps::at_least(1));
+  app.add_option("--kv-tokens", engine_options.kv_tokens(),
                  "tokens the KV pool holds over all requests (at least "
                  "the context length)")
       ->check(apps::at_least(1))
       ->capture_default_str();
-  app.add_option("--block-size", block_size, "tokens per KV block")->check(apps::at_least(1))->capture_default_str();
-  app.add_option("--max-running", max_running, "requests generated at once")
+  app.add_option("--block-size", engine_options.block_size(), "tokens per KV block")
       ->check(apps::at_least(1))
       ->capture_default_str();
-  app.add_option("--max-waiting", max_waiting, "requests queued; more get 503")
+  app.add_option("--max-running", engine_options.max_running(), "requests generated at once")
+      ->check(apps::at_least(1))
+      ->capture_default_str();
+  app.add_option("--max-waiting", engine_options.max_waiting(), "requests queued; more get 503")
       ->check(apps::at_least(0))
       ->capture_default_str();
-  app.add_option("--prefill-chunk", prefill_chunk, "prompts are prefilled in chunks of this many tokens")
+  app.add_option("--prefill-chunk", engine_options.prefill_chunk(),
+                 "prompts are prefilled in chunks of this many "
+                 "tokens")
       ->check(apps::at_least(1))
       ->capture_default_str();
-  app.add_option("--max-prefill-tokens", max_prefill_tokens,
-                 "prompt tokens per step, over all prompts, while many "
-                 "requests decode")
+  app.add_option("--max-prefill-tokens", engine_options.max_prefill_tokens(),
+                 "prompt tokens per step, over all "
+                 "prompts, while many requests decode")
       ->check(apps::at_least(1))
       ->capture_default_str();
-  app.add_option("--idle-prefill-tokens", idle_prefill_tokens,
-                 "prompt tokens per step while none decodes; beside d "
-                 "decoding requests this over d, at least --max-prefill-tokens")
+  app.add_option("--idle-prefill-tokens", engine_options.idle_prefill_tokens(),
+                 "prompt tokens per step while none "
+                 "decodes; beside d decoding requests this over d, at least --max-prefill-tokens")
       ->check(apps::at_least(1))
       ->capture_default_str();
-  app.add_option("--long-prefill-threshold", long_prefill_threshold, "a prompt with more tokens left is long")
+  app.add_option("--long-prefill-threshold", engine_options.long_prefill_threshold(),
+                 "a prompt with more tokens "
+                 "left is long")
       ->check(apps::at_least(0))
       ->capture_default_str();
-  app.add_option("--long-prefill-tokens", long_prefill_tokens,
-                 "tokens a long prompt brings per step while others decode")
+  app.add_option("--long-prefill-tokens", engine_options.long_prefill_tokens(),
+                 "tokens a long prompt brings per "
+                 "step while others decode")
       ->check(apps::at_least(1))
       ->capture_default_str();
-  app.add_option("--max-body-bytes", server.max_body_bytes, "larger request bodies get 413")
+  app.add_option("--max-body-bytes", server.max_body_bytes(), "larger request bodies get 413")
       ->check(apps::at_least(1))
       ->capture_default_str();
-  app.add_option("--http-threads", server.http_threads, "connections served at once")
+  app.add_option("--http-threads", server.http_threads(), "connections served at once")
       ->check(apps::at_least(1))
       ->capture_default_str();
   app.add_option("--threads", threads, "intra-op threads (default: LibTorch's)")->check(apps::at_least(1));
-  app.add_flag("--no-prefix-cache", no_prefix_cache,
-               "compute every prompt in full (default: reuse the KV blocks of "
-               "earlier requests' identical prefixes)");
-  app.add_flag("--quiet", quiet, "no line per request on stderr");
+  app.add_flag_callback(
+      "--no-prefix-cache", [&] { engine_options.prefix_cache(false); },
+      "compute every prompt in "
+      "full (default: reuse the KV blocks of earlier requests' identical prefixes)");
+  app.add_flag_callback("--quiet", [&] { server.log(false); }, "no line per request on stderr");
   CLI11_PARSE(app, argc, argv);
-  server.log = !quiet;
   if (threads > 0) at::set_num_threads(threads);
-  if (server.model_name.empty())
-    server.model_name = std::filesystem::path(model_dir).lexically_normal().filename().string();
-  if (server.model_name.empty()) server.model_name = "model";
+  auto& name = server.model_name();
+  if (name.empty()) name = std::filesystem::path(model_dir).lexically_normal().filename().string();
+  if (name.empty()) name = "model";
 
   // SIGINT and SIGTERM go to one thread that shuts the server down (blocked here, before
   // any other thread starts, so that every thread inherits the mask).
@@ -116,40 +123,31 @@ int main(int argc, char** argv) {
     const auto config = torchattn::models::read_decoder_config(
         (std::filesystem::path(model_dir) / "config.json").string());
     const int64_t positions = config.max_position_embeddings;
-    if (context_flag->count() > 0 && context > positions) {
+    auto& context = load.context_length();
+    const bool context_given = context.has_value();
+    if (context_given && *context > positions) {
       throw std::runtime_error(fmt::format("--context-length {} is past the model's {} positions (config.json's "
                                            "max_position_embeddings)",
-                                           context, positions));
+                                           *context, positions));
     }
-    if (context_flag->count() == 0) context = std::min<int64_t>(positions, 4096);
+    if (!context_given) context = std::min<int64_t>(positions, 4096);
+    const int64_t kv_tokens = engine_options.kv_tokens(), block_size = engine_options.block_size();
     const int64_t pool = (kv_tokens + block_size - 1) / block_size * block_size;
-    if (pool < context) {
-      if (context_flag->count() > 0) {
+    if (pool < *context) {
+      if (context_given) {
         throw std::runtime_error(fmt::format(
             "--kv-tokens {} is less than --context-length {}: one request may hold {} tokens; give --kv-tokens {} or "
             "more, or a smaller --context-length",
-            kv_tokens, context, context, context));
+            kv_tokens, *context, *context, *context));
       }
       fmt::print(stderr,
                  "torchattn_serve: the context is {} tokens, the KV pool's size (--kv-tokens {}), not {}: "
                  "give --kv-tokens {} for the whole context\n",
-                 pool, kv_tokens, context, context);
+                 pool, kv_tokens, *context, *context);
       context = pool;
     }
-    auto lm = torchattn::models::LanguageModel::from_pretrained(model_dir,
-                                                                torchattn::models::LoadOptions().context_length(
-                                                                    context));
-    torchattn::models::Engine engine(lm.model(), torchattn::models::EngineOptions()
-                                                     .kv_tokens(kv_tokens)
-                                                     .block_size(block_size)
-                                                     .max_running(max_running)
-                                                     .max_waiting(max_waiting)
-                                                     .prefill_chunk(prefill_chunk)
-                                                     .max_prefill_tokens(max_prefill_tokens)
-                                                     .idle_prefill_tokens(idle_prefill_tokens)
-                                                     .long_prefill_threshold(long_prefill_threshold)
-                                                     .long_prefill_tokens(long_prefill_tokens)
-                                                     .prefix_cache(!no_prefix_cache));
+    auto lm = models::LanguageModel::from_pretrained(model_dir, load);
+    models::Engine engine(lm.model(), engine_options);
     serve::Server http(lm, engine, server);
     const int port = http.bind();
     std::thread watcher([&] {
@@ -160,7 +158,7 @@ int main(int argc, char** argv) {
       http.shutdown();
     });
     fmt::print("torchattn_serve: listening on http://{}:{}, model {} (context {} tokens, KV pool {} tokens, {} MiB)\n",
-               server.host, port, server.model_name, lm.model()->context_length(),
+               server.host(), port, server.model_name(), lm.model()->context_length(),
                engine.cache().num_blocks() * engine.cache().block_size(),
                engine.cache().num_blocks() * engine.cache().bytes_per_block() >> 20);
     std::fflush(stdout);

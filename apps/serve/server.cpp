@@ -18,6 +18,8 @@
 #include <optional>
 #include <random>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 namespace serve {
 
@@ -101,6 +103,41 @@ std::string read_body(const httplib::Request& req, const httplib::ContentReader&
 // Writes an SSE event; false when the client is gone.
 bool send(httplib::DataSink& sink, const std::string& event) { return sink.write(event.data(), event.size()); }
 
+// The error of a request whose channel was aborted: 503 at shutdown, else 500 (the engine failed).
+ApiError abort_error(const Channel& channel) {
+  const int status = channel.abort_status();
+  return ApiError(status, status == 503 ? "unavailable_error" : "server_error", channel.abort_message());
+}
+
+// "ADDR METHOD PATH": how a log line names a request.
+std::string request_name(const httplib::Request& req) { return req.remote_addr + " " + req.method + " " + req.path; }
+
+// A completion request's log line: the request, its status, and once submitted its
+// tokens and finish reason ("disconnected" unless `finished`), then the time it took.
+std::string completion_line(const std::string& request, int status, bool stream, Clock::time_point start,
+                            const CompletionRun* run = nullptr, bool finished = false) {
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  std::string line = request + " " + std::to_string(status) + (stream ? " stream" : "");
+  if (run != nullptr) {
+    line += " prompt=" + std::to_string(run->usage().prompt_tokens) +
+            " completion=" + std::to_string(run->usage().completion_tokens) +
+            " finish=" + (finished ? run->finish_reason() : std::string("disconnected"));
+  }
+  char took[32];
+  std::snprintf(took, sizeof(took), " %.0f ms", ms);
+  return line + took;
+}
+
+// A completion request the engine took: what its answer is made of.
+struct Submitted {
+  CompletionRequest request;
+  int64_t id = 0;                      // the engine's
+  std::shared_ptr<Channel> channel;    // the engine's events
+  std::shared_ptr<CompletionRun> run;  // what the client sees of them
+  std::string completion_id;
+  int64_t created = 0;
+};
+
 }  // namespace
 
 struct Server::Impl {
@@ -116,29 +153,15 @@ struct Server::Impl {
   std::string failure;
   std::thread stepper;
   std::atomic<bool> stop_stepping{false};
+  // run()'s listening has ended (or will not start): shutdown() waits for no loop.
+  std::atomic<bool> run_ended{false};
   std::atomic<int64_t> served{0};
   // The requests in flight: engine id -> their channel (to end them at shutdown).
   std::mutex mutex;
   std::map<int64_t, std::shared_ptr<Channel>> active;
 
   void log(const std::string& line) {
-    if (options.log) std::fprintf(stderr, "torchattn_serve: %s\n", line.c_str());
-  }
-
-  // What a completion request's log line says.
-  std::string completion_line(const httplib::Request& req, int status, bool stream, const CompletionRun* run,
-                              Clock::time_point start) {
-    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-    std::string line = req.remote_addr + " " + req.method + " " + req.path + " " + std::to_string(status) +
-                       (stream ? " stream" : "");
-    if (run != nullptr) {
-      line += " prompt=" + std::to_string(run->usage().prompt_tokens) +
-              " completion=" + std::to_string(run->usage().completion_tokens) +
-              " finish=" + (run->done() ? run->finish_reason() : std::string("disconnected"));
-    }
-    char took[32];
-    std::snprintf(took, sizeof(took), " %.0f ms", ms);
-    return line + took;
+    if (options.log()) std::fprintf(stderr, "torchattn_serve: %s\n", line.c_str());
   }
 
   void unregister(int64_t id) {
@@ -169,7 +192,21 @@ struct Server::Impl {
     }
   }
 
+  // POST /v1/chat/completions and /v1/completions, in steps: accept, submit, then
+  // answer_whole or answer_stream.
   void completions(const httplib::Request& req, httplib::Response& res, const std::string& body, bool chat);
+  // The server serves, `body` is a request for this model, and the engine can be asked
+  // for it: the request and what the engine is asked for. Throws ApiError.
+  std::pair<CompletionRequest, EngineRequest> accept(const std::string& body, bool chat) const;
+  // Queues `request` on the engine, its events to `channel`: its id. Throws ApiError
+  // (503 when the queue is full, 400 when the engine refuses it).
+  int64_t submit(const EngineRequest& request, const std::shared_ptr<Channel>& channel);
+  // Waits for the whole answer and writes it as one JSON body.
+  void answer_whole(const std::string& who, httplib::Response& res, const Submitted& s, Clock::time_point start);
+  // Streams the answer as server-sent events; the log line once the stream ends.
+  void answer_stream(const std::string& who, httplib::Response& res, const Submitted& s, Clock::time_point start);
+  // The events of a stream until its end; false when the client left.
+  bool stream_events(httplib::DataSink& sink, const Submitted& s);
   std::optional<ApiError> early_error(const httplib::Request& req) const;
   void routes();
 };
@@ -177,136 +214,143 @@ struct Server::Impl {
 void Server::Impl::completions(const httplib::Request& req, httplib::Response& res, const std::string& body,
                                bool chat) {
   const auto start = Clock::now();
-  CompletionRequest request;
+  const std::string who = request_name(req);
+  Submitted s;
+  s.channel = std::make_shared<Channel>();
   EngineRequest engine_request;
   try {
-    if (stopping) throw ApiError(503, "unavailable_error", "the server is shutting down", "", "server_shutting_down");
-    if (failed) throw ApiError(500, "server_error", failure);
-    request = parse_completion_request(body, chat);
-    if (request.model != options.model_name) {
-      throw ApiError(404, "invalid_request_error",
-                     "The model '" + request.model + "' does not exist; this server serves '" + options.model_name +
-                         "'",
-                     "model", "model_not_found");
-    }
-    try {
-      engine_request = prepare(request, model);
-    } catch (const c10::Error& e) {
-      throw bad_request(e.what_without_backtrace());  // what the request asked for cannot be made
-    }
+    std::tie(s.request, engine_request) = accept(body, chat);
+    s.id = submit(engine_request, s.channel);
   } catch (const ApiError& e) {
     respond_error(res, e);
-    log(completion_line(req, e.status, false, nullptr, start));
-    return;
-  }
-  auto channel = std::make_shared<Channel>();
-  int64_t id = 0;
-  try {
-    std::lock_guard<std::mutex> lock(mutex);  // registered before its first event can come
-    id = engine.submit(engine_request.prompt, engine_request.options,
-                       [channel](const models::TokenEvent& e) { channel->push(e); });
-    active[id] = channel;
-  } catch (const models::EngineFull& e) {
-    respond_error(res, ApiError(503, "unavailable_error", std::string("the server is overloaded: ") + e.what(), "",
-                                "server_overloaded"));
-    log(completion_line(req, 503, false, nullptr, start));
-    return;
-  } catch (const c10::Error& e) {
-    respond_error(res, bad_request(e.what_without_backtrace()));
-    log(completion_line(req, 400, false, nullptr, start));
+    log(completion_line(who, e.status, false, start));
     return;
   }
   ++served;
-  auto run = std::make_shared<CompletionRun>(request, model, static_cast<int64_t>(engine_request.prompt.size()));
-  const std::string completion_id = random_id(chat ? "chatcmpl-" : "cmpl-");
-  const int64_t created = unix_time();
-  const std::string& name = options.model_name;
-
-  if (!request.stream) {
-    models::TokenEvent event;
-    while (!run->done()) {
-      const auto got = channel->pop(event, std::chrono::milliseconds(500));
-      if (got == Channel::Pop::Aborted) {
-        respond_error(res, ApiError(channel->abort_status(),
-                                    channel->abort_status() == 503 ? "unavailable_error" : "server_error",
-                                    channel->abort_message()));
-        unregister(id);
-        log(completion_line(req, res.status, false, run.get(), start));
-        return;
-      }
-      if (got == Channel::Pop::Event) run->apply(event);
-    }
-    if (run->cancel_engine()) engine.cancel(id);
-    res.set_content(completion_json(request, completion_id, created, name, run->text(), run->finish_reason(),
-                                    run->usage(), run->ids(), run->logprobs()),
-                    "application/json");
-    unregister(id);
-    log(completion_line(req, 200, false, run.get(), start));
-    return;
+  s.run = std::make_shared<CompletionRun>(s.request, model, static_cast<int64_t>(engine_request.prompt.size()));
+  s.completion_id = random_id(chat ? "chatcmpl-" : "cmpl-");
+  s.created = unix_time();
+  if (s.request.stream) {
+    answer_stream(who, res, s, start);
+  } else {
+    answer_whole(who, res, s, start);
   }
+}
 
+std::pair<CompletionRequest, EngineRequest> Server::Impl::accept(const std::string& body, bool chat) const {
+  if (stopping) throw ApiError(503, "unavailable_error", "the server is shutting down", "", "server_shutting_down");
+  if (failed) throw ApiError(500, "server_error", failure);
+  CompletionRequest request = parse_completion_request(body, chat);
+  if (request.model != options.model_name()) {
+    throw ApiError(404, "invalid_request_error",
+                   "The model '" + request.model + "' does not exist; this server serves '" + options.model_name() +
+                       "'",
+                   "model", "model_not_found");
+  }
+  try {
+    EngineRequest engine_request = prepare(request, model);
+    return {std::move(request), std::move(engine_request)};
+  } catch (const c10::Error& e) {
+    throw bad_request(e.what_without_backtrace());  // what the request asked for cannot be made
+  }
+}
+
+int64_t Server::Impl::submit(const EngineRequest& request, const std::shared_ptr<Channel>& channel) {
+  try {
+    std::lock_guard<std::mutex> lock(mutex);  // registered before its first event can come
+    const int64_t id = engine.submit(request.prompt, request.options,
+                                     [channel](const models::TokenEvent& e) { channel->push(e); });
+    active[id] = channel;
+    return id;
+  } catch (const models::EngineFull& e) {
+    throw ApiError(503, "unavailable_error", std::string("the server is overloaded: ") + e.what(), "",
+                   "server_overloaded");
+  } catch (const c10::Error& e) {
+    throw bad_request(e.what_without_backtrace());
+  }
+}
+
+void Server::Impl::answer_whole(const std::string& who, httplib::Response& res, const Submitted& s,
+                                Clock::time_point start) {
+  CompletionRun& run = *s.run;
+  models::TokenEvent event;
+  while (!run.done()) {
+    const auto got = s.channel->pop(event, std::chrono::milliseconds(500));
+    if (got == Channel::Pop::Aborted) {
+      respond_error(res, abort_error(*s.channel));
+      unregister(s.id);
+      log(completion_line(who, res.status, false, start, &run, run.done()));
+      return;
+    }
+    if (got == Channel::Pop::Event) run.apply(event);
+  }
+  if (run.cancel_engine()) engine.cancel(s.id);
+  res.set_content(completion_json(s.request, s.completion_id, s.created, options.model_name(), run.text(),
+                                  run.finish_reason(), run.usage(), run.ids(), run.logprobs()),
+                  "application/json");
+  unregister(s.id);
+  log(completion_line(who, 200, false, start, &run, run.done()));
+}
+
+void Server::Impl::answer_stream(const std::string& who, httplib::Response& res, const Submitted& s,
+                                 Clock::time_point start) {
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, request, run, channel, id, completion_id, created, name](size_t, httplib::DataSink& sink) {
-        if (request.chat && !send(sink, chunk_event(request, completion_id, created, name, "", "", true, {}))) {
-          engine.cancel(id);
-          return false;
-        }
-        models::TokenEvent event;
-        auto quiet_since = Clock::now();
-        while (!run->done()) {
-          const auto got = channel->pop(event, std::chrono::milliseconds(500));
-          if (got == Channel::Pop::Aborted) {
-            const ApiError e(channel->abort_status(),
-                             channel->abort_status() == 503 ? "unavailable_error" : "server_error",
-                             channel->abort_message());
-            send(sink, error_event(e));
-            send(sink, "data: [DONE]\n\n");
-            sink.done();
-            return true;
-          }
-          if (got == Channel::Pop::Timeout) {
-            // A comment every few seconds while nothing comes (a long prompt): a client
-            // that left is noticed by the failed write.
-            if (Clock::now() - quiet_since > std::chrono::seconds(2)) {
-              if (!send(sink, ": waiting\n\n")) {
-                engine.cancel(id);
-                return false;
-              }
-              quiet_since = Clock::now();
-            }
-            continue;
-          }
-          quiet_since = Clock::now();
-          const Delta delta = run->apply(event);
-          if (run->cancel_engine()) engine.cancel(id);
-          const bool show = !delta.text.empty() || !delta.logprobs.empty() ||
-                            (request.return_token_ids && !delta.ids.empty());
-          if (show && !send(sink, chunk_event(request, completion_id, created, name, delta.text, "", false, delta.ids,
-                                              delta.logprobs))) {
-            engine.cancel(id);
-            return false;
-          }
-        }
-        bool ok = send(sink, chunk_event(request, completion_id, created, name, "", run->finish_reason(), false, {}));
-        if (ok && request.include_usage)
-          ok = send(sink, usage_event(request, completion_id, created, name, run->usage()));
-        ok = ok && send(sink, "data: [DONE]\n\n");
-        if (!ok) return false;
-        sink.done();
-        return true;
-      },
-      [this, req_line = req.remote_addr + " " + req.method + " " + req.path, run, id, start](bool success) {
+      "text/event-stream", [this, s](size_t, httplib::DataSink& sink) { return stream_events(sink, s); },
+      [this, who, run = s.run, id = s.id, start](bool success) {
         if (!run->done() || !success) engine.cancel(id);  // the client left: its blocks go back
         unregister(id);
-        const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-        char took[32];
-        std::snprintf(took, sizeof(took), " %.0f ms", ms);
-        log(req_line + " 200 stream prompt=" + std::to_string(run->usage().prompt_tokens) +
-            " completion=" + std::to_string(run->usage().completion_tokens) +
-            " finish=" + (run->done() && success ? run->finish_reason() : std::string("disconnected")) + took);
+        log(completion_line(who, 200, true, start, run.get(), run->done() && success));
       });
+}
+
+bool Server::Impl::stream_events(httplib::DataSink& sink, const Submitted& s) {
+  const CompletionRequest& request = s.request;
+  CompletionRun& run = *s.run;
+  const std::string& name = options.model_name();
+  if (request.chat && !send(sink, chunk_event(request, s.completion_id, s.created, name, "", "", true, {}))) {
+    engine.cancel(s.id);
+    return false;
+  }
+  models::TokenEvent event;
+  auto quiet_since = Clock::now();
+  while (!run.done()) {
+    const auto got = s.channel->pop(event, std::chrono::milliseconds(500));
+    if (got == Channel::Pop::Aborted) {
+      send(sink, error_event(abort_error(*s.channel)));
+      send(sink, "data: [DONE]\n\n");
+      sink.done();
+      return true;
+    }
+    if (got == Channel::Pop::Timeout) {
+      // A comment every few seconds while nothing comes (a long prompt): a client
+      // that left is noticed by the failed write.
+      if (Clock::now() - quiet_since > std::chrono::seconds(2)) {
+        if (!send(sink, ": waiting\n\n")) {
+          engine.cancel(s.id);
+          return false;
+        }
+        quiet_since = Clock::now();
+      }
+      continue;
+    }
+    quiet_since = Clock::now();
+    const Delta delta = run.apply(event);
+    if (run.cancel_engine()) engine.cancel(s.id);
+    const bool show = !delta.text.empty() || !delta.logprobs.empty() ||
+                      (request.return_token_ids && !delta.ids.empty());
+    if (show && !send(sink, chunk_event(request, s.completion_id, s.created, name, delta.text, "", false, delta.ids,
+                                        delta.logprobs))) {
+      engine.cancel(s.id);
+      return false;
+    }
+  }
+  bool ok = send(sink, chunk_event(request, s.completion_id, s.created, name, "", run.finish_reason(), false, {}));
+  if (ok && request.include_usage) ok = send(sink, usage_event(request, s.completion_id, s.created, name, run.usage()));
+  ok = ok && send(sink, "data: [DONE]\n\n");
+  if (!ok) return false;
+  sink.done();
+  return true;
 }
 
 std::optional<ApiError> Server::Impl::early_error(const httplib::Request& req) const {
@@ -321,8 +365,8 @@ std::optional<ApiError> Server::Impl::early_error(const httplib::Request& req) c
   if (req.method != "POST" && may_have_body(req)) {
     return bad_request(req.method + " " + req.path + " takes no request body");
   }
-  if (!options.api_key.empty() && req.path != "/health" &&
-      req.get_header_value("Authorization") != "Bearer " + options.api_key) {
+  if (!options.api_key().empty() && req.path != "/health" &&
+      req.get_header_value("Authorization") != "Bearer " + options.api_key()) {
     return ApiError(401, "authentication_error",
                     "Invalid or missing API key: send the header 'Authorization: Bearer <key>'", "", "invalid_api_key");
   }
@@ -337,7 +381,7 @@ std::optional<ApiError> Server::Impl::early_error(const httplib::Request& req) c
       if (length.empty() || length.size() > 19 || length.find_first_not_of("0123456789") != std::string::npos) {
         return bad_request("the Content-Length header is not a number: '" + length + "'");
       }
-      if (std::stoull(length) > options.max_body_bytes) return too_large(options.max_body_bytes);
+      if (std::stoull(length) > options.max_body_bytes()) return too_large(options.max_body_bytes());
     }
     if (req.is_multipart_form_data()) {
       return ApiError(415, "invalid_request_error",
@@ -349,9 +393,9 @@ std::optional<ApiError> Server::Impl::early_error(const httplib::Request& req) c
 }
 
 void Server::Impl::routes() {
-  http.new_task_queue = [n = options.http_threads] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
+  http.new_task_queue = [n = options.http_threads()] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
   http.set_socket_options(exclusive_bind_options);
-  http.set_payload_max_length(options.max_body_bytes);
+  http.set_payload_max_length(options.max_body_bytes());
   // Before any body is read (and before 100 Continue invites one): the requests that
   // can be answered from their headers alone, their connection ended.
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
@@ -378,7 +422,7 @@ void Server::Impl::routes() {
     Route route{};
     try {
       route = route_of(req.method, req.path);
-      body = read_body(req, reader, options.max_body_bytes);
+      body = read_body(req, reader, options.max_body_bytes());
     } catch (const ApiError& e) {
       respond_and_close(req, res, e);
       return;
@@ -386,7 +430,7 @@ void Server::Impl::routes() {
     completions(req, res, body, route == Route::ChatCompletions);
   });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(models_json(options.model_name, created, model.model()->context_length()), "application/json");
+    res.set_content(models_json(options.model_name(), created, model.model()->context_length()), "application/json");
   });
   http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     if (failed) {
@@ -477,9 +521,9 @@ Server::~Server() {
 
 int Server::bind() {
   const auto& o = impl_->options;
-  const int port = o.port == 0 ? impl_->http.bind_to_any_port(o.host) : o.port;
-  if (port < 0 || (o.port != 0 && !impl_->http.bind_to_port(o.host, o.port))) {
-    throw std::runtime_error(why_not_listen(o.host, o.port));
+  const int port = o.port() == 0 ? impl_->http.bind_to_any_port(o.host()) : o.port();
+  if (port < 0 || (o.port() != 0 && !impl_->http.bind_to_port(o.host(), o.port()))) {
+    throw std::runtime_error(why_not_listen(o.host(), o.port()));
   }
   return port;
 }
@@ -487,6 +531,7 @@ int Server::bind() {
 void Server::run() {
   impl_->stepper = std::thread([this] { impl_->step_loop(); });
   impl_->http.listen_after_bind();
+  impl_->run_ended = true;
   impl_->stop_stepping = true;
   impl_->engine.stop_waiting();
   impl_->stepper.join();
@@ -495,6 +540,11 @@ void Server::run() {
 void Server::shutdown() {
   impl_->stopping = true;
   impl_->end_all(503, "the server is shutting down");
+  // httplib's stop() does nothing before its listening loop runs: a signal right after
+  // "listening" was printed waits for the loop (run() is on its way to it), at most 10 s.
+  for (int i = 0; i < 10000 && !impl_->http.is_running() && !impl_->run_ended; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   impl_->http.stop();
 }
 

@@ -9,6 +9,8 @@
 #include <torchattn/models/engine.h>
 #include <torchattn/models/language_model.h>
 
+#include <torch/arg.h>
+
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -16,13 +18,19 @@
 namespace serve {
 
 struct ServerOptions {
-  std::string host = "127.0.0.1";
-  int port = 8080;                  // 0: a free port
-  std::string api_key;              // empty: none; else every route but /health wants "Authorization: Bearer KEY"
-  std::string model_name;           // the model's id in requests and /v1/models
-  size_t max_body_bytes = 1 << 20;  // larger bodies get 413
-  int http_threads = 64;            // connections served at once (a streaming request holds one)
-  bool log = true;                  // a line per request on stderr
+  TORCH_ARG(std::string, host) = "127.0.0.1";
+  /// 0: a free port.
+  TORCH_ARG(int, port) = 8080;
+  /// Empty: none; else every route but /health wants "Authorization: Bearer KEY".
+  TORCH_ARG(std::string, api_key) = "";
+  /// The model's id in requests and /v1/models.
+  TORCH_ARG(std::string, model_name) = "";
+  /// Larger bodies get 413.
+  TORCH_ARG(size_t, max_body_bytes) = 1 << 20;
+  /// Connections served at once (a streaming request holds one).
+  TORCH_ARG(int, http_threads) = 64;
+  /// A line per request on stderr.
+  TORCH_ARG(bool, log) = true;
 };
 
 class Server {

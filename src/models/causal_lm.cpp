@@ -14,13 +14,6 @@
 
 namespace torchattn::models {
 
-namespace {
-
-// x [..., in] has this many rows.
-int64_t rows_of(const at::Tensor& x) { return x.size(-1) == 0 ? 0 : x.numel() / x.size(-1); }
-
-}  // namespace
-
 DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, int64_t context_length) {
   TORCH_CHECK(c.activation == "silu" || c.activation == "gelu_tanh",
               "DecoderLayer: expected the activation silu or "
@@ -39,7 +32,7 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, int64_
   if (c.own_head_dim > 0) attn.head_dim(c.own_head_dim);
   if (c.qk_norm) attn.qk_norm(torchattn::QKNormOptions().eps(c.rms_norm_eps));
   if (c.attn_softcap > 0.0) attn.softcap(c.attn_softcap);
-  if (c.attn_scale) attn.scale(*c.attn_scale);
+  if (c.attn_scale) attn.scale(c.attn_scale);
   self_attn = register_module("self_attn", torchattn::MultiHeadAttention(attn));
   post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps, gemma));
   if (gemma) {
@@ -58,8 +51,7 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, int64_
 
 void DecoderLayerImpl::pack_weights(bool on, int64_t min_rows) {
   TORCH_CHECK(min_rows >= 1, "DecoderLayer: expected pack_weights' min_rows >= 1, got ", min_rows);
-  pack_ = on;
-  pack_min_rows_ = min_rows;
+  pack_ = {.on = on, .min_rows = min_rows};
   self_attn->options.pack_weights(on).pack_min_rows(min_rows);
   if (!on) {
     packed_gate_up_->clear();
@@ -72,7 +64,7 @@ at::Tensor DecoderLayerImpl::forward_paged(const at::Tensor& x, torchattn::Paged
   return rest(self_attn->forward_paged(input_layernorm(x), cache, step, layer), x);
 }
 
-at::Tensor DecoderLayerImpl::rest(at::Tensor attn, const at::Tensor& x) {
+at::Tensor DecoderLayerImpl::rest(const at::Tensor& attn, const at::Tensor& x) {
   // Residual sums written in place where no gradient is kept (generation, and
   // forward_paged, which refuses autograd): the same values, one allocation fewer each.
   const bool in_place = !c10::GradMode::is_enabled();
@@ -95,7 +87,7 @@ at::Tensor DecoderLayerImpl::activate(at::Tensor gate, bool in_place) const {
 
 at::Tensor DecoderLayerImpl::mlp(const at::Tensor& m) {
   const bool in_place = !c10::GradMode::is_enabled();
-  const bool packed = pack_ && rows_of(m) >= pack_min_rows_;
+  const bool packed = pack_.takes(m);
   at::Tensor gate;
   if (packed &&
       torchattn::PackedLinear::applies(m, {gate_proj->weight, up_proj->weight}, {gate_proj->bias, up_proj->bias})) {
@@ -145,8 +137,7 @@ CausalLMImpl::CausalLMImpl(const DecoderConfig& config, int64_t context_length)
 
 void CausalLMImpl::pack_weights(bool on, int64_t min_rows) {
   TORCH_CHECK(min_rows >= 1, "CausalLM: expected pack_weights' min_rows >= 1, got ", min_rows);
-  pack_ = on;
-  pack_min_rows_ = min_rows;
+  pack_ = {.on = on, .min_rows = min_rows};
   for (const auto& layer : *layers) layer->as<DecoderLayerImpl>()->pack_weights(on, min_rows);
   if (!on) packed_head_->clear();
 }
@@ -166,7 +157,7 @@ WeightsOptions CausalLMImpl::hf_weights() const {
 
 void CausalLMImpl::load_hf_weights(const std::string& path) { load_weights(*this, path, hf_weights()); }
 
-std::vector<torchattn::KVCache> CausalLMImpl::make_caches(int64_t batch, bool static_shapes) const {
+std::vector<torchattn::KVCache> CausalLMImpl::make_kv_caches(int64_t batch, bool static_shapes) const {
   std::vector<torchattn::KVCache> caches;
   for (const auto& layer : *layers) {
     caches.push_back(layer->as<DecoderLayerImpl>()->self_attn->make_kv_cache(batch, static_shapes));
@@ -174,7 +165,7 @@ std::vector<torchattn::KVCache> CausalLMImpl::make_caches(int64_t batch, bool st
   return caches;
 }
 
-torchattn::PagedKVCache CausalLMImpl::make_paged_cache(const torchattn::PagedKVCacheOptions& options) const {
+torchattn::PagedKVCache CausalLMImpl::make_paged_kv_cache(const torchattn::PagedKVCacheOptions& options) const {
   std::vector<torchattn::PagedLayer> specs;
   for (const auto& layer : *layers) specs.push_back(layer->as<DecoderLayerImpl>()->self_attn->paged_layer());
   return torchattn::PagedKVCache(std::move(specs), options);
@@ -187,7 +178,7 @@ at::Tensor CausalLMImpl::forward_paged(const at::Tensor& ids, torchattn::PagedKV
               "step's tokens packed), got ",
               ids.sizes(), " of ", ids.scalar_type());
   TORCH_CHECK(cache.num_layers() == static_cast<int64_t>(layers->size()), "CausalLM: expected a paged cache of ",
-              layers->size(), " layers (make_paged_cache), got one of ", cache.num_layers());
+              layers->size(), " layers (make_paged_kv_cache), got one of ", cache.num_layers());
   TORCH_CHECK(!logit_rows.defined() || (logit_rows.dim() == 1 && logit_rows.scalar_type() == at::kLong),
               "CausalLM: "
               "expected logit_rows as int64 indices [R], got ",
@@ -201,7 +192,7 @@ at::Tensor CausalLMImpl::forward_paged(const at::Tensor& ids, torchattn::PagedKV
 }
 
 at::Tensor CausalLMImpl::embed(const at::Tensor& ids) {
-  const at::Tensor x = embed_tokens(ids);
+  at::Tensor x = embed_tokens(ids);
   if (!config_.gemma_norms) return x;
   // Gemma 2: times sqrt(hidden_size) rounded to the embeddings' dtype, as transformers.
   return x * at::scalar_tensor(std::sqrt(static_cast<double>(config_.hidden_size)), x.options());
@@ -210,8 +201,9 @@ at::Tensor CausalLMImpl::embed(const at::Tensor& ids) {
 at::Tensor CausalLMImpl::head(const at::Tensor& x) {
   const at::Tensor& weight = lm_head ? lm_head->weight : embed_tokens->weight;
   // The packed head is faster even for one row (a vocabulary's worth of outputs).
-  at::Tensor logits = pack_ && torchattn::PackedLinear::applies(x, {weight}) ? packed_head_->forward(x, {weight})
-                                                                             : torchattn::functional::linear(x, weight);
+  at::Tensor logits = pack_.on && torchattn::PackedLinear::applies(x, {weight})
+                          ? packed_head_->forward(x, {weight})
+                          : torchattn::functional::linear(x, weight);
   if (config_.final_softcap > 0.0) {  // Gemma 2: cap * tanh(logits / cap)
     logits = at::tanh(logits / config_.final_softcap) * config_.final_softcap;
   }

@@ -45,8 +45,25 @@ struct Engine::State {
     const int64_t blocks = (options.kv_tokens() + options.block_size() - 1) / options.block_size();
     // Under InferenceMode: the pool holds inference tensors, written by every step.
     c10::InferenceMode inference;
-    return model->make_paged_cache(PagedKVCacheOptions(blocks).block_size(options.block_size()));
+    return model->make_paged_kv_cache(PagedKVCacheOptions(blocks).block_size(options.block_size()));
   }
+
+  // The events a step delivers, each to its request's callback, after its lock.
+  using Events = std::vector<std::pair<TokenCallback, TokenEvent>>;
+  // The packed inputs of a step's forward.
+  struct Batch {
+    PagedStep step;
+    at::Tensor ids;   // [N] the planned tokens, one request after another
+    at::Tensor rows;  // [R] the rows whose logits sample a token (undefined: none)
+  };
+
+  // Engine::step's jobs, in order.
+  void take_submitted();
+  int64_t drop_cancelled(Events& events);
+  Batch build_batch(const detail::Plan& plan);
+  at::Tensor run_forward(const Batch& batch);
+  int64_t sample_and_finish(const detail::Plan& plan, const at::Tensor& logits, Events& events);
+  void publish_stats(bool stepped, int64_t finished);
 
   CausalLM model;
   EngineOptions options;
@@ -135,97 +152,124 @@ void Engine::stop_waiting() {
 
 bool Engine::step() {
   State& s = *state_;
-  // What came from other threads.
-  std::vector<std::unique_ptr<detail::Request>> incoming;
-  std::vector<int64_t> cancels;
-  {
-    std::lock_guard<std::mutex> lock(s.mutex);
-    incoming.swap(s.incoming);
-    cancels.swap(s.cancels);
-  }
-  for (auto& r : incoming) s.scheduler.enqueue(std::move(r));
-  for (const int64_t id : cancels) {
-    if (detail::Request* r = s.scheduler.find(id)) r->cancelled = true;
-  }
-  std::vector<std::pair<TokenCallback, TokenEvent>> events;
-  int64_t finished = 0;
-  for (auto& r : s.scheduler.take_cancelled(s.cache)) {
-    events.push_back({std::move(r->callback), TokenEvent{r->id, std::nullopt, FinishReason::Cancelled, r->prompt_tokens,
-                                                         r->generated(), std::nullopt}});
-    ++finished;
-  }
-
-  detail::Plan plan = s.scheduler.plan(s.cache);
+  s.take_submitted();
+  State::Events events;
+  int64_t finished = s.drop_cancelled(events);
+  const detail::Plan plan = s.scheduler.plan(s.cache);
   if (!plan.tokens.empty()) {
     c10::InferenceMode inference;
-    PagedStep step = s.cache.begin_step(plan.tokens);
-    std::vector<int64_t> ids, rows;
-    for (size_t i = 0; i < plan.requests.size(); ++i) {
-      const detail::Request& r = *plan.requests[i];
-      ids.insert(ids.end(), r.tokens.begin() + r.cached, r.tokens.begin() + r.cached + plan.tokens[i].count);
-      if (plan.samples[i]) rows.push_back(step.query_start[i + 1] - 1);
-    }
-    const auto device = s.model->embed_tokens->weight.device();
-    const at::Tensor logits = s.model->forward_paged(at::tensor(ids, at::kLong).to(device), s.cache, step,
-                                                     rows.empty() ? at::Tensor() : at::tensor(rows, at::kLong));
-    // Greedy rows take one argmax over them all; sampled ones their own Sampler.
-    std::vector<int64_t> greedy;
-    if (!rows.empty()) {
-      const at::Tensor top = logits.argmax(-1).to(at::kCPU);
-      greedy.assign(top.const_data_ptr<int64_t>(), top.const_data_ptr<int64_t>() + top.numel());
-    }
-    std::vector<detail::Request*> done;
-    size_t row = 0;
-    for (size_t i = 0; i < plan.requests.size(); ++i) {
-      detail::Request& r = *plan.requests[i];
-      r.cached += plan.tokens[i].count;
-      if (s.options.prefix_cache()) s.cache.publish(r.sequence, r.tokens);  // its blocks filled so far
-      if (!plan.samples[i]) continue;
-      const at::Tensor row_logits = logits[static_cast<int64_t>(row)];
-      int64_t token = 0;
-      if (r.sampler->greedy()) {
-        token = greedy[row];
-        r.sampler->chose(token);
-      } else {
-        token = r.sampler->next(row_logits);
-      }
-      ++row;
-      std::optional<TokenLogprobs> logprobs;
-      if (r.logprobs >= 0) logprobs = token_logprobs(row_logits, token, r.logprobs);
-      r.tokens.push_back(token);
-      std::optional<FinishReason> end;
-      if (std::find(r.stop.begin(), r.stop.end(), token) != r.stop.end()) {
-        end = FinishReason::Stop;
-      } else if (r.generated() >= r.max_new_tokens ||
-                 static_cast<int64_t>(r.tokens.size()) >= s.model->context_length()) {
-        end = FinishReason::Length;
-      }
-      events.push_back({r.callback, TokenEvent{r.id, token, end, r.prompt_tokens, r.generated(), std::move(logprobs)}});
-      if (end) done.push_back(&r);
-    }
-    for (detail::Request* r : done) {
-      s.scheduler.finish(r, s.cache);  // its callback was copied into events
-      ++finished;
-    }
+    const State::Batch batch = s.build_batch(plan);
+    finished += s.sample_and_finish(plan, s.run_forward(batch), events);
   }
-  {
-    std::lock_guard<std::mutex> lock(s.mutex);
-    s.stats.running = s.scheduler.running();
-    s.stats.waiting = s.scheduler.waiting();
-    s.stats.kv_blocks_used = s.cache.used_blocks();
-    s.stats.kv_bytes_used = s.cache.used_blocks() * s.cache.bytes_per_block();
-    s.stats.tokens_held = s.scheduler.tokens_held();
-    s.stats.steps += plan.tokens.empty() ? 0 : 1;
-    s.stats.finished += finished;
-    s.stats.preempted = s.scheduler.preempted();
-    s.stats.kv_blocks_reusable = s.cache.reusable_blocks();
-    s.stats.prefix_reused_tokens = s.scheduler.reused();
-    s.waiting_or_running -= finished;
-  }
+  s.publish_stats(!plan.tokens.empty(), finished);
   for (auto& [callback, event] : events) {
     if (callback) callback(event);
   }
   return !plan.tokens.empty() || !events.empty();
+}
+
+// What came from other threads: new requests join the queue, cancelled ones are marked.
+void Engine::State::take_submitted() {
+  std::vector<std::unique_ptr<detail::Request>> submitted;
+  std::vector<int64_t> cancelled;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    submitted.swap(incoming);
+    cancelled.swap(cancels);
+  }
+  for (auto& r : submitted) scheduler.enqueue(std::move(r));
+  for (const int64_t id : cancelled) {
+    if (detail::Request* r = scheduler.find(id)) r->cancelled = true;
+  }
+}
+
+// The cancelled requests leave (their blocks go back), each with a Cancelled event: how many.
+int64_t Engine::State::drop_cancelled(Events& events) {
+  int64_t dropped = 0;
+  for (auto& r : scheduler.take_cancelled(cache)) {
+    events.push_back({std::move(r->callback), TokenEvent{r->id, std::nullopt, FinishReason::Cancelled, r->prompt_tokens,
+                                                         r->generated(), std::nullopt}});
+    ++dropped;
+  }
+  return dropped;
+}
+
+// The plan's tokens packed one request after another, their cache step, and the rows
+// whose logits are needed (each sampling request's last token).
+Engine::State::Batch Engine::State::build_batch(const detail::Plan& plan) {
+  PagedStep step = cache.begin_step(plan.tokens);
+  std::vector<int64_t> ids, rows;
+  for (size_t i = 0; i < plan.requests.size(); ++i) {
+    const detail::Request& r = *plan.requests[i];
+    ids.insert(ids.end(), r.tokens.begin() + r.cached, r.tokens.begin() + r.cached + plan.tokens[i].count);
+    if (plan.samples[i]) rows.push_back(step.query_start[i + 1] - 1);
+  }
+  const auto device = model->embed_tokens->weight.device();
+  return {std::move(step), at::tensor(ids, at::kLong).to(device),
+          rows.empty() ? at::Tensor() : at::tensor(rows, at::kLong)};
+}
+
+// One forward over the batch: the logits of its sampling rows.
+at::Tensor Engine::State::run_forward(const Batch& batch) {
+  return model->forward_paged(batch.ids, cache, batch.step, batch.rows);
+}
+
+// Each planned request moves past its tokens (publishing its filled blocks); those that
+// brought their last token get the next one, and finish on a stop token, max_new_tokens
+// or the context length: how many finished.
+int64_t Engine::State::sample_and_finish(const detail::Plan& plan, const at::Tensor& logits, Events& events) {
+  // Greedy rows take one argmax over them all; sampled ones their own Sampler.
+  std::vector<int64_t> greedy;
+  if (std::find(plan.samples.begin(), plan.samples.end(), true) != plan.samples.end()) {
+    const at::Tensor top = logits.argmax(-1).to(at::kCPU);
+    greedy.assign(top.const_data_ptr<int64_t>(), top.const_data_ptr<int64_t>() + top.numel());
+  }
+  std::vector<detail::Request*> done;
+  size_t row = 0;
+  for (size_t i = 0; i < plan.requests.size(); ++i) {
+    detail::Request& r = *plan.requests[i];
+    r.cached += plan.tokens[i].count;
+    if (options.prefix_cache()) cache.publish(r.sequence, r.tokens);  // its blocks filled so far
+    if (!plan.samples[i]) continue;
+    const at::Tensor row_logits = logits[static_cast<int64_t>(row)];
+    int64_t token = 0;
+    if (r.sampler->greedy()) {
+      token = greedy[row];
+      r.sampler->chose(token);
+    } else {
+      token = r.sampler->next(row_logits);
+    }
+    ++row;
+    std::optional<TokenLogprobs> logprobs;
+    if (r.logprobs >= 0) logprobs = token_logprobs(row_logits, token, r.logprobs);
+    r.tokens.push_back(token);
+    std::optional<FinishReason> end;
+    if (std::find(r.stop.begin(), r.stop.end(), token) != r.stop.end()) {
+      end = FinishReason::Stop;
+    } else if (r.generated() >= r.max_new_tokens || static_cast<int64_t>(r.tokens.size()) >= model->context_length()) {
+      end = FinishReason::Length;
+    }
+    events.push_back({r.callback, TokenEvent{r.id, token, end, r.prompt_tokens, r.generated(), std::move(logprobs)}});
+    if (end) done.push_back(&r);
+  }
+  for (detail::Request* r : done) scheduler.finish(r, cache);  // its callback was copied into events
+  return static_cast<int64_t>(done.size());
+}
+
+// The stats after a step, for stats() on other threads.
+void Engine::State::publish_stats(bool stepped, int64_t finished) {
+  std::lock_guard<std::mutex> lock(mutex);
+  stats.running = scheduler.running();
+  stats.waiting = scheduler.waiting();
+  stats.kv_blocks_used = cache.used_blocks();
+  stats.kv_bytes_used = cache.used_blocks() * cache.bytes_per_block();
+  stats.tokens_held = scheduler.tokens_held();
+  stats.steps += stepped ? 1 : 0;
+  stats.finished += finished;
+  stats.preempted = scheduler.preempted();
+  stats.kv_blocks_reusable = cache.reusable_blocks();
+  stats.prefix_reused_tokens = scheduler.reused();
+  waiting_or_running -= finished;
 }
 
 std::vector<GenerationResult> Engine::generate(const std::vector<std::vector<int64_t>>& prompts,

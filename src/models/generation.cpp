@@ -44,16 +44,15 @@ void check_generation_options(const GenerationOptions& o, int64_t vocab_size, co
 }
 
 SamplingOptions sampling_options(const GenerationOptions& o) {
-  SamplingOptions s;
-  s.greedy = !o.do_sample();
-  s.temperature = o.temperature();
-  s.top_k = o.top_k();
-  s.top_p = o.top_p();
-  s.seed = o.seed();
-  s.logit_bias = o.logit_bias();
-  s.presence_penalty = o.presence_penalty();
-  s.frequency_penalty = o.frequency_penalty();
-  return s;
+  return SamplingOptions()
+      .greedy(!o.do_sample())
+      .temperature(o.temperature())
+      .top_k(o.top_k())
+      .top_p(o.top_p())
+      .seed(o.seed())
+      .logit_bias(o.logit_bias())
+      .presence_penalty(o.presence_penalty())
+      .frequency_penalty(o.frequency_penalty());
 }
 
 std::vector<GenerationResult> generate(CausalLMImpl& model, const std::vector<std::vector<int64_t>>& prompts,
@@ -72,8 +71,9 @@ std::vector<GenerationResult> generate(CausalLMImpl& model, const std::vector<st
   model.eval();
   const auto device = model.embed_tokens->weight.device();
   const bool graphs = device.is_cuda() && batch == 1;
-  auto caches = model.make_caches(batch, /*static_shapes=*/graphs);
+  auto caches = model.make_kv_caches(batch, /*static_shapes=*/graphs);
   std::vector<torchattn::KVCache*> cache_ptrs;
+  cache_ptrs.reserve(caches.size());
   for (auto& c : caches) cache_ptrs.push_back(&c);
   std::unique_ptr<torchattn::DecodeGraph> step;
 

@@ -47,7 +47,7 @@ std::vector<GenerationResult> generate(Seq2SeqLMImpl& model, const std::vector<s
 
   steps.begin();  // the prefill: the encoder, its keys and values, and the first token
   const std::vector<torchattn::CrossKV> context = model.cross_kvs(model.encode(ids, mask), mask);
-  auto caches = model.make_caches(batch);
+  auto caches = model.make_kv_caches(batch);
   at::Tensor next_ids = at::full({batch, 1}, config.decoder_start_token_id,
                                  at::TensorOptions(at::kLong).device(device));
   const int64_t last_step = options.max_new_tokens() - 1;

@@ -149,7 +149,7 @@ Seq2SeqLMImpl::Seq2SeqLMImpl(const BartConfig& config) : config_(config) {
 }
 
 at::Tensor Seq2SeqLMImpl::embed_tokens(const at::Tensor& ids) {
-  const at::Tensor x = shared(ids);
+  at::Tensor x = shared(ids);
   if (!config_.scale_embedding) return x;
   // BartScaledWordEmbedding: times sqrt(d_model) as a Python float.
   return x * std::sqrt(static_cast<double>(config_.d_model));
@@ -183,7 +183,7 @@ std::vector<torchattn::CrossKV> Seq2SeqLMImpl::cross_kvs(const at::Tensor& encod
   return out;
 }
 
-std::vector<torchattn::KVCache> Seq2SeqLMImpl::make_caches(int64_t batch) const {
+std::vector<torchattn::KVCache> Seq2SeqLMImpl::make_kv_caches(int64_t batch) const {
   std::vector<torchattn::KVCache> caches;
   for (const auto& layer : *decoder->layers) {
     caches.push_back(layer->as<BartDecoderLayerImpl>()->self_attn->make_kv_cache(batch));
@@ -196,7 +196,7 @@ at::Tensor Seq2SeqLMImpl::decode(const at::Tensor& decoder_ids, const std::vecto
   const size_t n = decoder->layers->size();
   TORCH_CHECK(context.size() == n, "Seq2SeqLM: expected the cross keys and values of ", n,
               " decoder layers (cross_kvs), got ", context.size());
-  TORCH_CHECK(caches == nullptr || caches->size() == n, "Seq2SeqLM: expected ", n, " caches (make_caches), got ",
+  TORCH_CHECK(caches == nullptr || caches->size() == n, "Seq2SeqLM: expected ", n, " caches (make_kv_caches), got ",
               caches == nullptr ? 0 : caches->size());
   const int64_t past = caches != nullptr ? caches->front().length() : 0;
   check_ids(decoder_ids, "decoder_ids", past);

@@ -95,7 +95,7 @@ void load_weights(torch::nn::Module& module, const NamedTensors& tensors, const 
   }
   torch::NoGradGuard no_grad;
   for (const auto& [name, i] : found) {
-    at::Tensor param = targets.at(name);
+    const at::Tensor& param = targets.at(name);
     const at::Tensor& value = tensors[i].second;
     if (value.device() == param.device() && value.scalar_type() == param.scalar_type() && value.is_contiguous()) {
       param.set_data(value);  // the file's own memory: no copy
@@ -119,8 +119,7 @@ void load_weights(torch::nn::Module& module, const std::string& path_in, const W
               "' does not exist (expected a .safetensors file, a "
               "model.safetensors.index.json, or a folder holding either)");
   const std::string path = fs::is_directory(path_in) ? checkpoint_file(path_in) : path_in;
-  const std::string suffix = ".index.json";
-  if (path.size() < suffix.size() || path.compare(path.size() - suffix.size(), suffix.size(), suffix) != 0) {
+  if (!path.ends_with(".index.json")) {
     load_weights(module, load_safetensors(path), options, path);
     return;
   }

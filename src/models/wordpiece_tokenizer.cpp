@@ -273,7 +273,7 @@ std::string WordPieceTokenizer::decode(const std::vector<int64_t>& ids, bool ski
     std::string token = vocab_.token(id);
     if (skip_special_tokens && vocab_.is_special(id)) continue;
     if (!first) {
-      if (token.rfind(prefix_, 0) == 0) {
+      if (token.starts_with(prefix_)) {
         token.erase(0, prefix_.size());
       } else {
         token.insert(0, " ");

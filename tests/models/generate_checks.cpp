@@ -107,7 +107,7 @@ TEST_P(TinyModel, CachedDecodingEqualsRecomputing) {
   c10::InferenceMode inference;
   const auto ids = torch::randint(3, model->config().vocab_size, {2, 16});
   const auto full = model->forward(ids);
-  auto caches = model->make_caches(2);
+  auto caches = model->make_kv_caches(2);
   std::vector<torch::Tensor> parts{model->forward(ids.narrow(1, 0, 5), &caches)};
   for (int64_t t = 5; t < 16; ++t) parts.push_back(model->forward(ids.narrow(1, t, 1), &caches));
   EXPECT_LE(relative_error(torch::cat(parts, 1), full), 1e-5);
@@ -159,7 +159,7 @@ TEST_P(TinyModel, PackedWeightsGiveTheLogitsAndTokensOfTheLayersOwnProducts) {
   // differs in the last bit): there, within rounding.
   const auto ids = torch::randint(3, model->config().vocab_size, {2, 9});
   auto paged = [&](const std::vector<int64_t>& rows) {
-    auto cache = model->make_paged_cache(torchattn::PagedKVCacheOptions(8).block_size(4));
+    auto cache = model->make_paged_kv_cache(torchattn::PagedKVCacheOptions(8).block_size(4));
     std::vector<torchattn::StepTokens> tokens;
     for ([[maybe_unused]] const int64_t row : rows) tokens.push_back({cache.add_sequence(), 9});
     const auto step = cache.begin_step(tokens);
@@ -346,7 +346,9 @@ TEST(GenerateSmolLM2, ChatPromptLogitsAndGreedyTokensAreTransformers) {
     ASSERT_GE(got.size(), n);
     EXPECT_EQ(std::vector<int64_t>(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(n)),
               std::vector<int64_t>(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(n)));
-    if (n == want.size()) EXPECT_EQ(got.size(), want.size());
+    if (n == want.size()) {
+      EXPECT_EQ(got.size(), want.size());
+    }
     std::printf("[generate] SmolLM2 prompt %lld: %zu greedy tokens equal to transformers' generate: \"%s\"\n",
                 static_cast<long long>(i), n,
                 tok.decode(std::vector<int64_t>(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(n))).c_str());

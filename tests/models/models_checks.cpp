@@ -164,11 +164,11 @@ TEST(MiniLM, BatchesOfAnySizeGiveTheSameRows) {
   auto encoder = models::SentenceEncoder::from_pretrained(minilm());
   const auto one_batch = encoder.embed(sentences, models::EmbedOptions().batch_size(64));
   int64_t calls = 0;
-  const auto batches = encoder.embed(sentences,
-                                     models::EmbedOptions().batch_size(5).on_progress([&](int64_t done, int64_t all) {
-                                       ++calls;
-                                       EXPECT_EQ(all, static_cast<int64_t>(sentences.size()));
-                                     }));
+  const auto batches = encoder.embed(sentences, models::EmbedOptions().batch_size(5).on_progress(
+                                                    [&](int64_t /*done*/, int64_t all) {
+                                                      ++calls;
+                                                      EXPECT_EQ(all, static_cast<int64_t>(sentences.size()));
+                                                    }));
   EXPECT_EQ(calls, (static_cast<int64_t>(sentences.size()) + 4) / 5);
   EXPECT_LE((one_batch - batches).abs().max().item<double>(), 1e-6);
 }

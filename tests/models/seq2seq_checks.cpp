@@ -95,7 +95,7 @@ TEST_P(TinySeq2Seq, TeacherForcedLogitsAreTransformers) {
   // positions counted from the cache's length).
   const auto out = model->encode(prompt);
   auto context = model->cross_kvs(out);
-  auto caches = model->make_caches(1);
+  auto caches = model->make_kv_caches(1);
   model->decode(decoder_ids.narrow(1, 0, 1), context, &caches);
   const auto rest = model->decode(decoder_ids.narrow(1, 1, decoder_ids.size(1) - 1), context, &caches)[0];
   EXPECT_LE(relative_error(rest, want64.narrow(0, 1, want64.size(0) - 1)), 1e-12);
@@ -149,7 +149,7 @@ TEST_P(TinySeq2Seq, CachedDecodingEqualsRecomputingAndAPaddedRowEqualsItsPromptA
   const auto decoder_ids = torch::randint(3, V, {2, 12});
   const auto full = model->forward(ids, pad, decoder_ids);
   const auto context = model->cross_kvs(model->encode(ids, pad), pad);
-  auto caches = model->make_caches(2);
+  auto caches = model->make_kv_caches(2);
   std::vector<torch::Tensor> parts{model->decode(decoder_ids.narrow(1, 0, 4), context, &caches)};
   for (int64_t t = 4; t < 12; ++t) parts.push_back(model->decode(decoder_ids.narrow(1, t, 1), context, &caches));
   EXPECT_LE(relative_error(torch::cat(parts, 1), full), 1e-5);
@@ -336,7 +336,7 @@ TEST(Seq2SeqErrors, WeightsAndInputsOutsideTheModelAreErrorsNamingThem) {
              "Seq2SeqLM: expected the cross keys and values of 2 decoder layers (cross_kvs), got 1");
   EXPECT_HAS(error_of([&] { model->decode(ids.narrow(0, 0, 1), context); }),
              "Seq2SeqLM: decoder_ids have 1 rows; the encoder's output has 2");
-  auto caches = model->make_caches(2);
+  auto caches = model->make_kv_caches(2);
   model->decode(torch::randint(3, 211, {2, 62}), context, &caches);
   EXPECT_HAS(error_of([&] { model->decode(ids.narrow(1, 0, 3), context, &caches); }),
              "Seq2SeqLM: decoder_ids reach position 65; the model has positions for 1 to 64 tokens");

@@ -47,14 +47,13 @@ class DecoderLayerImpl : public torch::nn::Module {
 
  private:
   // attn: the attention's output for x -> the layer's output (residual sums and MLP).
-  at::Tensor rest(at::Tensor attn, const at::Tensor& x);
+  at::Tensor rest(const at::Tensor& attn, const at::Tensor& x);
   // The gate's activation, in place where `in_place`.
   at::Tensor activate(at::Tensor gate, bool in_place) const;
 
   bool gelu_tanh_ = false;
   std::shared_ptr<torchattn::PackedLinear> packed_gate_up_, packed_down_;
-  bool pack_ = false;
-  int64_t pack_min_rows_ = 2;
+  torchattn::PackPolicy pack_{.on = false, .min_rows = 2};
 };
 TORCH_MODULE(DecoderLayer);
 
@@ -77,8 +76,8 @@ class CausalLMImpl : public torch::nn::Module {
   /// forward's attention is ATen's, batch-invariant on some CPUs only.
   /// Off by default: the layers' own products.
   void pack_weights(bool on, int64_t min_rows = 2);
-  bool packs_weights() const { return pack_; }
-  int64_t pack_min_rows() const { return pack_min_rows_; }
+  bool packs_weights() const { return pack_.on; }
+  int64_t pack_min_rows() const { return pack_.min_rows; }
 
   /// The rules from a Hugging Face checkpoint's names to this module's
   /// ("model.layers.0.self_attn.q_proj.weight" -> "layers.0.self_attn.W_query.weight"),
@@ -89,12 +88,20 @@ class CausalLMImpl : public torch::nn::Module {
   /// folder holding either) with hf_weights(): strict, see load_weights.
   void load_hf_weights(const std::string& path);
 
-  /// One KV cache per layer for `batch` sequences.
-  std::vector<torchattn::KVCache> make_caches(int64_t batch, bool static_shapes = false) const;
+  /// One KV cache per layer for `batch` sequences (each layer's make_kv_cache).
+  std::vector<torchattn::KVCache> make_kv_caches(int64_t batch, bool static_shapes = false) const;
+  [[deprecated("use make_kv_caches")]] std::vector<torchattn::KVCache> make_caches(int64_t batch,
+                                                                                   bool static_shapes = false) const {
+    return make_kv_caches(batch, static_shapes);
+  }
 
   /// One paged cache for every layer (layer i is layers[i]'s), num_blocks blocks of
   /// block_size tokens: see torchattn::PagedKVCache.
-  torchattn::PagedKVCache make_paged_cache(const torchattn::PagedKVCacheOptions& options) const;
+  torchattn::PagedKVCache make_paged_kv_cache(const torchattn::PagedKVCacheOptions& options) const;
+  [[deprecated("use make_paged_kv_cache")]] torchattn::PagedKVCache make_paged_cache(
+      const torchattn::PagedKVCacheOptions& options) const {
+    return make_paged_kv_cache(options);
+  }
 
   /// ids: [N] int64, the new tokens of a paged step's sequences packed one after
   /// another (step from cache.begin_step). Returns the logits [R, vocab] of the rows
@@ -127,8 +134,7 @@ class CausalLMImpl : public torch::nn::Module {
   DecoderConfig config_;
   int64_t context_length_;
   std::shared_ptr<torchattn::PackedLinear> packed_head_;
-  bool pack_ = false;
-  int64_t pack_min_rows_ = 2;
+  torchattn::PackPolicy pack_{.on = false, .min_rows = 2};
 };
 TORCH_MODULE(CausalLM);
 

@@ -12,6 +12,7 @@
 
 namespace torchattn::models {
 
+// Configs, not options: plain structs that mirror config.json's fields (no TORCH_ARG).
 struct DecoderConfig {
   std::string model_type;  // llama, qwen2, qwen3, mistral, gemma2
   int64_t vocab_size = 0;

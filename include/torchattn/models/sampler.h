@@ -7,6 +7,7 @@
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
+#include <torch/arg.h>
 
 #include <cstdint>
 #include <unordered_map>
@@ -19,17 +20,21 @@ namespace torchattn::models {
 using LogitBias = std::vector<std::pair<int64_t, double>>;
 
 struct SamplingOptions {
-  bool greedy = true;
-  double temperature = 1.0;  // > 0
-  int64_t top_k = 0;         // 0: off
-  double top_p = 1.0;        // in (0, 1]; 1: off
-  uint64_t seed = 0;
+  /// The most likely token (default), else sampled after temperature, top_k and top_p.
+  TORCH_ARG(bool, greedy) = true;
+  /// > 0.
+  TORCH_ARG(double, temperature) = 1.0;
+  /// 0: off.
+  TORCH_ARG(int64_t, top_k) = 0;
+  /// In (0, 1]; 1: off.
+  TORCH_ARG(double, top_p) = 1.0;
+  TORCH_ARG(uint64_t, seed) = 0;
   /// (token id, bias) added to the logits before the choice (OpenAI's logit_bias).
-  LogitBias logit_bias;
+  TORCH_ARG(LogitBias, logit_bias) = {};
   /// OpenAI's penalties over the tokens this sampler chose so far:
   /// logit[j] -= frequency_penalty * count[j] + presence_penalty * (count[j] > 0).
-  double presence_penalty = 0.0;
-  double frequency_penalty = 0.0;
+  TORCH_ARG(double, presence_penalty) = 0.0;
+  TORCH_ARG(double, frequency_penalty) = 0.0;
 };
 
 class Sampler {
