@@ -83,7 +83,7 @@ def main():
             text = "\n".join(body_lines)
             name = f"doc_example_{count}"
             if re.search(r"\bint\s+main\s*\(", text):
-                text = re.sub(r"\bint\s+main\s*\(", f"int {name}_main(", text)
+                text = re.sub(r"\bint\s+main\s*\(", f"[[maybe_unused]] int {name}_main(", text)
                 bodies.append(f'#line {line} "{shown}"\n{text}\n')
             else:
                 bodies.append(f"[[maybe_unused]] static void {name}() {{\n"
@@ -94,7 +94,10 @@ def main():
                 + ": do not edit.\n")
         f.write("#include <cstdio>\n" + "\n".join(includes) + "\n\n")
         f.write('#pragma GCC diagnostic ignored "-Wunused-variable"\n')
-        f.write('#pragma GCC diagnostic ignored "-Wunused-but-set-variable"\n\n')
+        f.write('#pragma GCC diagnostic ignored "-Wunused-but-set-variable"\n')
+        # A program's main() renamed: main may end without a return and leave argc unused.
+        f.write('#pragma GCC diagnostic ignored "-Wreturn-type"\n')
+        f.write('#pragma GCC diagnostic ignored "-Wunused-parameter"\n\n')
         f.write("namespace {\n")
         for b in bodies:
             f.write(b + "\n")

@@ -16,6 +16,8 @@
 # The report draws its PNG with matplotlib: $PYTHON's, else .venv's (or REPORT_PYTHON);
 # without it the markdown is written alone.
 # With --quick, both flows write into bench-out/ instead of apps/bench/results/.
+# After the results pages, tools/docs_figures.py rewrites the figures that docs/ and
+# README.md quote from them (not after --quick: its pages are no results).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -41,6 +43,9 @@ out=bench-out
 mkdir -p "$out"
 docs=apps/bench/results
 [ "$quick" = 1 ] && docs="$out"
+figures() {
+  if [ "$quick" = 0 ]; then python3 tools/docs_figures.py; fi
+}
 
 case "$device" in
   cpu)
@@ -57,6 +62,7 @@ case "$device" in
     }
     if [ "$serve_only" = 1 ]; then
       serve
+      figures
       exit 0
     fi
     if [ "$generate_only" = 0 ]; then
@@ -69,7 +75,10 @@ case "$device" in
       .venv/bin/python apps/bench/report_embed.py --cpp "$out/embed-cpp.json" --py "$out/embed-py.json" \
         --out "$docs" >/dev/null
       echo "bench: wrote $docs/embed.md"
-      [ "$embed_only" = 1 ] && exit 0
+      if [ "$embed_only" = 1 ]; then
+        figures
+        exit 0
+      fi
     fi
     if [ "$generate_only" = 0 ]; then
       ./build/apps/bench/torchattn_bench --threads 2 --json "$out/cpp.json" ${args[@]+"${args[@]}"}
@@ -146,3 +155,4 @@ case "$device" in
     exit 1
     ;;
 esac
+figures
