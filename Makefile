@@ -6,16 +6,19 @@ JOBS    ?= 2
 PY      := .venv/bin/python
 CMAKE_PREFIX = $(shell $(PY) -c 'import torch; print(torch.utils.cmake_prefix_path)')
 
-.PHONY: train all setup configure build build-cuda demo test test-gpu bench golden install clean sanitize fuzz check generate
+.PHONY: train all setup configure build build-cuda demo test test-gpu bench golden install clean sanitize fuzz check generate \
+        format format-check lint-configure lint lint-changed
 
 all: build
 
 setup:
 	@bash tools/setup.sh
 
+# Compiler warnings (-Wall -Wextra on every target) are errors in CI (CI=true): WERROR=ON.
+WERROR ?= $(if $(filter true,$(CI)),ON,OFF)
 $(BUILD)/build.ninja: CMakeLists.txt | setup
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release \
-	  -DCMAKE_PREFIX_PATH="$(CMAKE_PREFIX)" -DTORCHATTN_PYTHON=$(CURDIR)/$(PY)
+	  -DCMAKE_PREFIX_PATH="$(CMAKE_PREFIX)" -DTORCHATTN_PYTHON=$(CURDIR)/$(PY) -DTORCHATTN_WERROR=$(WERROR)
 
 configure: setup $(BUILD)/build.ninja
 
@@ -101,6 +104,33 @@ fuzz: setup
 # What CI runs: the tests, the sanitizer build, the fuzzer.
 check: test sanitize fuzz
 
+# Format and lint (docs/development.md#format-lint-and-warnings), with the clang-format and
+# clang-tidy wheels pinned in tools/requirements.txt. `make format` formats the C++ files of
+# src/, include/, apps/ and tests/ in place (.clang-format); `make format-check` changes
+# nothing and fails on any difference, printing the diffs and the files.
+format: setup
+	@bash tools/format.sh
+format-check: setup
+	@bash tools/format.sh --check
+
+# clang-tidy (.clang-tidy) reads the compile commands of $(BUILD)-lint: configured only,
+# without the unity build so that each source has its own entry; nothing is compiled.
+# `make lint`: every source of the libraries (src/), JOBS at a time. `make lint-changed`:
+# those that the change touches or that include a header it touches (tools/lint.sh says
+# which); LINT_MAX > 0 bounds how many. LINT_PATHS="src apps" adds the programs.
+LINT_BUILD  = $(BUILD)-lint
+LINT_MAX   ?= 0
+LINT_PATHS ?= src
+lint-configure: setup
+	@mkdir -p $(LINT_BUILD)
+	@cmake -S . -B $(LINT_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$(CMAKE_PREFIX)" \
+	  -DTORCHATTN_PYTHON=$(CURDIR)/$(PY) -DTORCHATTN_UNITY_BUILD=OFF -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
+	  >$(LINT_BUILD)/configure.log 2>&1 || { cat $(LINT_BUILD)/configure.log; exit 1; }
+lint: lint-configure
+	@LINT_BUILD=$(LINT_BUILD) JOBS=$(JOBS) LINT_PATHS="$(LINT_PATHS)" bash tools/lint.sh all
+lint-changed: lint-configure
+	@LINT_BUILD=$(LINT_BUILD) JOBS=$(JOBS) LINT_MAX=$(LINT_MAX) LINT_PATHS="$(LINT_PATHS)" bash tools/lint.sh changed
+
 # The training example's default run (a few minutes on 2 cores), then its loss curve.
 TRAIN_ARGS ?=
 train: build
@@ -124,4 +154,4 @@ install: build
 	cmake --install $(BUILD) --prefix $(or $(PREFIX),install)
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz $(BUILD)-cuda
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz $(BUILD)-cuda $(BUILD)-lint

@@ -3,7 +3,8 @@
 #   - Debian packages: compiler, CMake, Ninja, GoogleTest, CLI11, Gloo's headers,
 #     the fortunes text;
 #   - with the argument `fuzz`, clang-16 and libFuzzer;
-#   - .venv with the pinned torch (LibTorch is its C++ half) and the Python reference.
+#   - .venv with the pinned torch (LibTorch is its C++ half), the Python reference, and
+#     clang-format and clang-tidy (make format, make lint), all from tools/requirements.txt.
 # Safe to run again; `make` calls it before every build.
 set -euo pipefail
 cd "$(dirname "$0")/.."

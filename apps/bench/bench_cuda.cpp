@@ -188,7 +188,7 @@ std::vector<Timing> interleaved(DeviceTimer& timer, const std::vector<std::funct
 constexpr size_t kAggregate = static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE);
 #endif
 // peak: the high-water mark since reset_peak; else what is allocated now.
-int64_t allocator_bytes(const c10::Device& device, bool peak) {
+int64_t allocator_bytes(const c10::Device& device, [[maybe_unused]] bool peak) {
   synchronize(device);
 #ifdef TORCHATTN_BENCH_CUDA
   if (device.is_cuda()) {
@@ -769,7 +769,7 @@ int run_device_bench(const c10::Device& device, const CudaBenchOptions& options)
   return 0;
 }
 
-int run_cuda_bench(const CudaBenchOptions& options) {
+int run_cuda_bench([[maybe_unused]] const CudaBenchOptions& options) {
 #ifndef TORCHATTN_BENCH_CUDA
   fmt::print(stderr,
              "torchattn_bench: --device cuda needs a build against a CUDA LibTorch; this one was built against a "
