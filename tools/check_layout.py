@@ -5,7 +5,11 @@
   (two levels down, those that hold tracked files), and every path it names exists;
 - docs/architecture.md's line "Levels of src/, top to bottom: ..." names every folder of
   src/ (but models, a component above the library), and every quoted include of those
-  folders goes to a file of the same level or a lower one.
+  folders goes to a file of the same level or a lower one;
+- docs/architecture.md's table "| level | public headers |" gives each public header of
+  include/torchattn/ (but models/ and the umbrella headers) the level that implements it,
+  and every `#include <torchattn/...>` of src/ (but models) and of those headers goes to
+  a header of the same level or a lower one.
 
 Usage: check_layout.py [REPO]
 """
@@ -20,7 +24,9 @@ def main():
     repo = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
     os.chdir(repo)
     failures = []
-    files = subprocess.run(["git", "ls-files"], capture_output=True, text=True, check=True).stdout.split()
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], capture_output=True,
+                           text=True, check=True).stdout.split()
+    files = [f for f in files if os.path.exists(f)]
     folders = set()
     for f in files:
         parts = f.split("/")
@@ -72,10 +78,42 @@ def main():
             arrows += 1
             if levels[top] > levels[parts[1]]:
                 failures.append(f"{f} ({parts[1]}) includes \"{target}\" ({top}), a higher level")
+    # The face: the public headers by level.
+    face = {}
+    for row in re.findall(r"^\| `(\w+)` \| (.+) \|$", arch, re.M):
+        for header in re.findall(r"`([^`]+\.h)`", row[1]):
+            if header in face:
+                failures.append(f"docs/architecture.md names the public header {header} twice")
+            face[header] = row[0]
+    umbrella = {"torchattn.h", "models.h", "version.h"}
+    public = {f[len("include/torchattn/"):] for f in files
+              if f.startswith("include/torchattn/") and f.count("/") == 2 and f.endswith(".h")} - umbrella
+    for header in sorted(public - set(face)):
+        failures.append(f"docs/architecture.md's table of public headers does not name {header}")
+    for header in sorted(set(face) - public):
+        failures.append(f"docs/architecture.md's table of public headers names {header}, which does not exist")
+    for header, level in sorted(face.items()):
+        if level not in levels:
+            failures.append(f"docs/architecture.md puts {header} at level {level}, which is not a level")
+    angle = re.compile(r'^\s*#\s*include\s+<torchattn/([^>]+)>', re.M)
+    sources = [(f, f.split("/")[1]) for f in files
+               if f.startswith("src/") and f.count("/") >= 2 and f.split("/")[1] in levels]
+    sources += [(f"include/torchattn/{h}", face[h]) for h in sorted(public & set(face)) if face[h] in levels]
+    for f, level in sources:
+        for target in angle.findall(open(f).read()):
+            if target in umbrella or target.startswith("models"):
+                failures.append(f"{f} ({level}) includes <torchattn/{target}>, above the library's levels")
+                continue
+            if target not in face or face[target] not in levels:
+                continue  # reported above
+            arrows += 1
+            if levels[face[target]] > levels[level]:
+                failures.append(f"{f} ({level}) includes <torchattn/{target}> ({face[target]}), a higher level")
+
     for line in failures:
         print(f"[layout] FAIL {line}")
-    print(f"layout: {len(folders)} folders against the table, {arrows} includes of src/ against "
-          f"{len(levels)} levels")
+    print(f"layout: {len(folders)} folders against the table, {arrows} includes of src/ and of "
+          f"{len(face)} public headers against {len(levels)} levels")
     print(f"{1 if not failures else 0} passed, {1 if failures else 0} failed")
     return 1 if failures else 0
 

@@ -6,22 +6,14 @@
 
 namespace torchattn {
 
-/// Which implementation computes softmax(q k^T * scale + mask) v.
-///
-/// - `Reference`: the notebooks' math step by step: scores, `masked_fill_(-inf)`,
-///   division by sqrt(d_k), softmax, `nn::Dropout`, weights @ v. Same seed, same
-///   numbers and the same dropout masks as the Python code.
-/// - `SDPA`: `at::scaled_dot_product_attention` with ATen's own choice of fused
-///   kernel (flash on the CPU; on CUDA cuDNN where it applies, which builds a plan
-///   for every new shape, else flash or memory-efficient; single-head inputs get a
-///   head dimension for it). Without dropout and masks other than the causal one, it
-///   never materialises the T x T weights; with dropout in training, or a key padding
-///   mask, ATen may pick its math kernel. Its dropout draws a different random
-///   stream from the Reference.
-/// - `Auto` (default): the fused kernels as SDPA, except that on CUDA it calls flash
-///   or memory-efficient where ATen would pick cuDNN (no per-length plan, and
-///   nothing that CUDA-graph capture cannot hold), and in training mode with
-///   dropout > 0 it takes the Reference so that dropout masks match Python exactly.
+/// Which implementation computes softmax(q k^T * scale + mask) v (docs/modules.md,
+/// docs/gpu.md):
+/// - `Reference`: the notebooks' math step by step: the same numbers and dropout masks
+///   as the Python code.
+/// - `SDPA`: `at::scaled_dot_product_attention`, ATen's choice of fused kernel (cuDNN
+///   included). Its dropout draws another random stream than the Reference's.
+/// - `Auto` (default): as SDPA, but on CUDA flash or memory-efficient where ATen would
+///   pick cuDNN, and the Reference in training mode with dropout > 0.
 ///
 /// Example: `CausalAttentionOptions(768, 768, 1024).backend(Backend::SDPA)`.
 enum class Backend { Auto, Reference, SDPA };

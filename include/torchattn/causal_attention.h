@@ -1,6 +1,7 @@
 #pragma once
 
 #include <torchattn/backend.h>
+#include <torchattn/checkpoint_facts.h>
 #include <torchattn/kv_cache.h>
 #include <torchattn/rope.h>
 
@@ -47,19 +48,17 @@ struct CausalAttentionOptions {
   /// A sliding window: the query at position i sees keys j with i - window < j <= i.
   /// Needs causal(true). Default: unset, every earlier key.
   TORCH_ARG(std::optional<int64_t>, window) = std::nullopt;
-  /// Rotary position embeddings of queries and keys (the whole d_out is one head).
-  /// Default: unset, no rotation (the notebooks). See MultiHeadAttentionOptions::rope.
+  /// Rotary position embeddings of queries and keys (d_out is one head), as
+  /// MultiHeadAttentionOptions::rope. Default: unset, no rotation (the notebooks).
   TORCH_ARG(std::optional<RoPEOptions>, rope) = std::nullopt;
   /// Multiplies the scores (> 0). Default: unset, meaning divide by sqrt(d_out);
   /// `.scale(1.0)` is notebook 000's unscaled attention.
   TORCH_ARG(std::optional<double>, scale) = std::nullopt;
   /// Which implementation computes attention. Default: Backend::Auto.
   TORCH_ARG(Backend, backend) = Backend::Auto;
-  /// true (default): the notebooks' registered buffer `mask` = triu(ones(C, C), 1),
-  /// C = context_length, in the state dict as in Python. false: no buffer (module
-  /// memory does not grow with context_length); the causal mask comes from token
-  /// positions, with the same outputs, gradients and cached decoding. A checkpoint
-  /// with a `mask` key loads into it when that key holds the causal mask.
+  /// true (default): the notebooks' buffer `mask` = triu(ones(C, C), 1), C =
+  /// context_length, in the state dict. false: no buffer, the same numbers; a
+  /// checkpoint's `mask` key loads into it when it holds the causal mask.
   TORCH_ARG(bool, mask_buffer) = true;
 };
 
@@ -67,51 +66,47 @@ struct CausalAttentionOptions {
 /// attends to tokens 0..t only.
 ///
 /// Submodules `W_query`, `W_key`, `W_value` (nn::Linear), `dropout` (nn::Dropout)
-/// and the buffer `mask` = triu(ones(context_length, context_length), 1), in the
-/// notebook's order: same seed, same weights, same state-dict keys.
-class CausalAttentionImpl : public torch::nn::Cloneable<CausalAttentionImpl> {
+/// and the buffer `mask`, in the notebook's order: same seed, same weights, same
+/// state-dict keys. forward may be called from many threads on a module in eval mode;
+/// a cache belongs to one thread.
+class CausalAttentionImpl : public torch::nn::Cloneable<CausalAttentionImpl>, public CheckpointFacts {
  public:
   explicit CausalAttentionImpl(const CausalAttentionOptions& options);
   /// Mirrors Python's `CausalAttention(d_in, d_out, context_length, dropout, qkv_bias=False)`.
   CausalAttentionImpl(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, bool qkv_bias = false)
       : CausalAttentionImpl(CausalAttentionOptions(d_in, d_out, context_length).dropout(dropout).qkv_bias(qkv_bias)) {}
 
-  /// Builds the layers and buffers from `options`: the constructor calls it, and clone()
-  /// on a fresh copy. On a built module it is an error saying so (construct another
-  /// module for new weights).
+  /// Builds the layers and buffers from `options` (the constructor and clone() call it).
+  /// On a built module it is an error: construct another module for new weights.
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
 
-  /// Saves the parameters and buffers as LibTorch does, and the options that change
-  /// the numbers without changing a tensor's shape (see `load`).
+  /// Saves the parameters, buffers and the options that `load` checks.
   void save(torch::serialize::OutputArchive& archive) const override;
 
-  /// Loads a checkpoint strictly: a missing key, an extra key, a shape, dtype or
-  /// rank that differs, or a saved option that differs from this module's (such as
-  /// num_heads or scale) is a c10::Error naming the key with its path in the saved
-  /// model, and the module is left unchanged. (LibTorch's default silently replaces
-  /// tensors of other shapes.) Checkpoints without options load as before.
+  /// Loads strictly: a missing or extra key, a differing shape, dtype or rank, or a
+  /// saved option that differs (such as scale) is a c10::Error naming the key, and
+  /// the module is left unchanged. See docs/checkpoints.md.
   void load(torch::serialize::InputArchive& archive) override;
+
+  /// What checkpoints record and check beside the tensors (CheckpointFacts).
+  CheckpointOptions checkpoint_options() const override;
+  int64_t implied_causal_mask() const override;
 
   /// x: [B, T, d_in] or [T, d_in] with T <= context_length
   ///   ->  [B, T, d_out] or [T, d_out].
   ///
-  /// key_padding_mask: optional bool [B, T] (or [1, T], the same for every sequence;
-  /// [T] for an unbatched x); true marks a padding key that no query attends to, as
-  /// torch.nn.MultiheadAttention's key_padding_mask. (at::scaled_dot_product_attention's
-  /// bool attn_mask means the opposite, true = attend.) A floating mask is an error.
-  /// On the CPU, a mask that ignores every key of a sequence is an error too.
-  /// key_bias: optional, the same shapes, of x's dtype: added to the scaled scores of
-  /// each key (0 keeps, -inf hides, other values weigh it).
-  /// A query left with no key to see (every key it may see ignored or -inf) outputs
-  /// a row of zeros, never NaN. Both masks are empty by default, so the module works
-  /// in Sequential and AnyModule with one argument.
+  /// key_padding_mask: optional bool [B, T] ([1, T]: every sequence; [T] unbatched),
+  /// true = a padding key no query sees, as torch.nn.MultiheadAttention's. A floating
+  /// mask is an error, and on the CPU so is one that ignores every key of a sequence.
+  /// key_bias: optional, the same shapes, of x's dtype, added to the scaled scores (0
+  /// keeps, -inf hides). A query with no key to see outputs zeros, never NaN.
+  /// See docs/masks.md.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& key_padding_mask = {}, const at::Tensor& key_bias = {});
 
   /// An empty cache for `batch_size` sequences: [batch_size, context_length, d_out],
-  /// of the module's dtype and device.
-  /// static_shapes: a cache whose steps have fixed shapes and no host
-  /// synchronisation, for CUDA graphs (see KVCache and DecodeGraph).
+  /// of the module's dtype and device. static_shapes: fixed-shape steps for CUDA
+  /// graphs (see DecodeGraph).
   KVCache make_kv_cache(int64_t batch_size, bool static_shapes = false) const;
 
   /// x_new: [B, T_new, d_in] or [T_new, d_in], the tokens after those in `cache`.
@@ -119,19 +114,12 @@ class CausalAttentionImpl : public torch::nn::Cloneable<CausalAttentionImpl> {
   /// full forward over the whole sequence gives.
   ///
   /// key_padding_mask: optional bool [B, T_new] (or [1, T_new]; [T_new] unbatched),
-  /// true = that new token is padding. The cache remembers it: later tokens never
-  /// attend to it. A left-padded batch of prompts of different lengths so decodes
-  /// together, each sequence as it would alone. (A chunk of a left-padded prompt may
-  /// hold only padding, so unlike forward this does not reject a mask that ignores
-  /// every key of a sequence: outputs for padding tokens are rows of no meaning.)
+  /// true = that new token is padding; the cache remembers it, so a left-padded batch
+  /// decodes each sequence as it would alone. Rows of padding tokens mean nothing.
   ///
-  /// Only for causal modules: with causal(false) (an encoder) every token attends to
-  /// later ones too, so chunks cannot give the full forward's rows; it is an error
-  /// that says to call forward() on the whole sequence.
-  ///
-  /// Errors: autograd on (use NoGradGuard or InferenceMode), training mode with
-  /// dropout > 0 (call eval()), a cache made by another module, or made under
-  /// InferenceMode and used outside it.
+  /// Errors: causal(false), autograd on (use NoGradGuard or InferenceMode), training
+  /// mode with dropout > 0 (call eval()), a cache made by another module, or made
+  /// under InferenceMode and used outside it.
   at::Tensor forward_cached(const at::Tensor& x_new, KVCache& cache, const at::Tensor& key_padding_mask = {});
 
   CausalAttentionOptions options;

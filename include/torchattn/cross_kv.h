@@ -5,9 +5,7 @@
 namespace torchattn {
 
 /// The keys and values of a cross-attention's context (an encoder's output), computed
-/// once by MultiHeadAttention::cross_kv and read by every forward_cross over it: the
-/// cross cache of encoder-decoder decoding, kept beside the self-attention's KVCache
-/// (which grows with each token while this one stays).
+/// once by MultiHeadAttention::cross_kv and read by every forward_cross over it.
 ///
 ///   auto kv = cross->cross_kv(encoder_out, encoder_padding);  // [B, S, kdim], [B, S]
 ///   for (...) y = cross->forward_cross(x_step, kv);            // [B, 1, d_in] each step

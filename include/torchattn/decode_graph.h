@@ -15,12 +15,10 @@ namespace detail {
 struct CapturedGraph;
 }
 
-/// One decoding step of a model, captured in a CUDA graph on CUDA and replayed for
-/// every new token; on other devices the same calls run the step eagerly.
-///
-/// The step reads its input (token ids, embeddings, ...) and runs `forward_cached`
-/// on static-shape caches, which write at their device-side position(), so a replay
-/// decodes the next token with no host work but one copy and one graph launch.
+/// One decoding step of a model (any function of one input tensor that runs
+/// forward_cached on static-shape caches), captured in a CUDA graph at its first call
+/// and replayed for every new token; on other devices the same calls run it eagerly.
+/// See docs/gpu.md.
 ///
 ///   torch::NoGradGuard no_grad;                       // and model->eval()
 ///   auto cache = mha->make_kv_cache(1, /*static_shapes=*/true);
@@ -31,26 +29,17 @@ struct CapturedGraph;
 ///   at::Tensor y = step(x_next);                      // [1, 1, d_out]; captured at the first call
 ///   y = step(x_after);                                // replayed; cache.length() advances
 ///
-/// Rules:
-/// - Every cache the step writes must be listed, be static-shape and on the input's
-///   device; the step must advance each of them by the same number of tokens. A step
-///   that writes a cache it was not given is an error at the first call (CPU and
-///   CUDA: the eager run before capture is watched).
+/// Rules (errors where they can be checked):
+/// - Every cache the step writes is listed (another one is an error at the first
+///   call), static-shape, on the input's device, advanced by the same tokens a step.
 /// - Inputs have the shape, dtype and device of the first one.
-/// - On CUDA the returned tensor is the graph's output buffer, overwritten by the
-///   next call: clone() what you keep. Host values the step reads are frozen at
-///   capture; what changes between steps must live in tensors (the input, the
-///   caches' position()).
-/// - Run under NoGradGuard or InferenceMode, with dropout off (eval mode): random
-///   numbers drawn inside a captured step would repeat at every replay. Not with
-///   deterministic algorithms switched on (the cache writes could then synchronise).
-/// - Capture runs the step once or twice to warm up (cuBLAS, cuDNN plans) and then
-///   rewinds the caches; so it needs room for those tokens in every cache.
-/// - cache.reset() or truncate() between sequences is fine: the graph reads the
-///   position from the device. The caches and the captured model must outlive this.
-/// - A graph captured while the caches had key padding (a left-padded prompt)
-///   attends through their padding; one captured without cannot, and replaying it
-///   after a padded prompt is an error (make a new DecodeGraph).
+/// - On CUDA the result is the graph's buffer, overwritten by the next call: clone()
+///   what you keep. Host values the step reads are frozen at capture.
+/// - NoGradGuard or InferenceMode, eval mode, deterministic algorithms off.
+/// - Capture runs the step once or twice to warm up, then rewinds the caches.
+/// - reset() or truncate() between sequences is fine; the caches and the model must
+///   outlive this. Each cache must have key padding, or not, as at capture (else an
+///   error: make a new DecodeGraph).
 class DecodeGraph {
  public:
   using Step = std::function<at::Tensor(const at::Tensor& input)>;

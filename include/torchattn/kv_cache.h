@@ -8,12 +8,10 @@
 
 namespace torchattn {
 
-/// Keys and values of the tokens seen so far, for generation one chunk at a time.
-///
-/// Storage is allocated once, at [B, H, capacity, head_dim] for MultiHeadAttention
-/// and [B, capacity, d_out] for CausalAttention (capacity = context_length); the
-/// token dimension is always -2. Make one with `module->make_kv_cache(B)` and pass
-/// it to `module->forward_cached(x_new, cache)`:
+/// Keys and values of the tokens seen so far, for generation one chunk at a time
+/// (docs/modules.md, KV caches). Storage is allocated once, [B, H, capacity, head_dim]
+/// for MultiHeadAttention and [B, capacity, d_out] for CausalAttention (capacity =
+/// context_length; the token dimension is always -2):
 ///
 ///   torch::NoGradGuard no_grad;
 ///   auto cache = mha->make_kv_cache(/*batch_size=*/1);
@@ -23,26 +21,16 @@ namespace torchattn {
 ///   cache.reset();                                      // start a new sequence
 ///
 /// A cache belongs to the module that made it (another module's cache is an error)
-/// and to one sequence batch. It cannot be copied: `auto branch = cache.clone();`
-/// is a deep copy (a beam search branch); moving is cheap.
+/// and to one sequence batch; it is not copyable (clone() is a deep copy). Inference
+/// only: forward_cached refuses autograd and training mode with dropout; a cache made
+/// under InferenceMode is used under InferenceMode. forward_cached(x_new, cache,
+/// key_padding_mask) records which new tokens are padding; later calls keep ignoring
+/// them.
 ///
-/// The cache is for inference: forward_cached refuses to run with autograd on (use
-/// NoGradGuard or InferenceMode) and in training mode with dropout. A cache made
-/// under InferenceMode holds inference tensors and is used under InferenceMode.
-///
-/// Padding: forward_cached(x_new, cache, key_padding_mask) records which of the new
-/// tokens are padding ([B, T_new] bool, true = ignore); later calls keep ignoring
-/// them. A left-padded batch of prompts of different lengths so decodes together.
-///
-/// Static shapes (`module->make_kv_cache(B, /*static_shapes=*/true)`): new keys and
-/// values are written at the device-side `position()` and attention runs over the
-/// whole storage with a causal mask computed on the device. Every call with the same
-/// number of new tokens then has the same shapes and no host synchronisation, so a
-/// decoding step can be captured in a CUDA graph and replayed (see DecodeGraph);
-/// under Backend::Auto its steps never use cuDNN (eager and captured take the same
-/// kernel). Each step
-/// attends over `capacity()` keys instead of `length()`: for short sequences in a
-/// long context, the dynamic cache does less work.
+/// Static shapes (`make_kv_cache(B, /*static_shapes=*/true)`): writes at the
+/// device-side position() and attends over all capacity() keys with a mask computed
+/// on the device: fixed shapes, no host synchronisation, capturable by DecodeGraph
+/// (docs/gpu.md).
 class KVCache {
  public:
   KVCache() = default;
@@ -51,15 +39,13 @@ class KVCache {
   /// owner: an id of the module whose keys it holds (0: any), checked by that module.
   KVCache(c10::IntArrayRef shape, at::TensorOptions options, bool static_shapes = false, uint64_t owner = 0);
 
-  /// Copying would share the storage: two sequences would overwrite each other's
-  /// keys. clone() makes the deep copy; moves are cheap.
+  /// Not copyable (a copy would share the storage): clone(). Moves are cheap.
   KVCache(const KVCache&) = delete;
   KVCache& operator=(const KVCache&) = delete;
   KVCache(KVCache&&) noexcept = default;
   KVCache& operator=(KVCache&&) noexcept = default;
 
   /// A deep copy: its own storage, padding, position and length, the same owner.
-  /// The branches of a beam search each continue from their own clone.
   KVCache clone() const;
 
   /// Tokens cached so far.
@@ -80,21 +66,16 @@ class KVCache {
   /// True for a static-shape cache (see above).
   bool static_shapes() const { return static_shapes_; }
 
-  /// [1] int64 on the cache's device: the number of cached tokens, which is the
-  /// position of the next token. Advanced on the device by every append, so it can
-  /// feed position embeddings inside a captured graph. length() is its host mirror.
+  /// [1] int64 on the cache's device: the number of cached tokens (the next token's
+  /// write index), advanced on the device by every append. length() is its host mirror.
   const at::Tensor& position() const { return position_; }
 
-  /// [B] int64 on the cache's device: each sequence's next position counting its
-  /// real tokens only (padding skipped), as transformers' position_ids count them and
-  /// as RoPE inside the modules does. For learned absolute position embeddings after a
-  /// left-padded batched prefill, where position() (the write index, the padded
-  /// length) would be wrong for every shorter prompt. Computed on the device from
-  /// position() and the padding, so it advances inside a captured graph too.
+  /// [B] int64 on the cache's device: each sequence's next position counting its real
+  /// tokens only, as transformers' position_ids (for learned position embeddings after
+  /// a left-padded prefill). Computed on the device, so it advances in a captured graph.
   at::Tensor token_positions() const;
 
-  /// Cached keys / values: [..., length(), d], views of the storage. (A static-shape
-  /// cache attends over the whole storage instead; these still give the cached part.)
+  /// Cached keys / values: [..., length(), d], views of the storage.
   at::Tensor keys() const;
   at::Tensor values() const;
 
@@ -108,11 +89,9 @@ class KVCache {
   const at::Tensor& padding_storage() const { return padding_; }
 
   /// Appends k, v of shape [..., T_new, d] after the cached tokens and returns the
-  /// number of tokens cached before them. Checks shape, dtype, device and capacity
-  /// (against the host length). A static-shape cache writes at position() with
-  /// index_copy_, a dynamic one at length() with copy_; both advance position().
-  /// key_padding_mask: optional [B, T_new] (or [1, T_new]) bool, true = the new token
-  /// is padding; undefined = none of them is.
+  /// number of tokens cached before them; an error names a shape, dtype, device or
+  /// capacity that does not fit. key_padding_mask: optional [B, T_new] (or [1, T_new])
+  /// bool, true = the new token is padding; undefined = none of them is.
   int64_t append(const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_padding_mask = {});
 
   /// The full storage (capacity tokens), for moving or inspecting.

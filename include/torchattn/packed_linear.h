@@ -9,9 +9,9 @@
 
 namespace torchattn {
 
-/// Linear layers for CPU inference with their weights packed once: x W^T + b through
-/// oneDNN with the weights copied into its blocked layout at the first call, and one or
-/// more layers that read the same x side by side in one product (a fused projection).
+/// Linear layers for CPU inference on a oneDNN-packed copy of their weights: x W^T + b,
+/// one or more layers that read the same x side by side in one product. When it pays:
+/// docs/modules.md (packed weights).
 ///
 ///   torchattn::PackedLinear qkv;
 ///   if (torchattn::PackedLinear::applies(x, {Wq->weight, Wk->weight, Wv->weight})) {
@@ -19,16 +19,10 @@ namespace torchattn {
 ///                                {Wq->bias, Wk->bias, Wv->bias});  // [..., out_q + out_k + out_v]
 ///   }
 ///
-/// Faster than at::linear for the products of inference (tens to hundreds of rows:
-/// an encoder's sentence, a prefill chunk, a batch of decoding steps), and each row's
-/// sums run in the same order whatever the number of rows, so a row gives the same
-/// bits alone or in a batch. Against at::linear: equal within float32 rounding, not
-/// bit for bit.
-///
-/// The packed copy costs the weights' memory once more. It is made again when a
-/// weight or bias is another tensor or has been written in place since (its version
-/// counter), so loading new weights or an optimizer step is seen; a write to an
-/// inference tensor (made under InferenceMode) is not: call clear() after one.
+/// Equal to at::linear within float32 rounding, not bit for bit; a row gives the same
+/// bits alone or in any batch. The packed copy (the weights' memory once more) is made
+/// again when a weight or bias is another tensor or was written in place (its version
+/// counter); a write to an inference tensor is not seen: call clear() after one.
 /// Thread-safe: one PackedLinear may serve concurrent forwards.
 class PackedLinear {
  public:
@@ -58,6 +52,19 @@ class PackedLinear {
   struct Packed;
   mutable std::mutex mutex_;
   std::shared_ptr<const Packed> packed_;
+};
+
+/// When a layer's products take its PackedLinear: packing on, and at least `min_rows`
+/// rows (batch times tokens) in the input. Used alike by the attention modules, the
+/// models' decoder layers and their output head.
+struct PackPolicy {
+  bool on = false;
+  int64_t min_rows = 1;
+
+  /// The rows of x [..., in]: x.numel() / in, 0 when in is 0.
+  static int64_t rows(const at::Tensor& x) { return x.size(-1) == 0 ? 0 : x.numel() / x.size(-1); }
+  /// Whether x [..., in] takes the packed product (PackedLinear::applies decides the rest).
+  bool takes(const at::Tensor& x) const { return on && rows(x) >= min_rows; }
 };
 
 }  // namespace torchattn

@@ -1,8 +1,6 @@
 #pragma once
 
-// RMSNorm as the Llama family computes it (transformers' LlamaRMSNorm): the decoders'
-// norms, and the queries' and keys' norms of MultiHeadAttention's qk_norm (Qwen3); and
-// as Gemma 2 does (Gemma2RMSNorm: a weight that scales by 1 + weight).
+// RMSNorm as transformers' LlamaRMSNorm and Gemma2RMSNorm compute it.
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>

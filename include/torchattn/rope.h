@@ -1,7 +1,6 @@
 #pragma once
 
-// Rotary position embeddings (RoPE): queries and keys are rotated by their token's
-// position before the scores, so that q . k depends on the distance between them.
+// Rotary position embeddings (RoPE); see docs/modules.md.
 
 #include <torch/arg.h>
 
@@ -14,18 +13,13 @@
 
 namespace torchattn {
 
-/// How queries and keys are rotated. The defaults are Llama's (and Qwen2's and
-/// Mistral's): theta 10000, `rotate_half` over the two halves of each head, every
-/// feature of the head rotated.
+/// How queries and keys are rotated; the defaults are Llama's.
 ///
 ///   MultiHeadAttentionOptions(576, 576, 8192, 9).rope(RoPEOptions(/*theta=*/100000.0))
-///   RoPEOptions().interleaved(true).rotary_dim(64)   // GPT-J: pairs (0,1), (2,3), ...
-///   RoPEOptions().rotary_dim(32)                     // GPT-NeoX / Phi: partial rotary
 struct RoPEOptions {
   explicit RoPEOptions(double theta = 10000.0) : theta_(theta) {}
 
-  /// The base of the frequencies: feature pair i turns by position * theta^(-2i/rotary_dim).
-  /// Default: 10000.
+  /// Feature pair i turns by position * theta^(-2i/rotary_dim). Default: 10000.
   TORCH_ARG(double, theta);
   /// false (default): Llama's rotate_half, pairing feature i with i + rotary_dim/2.
   /// true: GPT-J's pairs of neighbours, (0, 1), (2, 3), ...
@@ -37,19 +31,13 @@ struct RoPEOptions {
 
 namespace functional {
 
-/// The cos and sin tables of positions 0 .. length - 1, computed in float32 as
-/// transformers does: inv_freq = 1 / theta^(arange(0, rotary_dim, 2) / rotary_dim),
-/// angle = position * inv_freq, with rotary_dim = options.rotary_dim() or head_dim.
-///
-/// The tables are computed on the CPU and then moved to `device`, so every device gets
-/// the same bits (CUDA's own sin, cos and pow differ by a few ULP).
-///
+/// The cos and sin tables of positions 0 .. length - 1, as transformers computes them
+/// (float32, angle = position * theta^(-2i/rotary_dim)), the same bits on every device.
 /// Returns (cos, sin), each [length, rotary_dim / 2] float32 on `device`.
 std::pair<at::Tensor, at::Tensor> rotary_tables(const RoPEOptions& options, int64_t head_dim, int64_t length,
                                                 const at::Device& device = at::kCPU);
 
 /// Rotates the first rotary_dim features of each head of x by its token's position.
-///
 /// x: [B, ..., T, head_dim] (e.g. [B, H, T, head_dim], or [B, T, d] for one head).
 /// positions: int64 [T] (the same for every sequence) or [B, T] / [1, T], each < the
 ///   tables' length.

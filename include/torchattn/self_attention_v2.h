@@ -1,6 +1,7 @@
 #pragma once
 
 #include <torchattn/backend.h>
+#include <torchattn/checkpoint_facts.h>
 
 #include <torch/arg.h>
 #include <torch/nn/cloneable.h>
@@ -28,9 +29,8 @@ struct SelfAttentionV2Options {
   TORCH_ARG(int64_t, d_out);
   /// Bias in W_query, W_key and W_value. Default: false.
   TORCH_ARG(bool, qkv_bias) = false;
-  /// Multiplies the scores (> 0). Default: unset, meaning 1/sqrt(d_out) with the square root
-  /// taken in float32, as the notebook's `torch.sqrt(torch.tensor(d_out))` does (this
-  /// matters only for float64 inputs).
+  /// Multiplies the scores (> 0). Default: unset, meaning 1/sqrt(d_out) (the root taken
+  /// in float32, as the notebook's; see docs/modules.md).
   TORCH_ARG(std::optional<double>, scale) = std::nullopt;
   /// Which implementation computes attention. Default: Backend::Auto.
   TORCH_ARG(Backend, backend) = Backend::Auto;
@@ -40,43 +40,39 @@ struct SelfAttentionV2Options {
 /// softmax(W_query(x) W_key(x)^T / sqrt(d_out)) W_value(x).
 ///
 /// Submodules `W_query`, `W_key`, `W_value` (nn::Linear, created in that order), so
-/// `torch::manual_seed(s)` before construction gives the Python weights.
-class SelfAttentionV2Impl : public torch::nn::Cloneable<SelfAttentionV2Impl> {
+/// `torch::manual_seed(s)` before construction gives the Python weights. forward may
+/// be called from many threads on a module in eval mode.
+class SelfAttentionV2Impl : public torch::nn::Cloneable<SelfAttentionV2Impl>, public CheckpointFacts {
  public:
   explicit SelfAttentionV2Impl(const SelfAttentionV2Options& options);
   /// Mirrors Python's `SelfAttentionV2(d_in, d_out, qkv_bias=False)`.
   SelfAttentionV2Impl(int64_t d_in, int64_t d_out, bool qkv_bias = false)
       : SelfAttentionV2Impl(SelfAttentionV2Options(d_in, d_out).qkv_bias(qkv_bias)) {}
 
-  /// Builds the layers and buffers from `options`: the constructor calls it, and clone()
-  /// on a fresh copy. On a built module it is an error saying so (construct another
-  /// module for new weights).
+  /// Builds the layers and buffers from `options` (the constructor and clone() call it).
+  /// On a built module it is an error: construct another module for new weights.
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
 
-  /// Saves the parameters and buffers as LibTorch does, and the options that change
-  /// the numbers without changing a tensor's shape (see `load`).
+  /// Saves the parameters, buffers and the options that `load` checks.
   void save(torch::serialize::OutputArchive& archive) const override;
 
-  /// Loads a checkpoint strictly: a missing key, an extra key, a shape, dtype or
-  /// rank that differs, or a saved option that differs from this module's (such as
-  /// num_heads or scale) is a c10::Error naming the key with its path in the saved
-  /// model, and the module is left unchanged. (LibTorch's default silently replaces
-  /// tensors of other shapes.) Checkpoints without options load as before.
+  /// Loads strictly: a missing or extra key, a differing shape, dtype or rank, or a
+  /// saved option that differs (such as scale) is a c10::Error naming the key, and
+  /// the module is left unchanged. See docs/checkpoints.md.
   void load(torch::serialize::InputArchive& archive) override;
+
+  /// What checkpoints record and check beside the tensors (CheckpointFacts).
+  CheckpointOptions checkpoint_options() const override;
 
   /// x: [B, T, d_in] or [T, d_in]  ->  [B, T, d_out] or [T, d_out].
   ///
-  /// key_padding_mask: optional bool [B, T] (or [1, T], the same for every sequence;
-  /// [T] for an unbatched x); true marks a padding key that no query attends to, as
-  /// torch.nn.MultiheadAttention's key_padding_mask. (at::scaled_dot_product_attention's
-  /// bool attn_mask means the opposite, true = attend.) A floating mask is an error.
-  /// On the CPU, a mask that ignores every key of a sequence is an error too.
-  /// key_bias: optional, the same shapes, of x's dtype: added to the scaled scores of
-  /// each key (0 keeps, -inf hides, other values weigh it).
-  /// A query left with no key to see (every key it may see ignored or -inf) outputs
-  /// a row of zeros, never NaN. Both masks are empty by default, so the module works
-  /// in Sequential and AnyModule with one argument.
+  /// key_padding_mask: optional bool [B, T] ([1, T]: every sequence; [T] unbatched),
+  /// true = a padding key no query sees, as torch.nn.MultiheadAttention's. A floating
+  /// mask is an error, and on the CPU so is one that ignores every key of a sequence.
+  /// key_bias: optional, the same shapes, of x's dtype, added to the scaled scores (0
+  /// keeps, -inf hides). A query with no key to see outputs zeros, never NaN.
+  /// See docs/masks.md.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& key_padding_mask = {}, const at::Tensor& key_bias = {});
 
   SelfAttentionV2Options options;

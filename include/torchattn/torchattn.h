@@ -8,8 +8,10 @@
 ///                                     /*dropout=*/0.0, /*num_heads=*/2);
 ///   auto y = mha(x);  // x: [B, T, 3] -> y: [B, T, 2]
 
+#include <torchattn/attention_options.h>
 #include <torchattn/backend.h>
 #include <torchattn/causal_attention.h>
+#include <torchattn/checkpoint_facts.h>
 #include <torchattn/decode_graph.h>
 #include <torchattn/functional.h>
 #include <torchattn/interop.h>

@@ -3,8 +3,6 @@
 // notebooks' math, backends/reference.h) or the SDPA backend (ATen's fused kernels,
 // backends/sdpa.h).
 
-#include <torchattn/functional.h>
-
 #include "backends/blocked.h"
 #include "backends/reference.h"
 #include "backends/sdpa.h"
@@ -25,7 +23,7 @@ namespace torchattn {
 
 namespace {
 
-double dropout_p(const functional::AttentionConfig& config) { return config.training ? config.dropout : 0.0; }
+double dropout_p(const functional::AttentionOptions& config) { return config.training ? config.dropout : 0.0; }
 
 // Grouped-query attention: q has H heads, k and v Hkv, H a multiple of Hkv.
 int64_t query_groups(const at::Tensor& q, const at::Tensor& k) { return q.dim() == 4 ? q.size(1) / k.size(1) : 1; }
@@ -49,7 +47,7 @@ at::Tensor repeat_kv(const at::Tensor& t, int64_t G) {
 // rows over their shared key/value head, [B, H, 1, d] -> [B, Hkv, G, d], so each
 // key and value is read once per group; more queries use ATen's enable_gqa.
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
-                bool is_causal, const functional::AttentionConfig& config) {
+                bool is_causal, const functional::AttentionOptions& config) {
   // A decoding step on the CPU (a few query rows, no gradient): torchattn's kernel,
   // which opens no parallel region for small work (kernels/cpu/decode_attention.h).
   // A mask of its own per head (ALiBi) neither folds grouped heads nor fits the kernel.
@@ -84,7 +82,7 @@ at::Tensor per_key(const at::Tensor& m, const at::Tensor& q) {
 // Attention with key masks (padding, additive bias). Rows that would see no key are
 // attended over all keys instead (finite softmax, finite gradients) and then zeroed.
 at::Tensor key_masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                const detail::MaskSpec& spec, const functional::AttentionConfig& config) {
+                                const detail::MaskSpec& spec, const functional::AttentionOptions& config) {
   const int64_t Tq = q.size(-2), Tk = k.size(-2);
   // Hidden: the causal pattern, padding keys, and keys whose bias is -inf.
   at::Tensor hide = detail::hidden_keys(spec, Tq, Tk, q.device());
@@ -108,7 +106,7 @@ at::Tensor key_masked_attention(const at::Tensor& q, const at::Tensor& k, const 
   hide = at::logical_and(hide, dead.logical_not());
 
   at::Tensor out;
-  if (functional::resolve_backend(config) == Backend::Reference) {
+  if (detail::resolve_backend(config) == Backend::Reference) {
     const int64_t G = query_groups(q, k);
     out = detail::reference_attention(q, repeat_kv(k, G), repeat_kv(v, G), hide, bias, config.scale, dropout_p(config));
   } else {
@@ -125,8 +123,15 @@ at::Tensor key_masked_attention(const at::Tensor& q, const at::Tensor& k, const 
 
 namespace detail {
 
+Backend resolve_backend(const functional::AttentionOptions& config) {
+  if (config.backend != Backend::Auto) {
+    return config.backend;
+  }
+  return (config.training && config.dropout > 0.0) ? Backend::Reference : Backend::SDPA;
+}
+
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MaskSpec& spec,
-                  const functional::AttentionConfig& config) {
+                  const functional::AttentionOptions& config) {
   constexpr const char* fn = "attention";
   check_qkv(fn, q, k, &v);
   check_scale(fn, config.scale);
@@ -140,7 +145,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     // backend: the Reference's math, without Tq x Tk memory).
     return blocked_attention(q, k, v, spec, config);
   }
-  const Backend backend = functional::resolve_backend(config);
+  const Backend backend = resolve_backend(config);
   if (q.dim() == 3 && backend == Backend::SDPA) {
     // ATen's fused CPU kernels take [B, H, T, d]; a single-head [B, T, d] would fall
     // back to the math kernel, which builds the T x T weights.
@@ -175,40 +180,5 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 }
 
 }  // namespace detail
-
-namespace functional {
-
-Backend resolve_backend(const AttentionConfig& config) {
-  if (config.backend != Backend::Auto) {
-    return config.backend;
-  }
-  return (config.training && config.dropout > 0.0) ? Backend::Reference : Backend::SDPA;
-}
-
-at::Tensor attention_weights(const at::Tensor& q, const at::Tensor& k, const at::Tensor& causal_mask, int64_t past,
-                             std::optional<double> scale) {
-  detail::check_qkv("attention", q, k, nullptr);
-  detail::MaskSpec spec;
-  spec.causal = causal_mask.defined();
-  spec.buffer = spec.causal ? &causal_mask : nullptr;
-  spec.past = past;
-  detail::check_mask_spec("attention", spec, q, k.size(-2));
-  const at::Tensor hide = detail::hidden_keys(spec, q.size(-2), k.size(-2), q.device());
-  return at::softmax(detail::masked_scaled_scores(q, k, hide, scale), -1);
-}
-
-at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& causal_mask,
-                     int64_t past, const AttentionConfig& config, const at::Tensor& key_padding_mask,
-                     const at::Tensor& key_bias) {
-  detail::MaskSpec spec;
-  spec.causal = causal_mask.defined();
-  spec.buffer = spec.causal ? &causal_mask : nullptr;
-  spec.past = past;
-  spec.key_padding = key_padding_mask;
-  spec.key_bias = key_bias;
-  return detail::attend(q, k, v, spec, config);
-}
-
-}  // namespace functional
 
 }  // namespace torchattn

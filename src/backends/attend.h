@@ -6,15 +6,19 @@
 
 #include "backends/mask_spec.h"
 
-#include <torchattn/functional.h>
+#include <torchattn/attention_options.h>
 
 namespace torchattn::detail {
+
+/// The backend that `config` runs: Auto becomes SDPA, or Reference in training mode
+/// with dropout > 0 (functional::resolve_backend).
+Backend resolve_backend(const functional::AttentionOptions& config);
 
 /// q: [B, ..., Tq, d], k: [B, ..., Tk, d], v: [B, ..., Tk, dv]; which keys each
 /// query sees and the bias added to their scores: `mask` (see MaskSpec).
 /// A query that sees no key outputs zeros (see functional::attention).
 /// Returns [B, ..., Tq, dv].
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MaskSpec& mask,
-                  const functional::AttentionConfig& config);
+                  const functional::AttentionOptions& config);
 
 }  // namespace torchattn::detail

@@ -70,7 +70,7 @@ at::Tensor hidden_block(const MaskSpec& spec, int64_t Tq, int64_t Tk, int64_t r0
 // the keys some row of the block sees are read (up to the last row's position, from
 // the first row's window): the others would add exact zeros.
 at::Tensor attend_block(const at::Tensor& q, const at::Tensor& k_all, const at::Tensor& v_all, const at::Tensor& sinks,
-                        const MaskSpec& spec, const functional::AttentionConfig& config, int64_t Tq, int64_t r0) {
+                        const MaskSpec& spec, const functional::AttentionOptions& config, int64_t Tq, int64_t r0) {
   const int64_t B = q.size(0), H = q.size(1), rows = q.size(2), d = q.size(3), Hkv = k_all.size(1), G = H / Hkv;
   const int64_t Tk = k_all.size(2);
   int64_t k0 = 0, k1 = Tk;
@@ -129,7 +129,7 @@ at::Tensor attend_block(const at::Tensor& q, const at::Tensor& k_all, const at::
 // written into an output allocated once: small results kept between the blocks'
 // large temporaries would pin the heap and let it grow block after block.
 at::Tensor all_blocks(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& sinks,
-                      const MaskSpec& spec, const functional::AttentionConfig& config) {
+                      const MaskSpec& spec, const functional::AttentionOptions& config) {
   const int64_t Tq = q.size(2), step = rows_per_block(q, k.size(2));
   if (step >= Tq) return attend_block(q, k, v, sinks, spec, config, Tq, 0);
   // Keys and values dense once (the modules' are views of [B, T, heads, d] projections):
@@ -152,7 +152,7 @@ at::Tensor all_blocks(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 }
 
 // What backward needs of the call's masks and configuration, as the context keeps it.
-void save_call(torch::autograd::AutogradContext* ctx, const MaskSpec& spec, const functional::AttentionConfig& c) {
+void save_call(torch::autograd::AutogradContext* ctx, const MaskSpec& spec, const functional::AttentionOptions& c) {
   auto& d = ctx->saved_data;
   d["causal"] = spec.causal;
   d["past"] = spec.past;
@@ -165,7 +165,7 @@ void save_call(torch::autograd::AutogradContext* ctx, const MaskSpec& spec, cons
   d["softcap"] = c.softcap.value_or(0.0);
 }
 
-std::pair<MaskSpec, functional::AttentionConfig> saved_call(torch::autograd::AutogradContext* ctx) {
+std::pair<MaskSpec, functional::AttentionOptions> saved_call(torch::autograd::AutogradContext* ctx) {
   auto& d = ctx->saved_data;
   MaskSpec spec;
   spec.causal = d["causal"].toBool();
@@ -175,7 +175,7 @@ std::pair<MaskSpec, functional::AttentionConfig> saved_call(torch::autograd::Aut
   spec.key_padding = d["key_padding"].toTensor();
   spec.key_bias = d["key_bias"].toTensor();
   spec.score_bias = d["score_bias"].toTensor();
-  functional::AttentionConfig config;  // no dropout: that case keeps its blocks instead
+  functional::AttentionOptions config;  // no dropout: that case keeps its blocks instead
   if (d["scale"].toDouble() > 0.0) config.scale = d["scale"].toDouble();
   if (d["softcap"].toDouble() > 0.0) config.softcap = d["softcap"].toDouble();
   return {spec, config};
@@ -185,7 +185,7 @@ std::pair<MaskSpec, functional::AttentionConfig> saved_call(torch::autograd::Aut
 struct Checkpointed : public torch::autograd::Function<Checkpointed> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, const at::Tensor& sinks, const MaskSpec* spec,
-                            const functional::AttentionConfig* config) {
+                            const functional::AttentionOptions* config) {
     ctx->save_for_backward({q, k, v, sinks});
     save_call(ctx, *spec, *config);
     at::NoGradGuard no_grad;
@@ -224,12 +224,12 @@ struct Checkpointed : public torch::autograd::Function<Checkpointed> {
 
 }  // namespace
 
-bool needs_blocked_attention(const functional::AttentionConfig& config) {
+bool needs_blocked_attention(const functional::AttentionOptions& config) {
   return config.softcap.has_value() || config.sinks.defined();
 }
 
 at::Tensor blocked_attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
-                             const MaskSpec& spec, const functional::AttentionConfig& config) {
+                             const MaskSpec& spec, const functional::AttentionOptions& config) {
   const bool single_head = q_in.dim() == 3;
   const at::Tensor q = single_head ? q_in.unsqueeze(1) : q_in;
   const at::Tensor k = single_head ? k_in.unsqueeze(1) : k_in;

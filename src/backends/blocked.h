@@ -8,14 +8,14 @@
 
 #include "backends/mask_spec.h"
 
-#include <torchattn/functional.h>
+#include <torchattn/attention_options.h>
 
 #include <ATen/core/Tensor.h>
 
 namespace torchattn::detail {
 
 /// True when config asks for softcap or sinks (attend then takes this path).
-bool needs_blocked_attention(const functional::AttentionConfig& config);
+bool needs_blocked_attention(const functional::AttentionOptions& config);
 
 /// q: [B, H, Tq, d], k and v: [B, Hkv, Tk, d] (H a multiple of Hkv); the masks of
 /// `spec` as attend reads them. For each query row:
@@ -26,6 +26,6 @@ bool needs_blocked_attention(const functional::AttentionConfig& config);
 /// Gradients flow to q, k, v and the sinks; each block is recomputed in backward (with
 /// dropout in training the blocks keep their tensors instead, to replay the same masks).
 at::Tensor blocked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MaskSpec& spec,
-                             const functional::AttentionConfig& config);
+                             const functional::AttentionOptions& config);
 
 }  // namespace torchattn::detail

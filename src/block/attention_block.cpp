@@ -2,6 +2,7 @@
 
 #include "block/alibi.h"
 #include "backends/attend.h"
+#include "layers/linear.h"
 #include "block/paged_attend.h"
 #include "block/positions.h"
 
@@ -16,19 +17,18 @@ namespace {
 
 // x [..., d_in] -> queries [..., num_heads * head_dim], keys and values
 // [..., num_kv_heads * head_dim]: one packed product where the block has one and it
-// applies, else functional::linear (`fast`, inference: its kernels for a few rows or
+// applies, else detail::linear (`fast`, inference: its kernels for a few rows or
 // oneDNN) or LibTorch's Linear (bit for bit whatever the grad mode).
 std::array<at::Tensor, 3> project(AttentionBlock& block, const at::Tensor& x, bool fast) {
   const std::array<at::Tensor, 3> weights{block.W_query->weight, block.W_key->weight, block.W_value->weight};
   const std::array<at::Tensor, 3> biases{block.W_query->bias, block.W_key->bias, block.W_value->bias};
-  const int64_t rows = x.size(-1) == 0 ? 0 : x.numel() / x.size(-1);
-  if (block.packed_qkv != nullptr && rows >= block.pack_min_rows && PackedLinear::applies(x, weights, biases)) {
+  if (block.packed_qkv != nullptr && block.pack.takes(x) && PackedLinear::applies(x, weights, biases)) {
     // One product for the three projections; each a view of its features.
     const at::Tensor qkv = block.packed_qkv->forward(x, weights, biases);
     const int64_t dq = block.W_query->weight.size(0), dkv = block.W_key->weight.size(0);
     return {qkv.narrow(-1, 0, dq), qkv.narrow(-1, dq, dkv), qkv.narrow(-1, dq + dkv, dkv)};
   }
-  auto one = [&](torch::nn::Linear& l) { return fast ? functional::linear(x, l->weight, l->bias) : l->forward(x); };
+  auto one = [&](torch::nn::Linear& l) { return fast ? detail::linear(x, l->weight, l->bias) : l->forward(x); };
   at::Tensor keys = one(block.W_key);
   at::Tensor queries = one(block.W_query);
   return {queries, keys, one(block.W_value)};
@@ -45,11 +45,11 @@ void normalize(const AttentionBlock& block, at::Tensor& queries, at::Tensor& key
 }  // namespace
 
 at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, KVCache* cache,
-                                   const functional::AttentionConfig& config, const at::Tensor& key_padding_mask,
+                                   const functional::AttentionOptions& config, const at::Tensor& key_padding_mask,
                                    const at::Tensor& key_bias) {
   const int64_t B = x.size(0);
   const int64_t T = x.size(1);
-  // Cached decoding (inference only) takes functional::linear's fast path for a few
+  // Cached decoding (inference only) takes detail::linear's fast path for a few
   // rows; forward keeps LibTorch's Linear, bit for bit whatever the grad mode.
   auto [queries, keys, values] = project(block, x, /*fast=*/cache != nullptr);
   const int64_t d_out = queries.size(-1);
@@ -117,7 +117,7 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
 
 at::Tensor paged_attention_block_forward(AttentionBlock& block, const at::Tensor& x, PagedKVCache& cache,
                                          const PagedStep& step, int64_t layer,
-                                         const functional::AttentionConfig& config) {
+                                         const functional::AttentionOptions& config) {
   const int64_t N = x.size(0);
   auto [queries, keys, values] = project(block, x, /*fast=*/true);
   const int64_t H = block.num_heads, Hkv = block.num_kv_heads, head_dim = queries.size(-1) / H;

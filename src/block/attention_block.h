@@ -2,7 +2,7 @@
 
 // The forward that all three modules share: project, split heads, attend, merge.
 
-#include <torchattn/functional.h>
+#include <torchattn/attention_options.h>
 #include <torchattn/kv_cache.h>
 #include <torchattn/packed_linear.h>
 #include <torchattn/paged_kv_cache.h>
@@ -39,11 +39,10 @@ struct AttentionBlock {
   std::optional<int64_t> window = std::nullopt;
   /// Rotary embeddings of queries and keys, or null.
   const RotaryCache* rope = nullptr;
-  /// W_query, W_key and W_value as one packed product where it applies (see
-  /// PackedLinear), or null.
+  /// W_query, W_key and W_value as one packed product where `pack` takes the input and
+  /// it applies (see PackedLinear), or null.
   PackedLinear* packed_qkv = nullptr;
-  /// The fewest rows (B * T) that take packed_qkv.
-  int64_t pack_min_rows = 1;
+  PackPolicy pack = {};
   /// QK-norm (MultiHeadAttentionOptions::qk_norm): the queries' and keys' RMSNorm, or
   /// null; over each head's features (per_head) or all of a token's.
   RMSNormImpl* q_norm = nullptr;
@@ -91,7 +90,7 @@ inline uint64_t new_cache_owner() {
 // additive, or undefined (see functional::attention). With a cache, the padding
 // mask is recorded in it with the new tokens, and the cache's whole padding applies.
 at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, KVCache* cache,
-                                   const functional::AttentionConfig& config, const at::Tensor& key_padding_mask = {},
+                                   const functional::AttentionOptions& config, const at::Tensor& key_padding_mask = {},
                                    const at::Tensor& key_bias = {});
 
 // x: [N, d_in], the new tokens of a paged step's sequences packed one after another
@@ -101,7 +100,7 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
 // paged_attend). For MultiHeadAttention (num_heads > 0), causal, in inference.
 at::Tensor paged_attention_block_forward(AttentionBlock& block, const at::Tensor& x, PagedKVCache& cache,
                                          const PagedStep& step, int64_t layer,
-                                         const functional::AttentionConfig& config);
+                                         const functional::AttentionOptions& config);
 
 // Runs `fn(x, key_padding_mask, key_bias)` on x as [B, T, d_in] (masks [B, T] or
 // [1, T]), adding and removing the batch dimension for an unbatched [T, d_in] input

@@ -28,7 +28,7 @@ CrossKV cross_project(AttentionBlock& block, const at::Tensor& context, const at
 }
 
 at::Tensor cross_attention_block_forward(AttentionBlock& block, const at::Tensor& x, const CrossKV& kv,
-                                         const functional::AttentionConfig& config) {
+                                         const functional::AttentionOptions& config) {
   const int64_t B = x.size(0), T = x.size(1);
   const at::Tensor queries = split_heads(block, block.W_query->forward(x), block.num_heads, block.q_norm);
   MaskSpec spec;

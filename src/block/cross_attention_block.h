@@ -5,7 +5,7 @@
 // the context.
 
 #include <torchattn/cross_kv.h>
-#include <torchattn/functional.h>
+#include <torchattn/attention_options.h>
 
 #include "block/attention_block.h"
 
@@ -22,6 +22,6 @@ CrossKV cross_project(AttentionBlock& block, const at::Tensor& context, const at
 /// x: [B, T, d_in], kv from cross_project over B sequences -> [B, T, num_heads *
 /// head_dim], each row attending over all of its sequence's real context tokens.
 at::Tensor cross_attention_block_forward(AttentionBlock& block, const at::Tensor& x, const CrossKV& kv,
-                                         const functional::AttentionConfig& config);
+                                         const functional::AttentionOptions& config);
 
 }  // namespace torchattn::detail

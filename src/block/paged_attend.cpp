@@ -14,7 +14,7 @@
 namespace torchattn::detail {
 
 at::Tensor paged_attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const PagedStep& step,
-                        const std::optional<int64_t>& window, const functional::AttentionConfig& config,
+                        const std::optional<int64_t>& window, const functional::AttentionOptions& config,
                         const at::Tensor& alibi_slopes) {
   const int64_t N = q.size(0), H = q.size(1), d = q.size(2);
   const int64_t block_size = keys.size(3);

@@ -3,7 +3,7 @@
 // Attention over a PagedKVCache for one step: the rows of each sequence attend
 // causally (and within a window) over that sequence's keys only.
 
-#include <torchattn/functional.h>
+#include <torchattn/attention_options.h>
 #include <torchattn/paged_kv_cache.h>
 
 #include <ATen/core/Tensor.h>
@@ -23,7 +23,7 @@ namespace torchattn::detail {
 /// and every sequence on other devices, dtypes or backends, gather their keys and take
 /// the attention dispatcher (detail::attend) alone, as a contiguous cache would.
 at::Tensor paged_attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const PagedStep& step,
-                        const std::optional<int64_t>& window, const functional::AttentionConfig& config,
+                        const std::optional<int64_t>& window, const functional::AttentionOptions& config,
                         const at::Tensor& alibi_slopes = at::Tensor());
 
 }  // namespace torchattn::detail

@@ -1,11 +1,12 @@
-#include <torchattn/functional.h>
+#include "layers/linear.h"
+
 
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/onednn_linear.h"
 
 #include <ATen/ops/linear.h>
 
-namespace torchattn::functional {
+namespace torchattn::detail {
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   if (kernels::cpu::small_linear_applies(x, weight, bias)) {
@@ -17,4 +18,4 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   return at::linear(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
 }
 
-}  // namespace torchattn::functional
+}  // namespace torchattn::detail

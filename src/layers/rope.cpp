@@ -1,6 +1,7 @@
 #include <torchattn/rope.h>
 
 #include "base/checks.h"
+#include "layers/rope_checks.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/aminmax.h>

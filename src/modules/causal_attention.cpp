@@ -4,6 +4,9 @@
 
 #include "block/attention_block.h"
 #include "base/checks.h"
+#include "layers/rope_checks.h"
+#include "modules/cache_checks.h"
+#include "modules/attention_facts.h"
 #include "serialize/strict_load.h"
 
 #include <ostream>
@@ -51,6 +54,16 @@ void CausalAttentionImpl::load(torch::serialize::InputArchive& archive) {
   detail::strict_load(*this, archive, kCausalAttention, detail::archive_path(archive));
 }
 
+CheckpointOptions CausalAttentionImpl::checkpoint_options() const {
+  CheckpointOptions out{{"scale", detail::option_text(options.scale())}};
+  detail::add_attention_options(out, options.causal(), options.window(), options.rope());
+  return out;
+}
+
+int64_t CausalAttentionImpl::implied_causal_mask() const {
+  return options.causal() && !options.mask_buffer() ? options.context_length() : 0;
+}
+
 void CausalAttentionImpl::pretty_print(std::ostream& stream) const {
   stream << "torchattn::CausalAttention(d_in=" << options.d_in() << ", d_out=" << options.d_out()
          << ", context_length=" << options.context_length() << ", dropout=" << options.dropout()
@@ -87,9 +100,20 @@ at::Tensor CausalAttentionImpl::forward_cached(const at::Tensor& x_new, KVCache&
 
 at::Tensor CausalAttentionImpl::attend(const at::Tensor& x, const at::Tensor& key_padding_mask,
                                        const at::Tensor& key_bias, KVCache* cache) {
-  detail::AttentionBlock block{W_query,          W_key, W_value,          /*num_heads=*/0, /*num_kv_heads=*/0,
-                               options.causal(), mask,  options.window(), rotary_.get()};
-  const functional::AttentionConfig config{options.scale(), options.dropout(), is_training(), options.backend()};
+  // Single-head (num_heads 0): [B, T, d_out] throughout.
+  detail::AttentionBlock block{.W_query = W_query,
+                               .W_key = W_key,
+                               .W_value = W_value,
+                               .num_heads = 0,
+                               .num_kv_heads = 0,
+                               .causal = options.causal(),
+                               .mask = mask,
+                               .window = options.window(),
+                               .rope = rotary_.get()};
+  const functional::AttentionOptions config{.scale = options.scale(),
+                                            .dropout = options.dropout(),
+                                            .training = is_training(),
+                                            .backend = options.backend()};
   return detail::with_batch_dim(x, key_padding_mask, key_bias,
                                 [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {
                                   return detail::attention_block_forward(block, xb, cache, config, mb, bb);

@@ -1,6 +1,13 @@
+// Every function of functional.h: the notebooks' math here, the rest handed to the
+// dispatcher (backends/attend.h) and the linear kernels (layers/linear.h).
+
 #include <torchattn/functional.h>
 
+#include "backends/attend.h"
+#include "backends/mask_spec.h"
+#include "backends/reference.h"
 #include "base/checks.h"
+#include "layers/linear.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/matmul.h>
@@ -65,6 +72,36 @@ at::Tensor softmax_mask_renormalize(const at::Tensor& scores, const at::Tensor& 
   detail::check_broadcasts("softmax_mask_renormalize", "keep", keep, scores);
   at::Tensor masked = at::softmax(scores, -1) * keep;
   return masked / masked.sum(-1, /*keepdim=*/true);
+}
+
+Backend resolve_backend(const AttentionOptions& config) { return detail::resolve_backend(config); }
+
+at::Tensor attention_weights(const at::Tensor& q, const at::Tensor& k, const at::Tensor& causal_mask, int64_t past,
+                             std::optional<double> scale) {
+  detail::check_qkv("attention", q, k, nullptr);
+  detail::MaskSpec spec;
+  spec.causal = causal_mask.defined();
+  spec.buffer = spec.causal ? &causal_mask : nullptr;
+  spec.past = past;
+  detail::check_mask_spec("attention", spec, q, k.size(-2));
+  const at::Tensor hide = detail::hidden_keys(spec, q.size(-2), k.size(-2), q.device());
+  return at::softmax(detail::masked_scaled_scores(q, k, hide, scale), -1);
+}
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& causal_mask,
+                     int64_t past, const AttentionOptions& config, const at::Tensor& key_padding_mask,
+                     const at::Tensor& key_bias) {
+  detail::MaskSpec spec;
+  spec.causal = causal_mask.defined();
+  spec.buffer = spec.causal ? &causal_mask : nullptr;
+  spec.past = past;
+  spec.key_padding = key_padding_mask;
+  spec.key_bias = key_bias;
+  return detail::attend(q, k, v, spec, config);
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  return detail::linear(x, weight, bias);
 }
 
 }  // namespace torchattn::functional

@@ -6,7 +6,10 @@
 #include "block/alibi.h"
 #include "block/attention_block.h"
 #include "base/checks.h"
+#include "layers/rope_checks.h"
+#include "modules/cache_checks.h"
 #include "block/cross_attention_block.h"
+#include "modules/attention_facts.h"
 #include "serialize/strict_load.h"
 
 #include <ATen/ops/zeros.h>
@@ -18,24 +21,6 @@ namespace torchattn {
 
 namespace {
 constexpr const char* kMultiHeadAttention = "MultiHeadAttention";
-
-// The block of forward_cross: no causal mask, window, positions or packed products.
-detail::AttentionBlock cross_block(MultiHeadAttentionImpl& m) {
-  return detail::AttentionBlock{m.W_query,
-                                m.W_key,
-                                m.W_value,
-                                m.options.num_heads(),
-                                m.num_kv_heads(),
-                                false,
-                                m.mask,
-                                std::nullopt,
-                                nullptr,
-                                nullptr,
-                                m.options.pack_min_rows(),
-                                m.q_norm.is_empty() ? nullptr : m.q_norm.get(),
-                                m.k_norm.is_empty() ? nullptr : m.k_norm.get(),
-                                !m.options.qk_norm() || m.options.qk_norm()->per_head()};
-}
 }  // namespace
 
 MultiHeadAttentionImpl::MultiHeadAttentionImpl(const MultiHeadAttentionOptions& options_) : options(options_) {
@@ -113,6 +98,40 @@ void MultiHeadAttentionImpl::save(torch::serialize::OutputArchive& archive) cons
 
 void MultiHeadAttentionImpl::load(torch::serialize::InputArchive& archive) {
   detail::strict_load(*this, archive, kMultiHeadAttention, detail::archive_path(archive));
+}
+
+CheckpointOptions MultiHeadAttentionImpl::checkpoint_options() const {
+  using detail::option_text;
+  const auto& o = options;
+  CheckpointOptions out{{"num_heads", option_text(o.num_heads())},
+                        {"num_kv_heads", option_text(num_kv_heads())},
+                        {"head_dim", option_text(head_dim())},
+                        {"qk_norm", !o.qk_norm()              ? "none"
+                                    : o.qk_norm()->per_head() ? "per_head"
+                                                              : "all_heads"},
+                        {"qk_norm_eps", o.qk_norm() ? option_text(o.qk_norm()->eps()) : "none"},
+                        {"alibi", option_text(o.alibi())},
+                        {"softcap", o.softcap() ? option_text(*o.softcap()) : "none"},
+                        {"sinks", option_text(o.sinks())},
+                        {"scale", option_text(o.scale())},
+                        // The context's widths for cross-attention (d_in where not set).
+                        {"kdim", option_text(o.kdim().value_or(o.d_in()))},
+                        {"vdim", option_text(o.vdim().value_or(o.d_in()))}};
+  detail::add_attention_options(out, o.causal(), o.window(), o.rope());
+  return out;
+}
+
+int64_t MultiHeadAttentionImpl::implied_causal_mask() const {
+  return options.causal() && !options.mask_buffer() ? options.context_length() : 0;
+}
+
+std::string MultiHeadAttentionImpl::shape_hint(const std::string& key) const {
+  if (!(key.starts_with("W_key.") || key.starts_with("W_value."))) {
+    return "";
+  }
+  return " (" + key.substr(0, key.find('.')) +
+         " projects to num_kv_heads * head_dim = " + std::to_string(num_kv_heads()) + " * " +
+         std::to_string(head_dim()) + " features)";
 }
 
 void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
@@ -207,26 +226,10 @@ at::Tensor MultiHeadAttentionImpl::forward_paged(const at::Tensor& x, PagedKVCac
   detail::check_paged(kMultiHeadAttention, x, options.d_in(), options.context_length(), W_query->weight, cache, step,
                       layer, paged_layer(), is_training(), options.dropout());
   detail::check_causal_for_cache(kMultiHeadAttention, options.causal(), "forward_paged");
-  const bool packed = options.pack_weights();
-  detail::AttentionBlock block{W_query,
-                               W_key,
-                               W_value,
-                               options.num_heads(),
-                               num_kv_heads(),
-                               options.causal(),
-                               mask,
-                               options.window(),
-                               rotary_.get(),
-                               packed ? packed_qkv_.get() : nullptr,
-                               options.pack_min_rows(),
-                               q_norm.is_empty() ? nullptr : q_norm.get(),
-                               k_norm.is_empty() ? nullptr : k_norm.get(),
-                               !options.qk_norm() || options.qk_norm()->per_head(),
-                               alibi_slopes_};
-  const functional::AttentionConfig config{options.scale(), 0.0, false, options.backend(), options.softcap(), sinks};
-  const at::Tensor context = detail::paged_attention_block_forward(block, x, cache, step, layer, config);
-  if (packed && context.size(0) >= options.pack_min_rows() &&
-      PackedLinear::applies(context, {out_proj->weight}, {out_proj->bias})) {
+  detail::AttentionBlock block = this->block(/*cross=*/false);
+  const at::Tensor context = detail::paged_attention_block_forward(block, x, cache, step, layer,
+                                                                   attention_options(/*inference=*/true));
+  if (pack_policy().takes(context) && PackedLinear::applies(context, {out_proj->weight}, {out_proj->bias})) {
     return packed_out_->forward(context, {out_proj->weight}, {out_proj->bias});
   }
   return functional::linear(context, out_proj->weight, out_proj->bias);
@@ -251,7 +254,7 @@ CrossKV MultiHeadAttentionImpl::cross_kv(const at::Tensor& context, const at::Te
   if (padding.defined() && padding.size(0) == 1 && context.dim() == 3 && context.size(0) > 1) {
     padding = padding.expand({context.size(0), padding.size(1)});
   }
-  detail::AttentionBlock block = cross_block(*this);
+  detail::AttentionBlock block = this->block(/*cross=*/true);
   return detail::cross_project(block, batch(context), batch(value_context), padding);
 }
 
@@ -259,11 +262,10 @@ at::Tensor MultiHeadAttentionImpl::forward_cross(const at::Tensor& x, const Cros
   check_cross_attention("forward_cross");
   detail::check_input(kMultiHeadAttention, x, options.d_in(), options.context_length(), W_query->weight);
   detail::check_cross_kv(kMultiHeadAttention, kv, x, num_kv_heads(), head_dim());
-  detail::AttentionBlock block = cross_block(*this);
-  const functional::AttentionConfig config{options.scale(),   options.dropout(), is_training(),
-                                           options.backend(), options.softcap(), sinks};
+  detail::AttentionBlock block = this->block(/*cross=*/true);
   const at::Tensor xb = x.dim() == 3 ? x : x.unsqueeze(0);
-  const at::Tensor y = out_proj->forward(detail::cross_attention_block_forward(block, xb, kv, config));
+  const at::Tensor y = out_proj->forward(
+      detail::cross_attention_block_forward(block, xb, kv, attention_options(/*inference=*/false)));
   return x.dim() == 3 ? y : y[0];
 }
 
@@ -279,35 +281,48 @@ at::Tensor MultiHeadAttentionImpl::attend(const at::Tensor& x, const at::Tensor&
     packed_qkv_->clear();  // pack_weights turned off: the copies go
     packed_out_->clear();
   }
-  detail::AttentionBlock block{W_query,
-                               W_key,
-                               W_value,
-                               options.num_heads(),
-                               num_kv_heads(),
-                               options.causal(),
-                               mask,
-                               options.window(),
-                               rotary_.get(),
-                               packed ? packed_qkv_.get() : nullptr,
-                               options.pack_min_rows(),
-                               q_norm.is_empty() ? nullptr : q_norm.get(),
-                               k_norm.is_empty() ? nullptr : k_norm.get(),
-                               !options.qk_norm() || options.qk_norm()->per_head(),
-                               alibi_slopes_};
-  const functional::AttentionConfig config{options.scale(),   options.dropout(), is_training(),
-                                           options.backend(), options.softcap(), sinks};
-  return detail::with_batch_dim(x, key_padding_mask, key_bias,
-                                [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {
-                                  const at::Tensor context = detail::attention_block_forward(block, xb, cache, config,
-                                                                                             mb, bb);
-                                  if (packed && context.numel() >= options.pack_min_rows() * context.size(-1) &&
-                                      PackedLinear::applies(context, {out_proj->weight}, {out_proj->bias})) {
-                                    return packed_out_->forward(context, {out_proj->weight}, {out_proj->bias});
-                                  }
-                                  return cache != nullptr
-                                             ? functional::linear(context, out_proj->weight, out_proj->bias)
-                                             : out_proj->forward(context);
-                                });
+  detail::AttentionBlock block = this->block(/*cross=*/false);
+  const functional::AttentionOptions config = attention_options(/*inference=*/false);
+  return detail::with_batch_dim(
+      x, key_padding_mask, key_bias, [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {
+        const at::Tensor context = detail::attention_block_forward(block, xb, cache, config, mb, bb);
+        if (pack_policy().takes(context) && PackedLinear::applies(context, {out_proj->weight}, {out_proj->bias})) {
+          return packed_out_->forward(context, {out_proj->weight}, {out_proj->bias});
+        }
+        return cache != nullptr ? functional::linear(context, out_proj->weight, out_proj->bias)
+                                : out_proj->forward(context);
+      });
+}
+
+detail::AttentionBlock MultiHeadAttentionImpl::block(bool cross) {
+  return detail::AttentionBlock{
+      .W_query = W_query,
+      .W_key = W_key,
+      .W_value = W_value,
+      .num_heads = options.num_heads(),
+      .num_kv_heads = num_kv_heads(),
+      .causal = !cross && options.causal(),
+      .mask = mask,
+      .window = cross ? std::nullopt : options.window(),
+      .rope = cross ? nullptr : rotary_.get(),
+      .packed_qkv = !cross && options.pack_weights() ? packed_qkv_.get() : nullptr,
+      .pack = pack_policy(),
+      .q_norm = q_norm.is_empty() ? nullptr : q_norm.get(),
+      .k_norm = k_norm.is_empty() ? nullptr : k_norm.get(),
+      .qk_norm_per_head = !options.qk_norm() || options.qk_norm()->per_head(),
+      .alibi_slopes = cross ? at::Tensor() : alibi_slopes_,
+  };
+}
+
+functional::AttentionOptions MultiHeadAttentionImpl::attention_options(bool inference) const {
+  return functional::AttentionOptions{
+      .scale = options.scale(),
+      .dropout = inference ? 0.0 : options.dropout(),
+      .training = !inference && is_training(),
+      .backend = options.backend(),
+      .softcap = options.softcap(),
+      .sinks = sinks,
+  };
 }
 
 }  // namespace torchattn

@@ -2,6 +2,7 @@
 
 #include "block/attention_block.h"
 #include "base/checks.h"
+#include "serialize/checkpoint_options.h"
 #include "serialize/strict_load.h"
 
 #include <cmath>
@@ -34,6 +35,10 @@ void SelfAttentionV2Impl::load(torch::serialize::InputArchive& archive) {
   detail::strict_load(*this, archive, kSelfAttentionV2, detail::archive_path(archive));
 }
 
+CheckpointOptions SelfAttentionV2Impl::checkpoint_options() const {
+  return {{"scale", detail::option_text(options.scale())}};
+}
+
 void SelfAttentionV2Impl::pretty_print(std::ostream& stream) const {
   stream << "torchattn::SelfAttentionV2(d_in=" << options.d_in() << ", d_out=" << options.d_out()
          << ", qkv_bias=" << std::boolalpha << options.qkv_bias() << ", backend=" << options.backend() << ")";
@@ -46,12 +51,20 @@ at::Tensor SelfAttentionV2Impl::forward(const at::Tensor& x, const at::Tensor& k
   detail::check_key_bias(kSelfAttentionV2, key_bias, x);
   detail::check_some_key_kept(kSelfAttentionV2, key_padding_mask);
   const at::Tensor no_mask;
-  detail::AttentionBlock block{W_query, W_key, W_value, /*num_heads=*/0, /*num_kv_heads=*/0, /*causal=*/false, no_mask};
+  detail::AttentionBlock block{.W_query = W_query,
+                               .W_key = W_key,
+                               .W_value = W_value,
+                               .num_heads = 0,
+                               .num_kv_heads = 0,
+                               .causal = false,
+                               .mask = no_mask};
   // The notebook divides by torch.sqrt(torch.tensor(d_out)): a float32 square root,
   // even for float64 inputs. Mirror it so float64 matches the Python code too.
   const double default_scale = 1.0 / static_cast<double>(std::sqrt(static_cast<float>(options.d_out())));
-  const functional::AttentionConfig config{options.scale().value_or(default_scale), /*dropout=*/0.0, is_training(),
-                                           options.backend()};
+  const functional::AttentionOptions config{.scale = options.scale().value_or(default_scale),
+                                            .dropout = 0.0,
+                                            .training = is_training(),
+                                            .backend = options.backend()};
   return detail::with_batch_dim(x, key_padding_mask, key_bias,
                                 [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {
                                   return detail::attention_block_forward(block, xb, nullptr, config, mb, bb);

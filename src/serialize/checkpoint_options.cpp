@@ -1,9 +1,5 @@
 #include "serialize/checkpoint_options.h"
 
-#include <torchattn/causal_attention.h>
-#include <torchattn/multi_head_attention.h>
-#include <torchattn/self_attention_v2.h>
-
 #include <c10/util/Exception.h>
 
 #include <iomanip>
@@ -13,30 +9,6 @@
 namespace torchattn::detail {
 
 namespace {
-
-std::string text(int64_t v) { return std::to_string(v); }
-
-std::string text(const std::optional<int64_t>& v) { return v ? std::to_string(*v) : "none"; }
-
-std::string text(bool v) { return v ? "true" : "false"; }
-
-std::string text(double v) {
-  std::ostringstream s;
-  s << std::setprecision(17) << v;
-  return s.str();
-}
-
-std::string text(const std::optional<double>& v) { return v ? text(*v) : "default"; }
-
-// causal, window and rope, as the modules that have them record them.
-void add_attention_options(OptionValues& out, bool causal, const std::optional<int64_t>& window,
-                           const std::optional<RoPEOptions>& rope) {
-  out.emplace_back("causal", text(causal));
-  out.emplace_back("window", text(window));
-  out.emplace_back("rope_theta", rope ? text(rope->theta()) : "none");
-  out.emplace_back("rope_interleaved", rope ? text(rope->interleaved()) : "none");
-  out.emplace_back("rope_rotary_dim", rope ? text(rope->rotary_dim()) : "none");
-}
 
 std::map<std::string, std::string> decode(const char* fn, const std::string& path, const std::string& saved) {
   std::map<std::string, std::string> out;
@@ -53,34 +25,23 @@ std::map<std::string, std::string> decode(const char* fn, const std::string& pat
 
 }  // namespace
 
+std::string option_text(int64_t v) { return std::to_string(v); }
+
+std::string option_text(const std::optional<int64_t>& v) { return v ? std::to_string(*v) : "none"; }
+
+std::string option_text(bool v) { return v ? "true" : "false"; }
+
+std::string option_text(double v) {
+  std::ostringstream s;
+  s << std::setprecision(17) << v;
+  return s.str();
+}
+
+std::string option_text(const std::optional<double>& v) { return v ? option_text(*v) : "default"; }
+
 std::optional<OptionValues> checkpoint_options(const torch::nn::Module& module) {
-  if (const auto* m = dynamic_cast<const MultiHeadAttentionImpl*>(&module)) {
-    const auto& o = m->options;
-    OptionValues out{{"num_heads", text(o.num_heads())},
-                     {"num_kv_heads", text(m->num_kv_heads())},
-                     {"head_dim", text(m->head_dim())},
-                     {"qk_norm", !o.qk_norm()              ? "none"
-                                 : o.qk_norm()->per_head() ? "per_head"
-                                                           : "all_heads"},
-                     {"qk_norm_eps", o.qk_norm() ? text(o.qk_norm()->eps()) : "none"},
-                     {"alibi", text(o.alibi())},
-                     {"softcap", o.softcap() ? text(*o.softcap()) : "none"},
-                     {"sinks", text(o.sinks())},
-                     {"scale", text(o.scale())},
-                     // The context's widths for cross-attention (d_in where not set).
-                     {"kdim", text(o.kdim().value_or(o.d_in()))},
-                     {"vdim", text(o.vdim().value_or(o.d_in()))}};
-    add_attention_options(out, o.causal(), o.window(), o.rope());
-    return out;
-  }
-  if (const auto* m = dynamic_cast<const CausalAttentionImpl*>(&module)) {
-    const auto& o = m->options;
-    OptionValues out{{"scale", text(o.scale())}};
-    add_attention_options(out, o.causal(), o.window(), o.rope());
-    return out;
-  }
-  if (const auto* m = dynamic_cast<const SelfAttentionV2Impl*>(&module)) {
-    return OptionValues{{"scale", text(m->options.scale())}};
+  if (const auto* facts = dynamic_cast<const CheckpointFacts*>(&module)) {
+    return facts->checkpoint_options();
   }
   return std::nullopt;
 }
@@ -88,7 +49,7 @@ std::optional<OptionValues> checkpoint_options(const torch::nn::Module& module) 
 std::string encode_options(const OptionValues& options) {
   std::string out;
   for (const auto& [name, value] : options) {
-    out += (out.empty() ? "" : ";") + name + "=" + value;
+    out.append(out.empty() ? "" : ";").append(name).append("=").append(value);
   }
   return out;
 }
@@ -109,25 +70,13 @@ void check_saved_options(const char* fn, const std::string& path, const std::str
 }
 
 int64_t implied_causal_mask(const torch::nn::Module& module) {
-  if (const auto* m = dynamic_cast<const CausalAttentionImpl*>(&module);
-      m != nullptr && m->options.causal() && !m->options.mask_buffer()) {
-    return m->options.context_length();
-  }
-  if (const auto* m = dynamic_cast<const MultiHeadAttentionImpl*>(&module);
-      m != nullptr && m->options.causal() && !m->options.mask_buffer()) {
-    return m->options.context_length();
-  }
-  return 0;
+  const auto* facts = dynamic_cast<const CheckpointFacts*>(&module);
+  return facts != nullptr ? facts->implied_causal_mask() : 0;
 }
 
 std::string shape_hint(const torch::nn::Module& module, const std::string& key) {
-  const auto* m = dynamic_cast<const MultiHeadAttentionImpl*>(&module);
-  if (m == nullptr || !(key.starts_with("W_key.") || key.starts_with("W_value."))) {
-    return "";
-  }
-  return " (" + key.substr(0, key.find('.')) +
-         " projects to num_kv_heads * head_dim = " + std::to_string(m->num_kv_heads()) + " * " +
-         std::to_string(m->head_dim()) + " features)";
+  const auto* facts = dynamic_cast<const CheckpointFacts*>(&module);
+  return facts != nullptr ? facts->shape_hint(key) : "";
 }
 
 }  // namespace torchattn::detail

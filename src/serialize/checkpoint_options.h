@@ -5,6 +5,8 @@
 // tensors, and loading checks them: a 4-head checkpoint has the tensor shapes of an
 // 8-head module, and would otherwise load into it without a word.
 
+#include <torchattn/checkpoint_facts.h>
+
 #include <torch/nn/module.h>
 
 #include <optional>
@@ -19,10 +21,17 @@ namespace torchattn::detail {
 inline constexpr const char* kOptionsKey = "torchattn_options";
 inline constexpr const char* kStateDictOptionsKey = "_torchattn_options";
 
-/// name -> value as text (doubles with 17 significant digits: exact).
-using OptionValues = std::vector<std::pair<std::string, std::string>>;
+using OptionValues = CheckpointOptions;
 
-/// The options of `module` if it is one of torchattn's modules, else nullopt.
+/// An option's value as checkpoints write it: integers in decimal, "none" for an
+/// unset optional, doubles with 17 significant digits ("default" when unset).
+std::string option_text(int64_t v);
+std::string option_text(const std::optional<int64_t>& v);
+std::string option_text(bool v);
+std::string option_text(double v);
+std::string option_text(const std::optional<double>& v);
+
+/// The options of `module` if it says them (CheckpointFacts), else nullopt.
 std::optional<OptionValues> checkpoint_options(const torch::nn::Module& module);
 
 std::string encode_options(const OptionValues& options);
@@ -33,12 +42,10 @@ std::string encode_options(const OptionValues& options);
 void check_saved_options(const char* fn, const std::string& path, const std::string& saved,
                          const OptionValues& module_options);
 
-/// The context length whose causal mask `module` applies without a buffer
-/// (a causal CausalAttention or MultiHeadAttention with mask_buffer(false)), or 0.
+/// CheckpointFacts::implied_causal_mask of `module`, or 0.
 int64_t implied_causal_mask(const torch::nn::Module& module);
 
-/// What explains the shape of `module`'s tensor `key` (its name inside the module),
-/// for errors: " (W_key projects to num_kv_heads * head_dim = 3 * 64 features)", or "".
+/// CheckpointFacts::shape_hint of `module` for its tensor `key`, or "".
 std::string shape_hint(const torch::nn::Module& module, const std::string& key);
 
 }  // namespace torchattn::detail

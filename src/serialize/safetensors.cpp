@@ -199,7 +199,7 @@ std::vector<Entry> read_header(const std::string& file, const char* header, size
 }
 
 // The tensors of one file's bytes; `owner` keeps the bytes alive (null: the caller does).
-NamedTensors tensors_of(const uint8_t* data, size_t size, const std::string& file, std::shared_ptr<void> owner) {
+NamedTensors tensors_of(const uint8_t* data, size_t size, const std::string& file, const std::shared_ptr<void>& owner) {
   TORCH_CHECK(size >= 8, "safetensors: '", file, "' is truncated: ", size,
               " bytes, less than the 8-byte header length");
   const uint64_t length = read_u64_le(data);
@@ -285,8 +285,7 @@ NamedTensors parse_safetensors(const uint8_t* data, size_t size, const std::stri
 }
 
 NamedTensors load_safetensors(const std::string& path) {
-  const std::string suffix = ".index.json";
-  if (path.size() >= suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0) {
+  if (path.ends_with(".index.json")) {
     return load_index(path);
   }
   return load_file(path);

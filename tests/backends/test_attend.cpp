@@ -28,7 +28,7 @@ TEST_P(Numerics, LargeScoresStayFiniteAndMatchFloat32) {
   auto k = torch::tensor({100.f, 0.f, -100.f, 0.f, 0.f, -100.f, 60.f, 40.f}).view({1, 1, 4, 2});
   auto v = torch::randn({1, 1, 4, 3});
   auto mask = F::causal_mask_buffer(4);
-  const F::AttentionConfig cfg{1.0, 0.0, false, backend};
+  const F::AttentionOptions cfg{1.0, 0.0, false, backend};
   auto ref = F::attention(q, k, v, mask, 0, cfg);
   auto got = F::attention(q.to(dtype), k.to(dtype), v.to(dtype), mask.to(dtype), 0, cfg);
   ASSERT_TRUE(torch::isfinite(ref).all().item<bool>());
@@ -42,5 +42,20 @@ TEST_P(Numerics, LargeScoresStayFiniteAndMatchFloat32) {
 INSTANTIATE_TEST_SUITE_P(Half, Numerics,
                          ::testing::Combine(::testing::Values(torch::kFloat16, torch::kBFloat16, torch::kFloat32),
                                             ::testing::Values(Backend::Reference, Backend::SDPA)));
+
+// functional::AttentionConfig, the earlier name of AttentionOptions, still compiles
+// (deprecated for one release) and means the same.
+TEST(AttentionOptions, TheEarlierNameStillWorks) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  const torchattn::functional::AttentionConfig old{.scale = 0.5, .backend = Backend::Reference};
+#pragma GCC diagnostic pop
+  const torchattn::functional::AttentionOptions now = old;
+  EXPECT_EQ(now.scale, 0.5);
+  EXPECT_EQ(now.backend, Backend::Reference);
+  EXPECT_EQ(torchattn::functional::resolve_backend(now), Backend::Reference);
+  EXPECT_EQ(torchattn::functional::resolve_backend({.dropout = 0.1, .training = true}), Backend::Reference);
+  EXPECT_EQ(torchattn::functional::resolve_backend({.dropout = 0.1, .training = false}), Backend::SDPA);
+}
 
 }  // namespace

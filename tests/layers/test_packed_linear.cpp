@@ -171,4 +171,23 @@ TEST(PackedLinear, MultiHeadAttentionPackWeightsMatchesTheUnpackedModule) {
   EXPECT_NE(printed.str().find("pack_weights=true"), std::string::npos) << printed.str();
 }
 
+// The rule "packing on and at least min_rows rows" that the modules, the decoder
+// layers and CausalLM share, and the module's policy from its options.
+TEST(PackPolicy, TakesRowsFromMinRowsUpOnlyWhenOn) {
+  const torchattn::PackPolicy off{.on = false, .min_rows = 1};
+  const torchattn::PackPolicy two{.on = true, .min_rows = 2};
+  EXPECT_EQ(torchattn::PackPolicy::rows(torch::zeros({3, 4, 8})), 12);
+  EXPECT_EQ(torchattn::PackPolicy::rows(torch::zeros({5, 0})), 0);
+  EXPECT_FALSE(off.takes(torch::zeros({16, 8})));
+  EXPECT_FALSE(two.takes(torch::zeros({1, 8})));
+  EXPECT_TRUE(two.takes(torch::zeros({2, 8})));
+  EXPECT_TRUE(two.takes(torch::zeros({1, 2, 8})));
+  EXPECT_FALSE(two.takes(torch::zeros({1, 1, 8})));
+  torchattn::MultiHeadAttention m(torchattn::MultiHeadAttentionOptions(8, 8, 4, 2).pack_weights(true).pack_min_rows(3));
+  EXPECT_TRUE(m->pack_policy().on);
+  EXPECT_EQ(m->pack_policy().min_rows, 3);
+  m->options.pack_weights(false);
+  EXPECT_FALSE(m->pack_policy().on);
+}
+
 }  // namespace

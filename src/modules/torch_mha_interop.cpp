@@ -189,6 +189,7 @@ NamedTensors state_dict_of(const MultiHeadAttentionImpl& mha, const char* fn) {
   NamedTensors out;
   for (const Slot& slot : slots(mha)) {
     std::vector<at::Tensor> parts;
+    parts.reserve(slot.parts.size());
     for (const at::Tensor& p : slot.parts) parts.push_back(p.detach());
     out.emplace_back(slot.key, parts.size() == 1 ? parts.front().clone() : at::cat(parts, 0));
   }
