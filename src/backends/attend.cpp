@@ -4,11 +4,11 @@
 // backends/sdpa.h).
 
 #include "backends/blocked.h"
+#include "backends/grouped_heads.h"
 #include "backends/reference.h"
 #include "backends/sdpa.h"
 #include "base/checks.h"
 #include "backends/attend.h"
-#include "kernels/cpu/decode_attention.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/softmax.h>
@@ -22,54 +22,6 @@
 namespace torchattn {
 
 namespace {
-
-double dropout_p(const functional::AttentionOptions& config) { return config.training ? config.dropout : 0.0; }
-
-// Grouped-query attention: q has H heads, k and v Hkv, H a multiple of Hkv.
-int64_t query_groups(const at::Tensor& q, const at::Tensor& k) { return q.dim() == 4 ? q.size(1) / k.size(1) : 1; }
-
-// [B, Hkv, T, d] -> [B, Hkv * G, T, d]: each key/value head repeated for the G query
-// heads that share it (transformers' repeat_kv).
-at::Tensor repeat_kv(const at::Tensor& t, int64_t G) {
-  if (G == 1) {
-    return t;
-  }
-  const int64_t B = t.size(0), Hkv = t.size(1), T = t.size(2), d = t.size(3);
-  return t.unsqueeze(2).expand({B, Hkv, G, T, d}).reshape({B, Hkv * G, T, d});
-}
-
-// The SDPA backend: Backend::SDPA is ATen's own choice of kernel; Auto never takes
-// cuDNN (its per-shape plans, and its known troubles inside CUDA-graph capture with
-// masks and long keys, which is what a static-shape decoding step is). `mask` has a
-// query dimension of Tq or 1 and a head dimension of 1.
-//
-// Grouped queries: a single query per head (decoding) folds its G heads into G
-// rows over their shared key/value head, [B, H, 1, d] -> [B, Hkv, G, d], so each
-// key and value is read once per group; more queries use ATen's enable_gqa.
-at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
-                bool is_causal, const functional::AttentionOptions& config) {
-  // A decoding step on the CPU (a few query rows, no gradient): torchattn's kernel,
-  // which opens no parallel region for small work (kernels/cpu/decode_attention.h).
-  // A mask of its own per head (ALiBi) neither folds grouped heads nor fits the kernel.
-  const bool per_head_mask = mask && mask->dim() == 4 && mask->size(1) > 1;
-  if (config.backend == Backend::Auto && !is_causal && dropout_p(config) == 0.0 && !per_head_mask) {
-    const at::Tensor m = mask ? *mask : at::Tensor();
-    if (kernels::cpu::decode_attention_applies(q, k, v, m)) {
-      const double scale = config.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
-      return kernels::cpu::decode_attention(q, k, v, m, scale);
-    }
-  }
-  const bool allow_cudnn = config.backend == Backend::SDPA;
-  const int64_t G = query_groups(q, k);
-  if (G > 1 && q.size(-2) == 1 && !is_causal && !per_head_mask) {
-    const int64_t B = q.size(0), H = q.size(1);
-    const at::Tensor folded = q.reshape({B, H / G, G, q.size(-1)});
-    return detail::fused_attention(folded, k, v, mask, dropout_p(config), false, config.scale, allow_cudnn)
-        .reshape({B, H, 1, v.size(-1)});
-  }
-  return detail::fused_attention(q, k, v, mask, dropout_p(config), is_causal, config.scale, allow_cudnn,
-                                 /*enable_gqa=*/G > 1);
-}
 
 // [B or 1, Tk] -> [B or 1, 1, ..., 1, Tk]: broadcasts over heads and queries of q.
 at::Tensor per_key(const at::Tensor& m, const at::Tensor& q) {
@@ -107,14 +59,15 @@ at::Tensor key_masked_attention(const at::Tensor& q, const at::Tensor& k, const 
 
   at::Tensor out;
   if (detail::resolve_backend(config) == Backend::Reference) {
-    const int64_t G = query_groups(q, k);
-    out = detail::reference_attention(q, repeat_kv(k, G), repeat_kv(v, G), hide, bias, config.scale, dropout_p(config));
+    const int64_t G = detail::query_groups(q, k);
+    out = detail::reference_attention(q, detail::repeat_kv(k, G), detail::repeat_kv(v, G), hide, bias, config.scale,
+                                      detail::dropout_p(config));
   } else {
     at::Tensor mask = at::zeros(hide.sizes(), q.options()).masked_fill_(hide, -std::numeric_limits<double>::infinity());
     if (bias.defined()) {
       mask = mask + bias;
     }
-    out = sdpa(q, k, v, mask, /*is_causal=*/false, config);
+    out = detail::sdpa_attention(q, k, v, mask, /*is_causal=*/false, config);
   }
   return out.masked_fill(dead, 0);
 }
@@ -161,8 +114,8 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   }
   if (spec.is_static() || spec.window) {
     const at::Tensor hide = hidden_keys(spec, Tq, Tk, q.device());
-    return sdpa(q, k, v, hide.defined() ? std::optional<at::Tensor>(hide.logical_not()) : std::nullopt,
-                /*is_causal=*/false, config);
+    return sdpa_attention(q, k, v, hide.defined() ? std::optional<at::Tensor>(hide.logical_not()) : std::nullopt,
+                          /*is_causal=*/false, config);
   }
   // SDPA's is_causal aligns top-left, which is our mask only when Tq == Tk. A single
   // new token sees every cached key, so it needs no mask. Other cached chunks pass
@@ -176,7 +129,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       keep = hidden_keys(spec, Tq, Tk, q.device()).logical_not();
     }
   }
-  return sdpa(q, k, v, keep, is_causal, config);
+  return sdpa_attention(q, k, v, keep, is_causal, config);
 }
 
 }  // namespace detail

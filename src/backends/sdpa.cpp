@@ -1,5 +1,8 @@
 #include "backends/sdpa.h"
 
+#include "backends/grouped_heads.h"
+#include "kernels/cpu/decode_attention.h"
+
 #include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/ops/_fused_sdp_choice.h>
@@ -115,6 +118,41 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k_in, const at
       break;
   }
   return at::scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+}
+
+
+// The SDPA backend: Backend::SDPA is ATen's own choice of kernel; Auto never takes
+// cuDNN (its per-shape plans, and its known troubles inside CUDA-graph capture with
+// masks and long keys, which is what a static-shape decoding step is). `mask` has a
+// query dimension of Tq or 1 and a head dimension of 1.
+//
+// Grouped queries: a single query per head (decoding) folds its G heads into G
+// rows over their shared key/value head, [B, H, 1, d] -> [B, Hkv, G, d], so each
+// key and value is read once per group; more queries use ATen's enable_gqa.
+at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const std::optional<at::Tensor>& mask, bool is_causal,
+                          const functional::AttentionOptions& config) {
+  // A decoding step on the CPU (a few query rows, no gradient): torchattn's kernel,
+  // which opens no parallel region for small work (kernels/cpu/decode_attention.h).
+  // A mask of its own per head (ALiBi) neither folds grouped heads nor fits the kernel.
+  const bool per_head_mask = mask && mask->dim() == 4 && mask->size(1) > 1;
+  if (config.backend == Backend::Auto && !is_causal && dropout_p(config) == 0.0 && !per_head_mask) {
+    const at::Tensor m = mask ? *mask : at::Tensor();
+    if (kernels::cpu::decode_attention_applies(q, k, v, m)) {
+      const double scale = config.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+      return kernels::cpu::decode_attention(q, k, v, m, scale);
+    }
+  }
+  const bool allow_cudnn = config.backend == Backend::SDPA;
+  const int64_t G = query_groups(q, k);
+  if (G > 1 && q.size(-2) == 1 && !is_causal && !per_head_mask) {
+    const int64_t B = q.size(0), H = q.size(1);
+    const at::Tensor folded = q.reshape({B, H / G, G, q.size(-1)});
+    return fused_attention(folded, k, v, mask, dropout_p(config), false, config.scale, allow_cudnn)
+        .reshape({B, H, 1, v.size(-1)});
+  }
+  return fused_attention(q, k, v, mask, dropout_p(config), is_causal, config.scale, allow_cudnn,
+                         /*enable_gqa=*/G > 1);
 }
 
 }  // namespace torchattn::detail

@@ -10,6 +10,8 @@
 // Nothing process-wide is changed: the choice is made per call, and kernels the
 // user switched off (at::globalContext().setSDPUseFlash(false), ...) are respected.
 
+#include <torchattn/attention_options.h>
+
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 
@@ -61,5 +63,14 @@ at::Tensor efficient_bias(const at::Tensor& attn_mask, const at::Tensor& q, int6
 at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                            std::optional<double> scale, bool allow_cudnn, bool enable_gqa = false);
+
+/// The SDPA backend (Backend::SDPA and Auto): a decoding step on the CPU through
+/// torchattn's decode kernel (kernels/cpu/decode_attention.h), a single query per head
+/// of grouped heads folded over its key/value head, else fused_attention. `mask` as
+/// fused_attention's attn_mask, with a head dimension of 1 (or H: ALiBi).
+/// Returns [B, H, Tq, dv].
+at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const std::optional<at::Tensor>& mask, bool is_causal,
+                          const functional::AttentionOptions& config);
 
 }  // namespace torchattn::detail
