@@ -32,7 +32,7 @@ using K::Isa;
 
 // The CPU's flags as Linux lists them ("flags : fpu vme ... avx2 ..."); empty where
 // there is no /proc/cpuinfo.
-std::set<std::string> cpuinfo_flags() {
+[[maybe_unused]] std::set<std::string> cpuinfo_flags() {
   std::ifstream in("/proc/cpuinfo");
   std::string line;
   while (std::getline(in, line)) {
@@ -54,7 +54,7 @@ TEST(CpuFeatures, TheChosenIsaIsTheWidestTheCpuFlagsAllow) {
   EXPECT_EQ(isas.size(), static_cast<size_t>(K::best_isa()) + 1);
   EXPECT_EQ(K::paged_isas(), isas);
   EXPECT_EQ(K::vec_isa(), std::min(K::best_isa(), Isa::Avx2));
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(TORCHATTN_SIMD_X86)
   const auto flags = cpuinfo_flags();
   if (flags.empty()) GTEST_SKIP() << "no /proc/cpuinfo to compare with";
   const bool avx2 = flags.count("avx2") && flags.count("fma");

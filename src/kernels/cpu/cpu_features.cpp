@@ -5,7 +5,7 @@ namespace torchattn::kernels::cpu {
 namespace {
 
 Isa read_best_isa() {
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(TORCHATTN_SIMD_X86)
   __builtin_cpu_init();
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (avx2 && __builtin_cpu_supports("avx512f")) return Isa::Avx512;

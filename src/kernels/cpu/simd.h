@@ -30,8 +30,7 @@
 #include <limits>
 #include <utility>
 
-#if defined(__x86_64__) || defined(__i386__)
-#define TORCHATTN_SIMD_X86 1
+#if defined(TORCHATTN_SIMD_X86)
 #include <immintrin.h>
 #endif
 
