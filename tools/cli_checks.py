@@ -66,7 +66,8 @@ def main():
             (["--model", empty, "--top-p", "1.5"], "--top-p"),
             (["--model", empty, "--greedy", "--temperature", "0.7"], "--greedy"),
             (["--model", empty, "--prompt", "a", "--prompt-ids", "1"], "--prompt"),
-            (["--model", empty, "--dtype", "int8"], "--dtype")],
+            (["--model", empty, "--dtype", "int4"], "--dtype"),
+            (["--model", empty, "--device", "cuda", "--dtype", "int8"], "--dtype int8: int8 weights run on the CPU only")],
         app("embed", "torchattn_embed"): [
             ([], "--model"), (["--model", empty, "--batch-size", "0"], "--batch-size"),
             (["--model", empty, "--format", "csv"], "--format")],

@@ -4,8 +4,11 @@
 // held against). apps/generate/bench_transformers.py measures transformers the same
 // way; apps/bench/report_generate.py sets them side by side.
 //
-//   torchattn_generate_bench --model DIR [--threads 2] [--json out.json] [--quick]
-//   torchattn_generate_bench --model DIR --decode-only [--threads N] [--json out.json]
+//   torchattn_generate_bench --model DIR [--threads 2] [--dtype float32|bfloat16|int8]
+//                            [--json out.json] [--quick]
+//   torchattn_generate_bench --model DIR --decode-only [--threads N] [--dtype ...] [--json out.json]
+//
+// --dtype: the weights' format (torchattn::WeightFormat; float32 activations).
 //
 // --decode-only measures decoding tokens/s alone (apps/bench/run.sh runs it on an idle
 // machine and with one core kept busy by another process, at 2 threads and at 1).
@@ -55,11 +58,13 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   CLI::App app{"SmolLM2 on torchattn: peak RSS, prefill, decoding and the memory bound"};
-  std::string model_dir, json_path;
+  std::string model_dir, json_path, dtype_name = "float32";
   int threads = 2;
   bool quick = false, decode_only = false;
   app.add_option("--model", model_dir, "a Hugging Face model folder")->required()->check(CLI::ExistingDirectory);
   app.add_option("--threads", threads, "intra-op threads");
+  app.add_option("--dtype", dtype_name, "the weights' format: float32, bfloat16 or int8")
+      ->check(CLI::IsMember({"float32", "bfloat16", "int8"}));
   app.add_option("--json", json_path, "write the results here as JSON");
   app.add_flag("--quick", quick, "a smoke run");
   app.add_flag("--decode-only", decode_only, "measure decoding tokens/s only");
@@ -76,10 +81,11 @@ int main(int argc, char** argv) {
   torchattn::models::CausalLM model(config, prompt_len + new_tokens);
   const auto weights = torchattn::load_safetensors((dir / "model.safetensors").string());
   torchattn::models::load_weights(*model, weights, model->hf_weights());
+  const auto format = torchattn::weight_format_from_string(dtype_name);
+  if (format != torchattn::WeightFormat::Float32) model->freeze_weights(format);
   keep_freed_memory_for_reuse();
   const double load_s = seconds(t0);
-  int64_t weight_bytes = 0;
-  for (const auto& p : model->parameters()) weight_bytes += p.numel() * p.element_size();
+  const int64_t weight_bytes = model->weight_bytes();
   auto ids = at::randint(100, config.vocab_size - 100, {prompt_len}, at::kLong);
   std::vector<int64_t> prompt(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + prompt_len);
   std::vector<double> decode_tps, first_prefill;
@@ -91,22 +97,23 @@ int main(int argc, char** argv) {
     first_prefill.push_back(result.prefill_seconds);
   }
   if (decode_only) {
-    fmt::print("torchattn_generate_bench: decoding {} tokens, {} threads: {:.1f} tokens/s (median of {})\n", new_tokens,
-               at::get_num_threads(), median(decode_tps), decode_tps.size());
+    fmt::print("torchattn_generate_bench: decoding {} tokens, {} weights, {} threads: {:.1f} tokens/s (median of {})\n",
+               new_tokens, dtype_name, at::get_num_threads(), median(decode_tps), decode_tps.size());
     if (!json_path.empty()) {
       std::string runs;
       for (const double r : decode_tps) runs += fmt::format("{}{:.3f}", runs.empty() ? "" : ", ", r);
-      std::ofstream(json_path) << fmt::format("{{\"threads\": {}, \"new_tokens\": {}, \"decode_tokens_per_s\": {:.3f}, "
-                                              "\"runs\": [{}]}}\n",
-                                              at::get_num_threads(), new_tokens, median(decode_tps), runs);
+      std::ofstream(json_path) << fmt::format("{{\"threads\": {}, \"dtype\": \"{}\", \"new_tokens\": {}, "
+                                              "\"decode_tokens_per_s\": {:.3f}, \"runs\": [{}]}}\n",
+                                              at::get_num_threads(), dtype_name, new_tokens, median(decode_tps), runs);
     }
     return 0;
   }
-  const double peak_rss_mib = status_kb("VmHWM:") / 1024.0;
-  fmt::print("torchattn_generate_bench: {} ({} parameters, {:.0f} MB of {}), {} threads\n", dir.filename().string(),
-             weight_bytes / 4, weight_bytes / 1e6, "float32", at::get_num_threads());
-  fmt::print("  load {:.2f} s; peak RSS after loading and generating {:.0f} MiB ({:.2f}x the weights)\n", load_s,
-             peak_rss_mib, peak_rss_mib * (1 << 20) / weight_bytes);
+  const double peak_rss_mib = status_kb("VmHWM:") / 1024.0, rss_mib = status_kb("VmRSS:") / 1024.0;
+  fmt::print("torchattn_generate_bench: {} ({:.0f} MB of {} weights), {} threads\n", dir.filename().string(),
+             weight_bytes / 1e6, dtype_name, at::get_num_threads());
+  fmt::print(
+      "  load {:.2f} s; peak RSS after loading and generating {:.0f} MiB ({:.2f}x the weights), RSS then {:.0f} MiB\n",
+      load_s, peak_rss_mib, peak_rss_mib * (1 << 20) / weight_bytes, rss_mib);
   fmt::print("  decode: {} tokens after a {}-token prompt: {:.1f} tokens/s (median of {})\n", new_tokens, prompt_len,
              median(decode_tps), decode_tps.size());
 
@@ -116,6 +123,7 @@ int main(int argc, char** argv) {
   {
     torchattn::models::CausalLM model(config, long_prompt);
     torchattn::models::load_weights(*model, weights, model->hf_weights());
+    if (format != torchattn::WeightFormat::Float32) model->freeze_weights(format);
     c10::InferenceMode inference;
     const auto long_ids = at::randint(100, config.vocab_size - 100, {1, long_prompt}, at::kLong);
     for (int r = 0; r < (quick ? 2 : 6); ++r) {
@@ -146,12 +154,12 @@ int main(int argc, char** argv) {
 
   if (!json_path.empty()) {
     std::ofstream(json_path) << fmt::format(
-        "{{\"tool\": \"torchattn_generate_bench\", \"model\": \"{}\", \"threads\": {}, \"weight_bytes\": {}, "
-        "\"load_s\": {:.4f}, \"peak_rss_mib\": {:.1f}, \"prompt\": {}, \"new_tokens\": {}, \"decode_tokens_per_s\": {:.3f}, "
+        "{{\"tool\": \"torchattn_generate_bench\", \"model\": \"{}\", \"threads\": {}, \"dtype\": \"{}\", "
+        "\"weight_bytes\": {}, \"load_s\": {:.4f}, \"peak_rss_mib\": {:.1f}, \"rss_mib\": {:.1f}, \"prompt\": {}, \"new_tokens\": {}, \"decode_tokens_per_s\": {:.3f}, "
         "\"first_prefill_s\": {:.4f}, \"long_prompt\": {}, \"prefill_s\": {:.4f}, \"bandwidth_gbps\": {:.2f}, "
         "\"decode_bound_tokens_per_s\": {:.2f}}}\n",
-        dir.filename().string(), at::get_num_threads(), weight_bytes, load_s, peak_rss_mib, prompt_len, new_tokens,
-        median(decode_tps), median(first_prefill), long_prompt, median(prefill), gbps, bound);
+        dir.filename().string(), at::get_num_threads(), dtype_name, weight_bytes, load_s, peak_rss_mib, rss_mib,
+        prompt_len, new_tokens, median(decode_tps), median(first_prefill), long_prompt, median(prefill), gbps, bound);
     fmt::print("wrote {}\n", json_path);
   }
   return 0;

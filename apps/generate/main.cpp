@@ -4,7 +4,10 @@
 //
 //   torchattn_generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-new-tokens N]
 //                      [--greedy | --temperature T --top-k K --top-p P --seed S] [--chat]
-//                      [--device cpu|cuda] [--dtype float32|bfloat16] [--print-ids]
+//                      [--device cpu|cuda] [--dtype float32|bfloat16|int8] [--print-ids]
+//
+// --dtype on the CPU is the weights' format (torchattn::WeightFormat: bfloat16 or int8
+// weights, float32 activations and sums); on cuda the model's dtype (int8: an error).
 
 #include "cli_checks.h"
 #include "fmt.h"
@@ -63,11 +66,17 @@ int main(int argc, char** argv) {
   greedy_flag->excludes(temperature)->excludes(top_k)->excludes(top_p);
   app.add_flag("--chat", chat, "wrap the prompt in the model's <|im_start|> chat template");
   app.add_option("--device", device_name, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--dtype", dtype_name, "float32 or bfloat16")->check(CLI::IsMember({"float32", "bfloat16"}));
+  app.add_option("--dtype", dtype_name,
+                 "float32, bfloat16 or int8: on the CPU the weights' format (float32 activations), on cuda the "
+                 "model's dtype (float32 or bfloat16)")
+      ->check(CLI::IsMember({"float32", "bfloat16", "int8"}));
   app.add_flag("--print-ids", print_ids, "print the generated ids on a line after the text");
   CLI11_PARSE(app, argc, argv);
 
   try {
+    if (device_name == "cuda" && dtype_name == "int8") {
+      throw std::runtime_error("--dtype int8: int8 weights run on the CPU only; on cuda use --dtype bfloat16");
+    }
     if (text->count() == 0 && ids_opt->count() == 0)
       throw std::runtime_error("give --prompt TEXT or --prompt-ids 1,2,3");
     options.max_new_tokens(max_new_tokens).temperature(temperature_value).top_k(top_k_value).top_p(top_p_value);
@@ -137,8 +146,10 @@ int main(int argc, char** argv) {
       throw std::runtime_error(std::string("--model: ") + e.what_without_backtrace());
     }
     keep_freed_memory_for_reuse();
-    if (dtype_name == "bfloat16" || device_name == "cuda") {
+    if (device_name == "cuda") {
       model->to(torch::Device(device_name), dtype_name == "bfloat16" ? torch::kBFloat16 : torch::kFloat32);
+    } else if (dtype_name != "float32") {
+      model->freeze_weights(torchattn::weight_format_from_string(dtype_name));
     }
     const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 

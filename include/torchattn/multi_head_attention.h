@@ -108,6 +108,11 @@ struct MultiHeadAttentionOptions {
   /// With pack_weights: the fewest rows (tokens in a call, over the batch) that take the
   /// packed products. >= 1. Default: 1, every call (2 leaves single decoding steps out).
   TORCH_ARG(int64_t, pack_min_rows) = 1;
+  /// With pack_weights: how the packed copies store the weights (see WeightFormat):
+  /// bfloat16 or int8 read 2 or 1 bytes a weight, for their rounding (docs/models.md).
+  /// Only CPU inference takes the copies: with a gradient to compute, or on another
+  /// device, the float32 weights run (and train) as without packing. Default: Float32.
+  TORCH_ARG(WeightFormat, weight_format) = WeightFormat::Float32;
 };
 
 /// Multi-head causal self-attention (notebook 003's `MultiHeadAttention`).
@@ -138,6 +143,17 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   /// saved option that differs (such as num_heads) is a c10::Error naming the key, and
   /// the module is left unchanged. See docs/checkpoints.md.
   void load(torch::serialize::InputArchive& archive) override;
+
+  /// For inference only, in less memory: packs the projections now in
+  /// options.weight_format() (bfloat16 or int8; pack_weights turns on) and frees the
+  /// float32 weights of W_query, W_key, W_value and out_proj (each keeps its shape as
+  /// a stride-0 view of one zero). Afterwards a forward with a gradient to compute,
+  /// cross-attention, save and load are errors. Needs kdim and vdim equal to d_in.
+  void freeze_weights();
+  /// Bytes of the packed copies (pack_weights, freeze_weights); 0 while none is made.
+  int64_t packed_bytes() const { return packed_qkv_->packed_bytes() + packed_out_->packed_bytes(); }
+  /// Whether freeze_weights ran.
+  bool frozen() const { return packed_qkv_ && packed_qkv_->frozen(); }
 
   /// options.pack_weights() and pack_min_rows() as one PackPolicy.
   PackPolicy pack_policy() const { return {.on = options.pack_weights(), .min_rows = options.pack_min_rows()}; }
@@ -243,6 +259,11 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   // products) and the attention options (inference: no dropout).
   detail::AttentionBlock block(bool cross);
   functional::AttentionOptions attention_options(bool inference) const;
+  // The packed copies follow options: dropped when pack_weights is off, made anew in
+  // another weight_format (not once frozen).
+  void sync_packed();
+  // Refuses `what` (save, load, cross-attention) once frozen.
+  void check_not_frozen(const char* what) const;
   // Identifies this module's caches (a new id at every reset(), so clones differ).
   uint64_t cache_owner_ = 0;
   // The RoPE cos/sin tables per device, or null without rope.

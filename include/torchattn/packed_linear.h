@@ -1,5 +1,7 @@
 #pragma once
 
+#include <torchattn/weight_format.h>
+
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 
@@ -24,9 +26,15 @@ namespace torchattn {
 /// again when a weight or bias is another tensor or was written in place (its version
 /// counter); a write to an inference tensor is not seen: call clear() after one.
 /// Thread-safe: one PackedLinear may serve concurrent forwards.
+///
+/// With a WeightFormat other than Float32 the copy is bfloat16 or int8 (see
+/// weight_format.h; kernels/cpu/quantized_linear.h): x and y stay float32, every sum
+/// float32, and a row's sums depend on how many rows share its call (16 or fewer: a
+/// matrix-vector kernel; more: a GEMM on widened tiles). Such a copy may stand alone
+/// (freeze): a model that keeps only its 8-bit weights frees the float32 ones.
 class PackedLinear {
  public:
-  PackedLinear();
+  explicit PackedLinear(WeightFormat format = WeightFormat::Float32);
   ~PackedLinear();
   PackedLinear(const PackedLinear&) = delete;
   PackedLinear& operator=(const PackedLinear&) = delete;
@@ -42,16 +50,44 @@ class PackedLinear {
   /// order of `weights`. Requires applies(x, weights, biases); an error names what differs.
   at::Tensor forward(const at::Tensor& x, at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Tensor> biases = {});
 
-  /// Drops the packed copy; the next forward makes it again.
+  /// Drops the packed copy; the next forward makes it again. Not once frozen.
   void clear();
+
+  WeightFormat format() const { return format_; }
+
+  /// Whether forward computes for these operands: applies() for Float32; for the
+  /// other formats the same without oneDNN, and once frozen only x (float32 CPU
+  /// [..., in], no gradient) counts.
+  bool takes(const at::Tensor& x, at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Tensor> biases = {}) const;
+
+  /// Makes the copy of weights (and biases) now, as forward would, and keeps it as the
+  /// layers' weights from then on: forward ignores the tensors it is given, so the
+  /// caller may free them. BFloat16 and Int8 only (a Float32 copy is oneDNN's own
+  /// layout, not a store of the weights). Only inference: a forward with a gradient to
+  /// compute is an error.
+  void freeze(at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Tensor> biases = {});
+  bool frozen() const;
+
+  /// Frees the memory of a weight that a frozen copy replaces, keeping its shape,
+  /// dtype and device: `weight` (and every tensor sharing it, such as a module's
+  /// parameter) becomes a stride-0 [out, in] view of a single 0 that needs no gradient.
+  static void release(const at::Tensor& weight);
+
+  /// The rows `ids` (int64 [...]) of the (frozen or not) bfloat16/int8 copy's weight,
+  /// widened to float32 [..., in] and scaled: a tied embedding table's lookup.
+  at::Tensor weight_rows(const at::Tensor& ids) const;
 
   /// Bytes of the packed copy (weights and biases), 0 before the first forward.
   int64_t packed_bytes() const;
 
  private:
   struct Packed;
+  std::shared_ptr<const Packed> copy_of(at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Tensor> biases);
+
+  WeightFormat format_;
   mutable std::mutex mutex_;
   std::shared_ptr<const Packed> packed_;
+  bool frozen_ = false;
 };
 
 /// When a layer's products take its PackedLinear: packing on, and at least `min_rows`
@@ -65,6 +101,13 @@ struct PackPolicy {
   static int64_t rows(const at::Tensor& x) { return x.size(-1) == 0 ? 0 : x.numel() / x.size(-1); }
   /// Whether x [..., in] takes the packed product (PackedLinear::applies decides the rest).
   bool takes(const at::Tensor& x) const { return on && rows(x) >= min_rows; }
+  /// Whether x goes through `packed` (null: no): always once it is frozen (its forward
+  /// refuses what it cannot compute), else where this policy takes x and the operands
+  /// suit it (PackedLinear::takes).
+  bool routes(const PackedLinear* packed, const at::Tensor& x, at::ArrayRef<at::Tensor> weights,
+              at::ArrayRef<at::Tensor> biases = {}) const {
+    return packed != nullptr && (packed->frozen() || (takes(x) && packed->takes(x, weights, biases)));
+  }
 };
 
 }  // namespace torchattn

@@ -27,3 +27,4 @@
 #include <torchattn/self_attention_v2.h>
 #include <torchattn/torch_mha_interop.h>
 #include <torchattn/version.h>
+#include <torchattn/weight_format.h>

@@ -22,7 +22,7 @@ namespace {
 std::array<at::Tensor, 3> project(AttentionBlock& block, const at::Tensor& x, bool fast) {
   const std::array<at::Tensor, 3> weights{block.W_query->weight, block.W_key->weight, block.W_value->weight};
   const std::array<at::Tensor, 3> biases{block.W_query->bias, block.W_key->bias, block.W_value->bias};
-  if (block.packed_qkv != nullptr && block.pack.takes(x) && PackedLinear::applies(x, weights, biases)) {
+  if (block.pack.routes(block.packed_qkv, x, weights, biases)) {
     // One product for the three projections; each a view of its features.
     const at::Tensor qkv = block.packed_qkv->forward(x, weights, biases);
     const int64_t dq = block.W_query->weight.size(0), dkv = block.W_key->weight.size(0);

@@ -1,10 +1,13 @@
 #include <torchattn/packed_linear.h>
 
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/needs_grad.h"
 #include "kernels/cpu/onednn_linear.h"
+#include "kernels/cpu/quantized_linear.h"
 
 #include <ATen/ops/cat.h>
 #include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
 #include <c10/util/intrusive_ptr.h>
@@ -49,7 +52,8 @@ struct PackedLinear::Packed {
 
   std::vector<Source> weights;
   std::vector<Source> biases;
-  at::Tensor weight;  // oneDNN's blocked layout, [sum out_i, in]
+  at::Tensor weight;  // Float32: oneDNN's blocked layout; else bfloat16 or int8 dense; [sum out_i, in]
+  at::Tensor scale;   // Int8: float32 [sum out_i]
   at::Tensor bias;    // [sum out_i] or undefined
   int64_t bytes = 0;
 
@@ -62,7 +66,7 @@ struct PackedLinear::Packed {
   }
 };
 
-PackedLinear::PackedLinear() = default;
+PackedLinear::PackedLinear(WeightFormat format) : format_(format) {}
 PackedLinear::~PackedLinear() = default;
 
 bool PackedLinear::applies(const at::Tensor& x, at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Tensor> biases) {
@@ -77,43 +81,149 @@ bool PackedLinear::applies(const at::Tensor& x, at::ArrayRef<at::Tensor> weights
 
 at::Tensor PackedLinear::forward(const at::Tensor& x, at::ArrayRef<at::Tensor> weights,
                                  at::ArrayRef<at::Tensor> biases) {
+  std::shared_ptr<const Packed> packed;
+  bool frozen = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    packed = packed_;
+    frozen = frozen_;
+  }
+  if (frozen) {
+    TORCH_CHECK(!kernels::cpu::needs_grad(x), "PackedLinear: the layer keeps only its ", to_string(format_),
+                " weights, for inference: no gradient flows through them (run under torch::NoGradGuard, or load "
+                "float32 weights to train)");
+    return kernels::cpu::quantized_linear(x, packed->weight, packed->scale, packed->bias);
+  }
   TORCH_CHECK(!weights.empty(), "PackedLinear: expected at least one weight, got none");
   TORCH_CHECK(biases.empty() || biases.size() == weights.size(), "PackedLinear: expected no biases or one per weight (",
               weights.size(), "), got ", biases.size());
-  TORCH_CHECK(applies(x, weights, biases),
+  TORCH_CHECK(takes(x, weights, biases),
               "PackedLinear: expected float32 CPU x [..., in] and dense float32 CPU "
-              "weights [out, in] (biases [out]) with no gradient to compute, on a LibTorch with oneDNN; got x ",
-              x.sizes(), " of ", x.scalar_type(), " on ", x.device(), " and a first weight ", weights[0].sizes(),
-              " of ", weights[0].scalar_type(), " on ", weights[0].device());
+              "weights [out, in] (biases [out]) with no gradient to compute",
+              format_ == WeightFormat::Float32 ? ", on a LibTorch with oneDNN" : "", "; got x ", x.sizes(), " of ",
+              x.scalar_type(), " on ", x.device(), " and a first weight ", weights[0].sizes(), " of ",
+              weights[0].scalar_type(), " on ", weights[0].device());
+  if (!packed || !packed->same(weights, biases)) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!packed_ || !packed_->same(weights, biases)) packed_ = copy_of(weights, biases);
+    packed = packed_;
+  }
+  if (format_ == WeightFormat::Float32) return kernels::cpu::onednn_linear_packed(x, packed->weight, packed->bias);
+  return kernels::cpu::quantized_linear(x, packed->weight, packed->scale, packed->bias);
+}
+
+std::shared_ptr<const PackedLinear::Packed> PackedLinear::copy_of(at::ArrayRef<at::Tensor> weights,
+                                                                  at::ArrayRef<at::Tensor> biases) {
+  auto fresh = std::make_shared<Packed>();
+  std::vector<at::Tensor> parts_w, parts_b;
+  bool any_bias = false;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const at::Tensor& b = bias_at(biases, i);
+    fresh->weights.emplace_back(weights[i]);
+    fresh->biases.emplace_back(b);
+    parts_w.push_back(weights[i]);
+    parts_b.push_back(b.defined() ? b : at::zeros({weights[i].size(0)}, weights[i].options()));
+    any_bias = any_bias || b.defined();
+  }
+  const at::Tensor dense = parts_w.size() == 1 ? parts_w[0] : at::cat(parts_w, 0);
+  fresh->bias = any_bias ? (parts_b.size() == 1 ? parts_b[0].clone() : at::cat(parts_b, 0)) : at::Tensor();
+  const int64_t bias_bytes = any_bias ? fresh->bias.numel() * static_cast<int64_t>(sizeof(float)) : 0;
+  switch (format_) {
+    case WeightFormat::Float32:
+      fresh->weight = kernels::cpu::onednn_pack_weight(dense);
+      fresh->bytes = dense.numel() * static_cast<int64_t>(sizeof(float)) + bias_bytes;
+      break;
+    case WeightFormat::BFloat16:
+      fresh->weight = dense.to(at::kBFloat16).contiguous();
+      fresh->bytes = dense.numel() * 2 + bias_bytes;
+      break;
+    case WeightFormat::Int8: {
+      auto [q, scale] = kernels::cpu::quantize_int8_rows(dense);
+      fresh->weight = std::move(q);
+      fresh->scale = std::move(scale);
+      fresh->bytes = dense.numel() + fresh->scale.numel() * static_cast<int64_t>(sizeof(float)) + bias_bytes;
+      break;
+    }
+  }
+  return fresh;
+}
+
+bool PackedLinear::takes(const at::Tensor& x, at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Tensor> biases) const {
+  if (format_ == WeightFormat::Float32) return applies(x, weights, biases);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (frozen_) {
+      return x.defined() && x.is_cpu() && x.scalar_type() == at::kFloat && x.dim() >= 1 &&
+             x.size(-1) == packed_->weight.size(1) && !kernels::cpu::needs_grad(x);
+    }
+  }
+  if (weights.empty() || (!biases.empty() && biases.size() != weights.size())) return false;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (!weights[i].defined() || kernels::cpu::plain_linear_rows(x, weights[i], bias_at(biases, i)) < 1) return false;
+  }
+  return true;
+}
+
+void PackedLinear::freeze(at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Tensor> biases) {
+  TORCH_CHECK(format_ != WeightFormat::Float32,
+              "PackedLinear: freeze keeps a bfloat16 or int8 copy as the weights, got format float32");
+  TORCH_CHECK(!weights.empty(), "PackedLinear: freeze expected at least one weight, got none");
+  TORCH_CHECK(biases.empty() || biases.size() == weights.size(),
+              "PackedLinear: freeze expected no biases or one per weight (", weights.size(), "), got ", biases.size());
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const at::Tensor& w = weights[i];
+    TORCH_CHECK(w.defined() && w.is_cpu() && w.scalar_type() == at::kFloat && w.dim() == 2 &&
+                    w.size(1) == weights[0].size(1),
+                "PackedLinear: freeze expected float32 CPU weights [out, in] of one in, got weight ", i, " ",
+                w.defined() ? w.sizes() : at::IntArrayRef{}, " of ", w.defined() ? w.scalar_type() : at::kFloat, " on ",
+                w.defined() ? w.device() : at::Device(at::kCPU));
+    const at::Tensor& b = bias_at(biases, i);
+    TORCH_CHECK(!b.defined() || (b.is_cpu() && b.scalar_type() == at::kFloat && b.dim() == 1 && b.size(0) == w.size(0)),
+                "PackedLinear: freeze expected bias ", i, " float32 CPU [", w.size(0), "] or none, got ", b.sizes(),
+                " of ", b.scalar_type());
+  }
+  std::vector<at::Tensor> plain_w, plain_b;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    plain_w.push_back(weights[i].detach().contiguous());
+    const at::Tensor& b = bias_at(biases, i);
+    plain_b.push_back(b.defined() ? b.detach().contiguous() : at::Tensor());
+  }
+  auto copy = copy_of(plain_w, biases.empty() ? at::ArrayRef<at::Tensor>() : at::ArrayRef<at::Tensor>(plain_b));
+  std::lock_guard<std::mutex> lock(mutex_);
+  packed_ = std::move(copy);
+  frozen_ = true;
+}
+
+bool PackedLinear::frozen() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return frozen_;
+}
+
+void PackedLinear::release(const at::Tensor& weight) {
+  TORCH_CHECK(weight.defined(), "PackedLinear: release expected a defined tensor");
+  c10::AutoGradMode no_grad(false);
+  // In place on the TensorImpl: every handle of it (the module's parameter) sees it.
+  const at::Tensor zero = at::zeros({1}, weight.options());
+  const std::vector<int64_t> sizes = weight.sizes().vec();
+  weight.set_(zero.storage(), 0, sizes, std::vector<int64_t>(sizes.size(), 0));
+  weight.requires_grad_(false);
+}
+
+at::Tensor PackedLinear::weight_rows(const at::Tensor& ids) const {
   std::shared_ptr<const Packed> packed;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!packed_ || !packed_->same(weights, biases)) {
-      auto fresh = std::make_shared<Packed>();
-      std::vector<at::Tensor> parts_w, parts_b;
-      bool any_bias = false;
-      for (size_t i = 0; i < weights.size(); ++i) {
-        const at::Tensor& b = bias_at(biases, i);
-        fresh->weights.emplace_back(weights[i]);
-        fresh->biases.emplace_back(b);
-        parts_w.push_back(weights[i]);
-        parts_b.push_back(b.defined() ? b : at::zeros({weights[i].size(0)}, weights[i].options()));
-        any_bias = any_bias || b.defined();
-      }
-      const at::Tensor dense = parts_w.size() == 1 ? parts_w[0] : at::cat(parts_w, 0);
-      fresh->weight = kernels::cpu::onednn_pack_weight(dense);
-      fresh->bias = any_bias ? (parts_b.size() == 1 ? parts_b[0].clone() : at::cat(parts_b, 0)) : at::Tensor();
-      fresh->bytes = dense.numel() * static_cast<int64_t>(sizeof(float)) +
-                     (any_bias ? fresh->bias.numel() * static_cast<int64_t>(sizeof(float)) : 0);
-      packed_ = std::move(fresh);
-    }
     packed = packed_;
   }
-  return kernels::cpu::onednn_linear_packed(x, packed->weight, packed->bias);
+  TORCH_CHECK(packed && format_ != WeightFormat::Float32,
+              "PackedLinear: weight_rows reads a bfloat16 or int8 copy, got ",
+              packed ? "a float32 (oneDNN) copy" : "no copy yet (freeze or forward first)");
+  return kernels::cpu::dequantized_rows(packed->weight, packed->scale, ids);
 }
 
 void PackedLinear::clear() {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (frozen_) return;  // the copy is the weights now
   packed_.reset();
 }
 

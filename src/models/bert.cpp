@@ -54,7 +54,7 @@ at::Tensor BertLayerImpl::forward(const at::Tensor& x, const at::Tensor& key_pad
   // LibTorch's C++ Linear takes a matmul and a separate add for 3-d inputs).
   // With pack_weights, where it applies (CPU float32 inference), oneDNN on a packed copy.
   auto linear = [](const torch::nn::Linear& l, const at::Tensor& in, const std::shared_ptr<PackedLinear>& packed) {
-    if (packed && PackedLinear::applies(in, {l->weight}, {l->bias})) return packed->forward(in, {l->weight}, {l->bias});
+    if (packed && packed->takes(in, {l->weight}, {l->bias})) return packed->forward(in, {l->weight}, {l->bias});
     return at::linear(in, l->weight, l->bias);
   };
   // Without autograd, the sums and GELU are written in place: the same values.

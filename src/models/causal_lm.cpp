@@ -59,6 +59,21 @@ void DecoderLayerImpl::pack_weights(bool on, int64_t min_rows) {
   }
 }
 
+void DecoderLayerImpl::freeze_weights(torchattn::WeightFormat format) {
+  self_attn->options.weight_format(format);
+  self_attn->freeze_weights();
+  packed_gate_up_ = std::make_shared<torchattn::PackedLinear>(format);
+  packed_down_ = std::make_shared<torchattn::PackedLinear>(format);
+  packed_gate_up_->freeze({gate_proj->weight, up_proj->weight}, {gate_proj->bias, up_proj->bias});
+  packed_down_->freeze({down_proj->weight}, {down_proj->bias});
+  for (const auto* l : {&gate_proj, &up_proj, &down_proj}) torchattn::PackedLinear::release((*l)->weight);
+}
+
+int64_t DecoderLayerImpl::frozen_bytes() const {
+  if (!packed_down_->frozen()) return 0;
+  return self_attn->packed_bytes() + packed_gate_up_->packed_bytes() + packed_down_->packed_bytes();
+}
+
 at::Tensor DecoderLayerImpl::forward_paged(const at::Tensor& x, torchattn::PagedKVCache& cache,
                                            const torchattn::PagedStep& step, int64_t layer) {
   return rest(self_attn->forward_paged(input_layernorm(x), cache, step, layer), x);
@@ -87,10 +102,8 @@ at::Tensor DecoderLayerImpl::activate(at::Tensor gate, bool in_place) const {
 
 at::Tensor DecoderLayerImpl::mlp(const at::Tensor& m) {
   const bool in_place = !c10::GradMode::is_enabled();
-  const bool packed = pack_.takes(m);
   at::Tensor gate;
-  if (packed &&
-      torchattn::PackedLinear::applies(m, {gate_proj->weight, up_proj->weight}, {gate_proj->bias, up_proj->bias})) {
+  if (pack_.routes(packed_gate_up_.get(), m, {gate_proj->weight, up_proj->weight}, {gate_proj->bias, up_proj->bias})) {
     // gate_proj | up_proj in one product, then SiLU(gate) * up in place on its first half.
     const at::Tensor both = packed_gate_up_->forward(m, {gate_proj->weight, up_proj->weight},
                                                      {gate_proj->bias, up_proj->bias});
@@ -104,7 +117,7 @@ at::Tensor DecoderLayerImpl::mlp(const at::Tensor& m) {
     gate = linear(gate_proj, m);
     gate = in_place ? activate(gate, true).mul_(linear(up_proj, m)) : activate(gate, false) * linear(up_proj, m);
   }
-  if (packed && torchattn::PackedLinear::applies(gate, {down_proj->weight}, {down_proj->bias})) {
+  if (pack_.routes(packed_down_.get(), gate, {down_proj->weight}, {down_proj->bias})) {
     return packed_down_->forward(gate, {down_proj->weight}, {down_proj->bias});
   }
   return torchattn::functional::linear(gate, down_proj->weight, down_proj->bias);
@@ -142,6 +155,36 @@ void CausalLMImpl::pack_weights(bool on, int64_t min_rows) {
   if (!on) packed_head_->clear();
 }
 
+void CausalLMImpl::freeze_weights(torchattn::WeightFormat format) {
+  TORCH_CHECK(format != torchattn::WeightFormat::Float32,
+              "CausalLM: freeze_weights keeps bfloat16 or int8 weights, got float32");
+  TORCH_CHECK(weight_format() == torchattn::WeightFormat::Float32 || weight_format() == format,
+              "CausalLM: freeze_weights: the weights are already ", torchattn::to_string(weight_format()),
+              ", asked for ", torchattn::to_string(format));
+  if (packed_head_->frozen()) return;
+  const at::Tensor& weight = lm_head ? lm_head->weight : embed_tokens->weight;
+  TORCH_CHECK(weight.is_cpu() && weight.scalar_type() == at::kFloat,
+              "CausalLM: freeze_weights needs a float32 model on "
+              "the CPU, got weights of ",
+              weight.scalar_type(), " on ", weight.device());
+  for (const auto& layer : *layers) layer->as<DecoderLayerImpl>()->freeze_weights(format);
+  packed_head_ = std::make_shared<torchattn::PackedLinear>(format);
+  packed_head_->freeze({weight});
+  torchattn::PackedLinear::release(weight);
+}
+
+int64_t CausalLMImpl::weight_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& p : parameters()) {
+    // A freed weight (stride 0, PackedLinear::release) holds one element.
+    bytes += p.numel() > 0 && std::ranges::all_of(p.strides(), [](int64_t s) { return s == 0; })
+                 ? 0
+                 : p.numel() * static_cast<int64_t>(p.element_size());
+  }
+  for (const auto& layer : *layers) bytes += layer->as<DecoderLayerImpl>()->frozen_bytes();
+  return bytes + (packed_head_->frozen() ? packed_head_->packed_bytes() : 0);
+}
+
 WeightsOptions CausalLMImpl::hf_weights() const {
   std::vector<std::string> ignore{"rotary_emb.inv_freq"};
   if (config_.tie_word_embeddings) ignore.emplace_back("lm_head.weight");  // a tied head saved anyway
@@ -155,7 +198,11 @@ WeightsOptions CausalLMImpl::hf_weights() const {
       .ignore(ignore);
 }
 
-void CausalLMImpl::load_hf_weights(const std::string& path) { load_weights(*this, path, hf_weights()); }
+void CausalLMImpl::load_hf_weights(const std::string& path) {
+  TORCH_CHECK(!packed_head_->frozen(), "CausalLM: load_hf_weights needs float32 weights to load into; freeze_weights (",
+              torchattn::to_string(weight_format()), ") freed them");
+  load_weights(*this, path, hf_weights());
+}
 
 std::vector<torchattn::KVCache> CausalLMImpl::make_kv_caches(int64_t batch, bool static_shapes) const {
   std::vector<torchattn::KVCache> caches;
@@ -192,7 +239,8 @@ at::Tensor CausalLMImpl::forward_paged(const at::Tensor& ids, torchattn::PagedKV
 }
 
 at::Tensor CausalLMImpl::embed(const at::Tensor& ids) {
-  at::Tensor x = embed_tokens(ids);
+  // A tied head frozen to bfloat16/int8 holds the only copy of the table.
+  at::Tensor x = !lm_head && packed_head_->frozen() ? packed_head_->weight_rows(ids) : embed_tokens(ids);
   if (!config_.gemma_norms) return x;
   // Gemma 2: times sqrt(hidden_size) rounded to the embeddings' dtype, as transformers.
   return x * at::scalar_tensor(std::sqrt(static_cast<double>(config_.hidden_size)), x.options());
@@ -201,7 +249,7 @@ at::Tensor CausalLMImpl::embed(const at::Tensor& ids) {
 at::Tensor CausalLMImpl::head(const at::Tensor& x) {
   const at::Tensor& weight = lm_head ? lm_head->weight : embed_tokens->weight;
   // The packed head is faster even for one row (a vocabulary's worth of outputs).
-  at::Tensor logits = pack_.on && torchattn::PackedLinear::applies(x, {weight})
+  at::Tensor logits = torchattn::PackPolicy{.on = pack_.on, .min_rows = 1}.routes(packed_head_.get(), x, {weight})
                           ? packed_head_->forward(x, {weight})
                           : torchattn::functional::linear(x, weight);
   if (config_.final_softcap > 0.0) {  // Gemma 2: cap * tanh(logits / cap)

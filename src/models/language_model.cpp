@@ -45,6 +45,7 @@ LanguageModel LanguageModel::from_pretrained(const std::string& folder, const Lo
     model->to(options.device(), options.dtype());
   }
   model->eval();
+  if (options.weight_format() != torchattn::WeightFormat::Float32) model->freeze_weights(options.weight_format());
   return LanguageModel(std::move(model), std::move(tokenizer), read_chat_template(folder));
 }
 

@@ -27,6 +27,12 @@ inline void check_load_options(const LoadOptions& options) {
                 "below ",
                 count, " (the CUDA devices this process sees), got ", device);
   }
+  if (options.weight_format() != torchattn::WeightFormat::Float32) {
+    TORCH_CHECK(device.is_cpu() && dtype == c10::kFloat,
+                "LoadOptions::weight_format: ", torchattn::to_string(options.weight_format()),
+                " weights run on the CPU with float32 activations (device cpu, dtype float32), got device ", device,
+                " and dtype ", dtype, " (on CUDA, load with dtype bfloat16 instead)");
+  }
   if (options.context_length()) {
     TORCH_CHECK(*options.context_length() >= 1,
                 "LoadOptions::context_length: expected at least 1 token (or unset, "

@@ -83,8 +83,8 @@ void MultiHeadAttentionImpl::reset() {
   TORCH_CHECK(!options.softcap() || (*options.softcap() > 0.0 && std::isfinite(*options.softcap())),
               kMultiHeadAttention, ": expected softcap > 0, got ", options.softcap().value_or(0.0));
   sinks = options.sinks() ? register_parameter("sinks", at::zeros({options.num_heads()})) : at::Tensor();
-  packed_qkv_ = std::make_shared<PackedLinear>();
-  packed_out_ = std::make_shared<PackedLinear>();
+  packed_qkv_ = std::make_shared<PackedLinear>(options.weight_format());
+  packed_out_ = std::make_shared<PackedLinear>(options.weight_format());
   if (options.causal() && options.mask_buffer()) {
     mask = register_buffer("mask", functional::causal_mask_buffer(options.context_length()));
   } else {
@@ -93,10 +93,12 @@ void MultiHeadAttentionImpl::reset() {
 }
 
 void MultiHeadAttentionImpl::save(torch::serialize::OutputArchive& archive) const {
+  check_not_frozen("save");
   detail::save_with_options(*this, archive);
 }
 
 void MultiHeadAttentionImpl::load(torch::serialize::InputArchive& archive) {
+  check_not_frozen("load");
   detail::strict_load(*this, archive, kMultiHeadAttention, detail::archive_path(archive));
 }
 
@@ -226,16 +228,46 @@ at::Tensor MultiHeadAttentionImpl::forward_paged(const at::Tensor& x, PagedKVCac
   detail::check_paged(kMultiHeadAttention, x, options.d_in(), options.context_length(), W_query->weight, cache, step,
                       layer, paged_layer(), is_training(), options.dropout());
   detail::check_causal_for_cache(kMultiHeadAttention, options.causal(), "forward_paged");
+  sync_packed();
   detail::AttentionBlock block = this->block(/*cross=*/false);
   const at::Tensor context = detail::paged_attention_block_forward(block, x, cache, step, layer,
                                                                    attention_options(/*inference=*/true));
-  if (pack_policy().takes(context) && PackedLinear::applies(context, {out_proj->weight}, {out_proj->bias})) {
+  if (pack_policy().routes(packed_out_.get(), context, {out_proj->weight}, {out_proj->bias})) {
     return packed_out_->forward(context, {out_proj->weight}, {out_proj->bias});
   }
   return functional::linear(context, out_proj->weight, out_proj->bias);
 }
 
+void MultiHeadAttentionImpl::check_not_frozen(const char* what) const {
+  TORCH_CHECK(!frozen(), kMultiHeadAttention, ": ", what, " needs the float32 weights, which freeze_weights freed (",
+              to_string(options.weight_format()), " copies kept for inference)");
+}
+
+void MultiHeadAttentionImpl::freeze_weights() {
+  TORCH_CHECK(options.weight_format() != WeightFormat::Float32, kMultiHeadAttention,
+              ": freeze_weights keeps bfloat16 or int8 copies, got weight_format float32");
+  check_self_attention("freeze_weights");
+  if (frozen()) return;
+  options.pack_weights(true);
+  sync_packed();
+  packed_qkv_->freeze({W_query->weight, W_key->weight, W_value->weight}, {W_query->bias, W_key->bias, W_value->bias});
+  packed_out_->freeze({out_proj->weight}, {out_proj->bias});
+  for (const auto* l : {&W_query, &W_key, &W_value, &out_proj}) PackedLinear::release((*l)->weight);
+}
+
+void MultiHeadAttentionImpl::sync_packed() {
+  if (frozen()) return;
+  if (packed_qkv_->format() != options.weight_format()) {
+    packed_qkv_ = std::make_shared<PackedLinear>(options.weight_format());
+    packed_out_ = std::make_shared<PackedLinear>(options.weight_format());
+  } else if (!options.pack_weights() && packed_qkv_->packed_bytes() + packed_out_->packed_bytes() > 0) {
+    packed_qkv_->clear();  // pack_weights turned off: the copies go
+    packed_out_->clear();
+  }
+}
+
 void MultiHeadAttentionImpl::check_cross_attention(const char* fn) const {
+  check_not_frozen(fn);
   TORCH_CHECK(!options.causal(), kMultiHeadAttention, ": ", fn,
               " attends over the whole context, so it needs causal(false), got causal(true)");
   TORCH_CHECK(!options.rope(), kMultiHeadAttention, ": ", fn,
@@ -276,17 +308,13 @@ at::Tensor MultiHeadAttentionImpl::forward_cross(const at::Tensor& x, const at::
 
 at::Tensor MultiHeadAttentionImpl::attend(const at::Tensor& x, const at::Tensor& key_padding_mask,
                                           const at::Tensor& key_bias, KVCache* cache) {
-  const bool packed = options.pack_weights();
-  if (!packed && packed_qkv_->packed_bytes() + packed_out_->packed_bytes() > 0) {
-    packed_qkv_->clear();  // pack_weights turned off: the copies go
-    packed_out_->clear();
-  }
+  sync_packed();
   detail::AttentionBlock block = this->block(/*cross=*/false);
   const functional::AttentionOptions config = attention_options(/*inference=*/false);
   return detail::with_batch_dim(
       x, key_padding_mask, key_bias, [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {
         const at::Tensor context = detail::attention_block_forward(block, xb, cache, config, mb, bb);
-        if (pack_policy().takes(context) && PackedLinear::applies(context, {out_proj->weight}, {out_proj->bias})) {
+        if (pack_policy().routes(packed_out_.get(), context, {out_proj->weight}, {out_proj->bias})) {
           return packed_out_->forward(context, {out_proj->weight}, {out_proj->bias});
         }
         return cache != nullptr ? functional::linear(context, out_proj->weight, out_proj->bias)
@@ -305,7 +333,7 @@ detail::AttentionBlock MultiHeadAttentionImpl::block(bool cross) {
       .mask = mask,
       .window = cross ? std::nullopt : options.window(),
       .rope = cross ? nullptr : rotary_.get(),
-      .packed_qkv = !cross && options.pack_weights() ? packed_qkv_.get() : nullptr,
+      .packed_qkv = !cross && (options.pack_weights() || frozen()) ? packed_qkv_.get() : nullptr,
       .pack = pack_policy(),
       .q_norm = q_norm.is_empty() ? nullptr : q_norm.get(),
       .k_norm = k_norm.is_empty() ? nullptr : k_norm.get(),

@@ -39,6 +39,10 @@ class DecoderLayerImpl : public torch::nn::Module {
   at::Tensor mlp(const at::Tensor& x);
   /// See CausalLMImpl::pack_weights.
   void pack_weights(bool on, int64_t min_rows);
+  /// See CausalLMImpl::freeze_weights.
+  void freeze_weights(torchattn::WeightFormat format);
+  /// The bytes of the frozen copies (0 before freeze_weights).
+  int64_t frozen_bytes() const;
 
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   RMSNorm pre_feedforward_layernorm{nullptr}, post_feedforward_layernorm{nullptr};  // Gemma 2 only
@@ -77,6 +81,20 @@ class CausalLMImpl : public torch::nn::Module {
   /// Off by default: the layers' own products.
   void pack_weights(bool on, int64_t min_rows = 2);
   bool packs_weights() const { return pack_.on; }
+
+  /// For CPU inference in less memory: every linear layer (attention, MLP, the output
+  /// head; a tied head's embedding table too) keeps its weights in `format` (bfloat16
+  /// or int8, torchattn::WeightFormat) and their float32 copies are freed. Afterwards
+  /// the model only infers: a forward with a gradient to compute is an error, and so
+  /// are loading weights and saving. Needs a float32 model on the CPU.
+  void freeze_weights(torchattn::WeightFormat format);
+  /// Bytes the weights take: the parameters' own memory (freed ones: none) and the
+  /// frozen copies of freeze_weights.
+  int64_t weight_bytes() const;
+  /// The format freeze_weights kept, Float32 before it.
+  torchattn::WeightFormat weight_format() const {
+    return packed_head_ ? packed_head_->format() : torchattn::WeightFormat::Float32;
+  }
   int64_t pack_min_rows() const { return pack_.min_rows; }
 
   /// The rules from a Hugging Face checkpoint's names to this module's

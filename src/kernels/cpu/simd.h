@@ -27,6 +27,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -151,6 +152,15 @@ struct Scalar {
   /// exp(x) for x <= 0.
   static V exp_neg(V x) { return std::exp(x); }
   static V tanh(V x) { return std::tanh(x); }
+  /// W int8 values from p as floats (exact).
+  static V widen(const int8_t* p) { return static_cast<float>(*p); }
+  /// W bfloat16 values (their bits) from p as floats (exact: the bits moved up).
+  static V widen(const uint16_t* p) {
+    const uint32_t bits = static_cast<uint32_t>(*p) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+  }
 };
 
 #if defined(TORCHATTN_SIMD_X86)
@@ -246,6 +256,13 @@ struct Avx2 {
     tanh_poly<Avx2>(x, out);
     return out;
   }
+  TORCHATTN_SIMD_AVX2 V widen(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  TORCHATTN_SIMD_AVX2 V widen(const uint16_t* p) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
 };
 
 /// AVX-512F: 16 lanes.
@@ -326,6 +343,13 @@ struct Avx512 {
     V out;
     tanh_poly<Avx512>(x, out);
     return out;
+  }
+  TORCHATTN_SIMD_AVX512 V widen(const int8_t* p) {
+    return _mm512_maskz_cvtepi32_ps(0xFFFF, _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  TORCHATTN_SIMD_AVX512 V widen(const uint16_t* p) {
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
   }
 };
 

@@ -1,0 +1,27 @@
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <string_view>
+
+namespace torchattn {
+
+/// How a linear layer's weights are stored for CPU inference (PackedLinear,
+/// MultiHeadAttentionOptions::weight_format, models::LoadOptions::weight_format). The
+/// input, the sums and the output stay float32 in every format; see docs/models.md
+/// (weight formats) for what each costs in speed, memory and perplexity.
+/// - `Float32` (default): the weights as they are (a oneDNN-packed copy).
+/// - `BFloat16`: 2 bytes a weight, each rounded to bfloat16 (to nearest, ties to even).
+/// - `Int8`: 1 byte a weight and a float32 scale per output feature, symmetric:
+///   w[o, i] ~ scale[o] * q[o, i], q in [-127, 127], scale[o] = max_i |w[o, i]| / 127.
+enum class WeightFormat { Float32, BFloat16, Int8 };
+
+/// "float32", "bfloat16" or "int8".
+std::string_view to_string(WeightFormat format);
+
+/// Parses "float32", "bfloat16" or "int8"; anything else is a c10::Error naming it.
+WeightFormat weight_format_from_string(std::string_view name);
+
+std::ostream& operator<<(std::ostream& os, WeightFormat format);
+
+}  // namespace torchattn

@@ -1,0 +1,30 @@
+#include <torchattn/weight_format.h>
+
+#include <c10/util/Exception.h>
+
+#include <ostream>
+
+namespace torchattn {
+
+std::string_view to_string(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::Float32:
+      return "float32";
+    case WeightFormat::BFloat16:
+      return "bfloat16";
+    case WeightFormat::Int8:
+      return "int8";
+  }
+  TORCH_CHECK(false, "torchattn::WeightFormat: unknown value ", static_cast<int>(format));
+}
+
+WeightFormat weight_format_from_string(std::string_view name) {
+  for (WeightFormat f : {WeightFormat::Float32, WeightFormat::BFloat16, WeightFormat::Int8}) {
+    if (name == to_string(f)) return f;
+  }
+  TORCH_CHECK(false, "weight format: expected one of float32, bfloat16, int8, got '", std::string(name), "'");
+}
+
+std::ostream& operator<<(std::ostream& os, WeightFormat format) { return os << to_string(format); }
+
+}  // namespace torchattn
