@@ -68,6 +68,12 @@ def main():
             (["--model", empty, "--prompt", "a", "--prompt-ids", "1"], "--prompt"),
             (["--model", empty, "--dtype", "int4"], "--dtype"),
             (["--model", empty, "--device", "cuda", "--dtype", "int8"], "--dtype int8: int8 weights run on the CPU only")],
+        app("perplexity", "torchattn_perplexity"): [
+            ([], "--model"), (["--model", empty, "--file", os.path.join(empty, "none.txt")], "--file: cannot read"),
+            (["--model", empty, "--file", "x", "--context", "1"], "--context"),
+            (["--model", empty, "--file", "x", "--dtype", "int4"], "--dtype"),
+            (["--model", empty, "--file", "x", "--threads", "0"], "--threads"),
+            (["--model", os.path.join(empty, "none"), "--file", __file__], "--model: ")],
         app("embed", "torchattn_embed"): [
             ([], "--model"), (["--model", empty, "--batch-size", "0"], "--batch-size"),
             (["--model", empty, "--format", "csv"], "--format")],

@@ -17,6 +17,7 @@
 #include <torchattn/models/generation.h>
 #include <torchattn/models/language_model.h>
 #include <torchattn/models/load_options.h>
+#include <torchattn/models/perplexity.h>
 #include <torchattn/models/rms_norm.h>
 #include <torchattn/models/sampler.h>
 #include <torchattn/models/sentence_encoder.h>

@@ -1,0 +1,75 @@
+// torchattn_perplexity: the perplexity of a Hugging Face decoder folder over a text
+// file, to measure what a weight format costs (as llama.cpp's perplexity tool).
+//
+//   torchattn_perplexity --model DIR --file TEXT [--dtype float32|bfloat16|int8]
+//                        [--context 512] [--threads N]
+//
+// The whole file is tokenized with the model's tokenizer (no special tokens), cut into
+// consecutive windows of --context tokens (a last partial window dropped), each scored
+// alone (models::perplexity). A progress line per window on stderr; the last line on
+// stdout is `perplexity P tokens N`.
+
+#include "cli_checks.h"
+#include "fmt.h"
+
+#include <torchattn/models.h>
+
+#include <CLI/CLI.hpp>
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+int main(int argc, char** argv) {
+  CLI::App app{"Perplexity of a Hugging Face decoder folder over a text file, on torchattn"};
+  std::string model_dir, file, dtype_name = "float32";
+  int64_t context = 512;
+  int threads = 0;
+  app.add_option("--model", model_dir, "a Hugging Face Llama-family folder")->required();
+  app.add_option("--file", file, "the text (UTF-8)")->required();
+  app.add_option("--dtype", dtype_name, "the weights' format: float32, bfloat16 or int8 (float32 activations)")
+      ->check(CLI::IsMember({"float32", "bfloat16", "int8"}))
+      ->capture_default_str();
+  app.add_option("--context", context, "tokens per window")->check(apps::at_least(2))->capture_default_str();
+  app.add_option("--threads", threads, "intra-op threads (default: LibTorch's)")->check(apps::at_least(1));
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (threads > 0) at::set_num_threads(threads);
+    std::ifstream in(file, std::ios::binary);
+    if (!in) throw std::runtime_error("--file: cannot read '" + file + "'");
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto t0 = std::chrono::steady_clock::now();
+    torchattn::models::LanguageModel lm = [&] {
+      try {
+        return torchattn::models::LanguageModel::from_pretrained(
+            model_dir, torchattn::models::LoadOptions().context_length(context).weight_format(
+                           torchattn::weight_format_from_string(dtype_name)));
+      } catch (const c10::Error& e) {
+        throw std::runtime_error(std::string("--model: ") + e.what_without_backtrace());
+      }
+    }();
+    const std::vector<int64_t> ids = lm.tokenizer().encode(text, /*add_special_tokens=*/false);
+    if (static_cast<int64_t>(ids.size()) < context) {
+      throw std::runtime_error(
+          fmt::format("--file: {} tokens, fewer than one window of --context {}", ids.size(), context));
+    }
+    const auto result = torchattn::models::perplexity(lm.model(), ids, context, [&](int64_t done, int64_t total) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      fmt::print(stderr, "[{}/{}] {:.1f} s\n", done, total, s);
+    });
+    fmt::print("perplexity {:.4f} tokens {}\n", result.perplexity, result.tokens);
+    return 0;
+  } catch (const c10::Error& e) {
+    fmt::print(stderr, "torchattn_perplexity: {}\n", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "torchattn_perplexity: {}\n", e.what());
+  }
+  return 1;
+}
