@@ -50,6 +50,20 @@ def main():
         failures.append(f"arguments: exit {r.returncode}: {r.stderr.decode()}")
     else:
         check("arguments, JSON lines", [json.loads(line) for line in r.stdout.decode().splitlines()])
+    # Weights in bfloat16 and int8: each embedding's cosine with sentence-transformers'
+    # float32 one at least 0.999 (docs/models.md, weight formats).
+    for dtype in ("bfloat16", "int8"):
+        r = run([a.cli, "--model", model, "--dtype", dtype, *texts])
+        if r.returncode != 0:
+            failures.append(f"--dtype {dtype}: exit {r.returncode}: {r.stderr.decode()}")
+            continue
+        got = np.asarray([json.loads(line) for line in r.stdout.decode().splitlines()], dtype=np.float64)
+        ref_rows = want[index].astype(np.float64)
+        cos = (got * ref_rows).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(ref_rows, axis=1)
+        print(f"check_embed_cli: --dtype {dtype}: {len(texts)} texts, lowest cosine {cos.min():.6f} with "
+              "sentence-transformers' float32")
+        if cos.min() < 0.999:
+            failures.append(f"--dtype {dtype}: lowest cosine {cos.min():.6f} < 0.999")
     with tempfile.TemporaryDirectory() as d:
         f = os.path.join(d, "texts.txt")
         with open(f, "w", encoding="utf-8") as out:

@@ -76,10 +76,11 @@ def main():
             (["--model", os.path.join(empty, "none"), "--file", __file__], "--model: ")],
         app("embed", "torchattn_embed"): [
             ([], "--model"), (["--model", empty, "--batch-size", "0"], "--batch-size"),
-            (["--model", empty, "--format", "csv"], "--format")],
+            (["--model", empty, "--format", "csv"], "--format"), (["--model", empty, "--dtype", "int4"], "--dtype"),
+            (["--model", empty, "--device", "cuda", "--dtype", "int8"], "--dtype int8: bfloat16 and int8 weights run")],
         app("serve", "torchattn_serve"): [
             ([], "model"), ([os.path.join(empty, "none")], "none"), ([empty, "--port", "70000"], "--port"),
-            ([empty, "--kv-tokens", "0"], "--kv-tokens"), ([empty, "--max-running", "0"], "--max-running"),
+            ([empty, "--kv-tokens", "0"], "--kv-tokens"), ([empty, "--dtype", "int4"], "--dtype"), ([empty, "--max-running", "0"], "--max-running"),
             ([empty, "--max-body-bytes", "0"], "--max-body-bytes"), ([empty, "--context-length", "0"], "--context-length"),
             ([empty, "--http-threads", "0"], "--http-threads"), ([empty, "--block-size", "0"], "--block-size")],
     }

@@ -2,7 +2,7 @@
 // (model_type bert: BERT, MiniLM, ...), as sentence-transformers' encode.
 //
 //   torchattn_embed --model DIR [TEXT ...] [--file F] [--format jsonl|npy] [--output F]
-//                   [--batch-size N] [--truncate] [--device cpu|cuda]
+//                   [--batch-size N] [--truncate] [--device cpu|cuda] [--dtype float32|bfloat16|int8]
 //
 // Texts come from the arguments, or from --file (one per line; "-" is stdin), or
 // from stdin when neither is given. JSON lines (one array of floats per text, in
@@ -57,7 +57,7 @@ void write_jsonl(std::FILE* out, const at::Tensor& rows_in) {
 
 int main(int argc, char** argv) {
   CLI::App app{"Sentence embeddings of texts with a Hugging Face BERT-family folder on torchattn"};
-  std::string model_dir, file, format = "jsonl", output, device_name = "cpu";
+  std::string model_dir, file, format = "jsonl", output, device_name = "cpu", dtype_name = "float32";
   std::vector<std::string> texts;
   int64_t batch_size = 32;
   bool truncate = false, quiet = false;
@@ -73,10 +73,16 @@ int main(int argc, char** argv) {
   app.add_option("--batch-size", batch_size, "texts per forward")->check(apps::at_least(1));
   app.add_flag("--truncate", truncate, "cut texts longer than the model's max length (else: an error)");
   app.add_option("--device", device_name, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--dtype", dtype_name, "the weights' format on the CPU: float32, bfloat16 or int8")
+      ->check(CLI::IsMember({"float32", "bfloat16", "int8"}))
+      ->capture_default_str();
   app.add_flag("--quiet", quiet, "no progress line on stderr");
   CLI11_PARSE(app, argc, argv);
 
   try {
+    if (device_name == "cuda" && dtype_name != "float32") {
+      throw std::runtime_error("--dtype " + dtype_name + ": bfloat16 and int8 weights run on the CPU only");
+    }
     if (!texts.empty() && file_opt->count() > 0)
       throw std::runtime_error("give texts as arguments or --file, not both");
     // Where the texts came from: "" (the arguments), a file's name, or "stdin".
@@ -100,8 +106,10 @@ int main(int argc, char** argv) {
     }
     auto encoder = [&] {
       try {
-        return torchattn::models::SentenceEncoder::from_pretrained(model_dir, torchattn::models::LoadOptions().device(
-                                                                                  torch::Device(device_name)));
+        return torchattn::models::SentenceEncoder::from_pretrained(
+            model_dir, torchattn::models::LoadOptions()
+                           .device(torch::Device(device_name))
+                           .weight_format(torchattn::weight_format_from_string(dtype_name)));
       } catch (const c10::Error& e) {
         throw std::runtime_error(std::string("--model: ") + e.what_without_backtrace());
       }

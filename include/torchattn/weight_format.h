@@ -12,8 +12,9 @@ namespace torchattn {
 /// (weight formats) for what each costs in speed, memory and perplexity.
 /// - `Float32` (default): the weights as they are (a oneDNN-packed copy).
 /// - `BFloat16`: 2 bytes a weight, each rounded to bfloat16 (to nearest, ties to even).
-/// - `Int8`: 1 byte a weight and a float32 scale per output feature, symmetric:
-///   w[o, i] ~ scale[o] * q[o, i], q in [-127, 127], scale[o] = max_i |w[o, i]| / 127.
+/// - `Int8`: 1 byte a weight and a float32 scale per 64 inputs of each output
+///   feature, symmetric: w[o, i] ~ scale[o, g] * q[o, i], q in [-127, 127],
+///   scale[o, g] = max |w[o, i]| over the group g = i / 64, divided by 127.
 enum class WeightFormat { Float32, BFloat16, Int8 };
 
 /// "float32", "bfloat16" or "int8".

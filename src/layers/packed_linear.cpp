@@ -53,7 +53,7 @@ struct PackedLinear::Packed {
   std::vector<Source> weights;
   std::vector<Source> biases;
   at::Tensor weight;  // Float32: oneDNN's blocked layout; else bfloat16 or int8 dense; [sum out_i, in]
-  at::Tensor scale;   // Int8: float32 [sum out_i]
+  at::Tensor scale;   // Int8: float32 [sum out_i, groups of 64 inputs]
   at::Tensor bias;    // [sum out_i] or undefined
   int64_t bytes = 0;
 
@@ -138,7 +138,7 @@ std::shared_ptr<const PackedLinear::Packed> PackedLinear::copy_of(at::ArrayRef<a
       fresh->bytes = dense.numel() * 2 + bias_bytes;
       break;
     case WeightFormat::Int8: {
-      auto [q, scale] = kernels::cpu::quantize_int8_rows(dense);
+      auto [q, scale] = kernels::cpu::quantize_int8_groups(dense);
       fresh->weight = std::move(q);
       fresh->scale = std::move(scale);
       fresh->bytes = dense.numel() + fresh->scale.numel() * static_cast<int64_t>(sizeof(float)) + bias_bytes;

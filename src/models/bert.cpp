@@ -49,12 +49,25 @@ BertLayerImpl::BertLayerImpl(const BertConfig& c, bool pack_weights) {
   }
 }
 
+void BertLayerImpl::freeze_weights(WeightFormat format) {
+  attention->options.weight_format(format);
+  attention->freeze_weights();
+  packed_intermediate_ = std::make_shared<PackedLinear>(format);
+  packed_output_ = std::make_shared<PackedLinear>(format);
+  packed_intermediate_->freeze({intermediate->weight}, {intermediate->bias});
+  packed_output_->freeze({output->weight}, {output->bias});
+  PackedLinear::release(intermediate->weight);
+  PackedLinear::release(output->weight);
+}
+
 at::Tensor BertLayerImpl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask) {
   // at::linear, as PyTorch's nn.Linear (one addmm for the rows of every sequence;
   // LibTorch's C++ Linear takes a matmul and a separate add for 3-d inputs).
   // With pack_weights, where it applies (CPU float32 inference), oneDNN on a packed copy.
   auto linear = [](const torch::nn::Linear& l, const at::Tensor& in, const std::shared_ptr<PackedLinear>& packed) {
-    if (packed && packed->takes(in, {l->weight}, {l->bias})) return packed->forward(in, {l->weight}, {l->bias});
+    if (packed && (packed->frozen() || packed->takes(in, {l->weight}, {l->bias}))) {
+      return packed->forward(in, {l->weight}, {l->bias});
+    }
     return at::linear(in, l->weight, l->bias);
   };
   // Without autograd, the sums and GELU are written in place: the same values.
@@ -70,6 +83,16 @@ BertModelImpl::BertModelImpl(const BertConfig& config, bool pack_weights) : conf
   embeddings = register_module("embeddings", BertEmbeddings(config));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.num_layers; ++i) layers->push_back(BertLayer(config, pack_weights));
+}
+
+void BertModelImpl::freeze_weights(WeightFormat format) {
+  TORCH_CHECK(format != WeightFormat::Float32, "BertModel: freeze_weights keeps bfloat16 or int8 weights, got float32");
+  const at::Tensor& w = embeddings->word_embeddings->weight;
+  TORCH_CHECK(w.is_cpu() && w.scalar_type() == at::kFloat,
+              "BertModel: freeze_weights needs a float32 model on the CPU, "
+              "got weights of ",
+              w.scalar_type(), " on ", w.device());
+  for (const auto& layer : *layers) layer->as<BertLayerImpl>()->freeze_weights(format);
 }
 
 at::Tensor BertModelImpl::forward(const at::Tensor& ids, const at::Tensor& key_padding_mask,

@@ -95,6 +95,7 @@ SentenceEncoder SentenceEncoder::from_pretrained(const std::string& folder, cons
     model->to(options.device(), options.dtype());
   }
   model->eval();
+  if (options.weight_format() != WeightFormat::Float32) model->freeze_weights(options.weight_format());
   return SentenceEncoder(std::move(model), std::move(tokenizer), max_length, pooling, normalize);
 }
 

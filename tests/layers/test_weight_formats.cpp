@@ -34,6 +34,12 @@ const golden::File& weights_file() {
 // float32 sums of `in` products against float64 ones.
 tol::Tolerance sums_of(int64_t in) { return {1e-5, 2e-6 * static_cast<double>(in)}; }
 
+// The int8 format's weights as floats: each group of 64 inputs times its scale.
+torch::Tensor dequantize_int8(const torch::Tensor& w) {
+  auto [q, s] = torchattn::kernels::cpu::quantize_int8_groups(w);
+  return q.to(torch::kFloat) * s.repeat_interleave(64, 1).narrow(1, 0, w.size(1));
+}
+
 class WeightFormatGolden : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(WeightFormatGolden, QuantizedWeightsAndProductsMatchPyTorch) {
@@ -43,7 +49,7 @@ TEST_P(WeightFormatGolden, QuantizedWeightsAndProductsMatchPyTorch) {
   const auto x = c.tensor("x").to(torch::kFloat);
   const int64_t in = weight.size(1);
 
-  auto [q, scale] = torchattn::kernels::cpu::quantize_int8_rows(weight);
+  auto [q, scale] = torchattn::kernels::cpu::quantize_int8_groups(weight);
   EXPECT_TRUE(torch::equal(q, c.tensor("q"))) << "int8 weights differ from PyTorch's";
   EXPECT_TRUE(torch::equal(scale, c.tensor("scale").to(torch::kFloat))) << "scales differ from PyTorch's";
 
@@ -51,17 +57,17 @@ TEST_P(WeightFormatGolden, QuantizedWeightsAndProductsMatchPyTorch) {
   ASSERT_TRUE(int8.takes(x, {weight}, {bias}));
   EXPECT_TRUE(tol::close(int8.forward(x, {weight}, {bias}), c.tensor("y_int8").to(torch::kFloat), sums_of(in)));
   EXPECT_TRUE(tol::close(bf16.forward(x, {weight}, {bias}), c.tensor("y_bf16").to(torch::kFloat), sums_of(in)));
-  EXPECT_EQ(int8.packed_bytes(), weight.numel() + 2 * weight.size(0) * 4);  // int8s, scales and bias
+  // int8s, a scale per 64 inputs, the bias.
+  EXPECT_EQ(int8.packed_bytes(), weight.numel() + scale.numel() * 4 + weight.size(0) * 4);
+  EXPECT_EQ(scale.size(1), (in + 63) / 64);
   EXPECT_EQ(bf16.packed_bytes(), weight.numel() * 2 + weight.size(0) * 4);
   // The rows of the stored table, as an embedding reads them.
   const auto ids = torch::tensor({0, 2, 2}, torch::kLong);
-  EXPECT_TRUE(
-      torch::equal(int8.weight_rows(ids), c.tensor("q").index_select(0, ids).to(torch::kFloat) *
-                                              c.tensor("scale").to(torch::kFloat).index_select(0, ids).unsqueeze(1)));
+  EXPECT_TRUE(torch::equal(int8.weight_rows(ids), c.tensor("dequantized").index_select(0, ids)));
   EXPECT_TRUE(torch::equal(bf16.weight_rows(ids), c.tensor("weight_bf16").index_select(0, ids).to(torch::kFloat)));
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, WeightFormatGolden, ::testing::Values("small", "decode", "prefill"));
+INSTANTIATE_TEST_SUITE_P(Shapes, WeightFormatGolden, ::testing::Values("small", "decode", "serve", "prefill"));
 
 // Every row count on both sides of the matrix-vector kernel's limit, fused layers,
 // leading dimensions, a transposed x: against at::linear on the dequantized weights.
@@ -69,12 +75,11 @@ TEST(WeightFormats, MatchTheDequantizedLinearOverShapes) {
   torch::manual_seed(51);
   torch::NoGradGuard no_grad;
   for (const WeightFormat format : {WeightFormat::BFloat16, WeightFormat::Int8}) {
-    for (const int64_t in : {1, 17, 200}) {
+    for (const int64_t in : {1, 17, 64, 200}) {
       const auto w1 = torch::randn({33, in}), w2 = torch::randn({7, in}), b1 = torch::randn({33});
       const auto dequantized = [&](const torch::Tensor& w) {
         if (format == WeightFormat::BFloat16) return w.to(torch::kBFloat16).to(torch::kFloat);
-        auto [q, s] = torchattn::kernels::cpu::quantize_int8_rows(w);
-        return q.to(torch::kFloat) * s.unsqueeze(1);
+        return dequantize_int8(w);
       };
       PackedLinear p(format);
       for (const int64_t rows : {1, 2, 15, 16, 17, 64}) {
@@ -138,6 +143,8 @@ TEST(WeightFormats, RefusalsNameWhatDiffers) {
     expect_error([&] { int8.forward(torch::randn({2, 16}, torch::kDouble), {}); },
                  "quantized_linear: expected float32 CPU x [..., in]");
     expect_error([&] { int8.forward(torch::randn({2, 15}), {}); }, "got x [2, 15]");
+    expect_error([&] { int8.weight_rows(torch::tensor({8}, torch::kLong)); },
+                 "dequantized_rows: id 8 is outside the table's 8 rows");
   }
   PackedLinear f32;
   expect_error([&] { f32.freeze({w.detach()}); },
@@ -148,7 +155,7 @@ TEST(WeightFormats, RefusalsNameWhatDiffers) {
                "freeze expected float32 CPU weights [out, in] of one in, got weight 0 [4, 3] of Double");
   auto bad = torch::randn({3, 4});
   bad[2][1] = std::numeric_limits<float>::quiet_NaN();
-  expect_error([&] { torchattn::kernels::cpu::quantize_int8_rows(bad); },
+  expect_error([&] { torchattn::kernels::cpu::quantize_int8_groups(bad); },
                "expected finite weights, got a NaN or infinity in row 2");
   expect_error([] { torchattn::weight_format_from_string("int4"); },
                "weight format: expected one of float32, bfloat16, int8, got 'int4'");
@@ -180,8 +187,7 @@ TEST(WeightFormats, MultiHeadAttentionTakesTheFormat) {
           if (format == WeightFormat::BFloat16) {
             v = t.to(torch::kBFloat16).to(torch::kFloat);
           } else {
-            auto [q, s] = torchattn::kernels::cpu::quantize_int8_rows(t);
-            v = q.to(torch::kFloat) * s.unsqueeze(1);
+            v = dequantize_int8(t);
           }
         }
         plain->named_parameters()[name].copy_(v);

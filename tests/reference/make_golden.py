@@ -189,32 +189,41 @@ def module_cases(w):
 
 
 def weight_format_cases(w):
-    """The weight formats (torchattn::WeightFormat) as PyTorch computes them: int8 per
-    output feature, symmetric (scale = max |w| / 127, q = round(w / scale) in [-127, 127]),
-    checked against torch.quantize_per_channel; bfloat16 by PyTorch's rounding. The
-    outputs x W^T + b in float64 from the stored weights (the kernels sum in float32)."""
+    """The weight formats (torchattn::WeightFormat) as PyTorch computes them: int8 with a
+    symmetric scale per 64 inputs of each output feature (scale = max |w| / 127 over the
+    group, q = round(w / scale) in [-127, 127]), checked against torch.quantize_per_channel
+    on the groups as rows; bfloat16 by PyTorch's rounding. The outputs x W^T + b in
+    float64 from the stored weights (the kernels sum in float32)."""
+    group = 64
     g = torch.Generator().manual_seed(33)
-    # rows: 1 and 3 take the matrix-vector kernel, 37 the tiled GEMM (> 16 rows).
-    for name, (out, inp, rows) in {"small": (5, 7, 3), "decode": (40, 96, 1), "prefill": (24, 130, 37)}.items():
+    # rows: 1 and 3 take the fused matrix-vector kernel, 9 the buffered one, 37 the
+    # tiled GEMM (> 16 rows); in: one short group, 3 groups (the last short), 2 whole.
+    for name, (out, inp, rows) in {"small": (5, 7, 3), "decode": (40, 150, 1), "serve": (12, 128, 9),
+                                   "prefill": (24, 130, 37)}.items():
         weight = torch.randn(out, inp, generator=g)
         weight[1] = 0.0  # a row of zeros: scale 0
-        weight[2, 3] = 40.0  # an outlier sets its row's scale
+        weight[2, 3] = 40.0  # an outlier sets its group's scale
         weight[3, 0] = 127.0 * 0.5 / 63.5  # |w| / scale lands on ties
         bias = torch.randn(out, generator=g)
         x = torch.randn(rows, inp, generator=g)
-        scale = weight.abs().amax(1) / 127.0
-        divisor = torch.where(scale > 0, scale, torch.ones_like(scale))[:, None]
-        q = torch.round(weight / divisor).clamp(-127, 127).to(torch.int8)
-        nonzero = scale > 0
-        pq = torch.quantize_per_channel(weight[nonzero], scale[nonzero].double(),
+        groups = (inp + group - 1) // group
+        padded = torch.nn.functional.pad(weight, (0, groups * group - inp)).reshape(out, groups, group)
+        scale = padded.abs().amax(-1) / 127.0
+        divisor = torch.where(scale > 0, scale, torch.ones_like(scale))[..., None]
+        q = torch.round(padded / divisor).clamp(-127, 127).to(torch.int8).reshape(out, -1)[:, :inp]
+        rows_of_groups = padded.reshape(-1, group)
+        nonzero = scale.reshape(-1) > 0
+        pq = torch.quantize_per_channel(rows_of_groups[nonzero], scale.reshape(-1)[nonzero].double(),
                                         torch.zeros(int(nonzero.sum()), dtype=torch.long), 0, torch.qint8)
-        assert torch.equal(pq.int_repr(), q[nonzero]), "quantize_per_channel rounds otherwise"
-        y_int8 = (x.double() @ q.double().T) * scale.double() + bias.double()
+        want = torch.round(padded / divisor).clamp(-127, 127).to(torch.int8).reshape(-1, group)[nonzero]
+        assert torch.equal(pq.int_repr(), want), "quantize_per_channel rounds otherwise"
+        dequantized = (q.double().reshape(out, -1) * scale.double().repeat_interleave(group, 1)[:, :inp])
+        y_int8 = x.double() @ dequantized.T + bias.double()
         wb = weight.to(torch.bfloat16)
         y_bf16 = x.double() @ wb.double().T + bias.double()
-        w.case(f"weights_{name}", {"out": out, "in": inp, "rows": rows}, {
+        w.case(f"weights_{name}", {"out": out, "in": inp, "rows": rows, "group": group}, {
             "weight": weight, "bias": bias, "x": x, "q": q, "scale": scale, "y_int8": y_int8,
-            "weight_bf16": wb, "y_bf16": y_bf16})
+            "weight_bf16": wb, "y_bf16": y_bf16, "dequantized": dequantized.float()})
 
 
 def main():

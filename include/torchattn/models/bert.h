@@ -48,6 +48,8 @@ class BertLayerImpl : public torch::nn::Module {
   explicit BertLayerImpl(const BertConfig& config, bool pack_weights = false);
   /// x: [B, T, hidden_size]; key_padding_mask: [B, T] bool, true = padding, or undefined.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& key_padding_mask = {});
+  /// See BertModelImpl::freeze_weights.
+  void freeze_weights(WeightFormat format);
 
   MultiHeadAttention attention{nullptr};  // causal(false), biases: W_query, W_key, W_value, out_proj
   torch::nn::LayerNorm attention_norm{nullptr};
@@ -65,6 +67,12 @@ class BertModelImpl : public torch::nn::Module {
   /// pack_weights: see BertLayerImpl (SentenceEncoder::from_pretrained sets it from
   /// LoadOptions). Default false: at::linear, bit for bit as transformers on the CPU.
   explicit BertModelImpl(const BertConfig& config, bool pack_weights = false);
+
+  /// For CPU inference in less memory: every layer's linear layers (attention and
+  /// MLP) keep their weights in `format` (bfloat16 or int8, torchattn::WeightFormat)
+  /// and their float32 copies are freed; the embeddings stay float32. Afterwards a
+  /// forward with a gradient to compute is an error. Needs a float32 model on the CPU.
+  void freeze_weights(WeightFormat format);
 
   /// ids: [B, T] int64, each below vocab_size, T <= max_position_embeddings.
   /// key_padding_mask: [B, T] bool, true = padding (from a Hugging Face attention_mask:

@@ -34,11 +34,12 @@ struct LoadOptions {
   /// is a row at a time, and the copy doubles a decoder's memory; the serving engine
   /// packs, see models::Engine).
   TORCH_ARG(std::optional<bool>, pack_weights) = std::nullopt;
-  /// Decoders (LanguageModel): how the linear layers keep their weights, the output
-  /// head and a tied embedding table included (see torchattn::WeightFormat): bfloat16
-  /// or int8 quantize each after loading and free its float32 copy, for 2x or 4x less
-  /// memory and faster decoding (docs/models.md: weight formats). Only inference then:
-  /// needs the CPU and dtype float32 (the activations' type). Default: Float32.
+  /// How the linear layers keep their weights (see torchattn::WeightFormat; decoders:
+  /// the output head and a tied embedding table too; encoders: not the embeddings):
+  /// bfloat16 or int8 quantize each after loading and free its float32 copy, for 2x or
+  /// 4x less memory and faster decoding (docs/models.md: weight formats). Only
+  /// inference then: needs the CPU and dtype float32 (the activations' type).
+  /// Default: Float32.
   TORCH_ARG(torchattn::WeightFormat, weight_format) = torchattn::WeightFormat::Float32;
 };
 

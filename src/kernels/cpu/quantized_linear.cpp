@@ -10,14 +10,14 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/abs.h>
 #include <ATen/ops/amax.h>
+#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/isfinite.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/nonzero.h>
+#include <ATen/ops/ones_like.h>
 #include <ATen/ops/round.h>
 #include <ATen/ops/where.h>
-#include <ATen/ops/zeros_like.h>
-#include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -29,55 +29,137 @@ namespace torchattn::kernels::cpu {
 
 namespace {
 
-// out[0, n) = float(q[0, n)): int8 or bfloat16 (as its bits), exact.
+// The weights of one call: int8 (scales per group) or bfloat16 (none).
+struct Weights {
+  const void* q = nullptr;
+  bool int8 = false;
+  const float* scale = nullptr;  // [out, groups] for int8
+  int64_t in = 0, out = 0, groups = 1;
+};
+
+Weights weights_of(const at::Tensor& data, const at::Tensor& scale) {
+  Weights w;
+  w.q = data.const_data_ptr();
+  w.int8 = data.scalar_type() == at::kChar;
+  w.in = data.size(1);
+  w.out = data.size(0);
+  if (w.int8) {
+    w.scale = scale.const_data_ptr<float>();
+    w.groups = scale.size(1);
+  }
+  return w;
+}
+
+// out[0, n) = float(q[0, n)) (times s where given): int8 or bfloat16 (as its bits).
 struct Widen {
   static constexpr Isa kWidest = Isa::Avx512;
   template <class S, class T>
-  static void run(const T* q, float* out, int64_t n) {
+  static void run(const T* q, float* out, int64_t n, float s, bool scaled) {
     int64_t i = 0;
-    for (; i + S::W <= n; i += S::W) S::store(out + i, S::widen(q + i));
-    for (; i < n; ++i) out[i] = simd::Scalar::widen(q + i);
+    if (scaled) {
+      const typename S::V sv = S::set1(s);
+      for (; i + S::W <= n; i += S::W) S::store(out + i, S::mul(S::widen(q + i), sv));
+      for (; i < n; ++i) out[i] = simd::Scalar::widen(q + i) * s;
+    } else {
+      for (; i + S::W <= n; i += S::W) S::store(out + i, S::widen(q + i));
+      for (; i < n; ++i) out[i] = simd::Scalar::widen(q + i);
+    }
   }
 };
 
-// out[k] = sum_i float(q[k][i]) * x[i] for the 4 weight rows q[0..3] (each `in` long):
-// one pass over x for all four, each row widened in registers (no buffer), four
-// independent accumulators; the last in % W products in order.
+// Weight rows [begin, end) dequantized into out ([end - begin, in] floats): int8 each
+// group times its scale, bfloat16 exact.
+template <class T>
+void dequantize_range(const Weights& w, int64_t begin, int64_t end, float* out) {
+  const Isa isa = best_isa();
+  const T* q = static_cast<const T*>(w.q);
+  for (int64_t o = begin; o < end; ++o) {
+    float* row = out + (o - begin) * w.in;
+    if (w.scale == nullptr) {
+      simd::run_on<Widen>(isa, q + o * w.in, row, w.in, 1.0f, false);
+      continue;
+    }
+    for (int64_t g = 0; g < w.groups; ++g) {
+      const int64_t g0 = g * kInt8Group, n = std::min(kInt8Group, w.in - g0);
+      simd::run_on<Widen>(isa, q + o * w.in + g0, row + g0, n, w.scale[o * w.groups + g], true);
+    }
+  }
+}
+
+void dequantize_range(const Weights& w, int64_t begin, int64_t end, float* out) {
+  if (w.int8) {
+    dequantize_range<int8_t>(w, begin, end, out);
+  } else {
+    dequantize_range<uint16_t>(w, begin, end, out);
+  }
+}
+
+// out[k] = sum over groups g of scale[k][g] * sum_{i in g} float(q[k][i]) * x[i] for the
+// four weight rows q[0..3] (scale null: bfloat16, one group, no scale): one pass over x
+// for all four, each row widened in registers, four accumulators per group folded
+// into four totals by the group's scale; a group's last n % W products in order.
 struct DotFour {
   static constexpr Isa kWidest = Isa::Avx512;
   template <class S, class T>
-  static void run(const T* const* q, const float* x, int64_t in, float* out) {
+  static void run(const T* const* q, const float* const* scale, const float* x, int64_t in, float* out) {
     using V = typename S::V;
-    V a0 = S::zero(), a1 = S::zero(), a2 = S::zero(), a3 = S::zero();
-    int64_t i = 0;
-    for (; i + S::W <= in; i += S::W) {
-      const V xv = S::load(x + i);
-      a0 = S::fma(S::widen(q[0] + i), xv, a0);
-      a1 = S::fma(S::widen(q[1] + i), xv, a1);
-      a2 = S::fma(S::widen(q[2] + i), xv, a2);
-      a3 = S::fma(S::widen(q[3] + i), xv, a3);
+    V t0 = S::zero(), t1 = S::zero(), t2 = S::zero(), t3 = S::zero();
+    float tail[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const int64_t group = scale != nullptr ? kInt8Group : in;
+    for (int64_t g0 = 0, g = 0; g0 < in; g0 += group, ++g) {
+      const int64_t g1 = std::min(in, g0 + group);
+      V a0 = S::zero(), a1 = S::zero(), a2 = S::zero(), a3 = S::zero();
+      int64_t i = g0;
+      for (; i + S::W <= g1; i += S::W) {
+        const V xv = S::load(x + i);
+        a0 = S::fma(S::widen(q[0] + i), xv, a0);
+        a1 = S::fma(S::widen(q[1] + i), xv, a1);
+        a2 = S::fma(S::widen(q[2] + i), xv, a2);
+        a3 = S::fma(S::widen(q[3] + i), xv, a3);
+      }
+      float rest[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (; i < g1; ++i) {
+        for (int k = 0; k < 4; ++k) rest[k] += simd::Scalar::widen(q[k] + i) * x[i];
+      }
+      if (scale != nullptr) {
+        t0 = S::fma(a0, S::set1(scale[0][g]), t0);
+        t1 = S::fma(a1, S::set1(scale[1][g]), t1);
+        t2 = S::fma(a2, S::set1(scale[2][g]), t2);
+        t3 = S::fma(a3, S::set1(scale[3][g]), t3);
+        for (int k = 0; k < 4; ++k) tail[k] += rest[k] * scale[k][g];
+      } else {
+        t0 = S::add(a0, t0);
+        t1 = S::add(a1, t1);
+        t2 = S::add(a2, t2);
+        t3 = S::add(a3, t3);
+        for (int k = 0; k < 4; ++k) tail[k] += rest[k];
+      }
     }
-    out[0] = S::reduce_add(a0);
-    out[1] = S::reduce_add(a1);
-    out[2] = S::reduce_add(a2);
-    out[3] = S::reduce_add(a3);
-    for (; i < in; ++i) {
-      for (int k = 0; k < 4; ++k) out[k] += simd::Scalar::widen(q[k] + i) * x[i];
-    }
+    out[0] = S::reduce_add(t0) + tail[0];
+    out[1] = S::reduce_add(t1) + tail[1];
+    out[2] = S::reduce_add(t2) + tail[2];
+    out[3] = S::reduce_add(t3) + tail[3];
   }
 };
 
-// Rows [begin, end) of y for x's `rows` rows (at most kFusedRows): DotFour over four
-// weight rows at a time (the last group repeats its first row where fewer are left).
+// Rows [begin, end) of y for x's `rows` rows: DotFour over four weight rows at a time
+// (the last group of rows repeats its first row where fewer are left).
 template <class T>
-void fused_rows(const T* q, int64_t in, int64_t out, int64_t begin, int64_t end, const float* xs, int64_t rows,
-                const float* scale, const float* bias, float* ys) {
+void fused_rows(const Weights& w, int64_t begin, int64_t end, const float* xs, int64_t rows, const float* bias,
+                float* ys) {
   const Isa isa = best_isa();
+  const T* q = static_cast<const T*>(w.q);
+  const int64_t in = w.in;
   for (int64_t o = begin; o < end; o += 4) {
     const int64_t n = std::min<int64_t>(4, end - o);
     const T* ptrs[4];
-    for (int64_t k = 0; k < 4; ++k) ptrs[k] = q + (o + (k < n ? k : 0)) * in;
-    // The group after next on its way from memory while this one is summed: the
+    const float* scales[4];
+    for (int64_t k = 0; k < 4; ++k) {
+      const int64_t row = o + (k < n ? k : 0);
+      ptrs[k] = q + row * in;
+      scales[k] = w.scale != nullptr ? w.scale + row * w.groups : nullptr;
+    }
+    // The rows after next on their way from memory while these are summed: the
     // hardware prefetchers alone leave the weights' stream at half the bandwidth.
     if (o + 12 <= end) {
       const char* ahead = reinterpret_cast<const char*>(q + (o + 8) * in);
@@ -85,11 +167,10 @@ void fused_rows(const T* q, int64_t in, int64_t out, int64_t begin, int64_t end,
     }
     for (int64_t r = 0; r < rows; ++r) {
       float d[4];
-      simd::run_on<DotFour>(isa, static_cast<const T* const*>(ptrs), xs + r * in, in, d);
-      for (int64_t k = 0; k < n; ++k) {
-        float v = scale != nullptr ? d[k] * scale[o + k] : d[k];
-        ys[r * out + o + k] = bias != nullptr ? v + bias[o + k] : v;
-      }
+      simd::run_on<DotFour>(isa, static_cast<const T* const*>(ptrs),
+                            w.scale != nullptr ? static_cast<const float* const*>(scales) : nullptr, xs + r * in, in,
+                            d);
+      for (int64_t k = 0; k < n; ++k) ys[r * w.out + o + k] = bias != nullptr ? d[k] + bias[o + k] : d[k];
     }
   }
 }
@@ -98,107 +179,85 @@ void fused_rows(const T* q, int64_t in, int64_t out, int64_t begin, int64_t end,
 // (fused_rows); past it, each weight row once into a buffer that every row of x dots.
 constexpr int64_t kFusedRows = 4;
 
-template <class T>
-void widen_rows(const T* q, int64_t rows, int64_t in, float* out) {
-  const Isa isa = best_isa();
-  for (int64_t r = 0; r < rows; ++r) simd::run_on<Widen>(isa, q + r * in, out + r * in, in);
-}
-
-const void* data_of(const at::Tensor& data) { return data.const_data_ptr(); }
-
-// Rows [begin, end) of data widened into out ([end - begin, in] floats).
-void widen_range(const at::Tensor& data, int64_t begin, int64_t end, float* out) {
-  const int64_t in = data.size(1);
-  if (data.scalar_type() == at::kChar) {
-    widen_rows(static_cast<const int8_t*>(data_of(data)) + begin * in, end - begin, in, out);
-  } else {
-    widen_rows(static_cast<const uint16_t*>(data_of(data)) + begin * in, end - begin, in, out);
-  }
-}
-
 bool dense_cpu(const at::Tensor& t, int64_t dim) {
   return t.is_cpu() && t.layout() == at::kStrided && !t.is_nested() && t.dim() == dim && t.is_contiguous();
 }
 
-// x [rows, in] contiguous: the matrix-vector kernel.
-void matvec(const float* xs, int64_t rows, const at::Tensor& data, const float* scale, const float* bias, float* ys) {
-  const int64_t in = data.size(1), out = data.size(0);
+// x [rows, in] contiguous, at most kQuantizedMatvecRows rows: the matrix-vector kernels.
+void matvec(const float* xs, int64_t rows, const Weights& w, const float* bias, float* ys) {
+  const int64_t in = w.in;
   const int64_t grain = std::max<int64_t>(16, 16384 / std::max<int64_t>(in, 1));
   if (rows <= kFusedRows) {
-    parallel_for_unless_stalled(out, grain, [&](int64_t begin, int64_t end) {
-      if (data.scalar_type() == at::kChar) {
-        fused_rows(static_cast<const int8_t*>(data_of(data)), in, out, begin, end, xs, rows, scale, bias, ys);
+    parallel_for_unless_stalled(w.out, grain, [&](int64_t begin, int64_t end) {
+      if (w.int8) {
+        fused_rows<int8_t>(w, begin, end, xs, rows, bias, ys);
       } else {
-        fused_rows(static_cast<const uint16_t*>(data_of(data)), in, out, begin, end, xs, rows, scale, bias, ys);
+        fused_rows<uint16_t>(w, begin, end, xs, rows, bias, ys);
       }
     });
     return;
   }
-  parallel_for_unless_stalled(out, grain, [&](int64_t begin, int64_t end) {
+  parallel_for_unless_stalled(w.out, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> row(static_cast<size_t>(in));
     for (int64_t o = begin; o < end; ++o) {
-      widen_range(data, o, o + 1, row.data());
-      const float s = scale != nullptr ? scale[o] : 1.0f;
+      dequantize_range(w, o, o + 1, row.data());
       for (int64_t r = 0; r < rows; ++r) {
-        float d = dot(row.data(), xs + r * in, in);
-        if (scale != nullptr) d *= s;
-        ys[r * out + o] = bias != nullptr ? d + bias[o] : d;
+        const float d = dot(row.data(), xs + r * in, in);
+        ys[r * w.out + o] = bias != nullptr ? d + bias[o] : d;
       }
     }
   });
 }
 
-// x [rows, in] contiguous, many rows: tiles of output features widened, then a GEMM.
-void tiled(const at::Tensor& x, const at::Tensor& data, const at::Tensor& scale, const at::Tensor& bias,
-           at::Tensor& y) {
-  const int64_t in = data.size(1), out = data.size(0);
+// x [rows, in] contiguous, many rows: tiles of output features dequantized, then a GEMM.
+void tiled(const at::Tensor& x, const Weights& w, const at::Tensor& bias, at::Tensor& y) {
+  const int64_t in = w.in, out = w.out;
   // A tile of about 1 MB of floats: it stays in the cache between its widening and the GEMM.
   const int64_t tile = std::clamp<int64_t>((int64_t{1} << 18) / std::max<int64_t>(in, 1), 16, out);
   at::Tensor buffer = at::empty({tile, in}, x.options());
   for (int64_t o0 = 0; o0 < out; o0 += tile) {
     const int64_t n = std::min(tile, out - o0);
-    at::Tensor w = buffer.narrow(0, 0, n);
-    float* wp = w.mutable_data_ptr<float>();
+    at::Tensor part_w = buffer.narrow(0, 0, n);
+    float* wp = part_w.mutable_data_ptr<float>();
     at::parallel_for(0, n, std::max<int64_t>(1, 4096 / std::max<int64_t>(in, 1)),
-                     [&](int64_t b, int64_t e) { widen_range(data, o0 + b, o0 + e, wp + b * in); });
+                     [&](int64_t b, int64_t e) { dequantize_range(w, o0 + b, o0 + e, wp + b * in); });
     const at::Tensor b = bias.defined() ? bias.narrow(0, o0, n) : at::Tensor();
-    at::Tensor part;
-    if (scale.defined()) {
-      part = onednn_linear_applies(x, w, at::Tensor()) ? onednn_linear(x, w, at::Tensor()) : at::linear(x, w);
-      part.mul_(scale.narrow(0, o0, n));
-      if (b.defined()) part.add_(b);
-    } else {
-      part = onednn_linear_applies(x, w, b)
-                 ? onednn_linear(x, w, b)
-                 : at::linear(x, w, b.defined() ? std::optional<at::Tensor>(b) : std::nullopt);
-    }
+    const at::Tensor part = onednn_linear_applies(x, part_w, b)
+                                ? onednn_linear(x, part_w, b)
+                                : at::linear(x, part_w, b.defined() ? std::optional<at::Tensor>(b) : std::nullopt);
     y.narrow(1, o0, n).copy_(part);
   }
 }
 
 }  // namespace
 
-std::pair<at::Tensor, at::Tensor> quantize_int8_rows(const at::Tensor& weight) {
+int64_t int8_groups(int64_t in) { return (in + kInt8Group - 1) / kInt8Group; }
+
+std::pair<at::Tensor, at::Tensor> quantize_int8_groups(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat,
-              "quantize_int8_rows: expected a float32 weight [out, in], got ", weight.sizes(), " of ",
+              "quantize_int8_groups: expected a float32 weight [out, in], got ", weight.sizes(), " of ",
               weight.scalar_type());
   const at::Tensor finite = at::isfinite(weight).all(1);
   if (!finite.all().item<bool>()) {
     const int64_t row = at::nonzero(finite.logical_not())[0][0].item<int64_t>();
-    TORCH_CHECK(false, "quantize_int8_rows: expected finite weights, got a NaN or infinity in row ", row);
+    TORCH_CHECK(false, "quantize_int8_groups: expected finite weights, got a NaN or infinity in row ", row);
   }
-  const at::Tensor scale = at::amax(at::abs(weight), {1}) / 127.0f;
-  const at::Tensor divisor = at::where(scale > 0, scale, at::ones_like(scale)).unsqueeze(1);
-  const at::Tensor q = at::round(weight / divisor).clamp_(-127, 127).to(at::kChar);
-  return {q.contiguous(), scale.contiguous()};
+  const int64_t out = weight.size(0), in = weight.size(1), groups = int8_groups(in);
+  // Padded with zeros to whole groups (a zero changes no group's max).
+  const at::Tensor padded =
+      at::constant_pad_nd(weight, {0, groups * kInt8Group - in}).reshape({out, groups, kInt8Group});
+  const at::Tensor scale = at::amax(at::abs(padded), {2}) / 127.0f;
+  const at::Tensor divisor = at::where(scale > 0, scale, at::ones_like(scale)).unsqueeze(2);
+  const at::Tensor q = at::round(padded / divisor).clamp_(-127, 127).to(at::kChar).reshape({out, groups * kInt8Group});
+  return {q.narrow(1, 0, in).contiguous(), scale.contiguous()};
 }
 
 bool quantized_linear_applies(const at::Tensor& x, const at::Tensor& data, const at::Tensor& scale,
                               const at::Tensor& bias) {
   if (!data.defined() || !dense_cpu(data, 2) || data.numel() == 0) return false;
   if (data.scalar_type() == at::kChar) {
-    if (!scale.defined() || !dense_cpu(scale, 1) || scale.scalar_type() != at::kFloat ||
-        scale.size(0) != data.size(0)) {
+    if (!scale.defined() || !dense_cpu(scale, 2) || scale.scalar_type() != at::kFloat ||
+        scale.size(0) != data.size(0) || scale.size(1) != int8_groups(data.size(1))) {
       return false;
     }
   } else if (data.scalar_type() != at::kBFloat16 || scale.defined()) {
@@ -216,21 +275,22 @@ at::Tensor quantized_linear(const at::Tensor& x_in, const at::Tensor& data, cons
                             const at::Tensor& bias) {
   TORCH_CHECK(quantized_linear_applies(x_in, data, scale, bias),
               "quantized_linear: expected float32 CPU x [..., in] with no gradient, int8 [out, in] data with "
-              "float32 scales [out] (or bfloat16 data, no scales) and a float32 bias [out] or none; got x ",
+              "float32 scales [out, groups of 64] (or bfloat16 data, no scales) and a float32 bias [out] or none; "
+              "got x ",
               x_in.sizes(), " of ", x_in.scalar_type(), " on ", x_in.device(), ", data ", data.sizes(), " of ",
               data.scalar_type());
-  const int64_t in = data.size(1), out = data.size(0);
+  const Weights w = weights_of(data, scale);
   std::vector<int64_t> shape = x_in.sizes().vec();
-  shape.back() = out;
-  const int64_t rows = in == 0 ? 0 : x_in.numel() / in;
-  const at::Tensor x = x_in.reshape({rows, in}).contiguous();
-  at::Tensor y = at::empty({rows, out}, x.options());
+  shape.back() = w.out;
+  const int64_t rows = w.in == 0 ? 0 : x_in.numel() / w.in;
+  const at::Tensor x = x_in.reshape({rows, w.in}).contiguous();
+  at::Tensor y = at::empty({rows, w.out}, x.options());
   if (rows == 0) return y.reshape(shape);
   if (rows <= kQuantizedMatvecRows) {
-    matvec(x.const_data_ptr<float>(), rows, data, scale.defined() ? scale.const_data_ptr<float>() : nullptr,
-           bias.defined() ? bias.const_data_ptr<float>() : nullptr, y.mutable_data_ptr<float>());
+    matvec(x.const_data_ptr<float>(), rows, w, bias.defined() ? bias.const_data_ptr<float>() : nullptr,
+           y.mutable_data_ptr<float>());
   } else {
-    tiled(x, data, scale, bias, y);
+    tiled(x, w, bias, y);
   }
   return y.reshape(shape);
 }
@@ -240,11 +300,19 @@ at::Tensor dequantized_rows(const at::Tensor& data, const at::Tensor& scale, con
   TORCH_CHECK(data.dim() == 2 && (data.scalar_type() == at::kChar || data.scalar_type() == at::kBFloat16),
               "dequantized_rows: expected int8 or bfloat16 data [rows, in], got ", data.sizes(), " of ",
               data.scalar_type());
-  at::Tensor rows = data.index_select(0, ids.reshape({-1})).to(at::kFloat);
-  if (scale.defined()) rows.mul_(scale.index_select(0, ids.reshape({-1})).unsqueeze(1));
+  const at::Tensor flat = ids.reshape({-1}).contiguous();
+  const int64_t n = flat.numel(), rows = data.size(0);
+  const int64_t* id = flat.const_data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK(id[i] >= 0 && id[i] < rows, "dequantized_rows: id ", id[i], " is outside the table's ", rows, " rows");
+  }
+  const Weights w = weights_of(data.contiguous(), scale);
+  at::Tensor out = at::empty({n, w.in}, data.options().dtype(at::kFloat));
+  float* o = out.mutable_data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) dequantize_range(w, id[i], id[i] + 1, o + i * w.in);
   std::vector<int64_t> shape = ids.sizes().vec();
-  shape.push_back(data.size(1));
-  return rows.reshape(shape);
+  shape.push_back(w.in);
+  return out.reshape(shape);
 }
 
 }  // namespace torchattn::kernels::cpu
