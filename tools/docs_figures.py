@@ -99,6 +99,10 @@ FIGURES = {
     "embed.b1.linear_ms": Text("embed.md", r"linear layers alone \(.*?\) take ([\d.]+) ms"),
     "embed.b1.allowed_ms": Text("embed.md", r"twice sentence-transformers' speed means ([\d.]+) ms per sentence"),
     "embed.b1.torchattn_ms": Text("embed.md", r"torchattn takes ([\d.]+) ms"),
+    # weights.md: the weight formats beside CTranslate2, and their perplexity.
+    "weights.table": Table("weights.md", "runtime, weights"),
+    "weights.perplexity": Table("weights.md", "weights", "Perplexity"),
+    "weights.targets": Table("weights.md", "target", "Targets"),
     # generate.md: SmolLM2-135M against transformers' generate.
     "generate.table": Table("generate.md", "measure"),
     "generate.targets": Table("generate.md", "target", "Targets"),

@@ -5,7 +5,7 @@
 # all-MiniLM-L6-v2 sentence embeddings with torchattn against sentence-transformers,
 # apps/bench/results/embed.md. Serving: torchattn_serve with 1, 4 and 16 clients against
 # transformers' batched generate, apps/bench/results/serve.md. Pass --quick for a smoke
-# run, --generate-only, --embed-only or --serve-only for one part alone.
+# run, --generate-only, --embed-only, --serve-only or --weights-only for one part alone.
 #
 #   bash apps/bench/run.sh [--device cpu|cuda] [--quick]
 #
@@ -26,6 +26,7 @@ quick=0
 generate_only=0
 embed_only=0
 serve_only=0
+weights_only=0
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -35,6 +36,7 @@ while [ $# -gt 0 ]; do
     --generate-only) generate_only=1; shift ;;
     --embed-only) embed_only=1; shift ;;
     --serve-only) serve_only=1; shift ;;
+    --weights-only) weights_only=1; shift ;;
     *) args+=("$1"); shift ;;
   esac
 done
@@ -60,8 +62,36 @@ case "$device" in
       .venv/bin/python apps/bench/report_serve.py --json "$out/serve.json" --out "$docs" >/dev/null
       echo "bench: wrote $docs/serve.md"
     }
+    # Weight formats: ours in float32, bfloat16 and int8 beside CTranslate2, each at 1
+    # and 2 threads, and the perplexity of each format (apps/bench/results/weights.md).
+    weights() {
+      .venv/bin/python tools/convert_smollm2.py "$smollm2"
+      local ours=() ct2=() t d
+      for t in 1 2; do
+        for d in float32 bfloat16 int8; do
+          OMP_NUM_THREADS=$t ./build/apps/generate/torchattn_generate_bench --model "$smollm2" --threads "$t" \
+            --dtype "$d" --json "$out/weights-$d-$t.json" ${args[@]+"${args[@]}"}
+          ours+=("$d:$t:$out/weights-$d-$t.json")
+        done
+        for d in int8 float32; do
+          OMP_NUM_THREADS=$t .venv/bin/python apps/generate/bench_ctranslate2.py --model "$smollm2" --threads "$t" \
+            --compute-type "$d" --work "$out" --json "$out/ct2-$d-$t.json" ${args[@]+"${args[@]}"}
+          ct2+=("$d:$t:$out/ct2-$d-$t.json")
+        done
+      done
+      .venv/bin/python tests/reference/check_perplexity.py --cli ./build/apps/perplexity/torchattn_perplexity \
+        --model "$smollm2" --work "$out/perplexity" --json "$out/perplexity.json"
+      .venv/bin/python apps/bench/report_weights.py --ours "${ours[@]}" --ct2 "${ct2[@]}" \
+        --ppl "$out/perplexity.json" --out "$docs" >/dev/null
+      echo "bench: wrote $docs/weights.md"
+    }
     if [ "$serve_only" = 1 ]; then
       serve
+      figures
+      exit 0
+    fi
+    if [ "$weights_only" = 1 ]; then
+      weights
       figures
       exit 0
     fi
@@ -115,6 +145,7 @@ case "$device" in
       --load "${load[@]}" --out "$docs" >/dev/null
     echo "bench: wrote $docs/generate.md"
     [ "$generate_only" = 1 ] || serve
+    [ "$generate_only" = 1 ] || weights
     ;;
   cuda)
     BUILD=${BUILD:-build-gpu}

@@ -30,7 +30,7 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 def reference(model_dir, text, context):
     tok = AutoTokenizer.from_pretrained(model_dir)
     ids = tok(text, add_special_tokens=False)["input_ids"]
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     windows = len(ids) // context
     total = 0.0
     with torch.no_grad():
@@ -61,6 +61,7 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--chars", type=int, default=26000, help="the text's length (0: all of it)")
+    ap.add_argument("--json", help="write the figures here (apps/bench/report_weights.py reads them)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     os.makedirs(args.work, exist_ok=True)
@@ -89,6 +90,11 @@ def main():
     for d, bound in (("bfloat16", 0.005), ("int8", 0.010)):
         if got[d][0] > f32 * (1 + bound):
             failures.append(f"{d} {got[d][0]:.4f} is more than {100 * bound:.1f}% above float32 {f32:.4f}")
+    if args.json:
+        import json
+        with open(args.json, "w") as f:
+            json.dump({"text_tokens": all_tokens, "scored": ref_tokens, "context": args.context,
+                       "transformers_float32": ref, "torchattn": {d: p for d, (p, _) in got.items()}}, f)
     for f in failures:
         print(f"[perplexity] FAIL {f}")
     return 1 if failures else 0

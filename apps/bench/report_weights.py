@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""apps/bench/results/weights.md: SmolLM2-135M's weight formats on the CPU. torchattn
+in float32, bfloat16 and int8 (torchattn_generate_bench --dtype, at 1 and 2 threads)
+beside CTranslate2 int8 and float32 (bench_ctranslate2.py, the same threads), with the
+perplexity each format gives (check_perplexity.py --json), and the issue's targets.
+
+Usage: report_weights.py --ours D:T:FILE ... --ct2 D:T:FILE ... --ppl FILE [--out DIR]
+"""
+
+import argparse
+import datetime
+import json
+import os
+
+from report import machine  # apps/bench/report.py
+
+
+def cpu_flags():
+    want = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8",
+            "amx_bf16")
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return ", ".join(f for f in want if f in have) or "none of " + ", ".join(want)
+    except OSError:
+        pass
+    return "unknown"
+
+
+def load(items):
+    runs = {}
+    for item in items:
+        dtype, threads, path = item.split(":", 2)
+        runs[(dtype, int(threads))] = json.load(open(path))
+    return runs
+
+
+def best(runs, dtype, key, larger=True):
+    """The best of a format's thread counts: (value, threads)."""
+    cands = [(r[key], t) for (d, t), r in runs.items() if d == dtype]
+    return max(cands) if larger else min(cands)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ours", nargs="+", required=True)
+    ap.add_argument("--ct2", nargs="+", required=True)
+    ap.add_argument("--ppl", required=True)
+    ap.add_argument("--out", default="apps/bench/results")
+    a = ap.parse_args()
+    ours, ct2, ppl = load(a.ours), load(a.ct2), json.load(open(a.ppl))
+    any_run = next(iter(ours.values()))
+    md = ["# Weight formats: SmolLM2-135M-Instruct on the CPU", "",
+          "Made by `bash apps/bench/run.sh --weights-only` (part of `make bench`): torchattn_generate_bench "
+          "`--dtype float32|bfloat16|int8` (bfloat16 or int8 weights, float32 activations and sums; "
+          "docs/models.md) and CTranslate2 (`bench_ctranslate2.py`, the folder converted with its own "
+          "converter) one after the other, each at 1 and at 2 intra-op threads. Decoding: 128 new tokens after a "
+          "32-token prompt, greedy, median of 3; prefill: the first token of a 512-token prompt, warm, median of 5; "
+          "peak RSS after loading and generating (torchattn's includes its float32 load before quantizing).", "",
+          f"- machine: {machine()}",
+          f"- CPU flags: {cpu_flags()}",
+          f"- CTranslate2 {next(iter(ct2.values()))['version']}, {datetime.date.today().isoformat()}", "",
+          "| runtime, weights | threads | decode, tokens/s | prefill 512, s | peak RSS, MiB | weights, MB |",
+          "|---|---|---|---|---|---|"]
+    for (d, t), r in sorted(ours.items(), key=lambda kv: (["float32", "bfloat16", "int8"].index(kv[0][0]), kv[0][1])):
+        md.append(f"| torchattn {d} | {t} | {r['decode_tokens_per_s']:.1f} | {r['prefill_s']:.3f} | "
+                  f"{r['peak_rss_mib']:.0f} | {r['weight_bytes'] / 1e6:.0f} |")
+    for (d, t), r in sorted(ct2.items()):
+        md.append(f"| CTranslate2 {d} | {t} | {r['decode_tokens_per_s']:.1f} | {r['prefill_s']:.3f} | "
+                  f"{r['peak_rss_mib']:.0f} | |")
+    f32, bf16, i8 = (best(ours, d, "decode_tokens_per_s") for d in ("float32", "bfloat16", "int8"))
+    ct2_i8 = best(ct2, "int8", "decode_tokens_per_s")
+    pre_i8 = best(ours, "int8", "prefill_s", larger=False)
+    pre_ct2 = best(ct2, "int8", "prefill_s", larger=False)
+    i8_bytes = ours[("int8", i8[1])]["weight_bytes"]
+    bound = any_run["bandwidth_gbps"] * 1e9 / i8_bytes
+    md += ["", f"The memory read bandwidth measured in the same run, {any_run['bandwidth_gbps']:.1f} GB/s, bounds "
+               f"int8 decoding at {bound:.0f} tokens/s ({i8_bytes / 1e6:.0f} MB read per token); int8 decodes at "
+               f"{100 * i8[0] / bound:.0f}% of it.", "",
+           f"## Perplexity", "",
+           f"`torchattn_perplexity --context {ppl['context']}` over {ppl['text_tokens']} tokens of README.md and "
+           f"docs/ ({ppl['scored']} scored), against transformers' float32 by the same definition "
+           f"(tests/reference/check_perplexity.py):", "",
+           "| weights | perplexity | against float32 |", "|---|---|---|",
+           f"| transformers float32 | {ppl['transformers_float32']:.4f} | |"]
+    p32 = ppl["torchattn"]["float32"]
+    for d, p in ppl["torchattn"].items():
+        md.append(f"| torchattn {d} | {p:.4f} | {100 * (p / p32 - 1):+.3f}% |")
+    rss = lambda d: min(r["peak_rss_mib"] for (dd, _), r in ours.items() if dd == d)
+    checks = [
+        ("int8 decoding >= 2.0x our float32 (best threads each)", i8[0] / f32[0], ">=", 2.0),
+        ("int8 decoding >= 1.3x CTranslate2 int8 (best threads each)", i8[0] / ct2_i8[0], ">=", 1.3),
+        ("bfloat16 decoding >= 1.5x our float32", bf16[0] / f32[0], ">=", 1.5),
+        ("int8 prefill of 512 at least as fast as CTranslate2 int8 (time ratio)", pre_i8[0] / pre_ct2[0], "<=", 1.0),
+        ("int8 peak RSS <= 0.45x float32's", rss("int8") / rss("float32"), "<=", 0.45),
+        ("float32 perplexity equals transformers' (relative difference)",
+         abs(p32 / ppl["transformers_float32"] - 1), "<=", 1e-4),
+        ("bfloat16 perplexity rise", ppl["torchattn"]["bfloat16"] / p32 - 1, "<=", 0.005),
+        ("int8 perplexity rise", ppl["torchattn"]["int8"] / p32 - 1, "<=", 0.010),
+        ("moonshot: int8 decoding at >= 60% of its bandwidth bound", i8[0] / bound, ">=", 0.60),
+    ]
+    md += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
+    for name, val, op, lim in checks:
+        ok = val >= lim if op == ">=" else val <= lim
+        md.append(f"| {name} | {val:.4g} | {'yes' if ok else '**no**'} |")
+    md += ["", "Not measured here yet: `torchattn_serve` with 16 clients in int8, and llama.cpp Q8_0 beside it."]
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "weights.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+    print(f"wrote {os.path.join(a.out, 'weights.md')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""CTranslate2's side of the weight formats' benchmark (apps/bench/results/weights.md):
+the same SmolLM2 folder converted once per compute type (int8 or float32), then, as
+torchattn_generate_bench measures it: decoding tokens/s after a 32-token prompt (128
+new tokens, greedy, the median of 3), a warm prefill of 512 tokens (its first token,
+the median of 5 after a warm-up) and the peak RSS, at the given intra-op threads.
+
+Usage: .venv/bin/python apps/generate/bench_ctranslate2.py --model DIR --compute-type int8 --threads 1
+           --work DIR [--json out.json] [--quick]
+"""
+
+import argparse
+import json
+import os
+import random
+import resource
+import statistics
+import time
+
+import ctranslate2
+from transformers import AutoTokenizer
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--compute-type", default="int8", choices=["int8", "float32"])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--work", required=True, help="where the converted models are kept")
+    ap.add_argument("--json")
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    out = os.path.join(a.work, f"ct2-{a.compute_type}")
+    if not os.path.exists(os.path.join(out, "model.bin")):
+        ctranslate2.converters.TransformersConverter(a.model).convert(out, quantization=a.compute_type, force=True)
+    tok = AutoTokenizer.from_pretrained(a.model)
+    t0 = time.perf_counter()
+    gen = ctranslate2.Generator(out, device="cpu", compute_type=a.compute_type, intra_threads=a.threads,
+                                inter_threads=1)
+    load_s = time.perf_counter() - t0
+    rng = random.Random(0)
+    vocab = len(tok)
+    new_tokens, long_prompt = (16, 128) if a.quick else (128, 512)
+    prompt = tok.convert_ids_to_tokens([rng.randrange(100, vocab - 100) for _ in range(32)])
+    decode = []
+    for _ in range(1 if a.quick else 3):
+        # The first token alone, then the whole run: decoding is the difference.
+        t = time.perf_counter()
+        gen.generate_batch([prompt], max_length=1, min_length=1, sampling_topk=1, include_prompt_in_result=False)
+        first = time.perf_counter() - t
+        t = time.perf_counter()
+        r = gen.generate_batch([prompt], max_length=new_tokens, min_length=new_tokens, sampling_topk=1,
+                               include_prompt_in_result=False)
+        total = time.perf_counter() - t
+        n = len(r[0].sequences_ids[0])
+        decode.append((n - 1) / max(total - first, 1e-9))
+    long_ids = tok.convert_ids_to_tokens([rng.randrange(100, vocab - 100) for _ in range(long_prompt)])
+    prefill = []
+    for i in range(2 if a.quick else 6):
+        t = time.perf_counter()
+        gen.generate_batch([long_ids], max_length=1, min_length=1, sampling_topk=1, include_prompt_in_result=False)
+        if i > 0:
+            prefill.append(time.perf_counter() - t)
+    res = {"tool": "ctranslate2", "version": ctranslate2.__version__, "compute_type": a.compute_type,
+           "threads": a.threads, "load_s": load_s, "new_tokens": new_tokens,
+           "decode_tokens_per_s": statistics.median(decode), "runs": decode, "long_prompt": long_prompt,
+           "prefill_s": statistics.median(prefill),
+           "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+    print(f"bench_ctranslate2: {a.compute_type}, {a.threads} threads: decode {res['decode_tokens_per_s']:.1f} "
+          f"tokens/s, prefill {long_prompt} tokens {res['prefill_s']:.3f} s")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f)
+
+
+if __name__ == "__main__":
+    main()
