@@ -79,8 +79,9 @@ int main(int argc, char** argv) {
   // Sized as torchattn_generate sizes it: the prompt plus the new tokens (the KV caches
   // hold that many).
   torchattn::models::CausalLM model(config, prompt_len + new_tokens);
-  const auto weights = torchattn::load_safetensors((dir / "model.safetensors").string());
-  torchattn::models::load_weights(*model, weights, model->hf_weights());
+  // As torchattn_generate loads: from the file, whose map goes once no weight uses it.
+  const std::string weights = (dir / "model.safetensors").string();
+  model->load_hf_weights(weights);
   const auto format = torchattn::weight_format_from_string(dtype_name);
   if (format != torchattn::WeightFormat::Float32) model->freeze_weights(format);
   keep_freed_memory_for_reuse();
@@ -118,11 +119,11 @@ int main(int argc, char** argv) {
              median(decode_tps), decode_tps.size());
 
   // 2. Prefill of a long prompt: the logits of its last token, warm, in a model sized
-  // for it (float32 weights: the same mapped tensors; other dtypes are converted again).
+  // for it (the file mapped again).
   std::vector<double> prefill;
   {
     torchattn::models::CausalLM model(config, long_prompt);
-    torchattn::models::load_weights(*model, weights, model->hf_weights());
+    model->load_hf_weights(weights);
     if (format != torchattn::WeightFormat::Float32) model->freeze_weights(format);
     c10::InferenceMode inference;
     const auto long_ids = at::randint(100, config.vocab_size - 100, {1, long_prompt}, at::kLong);

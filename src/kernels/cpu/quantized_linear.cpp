@@ -243,13 +243,24 @@ std::pair<at::Tensor, at::Tensor> quantize_int8_groups(const at::Tensor& weight)
     TORCH_CHECK(false, "quantize_int8_groups: expected finite weights, got a NaN or infinity in row ", row);
   }
   const int64_t out = weight.size(0), in = weight.size(1), groups = int8_groups(in);
-  // Padded with zeros to whole groups (a zero changes no group's max).
-  const at::Tensor padded =
-      at::constant_pad_nd(weight, {0, groups * kInt8Group - in}).reshape({out, groups, kInt8Group});
-  const at::Tensor scale = at::amax(at::abs(padded), {2}) / 127.0f;
-  const at::Tensor divisor = at::where(scale > 0, scale, at::ones_like(scale)).unsqueeze(2);
-  const at::Tensor q = at::round(padded / divisor).clamp_(-127, 127).to(at::kChar).reshape({out, groups * kInt8Group});
-  return {q.narrow(1, 0, in).contiguous(), scale.contiguous()};
+  at::Tensor q = at::empty({out, in}, weight.options().dtype(at::kChar));
+  at::Tensor scale = at::empty({out, groups}, weight.options());
+  // A few thousand rows at a time: the float temporaries stay a few MB, not copies of
+  // a whole embedding table.
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{4} << 20) / std::max<int64_t>(in, 1));
+  for (int64_t r0 = 0; r0 < out; r0 += chunk) {
+    const int64_t n = std::min(chunk, out - r0);
+    // Padded with zeros to whole groups (a zero changes no group's max).
+    const at::Tensor padded =
+        at::constant_pad_nd(weight.narrow(0, r0, n), {0, groups * kInt8Group - in}).reshape({n, groups, kInt8Group});
+    const at::Tensor s = at::amax(at::abs(padded), {2}) / 127.0f;
+    const at::Tensor divisor = at::where(s > 0, s, at::ones_like(s)).unsqueeze(2);
+    const at::Tensor part =
+        at::round(padded / divisor).clamp_(-127, 127).to(at::kChar).reshape({n, groups * kInt8Group});
+    q.narrow(0, r0, n).copy_(part.narrow(1, 0, in));
+    scale.narrow(0, r0, n).copy_(s);
+  }
+  return {q, scale};
 }
 
 bool quantized_linear_applies(const at::Tensor& x, const at::Tensor& data, const at::Tensor& scale,
