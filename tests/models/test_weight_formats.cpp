@@ -1,0 +1,117 @@
+// CausalLM::freeze_weights and LoadOptions::weight_format on small random decoders
+// (tied and untied heads): the frozen model's logits equal those of a float32 model
+// holding the format's rounded weights (int8: each group of 64 inputs times its
+// scale), greedy decoding included; its memory shrinks; and what it refuses.
+
+#include "common/expect_error.h"
+
+#include <torchattn/models.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace models = torchattn::models;
+using torchattn::WeightFormat;
+
+models::CausalLM small_model(bool tied) {
+  models::DecoderConfig c;
+  c.model_type = "llama";
+  c.vocab_size = 96;
+  c.hidden_size = 48;
+  c.intermediate_size = 130;  // down_proj: three groups of 64 inputs, the last short
+  c.num_layers = 2;
+  c.num_heads = 6;
+  c.num_kv_heads = 2;
+  c.max_position_embeddings = 128;
+  c.rope_theta = 10000.0;
+  c.windows.assign(2, std::nullopt);
+  c.tie_word_embeddings = tied;
+  c.eos_token_ids = {};
+  torch::manual_seed(61);
+  models::CausalLM model(c, 128);
+  {
+    torch::NoGradGuard no_grad;
+    model->embed_tokens->weight.mul_(4);  // clear greedy choices
+  }
+  model->eval();
+  return model;
+}
+
+// The weights a format keeps, as float32 (the definition in weight_format.h).
+torch::Tensor rounded(const torch::Tensor& w, WeightFormat format) {
+  if (format == WeightFormat::BFloat16) return w.to(torch::kBFloat16).to(torch::kFloat);
+  const int64_t out = w.size(0), in = w.size(1), groups = (in + 63) / 64;
+  const auto padded = torch::constant_pad_nd(w, {0, groups * 64 - in}).reshape({out, groups, 64});
+  const auto scale = padded.abs().amax(2, true) / 127.0f;
+  const auto q = torch::round(padded / torch::where(scale > 0, scale, torch::ones_like(scale))).clamp(-127, 127);
+  return (q * scale).reshape({out, groups * 64}).narrow(1, 0, in);
+}
+
+class FrozenDecoder : public ::testing::TestWithParam<std::tuple<WeightFormat, bool>> {};
+
+TEST_P(FrozenDecoder, EqualsTheFloatModelOfItsRoundedWeights) {
+  const auto [format, tied] = GetParam();
+  models::CausalLM frozen = small_model(tied), plain = small_model(tied);
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& item : plain->named_parameters()) {
+      const std::string& name = item.key();
+      // Every linear layer's weight, and a tied head's table (the embeddings with it).
+      const bool linear = name.ends_with("proj.weight") || name.ends_with("W_query.weight") ||
+                          name.ends_with("W_key.weight") || name.ends_with("W_value.weight") ||
+                          name == "lm_head.weight" || (tied && name == "embed_tokens.weight");
+      if (linear) item.value().copy_(rounded(item.value(), format));
+    }
+  }
+  const int64_t before = frozen->weight_bytes();
+  frozen->freeze_weights(format);
+  EXPECT_EQ(frozen->weight_format(), format);
+  EXPECT_LT(frozen->weight_bytes(), before * (format == WeightFormat::Int8 ? 0.45 : 0.6));
+  torch::NoGradGuard no_grad;
+  const auto ids = torch::randint(0, 96, {2, 20}, torch::kLong);
+  EXPECT_TRUE(torch::allclose(frozen->forward(ids), plain->forward(ids), 1e-4, 1e-4));
+  // Greedy decoding through the caches (one row a step: the matrix-vector kernel).
+  const auto options = models::GenerationOptions().max_new_tokens(12).stop_at_eos(false);
+  const std::vector<std::vector<int64_t>> prompts{{5, 17, 3, 40, 2}, {9, 9, 61}};
+  const auto got = models::generate(*frozen, prompts, options);
+  const auto want = models::generate(*plain, prompts, options);
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i].ids, want[i].ids) << "prompt " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, FrozenDecoder,
+                         ::testing::Combine(::testing::Values(WeightFormat::BFloat16, WeightFormat::Int8),
+                                            ::testing::Bool()));
+
+TEST(FrozenDecoder, RefusesWhatNeedsTheFloatWeights) {
+  models::CausalLM model = small_model(/*tied=*/true);
+  expect_error([&] { model->freeze_weights(WeightFormat::Float32); },
+               "CausalLM: freeze_weights keeps bfloat16 or int8 weights, got float32");
+  models::CausalLM bf16 = small_model(false);
+  bf16->to(torch::kBFloat16);
+  expect_error([&] { bf16->freeze_weights(WeightFormat::Int8); },
+               "CausalLM: freeze_weights needs a float32 model on the CPU, got weights of BFloat16 on cpu");
+  model->freeze_weights(WeightFormat::Int8);
+  model->freeze_weights(WeightFormat::Int8);  // again: nothing to do
+  expect_error([&] { model->freeze_weights(WeightFormat::BFloat16); },
+               "CausalLM: freeze_weights: the weights are already int8, asked for bfloat16");
+  expect_error([&] { model->load_hf_weights("model.safetensors"); },
+               "CausalLM: load_hf_weights needs float32 weights to load into; freeze_weights (int8) freed them");
+  // Training: the embeddings need a gradient, the frozen layers refuse it.
+  expect_error([&] { model->forward(torch::tensor({{1, 2, 3}}, torch::kLong)); },
+               "the layer keeps only its int8 weights, for inference: no gradient flows through them");
+  // LoadOptions: checked before the folder is read.
+  expect_error(
+      [] {
+        models::LanguageModel::from_pretrained(
+            "no-such-folder", models::LoadOptions().dtype(torch::kBFloat16).weight_format(WeightFormat::Int8));
+      },
+      "LoadOptions::weight_format: int8 weights run on the CPU with float32 activations (device cpu, dtype "
+      "float32), got device cpu and dtype BFloat16");
+}
+
+}  // namespace
