@@ -81,8 +81,12 @@ case "$device" in
       done
       .venv/bin/python tests/reference/check_perplexity.py --cli ./build/apps/perplexity/torchattn_perplexity \
         --model "$smollm2" --work "$out/perplexity" --json "$out/perplexity.json"
+      pyargs=()
+      [ "$quick" = 1 ] && pyargs=(--quick)
+      .venv/bin/python apps/serve/bench_serve.py --server ./build/apps/serve/torchattn_serve --model "$smollm2" \
+        --threads 2 --server-args "--dtype int8" --json "$out/serve-int8.json" ${pyargs[@]+"${pyargs[@]}"}
       .venv/bin/python apps/bench/report_weights.py --ours "${ours[@]}" --ct2 "${ct2[@]}" \
-        --ppl "$out/perplexity.json" --out "$docs" >/dev/null
+        --ppl "$out/perplexity.json" --serve "$out/serve-int8.json" --out "$docs" >/dev/null
       echo "bench: wrote $docs/weights.md"
     }
     if [ "$serve_only" = 1 ]; then

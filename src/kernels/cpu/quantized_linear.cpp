@@ -4,7 +4,6 @@
 #include "kernels/cpu/onednn_linear.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/stall_aware.h"
-#include "kernels/cpu/vec.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
@@ -142,6 +141,46 @@ struct DotFour {
   }
 };
 
+// out[k][r] = sum_i w[k][i] * x[r][i] for four weight rows q[0..3] and four rows of x
+// x[0..3]: each weight vector widened once (times its group's scale, int8) and used for
+// the four rows of x, sixteen accumulators; the last in % W products in order.
+struct DotTile {
+  static constexpr Isa kWidest = Isa::Avx512;
+  template <class S, class T>
+  static void run(const T* const* q, const float* const* scale, const float* const* x, int64_t in, float* out) {
+    using V = typename S::V;
+    V acc[4][4];
+    for (auto& row : acc) {
+      for (auto& a : row) a = S::zero();
+    }
+    float tail[4][4] = {};
+    const int64_t group = scale != nullptr ? kInt8Group : in;
+    for (int64_t g0 = 0, g = 0; g0 < in; g0 += group, ++g) {
+      const int64_t g1 = std::min(in, g0 + group);
+      V sv[4];
+      for (int k = 0; k < 4; ++k) sv[k] = S::set1(scale != nullptr ? scale[k][g] : 1.0f);
+      int64_t i = g0;
+      for (; i + S::W <= g1; i += S::W) {
+        V w[4];
+        for (int k = 0; k < 4; ++k) w[k] = scale != nullptr ? S::mul(S::widen(q[k] + i), sv[k]) : S::widen(q[k] + i);
+        for (int r = 0; r < 4; ++r) {
+          const V xv = S::load(x[r] + i);
+          for (int k = 0; k < 4; ++k) acc[k][r] = S::fma(w[k], xv, acc[k][r]);
+        }
+      }
+      for (; i < g1; ++i) {
+        for (int k = 0; k < 4; ++k) {
+          const float wk = simd::Scalar::widen(q[k] + i) * (scale != nullptr ? scale[k][g] : 1.0f);
+          for (int r = 0; r < 4; ++r) tail[k][r] += wk * x[r][i];
+        }
+      }
+    }
+    for (int k = 0; k < 4; ++k) {
+      for (int r = 0; r < 4; ++r) out[k * 4 + r] = S::reduce_add(acc[k][r]) + tail[k][r];
+    }
+  }
+};
+
 // Rows [begin, end) of y for x's `rows` rows: DotFour over four weight rows at a time
 // (the last group of rows repeats its first row where fewer are left).
 template <class T>
@@ -165,46 +204,42 @@ void fused_rows(const Weights& w, int64_t begin, int64_t end, const float* xs, i
       const char* ahead = reinterpret_cast<const char*>(q + (o + 8) * in);
       for (int64_t b = 0; b < 4 * in * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(ahead + b);
     }
-    for (int64_t r = 0; r < rows; ++r) {
+    const float* const* sc = w.scale != nullptr ? static_cast<const float* const*>(scales) : nullptr;
+    if (rows == 1) {
       float d[4];
-      simd::run_on<DotFour>(isa, static_cast<const T* const*>(ptrs),
-                            w.scale != nullptr ? static_cast<const float* const*>(scales) : nullptr, xs + r * in, in,
-                            d);
-      for (int64_t k = 0; k < n; ++k) ys[r * w.out + o + k] = bias != nullptr ? d[k] + bias[o + k] : d[k];
+      simd::run_on<DotFour>(isa, static_cast<const T* const*>(ptrs), sc, xs, in, d);
+      for (int64_t k = 0; k < n; ++k) ys[o + k] = bias != nullptr ? d[k] + bias[o + k] : d[k];
+      continue;
+    }
+    // Four rows of x at a time (the last group repeats its first row where fewer are left).
+    for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+      const int64_t m = std::min<int64_t>(4, rows - r0);
+      const float* xr[4];
+      for (int64_t r = 0; r < 4; ++r) xr[r] = xs + (r0 + (r < m ? r : 0)) * in;
+      float d[16];
+      simd::run_on<DotTile>(isa, static_cast<const T* const*>(ptrs), sc, static_cast<const float* const*>(xr), in, d);
+      for (int64_t k = 0; k < n; ++k) {
+        for (int64_t r = 0; r < m; ++r) {
+          ys[(r0 + r) * w.out + o + k] = bias != nullptr ? d[k * 4 + r] + bias[o + k] : d[k * 4 + r];
+        }
+      }
     }
   }
 }
-
-// Up to this many rows of x the weights are widened in registers once per row of x
-// (fused_rows); past it, each weight row once into a buffer that every row of x dots.
-constexpr int64_t kFusedRows = 4;
 
 bool dense_cpu(const at::Tensor& t, int64_t dim) {
   return t.is_cpu() && t.layout() == at::kStrided && !t.is_nested() && t.dim() == dim && t.is_contiguous();
 }
 
-// x [rows, in] contiguous, at most kQuantizedMatvecRows rows: the matrix-vector kernels.
+// x [rows, in] contiguous, at most kQuantizedMatvecRows rows: the matrix-vector
+// kernels, the output features split over the threads.
 void matvec(const float* xs, int64_t rows, const Weights& w, const float* bias, float* ys) {
-  const int64_t in = w.in;
-  const int64_t grain = std::max<int64_t>(16, 16384 / std::max<int64_t>(in, 1));
-  if (rows <= kFusedRows) {
-    parallel_for_unless_stalled(w.out, grain, [&](int64_t begin, int64_t end) {
-      if (w.int8) {
-        fused_rows<int8_t>(w, begin, end, xs, rows, bias, ys);
-      } else {
-        fused_rows<uint16_t>(w, begin, end, xs, rows, bias, ys);
-      }
-    });
-    return;
-  }
+  const int64_t grain = std::max<int64_t>(16, 16384 / std::max<int64_t>(w.in, 1));
   parallel_for_unless_stalled(w.out, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> row(static_cast<size_t>(in));
-    for (int64_t o = begin; o < end; ++o) {
-      dequantize_range(w, o, o + 1, row.data());
-      for (int64_t r = 0; r < rows; ++r) {
-        const float d = dot(row.data(), xs + r * in, in);
-        ys[r * w.out + o] = bias != nullptr ? d + bias[o] : d;
-      }
+    if (w.int8) {
+      fused_rows<int8_t>(w, begin, end, xs, rows, bias, ys);
+    } else {
+      fused_rows<uint16_t>(w, begin, end, xs, rows, bias, ys);
     }
   });
 }

@@ -10,9 +10,10 @@
 //   y[..., o] = dot(x[..., :], float(w[o, :])) + b[o]                       (bfloat16)
 //
 // A few rows (decoding; up to kQuantizedMatvecRows) stream the weights once, split
-// over the intra-op threads, each row widened into a buffer and dotted with every row
-// of x (vec.h's dot). More rows (prefill) widen the weights a tile of output features
-// at a time and multiply the tile with a float32 GEMM (oneDNN where LibTorch has it).
+// over the intra-op threads, four weight rows at a time widened in registers and
+// dotted with one row of x, or with four at a time. More rows (prefill) widen the
+// weights a tile of output features at a time and multiply the tile with a float32
+// GEMM (oneDNN where LibTorch has it).
 
 #include <ATen/core/Tensor.h>
 
