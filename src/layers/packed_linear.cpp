@@ -14,11 +14,6 @@
 
 #include <vector>
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#include <unistd.h>
-#endif
-
 namespace torchattn {
 
 namespace {
@@ -206,19 +201,8 @@ bool PackedLinear::frozen() const {
 
 void PackedLinear::release(const at::Tensor& weight) {
   TORCH_CHECK(weight.defined(), "PackedLinear: release expected a defined tensor");
-#if defined(__linux__)
-  // A weight used in place from a checkpoint's memory map keeps its pages resident
-  // until the whole map goes; where this tensor alone holds its storage, its whole pages
-  // are given back now (nothing reads them again), so that quantizing a model layer by
-  // layer does not hold the float32 file and the 8-bit copy at once.
-  if (weight.is_cpu() && weight.storage().use_count() == 1 && weight.storage().nbytes() > 0) {
-    const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-    char* data = static_cast<char*>(const_cast<void*>(weight.storage().data()));
-    const auto start = reinterpret_cast<uintptr_t>(data);
-    const uintptr_t first = (start + page - 1) / page * page, last = (start + weight.storage().nbytes()) / page * page;
-    if (last > first) madvise(data + (first - start), last - first, MADV_DONTNEED);
-  }
-#endif
+  // (A weight used in place from a checkpoint's memory map gives its pages back when
+  // its storage goes: serialize/safetensors.cpp.)
   c10::AutoGradMode no_grad(false);
   // In place on the TensorImpl: every handle of it (the module's parameter) sees it.
   const at::Tensor zero = at::zeros({1}, weight.options());

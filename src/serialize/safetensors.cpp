@@ -98,6 +98,17 @@ class Mapping {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
 
+  /// Gives back the whole pages of [p, p + n) (a tensor of this map that nothing uses
+  /// any more: its storage's deleter calls this), so that a model quantized layer by
+  /// layer after loading does not keep the float32 file resident until the last
+  /// tensor goes. The pages are this map's own (private): nothing else reads them.
+  static void release(const uint8_t* p, size_t n) {
+    const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const auto start = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t first = (start + page - 1) / page * page, last = (start + n) / page * page;
+    if (last > first) ::madvise(const_cast<uint8_t*>(p) + (first - start), last - first, MADV_DONTNEED);
+  }
+
  private:
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
@@ -222,7 +233,10 @@ NamedTensors tensors_of(const uint8_t* data, size_t size, const std::string& fil
         std::memcpy(t.data_ptr(), p, e.end - e.begin);
       }
     } else if (owner) {
-      t = at::from_blob(const_cast<uint8_t*>(p), e.shape, [owner](void*) {}, options);
+      const size_t n = e.end - e.begin;
+      t = at::from_blob(
+          const_cast<uint8_t*>(p), e.shape,
+          [owner, n](void* data) { Mapping::release(static_cast<const uint8_t*>(data), n); }, options);
     } else {
       t = at::from_blob(const_cast<uint8_t*>(p), e.shape, options);
     }
