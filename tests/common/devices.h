@@ -29,10 +29,12 @@ inline bool cuda_required() {
   return required != nullptr && std::string(required) == "1";
 }
 
+// CUDA as cuda:0, the device a tensor moved to "cuda" reports: tests compare
+// y.device() with it.
 inline std::vector<torch::Device> all() {
   std::vector<torch::Device> out{torch::kCPU};
   if (cuda_build() || torch::cuda::is_available()) {
-    out.emplace_back(torch::kCUDA);
+    out.emplace_back(torch::kCUDA, 0);
   }
   return out;
 }
@@ -41,18 +43,18 @@ inline std::vector<torch::Device> all() {
 inline std::vector<torch::Device> present() {
   std::vector<torch::Device> out{torch::kCPU};
   if (torch::cuda::is_available()) {
-    out.emplace_back(torch::kCUDA);
+    out.emplace_back(torch::kCUDA, 0);
   }
   return out;
 }
 
 // "" for the CPU (test names as before devices were added), "cuda_" for CUDA.
-inline std::string prefix(const torch::Device& device) { return device.is_cpu() ? "" : device.str() + "_"; }
+inline std::string prefix(const torch::Device& device) { return device.is_cpu() ? "" : std::string("cuda_"); }
 
 // The test-name suffix of a suite parametrized by the device alone: "cpu", "cuda".
 template <typename Info>
 std::string name(const Info& info) {
-  return info.param.is_cpu() ? std::string("cpu") : info.param.str();
+  return info.param.is_cpu() ? std::string("cpu") : std::string("cuda");
 }
 
 // From a fixture's SetUp: a CUDA instance without a CUDA device is skipped, and

@@ -7,7 +7,12 @@
 //   and the greedy tokens through the generation loop (a CUDA graph per step on CUDA)
 //   equal to transformers' generate up to the first near tie (top-two margin < 1e-4);
 // - bfloat16: the prompt's logits no further from transformers' float32 logits than
-//   twice transformers' own bfloat16 logits are (plus 1e-3 of the largest).
+//   twice transformers' own bfloat16 logits are (plus 1e-3 of the largest);
+// - the paged engine (continuous batching from one pool of KV blocks), in float32 and in
+//   bfloat16: four prompts of different lengths submitted at once, greedy; each
+//   request's tokens equal generate alone on its prompt, up to the first step where
+//   generate's own top two logits were a near tie (float32: within 1e-3; bfloat16:
+//   within 0.05), which another batch shape's rounding may flip.
 //
 //   generate_device_check --model DIR --reference DIR [--device cuda|cpu]
 //
@@ -21,6 +26,8 @@
 #include <torch/serialize.h>
 #include <torch/types.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -45,6 +52,56 @@ at::Tensor get(const c10::impl::GenericDict& d, const std::string& key) { return
 
 double relative_error(const at::Tensor& a, const at::Tensor& e) {
   return (a.to(at::kDouble).cpu() - e.to(at::kDouble)).abs().max().item<double>() / e.abs().max().item<double>();
+}
+
+// The engine's greedy tokens for four prefixes of `prompt`, submitted at once, against
+// generate alone on each. Returns "E of N tokens equal[, K near ties]"; a difference
+// where generate's top two logits were more than `tie` apart goes into `problems`.
+std::string engine_check(torchattn::models::CausalLM& model, const std::vector<int64_t>& prompt, int64_t n_new,
+                         double tie, const std::string& what, std::vector<std::string>& problems) {
+  namespace tm = torchattn::models;
+  const auto n = static_cast<int64_t>(prompt.size());
+  std::vector<std::vector<int64_t>> prompts;
+  for (const int64_t len : {n, n * 3 / 4, n / 2, std::min<int64_t>(n, 3)}) {
+    prompts.emplace_back(prompt.begin(), prompt.begin() + len);
+  }
+  const auto options = tm::GenerationOptions().max_new_tokens(n_new).stop_at_eos(false);
+  std::vector<std::vector<int64_t>> paged(prompts.size());
+  {
+    tm::Engine engine(model, tm::EngineOptions().kv_tokens(4096).block_size(16));
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      engine.submit(prompts[i], options, [&paged, i](const tm::TokenEvent& e) {
+        if (e.token) paged[i].push_back(*e.token);
+      });
+    }
+    while (engine.step()) {}
+  }
+  int64_t equal = 0, total = 0, ties = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto alone = tm::generate(*model, {prompts[i]}, options)[0].ids;
+    total += static_cast<int64_t>(alone.size());
+    for (size_t j = 0; j < alone.size(); ++j) {
+      if (j < paged[i].size() && paged[i][j] == alone[j]) {
+        ++equal;
+        continue;
+      }
+      // generate's own margin at this step: its logits after the prompt and tokens 0..j-1.
+      std::vector<int64_t> ids = prompts[i];
+      ids.insert(ids.end(), alone.begin(), alone.begin() + static_cast<std::ptrdiff_t>(j));
+      const at::Tensor input = torch::tensor(ids, at::kLong).unsqueeze(0).to(model->parameters()[0].device());
+      const at::Tensor top = std::get<0>(model->forward(input)[0][-1].to(at::kFloat).topk(2)).cpu();
+      const double margin = top[0].item<double>() - top[1].item<double>();
+      if (margin < tie) {
+        ++ties;
+      } else {
+        problems.push_back(what + " engine: request " + std::to_string(i) + " token " + std::to_string(j) +
+                           " differs from generate alone (its top-two margin " + std::to_string(margin) + ")");
+      }
+      break;
+    }
+  }
+  return std::to_string(equal) + " of " + std::to_string(total) + " tokens equal" +
+         (ties > 0 ? ", " + std::to_string(ties) + " near tie(s)" : "");
 }
 
 std::string arg(int argc, char** argv, const std::string& name, const std::string& fallback) {
@@ -100,6 +157,9 @@ int main(int argc, char** argv) {
       ++equal;
     }
 
+    const int64_t engine_tokens = std::min<int64_t>(n_tokens, 24);
+    const std::string engine32 = engine_check(model, prompt_ids, engine_tokens, 1e-3, "float32", problems);
+
     // bfloat16: as close to transformers' float32 logits as transformers' bfloat16 are.
     model->to(at::kBFloat16);
     const double err16 = relative_error(model->forward(prompt.unsqueeze(0).to(device))[0], expected32);
@@ -109,12 +169,17 @@ int main(int argc, char** argv) {
                          std::to_string(theirs_err16) + " + 1e-3");
     }
 
+    const std::string engine16 = engine_check(model, prompt_ids, engine_tokens, 0.05, "bfloat16", problems);
+
     std::string status = problems.empty() ? "PASS" : "FAIL";
     std::printf("generate_device_check: %s on %s, %d layers: float32 logits error %.2e (<= 1e-4), greedy %lld of %lld "
                 "tokens equal%s; bfloat16 logits error %.2e against float32 (transformers' bfloat16: %.2e)\n",
                 status.c_str(), device.str().c_str(), static_cast<int>(config.num_layers), err32,
                 static_cast<long long>(equal), static_cast<long long>(compared), tie ? " then a near tie" : "", err16,
                 theirs_err16);
+    std::printf("generate_device_check: paged engine, 4 prompts at once against generate alone: float32 %s; "
+                "bfloat16 %s\n",
+                engine32.c_str(), engine16.c_str());
     for (const auto& p : problems) std::printf("generate_device_check:   %s\n", p.c_str());
     return problems.empty() ? 0 : 1;
   } catch (const std::exception& e) {
