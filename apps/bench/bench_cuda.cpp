@@ -192,7 +192,10 @@ int64_t allocator_bytes(const c10::Device& device, [[maybe_unused]] bool peak) {
   synchronize(device);
 #ifdef TORCHATTN_BENCH_CUDA
   if (device.is_cuda()) {
-    const auto& stat = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[kAggregate];
+    // getDeviceStats returns by value: keep the copy (a reference into the temporary's
+    // array would dangle).
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    const auto& stat = stats.allocated_bytes[kAggregate];
     return peak ? stat.peak : stat.current;
   }
 #endif

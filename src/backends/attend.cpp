@@ -31,6 +31,19 @@ at::Tensor per_key(const at::Tensor& m, const at::Tensor& q) {
   return m.view(shape);
 }
 
+// The most queries of a static-shape step that Backend::Auto runs on the Reference
+// math on CUDA. Such a step attends over the cache's whole capacity through a mask, and
+// ATen's fused kernel that takes a mask (memory-efficient) spreads its work over the
+// queries: one query x H heads keeps H blocks busy over every key, about 150 us a
+// layer at 2048 keys on an H200 (`make bench DEVICE=cuda`, decode `graph`). The
+// Reference's batched products spread the keys over the whole GPU.
+constexpr int64_t kStaticMathQueries = 16;
+
+bool static_step_on_cuda(const at::Tensor& q, const detail::MaskSpec& spec,
+                         const functional::AttentionOptions& config) {
+  return config.backend == Backend::Auto && q.is_cuda() && spec.is_static() && q.size(-2) <= kStaticMathQueries;
+}
+
 // Attention with key masks (padding, additive bias). Rows that would see no key are
 // attended over all keys instead (finite softmax, finite gradients) and then zeroed.
 at::Tensor key_masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -58,7 +71,7 @@ at::Tensor key_masked_attention(const at::Tensor& q, const at::Tensor& k, const 
   hide = at::logical_and(hide, dead.logical_not());
 
   at::Tensor out;
-  if (detail::resolve_backend(config) == Backend::Reference) {
+  if (detail::resolve_backend(config) == Backend::Reference || static_step_on_cuda(q, spec, config)) {
     const int64_t G = detail::query_groups(q, k);
     out = detail::reference_attention(q, detail::repeat_kv(k, G), detail::repeat_kv(v, G), hide, bias, config.scale,
                                       detail::dropout_p(config));
@@ -107,7 +120,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   if (spec.has_key_masks()) {
     return key_masked_attention(q, k, v, spec, config);
   }
-  if (backend == Backend::Reference) {
+  if (backend == Backend::Reference || static_step_on_cuda(q, spec, config)) {
     const int64_t G = query_groups(q, k);
     return reference_attention(q, repeat_kv(k, G), repeat_kv(v, G), hidden_keys(spec, Tq, Tk, q.device()), {},
                                config.scale, dropout_p(config));
