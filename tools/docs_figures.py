@@ -128,6 +128,13 @@ FIGURES = {
     "serve.long.prompt": Text("serve.md", r"while a (\d+)-token prompt arrives", fmt="{:,.0f}"),
     "serve.long.tpot_ratio": Text("serve.md", r"([\d.]+x) the single-client median"),
     "serve.weights": Text("serve.md", r"lm_head included: (\d+) MiB of float32 weights"),
+    # test-gpu.md and benchmarks-cuda.md: `make test-gpu` and `make bench DEVICE=cuda` on a GPU.
+    "gpu.machine": Text("test-gpu.md", r"^- GPU: (.+)$"),
+    "gpu.date": Text("test-gpu.md", r"^- date: (\d{4}-\d\d-\d\d)$"),
+    "gpu.stages": Table("test-gpu.md", "stage", "Stages"),
+    "gpu.training": Table("test-gpu.md", "figure", "Training"),
+    "gpu.speed": Text("test-gpu.md", r"^    speed: (torchattn_generate .*)$"),
+    "gpu.targets": Table("benchmarks-cuda.md", "target", "Targets"),
 }
 
 
