@@ -5,9 +5,11 @@ beside CTranslate2 int8 and float32 (bench_ctranslate2.py, the same threads), wi
 perplexity each format gives (check_perplexity.py --json), and the issue's targets.
 
 With --serve FILE (bench_serve.py --server-args "--dtype int8"), torchattn_serve's 16
-clients in int8 against transformers' batch-16 generate (float32) from that run.
+clients in int8 against transformers' batch-16 generate (float32) from that run; with
+--divergence FILE (greedy_divergence.py), where greedy tokens first differ from float32's.
 
-Usage: report_weights.py --ours D:T:FILE ... --ct2 D:T:FILE ... --ppl FILE [--serve FILE] [--out DIR]
+Usage: report_weights.py --ours D:T:FILE ... --ct2 D:T:FILE ... --ppl FILE [--serve FILE]
+       [--divergence FILE] [--out DIR]
 """
 
 import argparse
@@ -51,6 +53,7 @@ def main():
     ap.add_argument("--ct2", nargs="+", required=True)
     ap.add_argument("--ppl", required=True)
     ap.add_argument("--serve", help="bench_serve.py's JSON of an int8 server")
+    ap.add_argument("--divergence", help="greedy_divergence.py's JSON")
     ap.add_argument("--out", default="apps/bench/results")
     a = ap.parse_args()
     ours, ct2, ppl = load(a.ours), load(a.ct2), json.load(open(a.ppl))
@@ -124,6 +127,19 @@ def main():
                           f"{runs[c]['tokens_per_s'] / hf[c]['tokens_per_s']:.2f}x |")
         checks.insert(5, ("torchattn_serve int8, 16 clients >= 2x transformers' batch-16 generate (float32)",
                           runs[16]["tokens_per_s"] / hf[16]["tokens_per_s"], ">=", 2.0))
+    if a.divergence:
+        div = json.load(open(a.divergence))
+        rows = div["prompts"]
+        md += ["", "## Greedy tokens against float32", "",
+               f"`apps/bench/greedy_divergence.py`: `torchattn_generate --greedy` on {len(rows)} prompts, "
+               f"{div['tokens']} new tokens each, in each format; the first new token (0-based) that differs from "
+               "float32's, or `-` where all are equal.", "",
+               "| prompt | bfloat16 | int8 |", "|---|---|---|"]
+        for r in rows:
+            cell = lambda v: "-" if v is None else str(v)
+            md.append(f"| {r['prompt'].replace('|', '/')} | {cell(r['bfloat16'])} | {cell(r['int8'])} |")
+        md += ["", "Equal to float32 over all " + str(div["tokens"]) + " tokens: " + ", ".join(
+            f"{d} {sum(r[d] is None for r in rows)} of {len(rows)} prompts" for d in ("bfloat16", "int8")) + "."]
     md += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
     for name, val, op, lim in checks:
         ok = val >= lim if op == ">=" else val <= lim
