@@ -4,23 +4,24 @@
 # into .gpu-deps/usr, laid out as Debian installs them; git ignores it. Headers and
 # static libraries only, so nothing needs the shared libraries at run time:
 #   GoogleTest, CLI11, Gloo's headers (train_gpt), nlohmann/json (the
-#   safetensors reader), ICU's headers and libicuuc.a (torchattn_generate's tokenizer;
-#   its Unicode properties and NFC data are built into libicuuc), the fortunes text.
+#   safetensors reader), ICU's headers, libicuuc.a and libicudata.a
+#   (torchattn_generate's tokenizer; the static libicuuc refers to the data library,
+#   which CMakeLists.txt then links too), the fortunes text.
 # Then: make test-gpu GPU_DEPS=.gpu-deps (tools/test_gpu.sh also finds .gpu-deps by itself).
-# About 15 MB.
+# About 45 MB (30 of them ICU's data).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh >/dev/null
 lib=/usr/lib/x86_64-linux-gnu
 for f in /usr/include/gtest /usr/include/CLI /usr/include/gloo /usr/include/nlohmann /usr/include/unicode \
-         $lib/cmake/GTest /usr/share/cmake/CLI11 $lib/libicuuc.a /usr/share/games/fortunes; do
+         $lib/cmake/GTest /usr/share/cmake/CLI11 $lib/libicuuc.a $lib/libicudata.a /usr/share/games/fortunes; do
   [ -e "$f" ] || { echo "gpu_deps: $f is missing (tools/setup.sh installs it)" >&2; exit 1; }
 done
 rm -rf .gpu-deps
 d=.gpu-deps/usr
 mkdir -p $d/include $d/lib/x86_64-linux-gnu/cmake $d/share/cmake $d/share/games
 cp -r /usr/include/gtest /usr/include/CLI /usr/include/gloo /usr/include/nlohmann /usr/include/unicode $d/include/
-cp $lib/libgtest*.a $lib/libicuuc.a $d/lib/x86_64-linux-gnu/
+cp $lib/libgtest*.a $lib/libicuuc.a $lib/libicudata.a $d/lib/x86_64-linux-gnu/
 cp -r $lib/cmake/GTest $d/lib/x86_64-linux-gnu/cmake/
 [ -d $lib/cmake/nlohmann_json ] && cp -r $lib/cmake/nlohmann_json $d/lib/x86_64-linux-gnu/cmake/
 [ -d /usr/share/cmake/nlohmann_json ] && cp -r /usr/share/cmake/nlohmann_json $d/share/cmake/
