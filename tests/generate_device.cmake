@@ -46,4 +46,22 @@ execute_process(COMMAND "${CLI}" --model "${WORK_DIR}/model" --prompt-ids 1,2,3 
 if(NOT rc EQUAL 0 OR NOT again STREQUAL out1)
   message(FATAL_ERROR "--seed ${seed1} did not repeat the run:\n${out1}\nvs\n${again}")
 endif()
-message(STATUS "torchattn_generate: every bad argument named; seeds ${seed1} and ${seed2} drawn, --seed repeats")
+# --save: a folder of int8 weights that --model loads as it is, with the same tokens as
+# freezing the float32 checkpoint at load; float32 is refused.
+expect_cli_error("--save: writes bfloat16 or int8 weights; give --dtype bfloat16 or --dtype int8"
+                 --save "${WORK_DIR}/int8")
+execute_process(COMMAND "${CLI}" --model "${WORK_DIR}/model" --dtype int8 --save "${WORK_DIR}/int8"
+                ERROR_VARIABLE saved RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0 OR NOT EXISTS "${WORK_DIR}/int8/torchattn_weights.json")
+  message(FATAL_ERROR "torchattn_generate --dtype int8 --save failed (${rc}):\n${saved}")
+endif()
+execute_process(COMMAND "${CLI}" --model "${WORK_DIR}/model" --dtype int8 --prompt-ids 1,2,3 --greedy
+                        --max-new-tokens 8 --print-ids OUTPUT_VARIABLE frozen_at_load RESULT_VARIABLE rc1)
+execute_process(COMMAND "${CLI}" --model "${WORK_DIR}/int8" --prompt-ids 1,2,3 --greedy --max-new-tokens 8
+                        --print-ids OUTPUT_VARIABLE from_folder ERROR_VARIABLE folder_err RESULT_VARIABLE rc2)
+if(NOT rc1 EQUAL 0 OR NOT rc2 EQUAL 0 OR NOT from_folder STREQUAL frozen_at_load OR NOT folder_err MATCHES "int8")
+  message(FATAL_ERROR "the --save folder does not generate as --dtype int8 does:\n${frozen_at_load}\nvs\n"
+                      "${from_folder}\n${folder_err}")
+endif()
+message(STATUS "torchattn_generate: every bad argument named; seeds ${seed1} and ${seed2} drawn, --seed repeats; "
+               "an int8 --save folder generates as --dtype int8")

@@ -66,10 +66,18 @@ case "$device" in
     # and 2 threads, and the perplexity of each format (apps/bench/results/weights.md).
     weights() {
       .venv/bin/python tools/convert_smollm2.py "$smollm2"
+      # int8 and bfloat16 from folders of their own weights (torchattn_generate --save), as
+      # a user deploys them: no float32 weights read at load.
       local ours=() ct2=() t d
+      for d in bfloat16 int8; do
+        rm -rf "$out/smollm2-$d"
+        ./build/apps/generate/torchattn_generate --model "$smollm2" --dtype "$d" --save "$out/smollm2-$d"
+      done
       for t in 1 2; do
         for d in float32 bfloat16 int8; do
-          OMP_NUM_THREADS=$t ./build/apps/generate/torchattn_generate_bench --model "$smollm2" --threads "$t" \
+          local folder="$smollm2"
+          [ "$d" = float32 ] || folder="$out/smollm2-$d"
+          OMP_NUM_THREADS=$t ./build/apps/generate/torchattn_generate_bench --model "$folder" --threads "$t" \
             --dtype "$d" --json "$out/weights-$d-$t.json" ${args[@]+"${args[@]}"}
           ours+=("$d:$t:$out/weights-$d-$t.json")
         done

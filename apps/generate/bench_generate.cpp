@@ -78,12 +78,13 @@ int main(int argc, char** argv) {
   const auto config = torchattn::models::read_decoder_config((dir / "config.json").string());
   // Sized as torchattn_generate sizes it: the prompt plus the new tokens (the KV caches
   // hold that many).
-  torchattn::models::CausalLM model(config, prompt_len + new_tokens);
-  // As torchattn_generate loads: from the file, whose map goes once no weight uses it.
-  const std::string weights = (dir / "model.safetensors").string();
-  model->load_hf_weights(weights);
-  const auto format = torchattn::weight_format_from_string(dtype_name);
-  if (format != torchattn::WeightFormat::Float32) model->freeze_weights(format);
+  // As torchattn_generate loads: from the file, whose map goes once no weight uses it;
+  // a folder of frozen weights (torchattn_generate --save) as it is.
+  torchattn::models::CausalLM model = torchattn::models::load_causal_lm(config, prompt_len + new_tokens, model_dir,
+                                                                        torchattn::weight_format_from_string(
+                                                                            dtype_name));
+  const auto format = model->weight_format();
+  dtype_name = std::string(torchattn::to_string(format));
   keep_freed_memory_for_reuse();
   const double load_s = seconds(t0);
   const int64_t weight_bytes = model->weight_bytes();
@@ -122,9 +123,7 @@ int main(int argc, char** argv) {
   // for it (the file mapped again).
   std::vector<double> prefill;
   {
-    torchattn::models::CausalLM model(config, long_prompt);
-    model->load_hf_weights(weights);
-    if (format != torchattn::WeightFormat::Float32) model->freeze_weights(format);
+    torchattn::models::CausalLM model = torchattn::models::load_causal_lm(config, long_prompt, model_dir, format);
     c10::InferenceMode inference;
     const auto long_ids = at::randint(100, config.vocab_size - 100, {1, long_prompt}, at::kLong);
     for (int r = 0; r < (quick ? 2 : 6); ++r) {

@@ -71,13 +71,17 @@ int main(int argc, char** argv) {
                  "model's dtype (float32 or bfloat16)")
       ->check(CLI::IsMember({"float32", "bfloat16", "int8"}));
   app.add_flag("--print-ids", print_ids, "print the generated ids on a line after the text");
+  std::string save_dir;
+  app.add_option("--save", save_dir,
+                 "write the model with its --dtype bfloat16 or int8 weights to this folder (a folder that "
+                 "--model, torchattn_serve and LanguageModel::from_pretrained load as it is) and exit");
   CLI11_PARSE(app, argc, argv);
 
   try {
     if (device_name == "cuda" && dtype_name == "int8") {
       throw std::runtime_error("--dtype int8: int8 weights run on the CPU only; on cuda use --dtype bfloat16");
     }
-    if (text->count() == 0 && ids_opt->count() == 0)
+    if (text->count() == 0 && ids_opt->count() == 0 && save_dir.empty())
       throw std::runtime_error("give --prompt TEXT or --prompt-ids 1,2,3");
     options.max_new_tokens(max_new_tokens).temperature(temperature_value).top_k(top_k_value).top_p(top_p_value);
     options.do_sample(temperature->count() > 0 || top_k->count() > 0 || top_p->count() > 0);
@@ -92,6 +96,28 @@ int main(int argc, char** argv) {
     }
     const std::filesystem::path dir(model_dir);
     const models::DecoderConfig config = models::read_decoder_config((dir / "config.json").string());
+    const auto saved = models::saved_weight_format(model_dir);
+    if (saved && device_name == "cuda") {
+      throw std::runtime_error(
+          fmt::format("--model: '{}' holds {} weights, which run on the CPU", model_dir, torchattn::to_string(*saved)));
+    }
+    if (!save_dir.empty()) {
+      if (device_name == "cuda") throw std::runtime_error("--save: writes CPU weights; leave out --device cuda");
+      if (dtype_name == "float32" && !saved) {
+        throw std::runtime_error("--save: writes bfloat16 or int8 weights; give --dtype bfloat16 or --dtype int8");
+      }
+      models::CausalLM model{nullptr};
+      try {
+        model = models::load_causal_lm(config, std::min<int64_t>(config.max_position_embeddings, 16), model_dir,
+                                       torchattn::weight_format_from_string(dtype_name));
+        models::save_frozen_folder(model, model_dir, save_dir);
+      } catch (const c10::Error& e) {
+        throw std::runtime_error(std::string("--save: ") + e.what_without_backtrace());
+      }
+      fmt::print(stderr, "[saved {} ({} weights, {:.0f} MB) to {}]\n", model_dir,
+                 torchattn::to_string(model->weight_format()), model->weight_bytes() / 1e6, save_dir);
+      return 0;
+    }
 
     // The tokenizer: needed for --prompt and to print text; --prompt-ids works without one.
     std::unique_ptr<models::Tokenizer> tokenizer;
@@ -139,17 +165,22 @@ int main(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t context = std::min<int64_t>(config.max_position_embeddings,
                                               static_cast<int64_t>(ids.size()) + max_new_tokens);
-    models::CausalLM model(config, context);
+    models::CausalLM model{nullptr};
     try {
-      model->load_hf_weights(models::checkpoint_file(model_dir));
+      if (device_name == "cuda") {
+        model = models::CausalLM(config, context);
+        model->load_hf_weights(models::checkpoint_file(model_dir));
+      } else {
+        // A folder of --save loads its frozen weights as they are.
+        model = models::load_causal_lm(config, context, model_dir, torchattn::weight_format_from_string(dtype_name));
+        dtype_name = std::string(torchattn::to_string(model->weight_format()));
+      }
     } catch (const c10::Error& e) {
       throw std::runtime_error(std::string("--model: ") + e.what_without_backtrace());
     }
     keep_freed_memory_for_reuse();
     if (device_name == "cuda") {
       model->to(torch::Device(device_name), dtype_name == "bfloat16" ? torch::kBFloat16 : torch::kFloat32);
-    } else if (dtype_name != "float32") {
-      model->freeze_weights(torchattn::weight_format_from_string(dtype_name));
     }
     const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 

@@ -19,6 +19,7 @@
 #include <torchattn/models/load_options.h>
 #include <torchattn/models/perplexity.h>
 #include <torchattn/models/rms_norm.h>
+#include <torchattn/models/saved_folder.h>
 #include <torchattn/models/sampler.h>
 #include <torchattn/models/sentence_encoder.h>
 #include <torchattn/models/seq2seq_generation.h>

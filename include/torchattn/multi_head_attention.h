@@ -10,6 +10,7 @@
 #include <torchattn/qk_norm.h>
 #include <torchattn/rms_norm.h>
 #include <torchattn/rope.h>
+#include <torchattn/safetensors.h>
 
 #include <torch/arg.h>
 #include <torch/nn/cloneable.h>
@@ -22,8 +23,10 @@
 #include <torch/serialize/output-archive.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
+#include <string>
 
 namespace torchattn {
 
@@ -150,6 +153,16 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   /// a stride-0 view of one zero). Afterwards a forward with a gradient to compute,
   /// cross-attention, save and load are errors. Needs kdim and vdim equal to d_in.
   void freeze_weights();
+  /// freeze_weights from weights already in options.weight_format() (a saved frozen
+  /// module: frozen_state's tensors, looked up as prefix + their names in `weights`)
+  /// instead of rounding the float32 ones; the biases are the module's own. A missing,
+  /// misshapen or mistyped tensor, or a bad scale, is an error naming it.
+  void freeze_weights(const std::map<std::string, at::Tensor>& weights, const std::string& prefix = "");
+  /// The frozen copies as kept, under the parameters' names: "W_query.weight",
+  /// "W_key.weight", "W_value.weight", "out_proj.weight" in weight_format (int8 [out,
+  /// in] with "<name>_scale" float32 [out, groups of 64 inputs] beside each). What a
+  /// saved frozen model holds in place of the float32 weights. Needs freeze_weights.
+  NamedTensors frozen_state() const;
   /// Bytes of the packed copies (pack_weights, freeze_weights); 0 while none is made.
   int64_t packed_bytes() const { return packed_qkv_->packed_bytes() + packed_out_->packed_bytes(); }
   /// Whether freeze_weights ran.

@@ -1,13 +1,19 @@
 #pragma once
 
+#include <torchattn/safetensors.h>
 #include <torchattn/weight_format.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 
 #include <cstdint>
+#include <cstddef>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace torchattn {
 
@@ -68,6 +74,18 @@ class PackedLinear {
   void freeze(at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Tensor> biases = {});
   bool frozen() const;
 
+  /// The same from weights already in format(), as frozen_weight gives them (a saved
+  /// frozen model): weights [out_i, in] bfloat16 or int8; for Int8 `scales` one per
+  /// weight, float32 [out_i, groups of 64 inputs], finite and >= 0 (BFloat16: none).
+  /// Anything else is an error naming the weight and what it expected.
+  void freeze_from(at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Tensor> scales,
+                   at::ArrayRef<at::Tensor> biases = {});
+  /// How many weights the frozen copy holds (0 before freeze).
+  size_t frozen_count() const;
+  /// Weight i of the frozen copy (freeze's order) as it is kept: [out_i, in] in
+  /// format(), and for Int8 its scales (float32 [out_i, groups]; else undefined).
+  std::pair<at::Tensor, at::Tensor> frozen_weight(size_t i) const;
+
   /// Frees the memory of a weight that a frozen copy replaces, keeping its shape,
   /// dtype and device: `weight` (and every tensor sharing it, such as a module's
   /// parameter) becomes a stride-0 [out, in] view of a single 0 that needs no gradient.
@@ -89,6 +107,30 @@ class PackedLinear {
   std::shared_ptr<const Packed> packed_;
   bool frozen_ = false;
 };
+
+/// Frozen weights by name, as a saved frozen model holds them: a weight named N as N
+/// (bfloat16, or int8 [out, in]) and, for int8, N + kFrozenScaleSuffix (float32 [out,
+/// groups of kInt8GroupSize inputs]). MultiHeadAttention and models::CausalLM save and
+/// load their frozen copies (frozen_state, freeze_weights from tensors) through these.
+inline constexpr const char* kFrozenScaleSuffix = "_scale";
+
+/// Appends pack's frozen weights to `out` as prefix + names[i] (and their scales);
+/// names: one per weight the pack froze, in freeze's order.
+void append_frozen_weights(NamedTensors& out, const std::string& prefix, const std::vector<std::string>& names,
+                           const PackedLinear& pack);
+
+/// Checks, freezing nothing, that `weights` holds prefix + names[i] in `format`
+/// (bfloat16 or int8) with like[i]'s shape (the float32 weight it stands for), and for
+/// int8 its scales (float32 [out, groups], finite, >= 0). An error starts with `what`
+/// and names the tensor and what it expected.
+void check_frozen_weights(WeightFormat format, const std::map<std::string, at::Tensor>& weights,
+                          const std::string& prefix, const std::vector<std::string>& names,
+                          const std::vector<at::Tensor>& like, const char* what);
+
+/// check_frozen_weights, then pack.freeze_from those tensors with `biases`.
+void freeze_from_weights(PackedLinear& pack, const std::map<std::string, at::Tensor>& weights,
+                         const std::string& prefix, const std::vector<std::string>& names,
+                         const std::vector<at::Tensor>& like, const std::vector<at::Tensor>& biases, const char* what);
 
 /// When a layer's products take its PackedLinear: packing on, and at least `min_rows`
 /// rows (batch times tokens) in the input. Used alike by the attention modules, the

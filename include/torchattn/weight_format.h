@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <iosfwd>
 #include <string>
 #include <string_view>
@@ -16,6 +17,9 @@ namespace torchattn {
 ///   feature, symmetric: w[o, i] ~ scale[o, g] * q[o, i], q in [-127, 127],
 ///   scale[o, g] = max |w[o, i]| over the group g = i / 64, divided by 127.
 enum class WeightFormat { Float32, BFloat16, Int8 };
+
+/// Inputs per int8 scale: the group of WeightFormat::Int8.
+inline constexpr int64_t kInt8GroupSize = 64;
 
 /// "float32", "bfloat16" or "int8".
 std::string_view to_string(WeightFormat format);

@@ -5,7 +5,10 @@
 #include "kernels/cpu/onednn_linear.h"
 #include "kernels/cpu/quantized_linear.h"
 
+#include <ATen/ops/all.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/ge.h>
+#include <ATen/ops/isfinite.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/TensorImpl.h>
@@ -52,9 +55,10 @@ struct PackedLinear::Packed {
 
   std::vector<Source> weights;
   std::vector<Source> biases;
-  at::Tensor weight;  // Float32: oneDNN's blocked layout; else bfloat16 or int8 dense; [sum out_i, in]
-  at::Tensor scale;   // Int8: float32 [sum out_i, groups of 64 inputs]
-  at::Tensor bias;    // [sum out_i] or undefined
+  at::Tensor weight;          // Float32: oneDNN's blocked layout; else bfloat16 or int8 dense; [sum out_i, in]
+  at::Tensor scale;           // Int8: float32 [sum out_i, groups of 64 inputs]
+  at::Tensor bias;            // [sum out_i] or undefined
+  std::vector<int64_t> rows;  // out_i of each weight, in order
   int64_t bytes = 0;
 
   bool same(at::ArrayRef<at::Tensor> w, at::ArrayRef<at::Tensor> b) const {
@@ -122,6 +126,7 @@ std::shared_ptr<const PackedLinear::Packed> PackedLinear::copy_of(at::ArrayRef<a
     fresh->weights.emplace_back(weights[i]);
     fresh->biases.emplace_back(b);
     parts_w.push_back(weights[i]);
+    fresh->rows.push_back(weights[i].size(0));
     parts_b.push_back(b.defined() ? b : at::zeros({weights[i].size(0)}, weights[i].options()));
     any_bias = any_bias || b.defined();
   }
@@ -192,6 +197,84 @@ void PackedLinear::freeze(at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Ten
   std::lock_guard<std::mutex> lock(mutex_);
   packed_ = std::move(copy);
   frozen_ = true;
+}
+
+void PackedLinear::freeze_from(at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Tensor> scales,
+                               at::ArrayRef<at::Tensor> biases) {
+  TORCH_CHECK(format_ != WeightFormat::Float32, "PackedLinear: freeze_from takes bfloat16 or int8 weights, got format ",
+              "float32");
+  const bool int8 = format_ == WeightFormat::Int8;
+  const at::ScalarType dtype = int8 ? at::kChar : at::kBFloat16;
+  TORCH_CHECK(!weights.empty(), "PackedLinear: freeze_from expected at least one weight, got none");
+  TORCH_CHECK(int8 ? scales.size() == weights.size() : scales.empty(), "PackedLinear: freeze_from expected ",
+              int8 ? "one scale tensor per weight (" + std::to_string(weights.size()) + ")" : "no scales (bfloat16)",
+              ", got ", scales.size());
+  TORCH_CHECK(biases.empty() || biases.size() == weights.size(), "PackedLinear: freeze_from expected no biases or one ",
+              "per weight (", weights.size(), "), got ", biases.size());
+  auto fresh = std::make_shared<Packed>();
+  std::vector<at::Tensor> parts_w, parts_s, parts_b;
+  bool any_bias = false;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const at::Tensor& w = weights[i];
+    TORCH_CHECK(w.defined() && w.is_cpu() && w.scalar_type() == dtype && w.dim() == 2 &&
+                    w.size(1) == weights[0].size(1),
+                "PackedLinear: freeze_from expected weight ", i, " ", to_string(format_), " CPU [out, ",
+                weights[0].defined() && weights[0].dim() == 2 ? std::to_string(weights[0].size(1)) : "in", "], got ",
+                w.defined() ? w.sizes() : at::IntArrayRef{}, " of ", w.defined() ? w.scalar_type() : at::kFloat);
+    if (int8) {
+      const at::Tensor& s = scales[i];
+      const int64_t groups = kernels::cpu::int8_groups(w.size(1));
+      TORCH_CHECK(s.defined() && s.is_cpu() && s.scalar_type() == at::kFloat && s.dim() == 2 &&
+                      s.size(0) == w.size(0) && s.size(1) == groups,
+                  "PackedLinear: freeze_from expected the scales of weight ", i, " float32 CPU [", w.size(0), ", ",
+                  groups, "] (one per group of ", kernels::cpu::kInt8Group, " inputs), got ",
+                  s.defined() ? s.sizes() : at::IntArrayRef{}, " of ", s.defined() ? s.scalar_type() : at::kFloat);
+      TORCH_CHECK(s.isfinite().all().item<bool>() && s.ge(0).all().item<bool>(),
+                  "PackedLinear: freeze_from expected the scales of weight ", i,
+                  " finite and >= 0, got a NaN, an infinity or a negative scale");
+      parts_s.push_back(s.contiguous());
+    }
+    const at::Tensor& b = bias_at(biases, i);
+    TORCH_CHECK(!b.defined() || (b.is_cpu() && b.scalar_type() == at::kFloat && b.dim() == 1 && b.size(0) == w.size(0)),
+                "PackedLinear: freeze_from expected bias ", i, " float32 CPU [", w.size(0), "] or none, got ",
+                b.sizes(), " of ", b.scalar_type());
+    fresh->weights.emplace_back(w);
+    fresh->biases.emplace_back(b);
+    fresh->rows.push_back(w.size(0));
+    parts_w.push_back(w.contiguous());
+    parts_b.push_back(b.defined() ? b.detach() : at::zeros({w.size(0)}, at::kFloat));
+    any_bias = any_bias || b.defined();
+  }
+  fresh->weight = parts_w.size() == 1 ? parts_w[0].clone() : at::cat(parts_w, 0);
+  if (int8) fresh->scale = parts_s.size() == 1 ? parts_s[0].clone() : at::cat(parts_s, 0);
+  fresh->bias = any_bias ? (parts_b.size() == 1 ? parts_b[0].clone() : at::cat(parts_b, 0)) : at::Tensor();
+  fresh->bytes = fresh->weight.numel() * static_cast<int64_t>(fresh->weight.element_size()) +
+                 (int8 ? fresh->scale.numel() * static_cast<int64_t>(sizeof(float)) : 0) +
+                 (any_bias ? fresh->bias.numel() * static_cast<int64_t>(sizeof(float)) : 0);
+  std::lock_guard<std::mutex> lock(mutex_);
+  packed_ = std::move(fresh);
+  frozen_ = true;
+}
+
+size_t PackedLinear::frozen_count() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return frozen_ ? packed_->rows.size() : 0;
+}
+
+std::pair<at::Tensor, at::Tensor> PackedLinear::frozen_weight(size_t i) const {
+  std::shared_ptr<const Packed> packed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(frozen_, "PackedLinear: frozen_weight needs a frozen copy (freeze first)");
+    packed = packed_;
+  }
+  TORCH_CHECK(i < packed->rows.size(), "PackedLinear: frozen_weight(", i, "): the copy holds ", packed->rows.size(),
+              " weights");
+  int64_t first = 0;
+  for (size_t j = 0; j < i; ++j) first += packed->rows[j];
+  const int64_t n = packed->rows[i];
+  return {packed->weight.narrow(0, first, n),
+          packed->scale.defined() ? packed->scale.narrow(0, first, n) : at::Tensor()};
 }
 
 bool PackedLinear::frozen() const {

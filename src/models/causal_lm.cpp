@@ -1,5 +1,7 @@
 #include <torchattn/models/causal_lm.h>
 
+
+#include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/silu.h>
@@ -9,8 +11,13 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <cmath>
 #include <map>
+#include <set>
+#include <utility>
 
 namespace torchattn::models {
 
@@ -67,6 +74,63 @@ void DecoderLayerImpl::freeze_weights(torchattn::WeightFormat format) {
   packed_gate_up_->freeze({gate_proj->weight, up_proj->weight}, {gate_proj->bias, up_proj->bias});
   packed_down_->freeze({down_proj->weight}, {down_proj->bias});
   for (const auto* l : {&gate_proj, &up_proj, &down_proj}) torchattn::PackedLinear::release((*l)->weight);
+}
+
+namespace {
+
+// A layer's frozen linear weights, as (the prefix under the layer, their names).
+const std::vector<std::pair<std::string, std::vector<std::string>>>& layer_linears() {
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> groups{
+      {"self_attn.", {"W_query.weight", "W_key.weight", "W_value.weight"}},
+      {"self_attn.", {"out_proj.weight"}},
+      {"", {"gate_proj.weight", "up_proj.weight"}},
+      {"", {"down_proj.weight"}}};
+  return groups;
+}
+
+}  // namespace
+
+std::vector<std::string> DecoderLayerImpl::check_frozen(torchattn::WeightFormat format,
+                                                        const std::map<std::string, at::Tensor>& weights,
+                                                        const std::string& prefix) const {
+  const std::vector<std::vector<at::Tensor>> like{{self_attn->W_query->weight, self_attn->W_key->weight,
+                                                   self_attn->W_value->weight},
+                                                  {self_attn->out_proj->weight},
+                                                  {gate_proj->weight, up_proj->weight},
+                                                  {down_proj->weight}};
+  std::vector<std::string> names;
+  for (size_t g = 0; g < like.size(); ++g) {
+    const auto& [sub, group] = layer_linears()[g];
+    const std::string under = prefix + sub;
+    torchattn::check_frozen_weights(format, weights, under, group, like[g], "CausalLM");
+    for (const auto& n : group) {
+      std::string name = under;
+      name += n;
+      names.push_back(name);
+      if (format == torchattn::WeightFormat::Int8) names.push_back(name.append(torchattn::kFrozenScaleSuffix));
+    }
+  }
+  return names;
+}
+
+void DecoderLayerImpl::freeze_weights(torchattn::WeightFormat format, const std::map<std::string, at::Tensor>& weights,
+                                      const std::string& prefix) {
+  self_attn->options.weight_format(format);
+  self_attn->freeze_weights(weights, prefix + "self_attn.");
+  packed_gate_up_ = std::make_shared<torchattn::PackedLinear>(format);
+  packed_down_ = std::make_shared<torchattn::PackedLinear>(format);
+  torchattn::freeze_from_weights(*packed_gate_up_, weights, prefix, {"gate_proj.weight", "up_proj.weight"},
+                                 {gate_proj->weight, up_proj->weight}, {gate_proj->bias, up_proj->bias}, "CausalLM");
+  torchattn::freeze_from_weights(*packed_down_, weights, prefix, {"down_proj.weight"}, {down_proj->weight},
+                                 {down_proj->bias}, "CausalLM");
+  for (const auto* l : {&gate_proj, &up_proj, &down_proj}) torchattn::PackedLinear::release((*l)->weight);
+}
+
+void DecoderLayerImpl::append_frozen(torchattn::NamedTensors& out, const std::string& prefix) const {
+  const std::string attn = prefix + "self_attn.";
+  for (const auto& [name, t] : self_attn->frozen_state()) out.emplace_back(attn + name, t);
+  torchattn::append_frozen_weights(out, prefix, {"gate_proj.weight", "up_proj.weight"}, *packed_gate_up_);
+  torchattn::append_frozen_weights(out, prefix, {"down_proj.weight"}, *packed_down_);
 }
 
 int64_t DecoderLayerImpl::frozen_bytes() const {
@@ -132,19 +196,45 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, torchattn::KVCache* ca
 }
 
 CausalLMImpl::CausalLMImpl(const DecoderConfig& config, int64_t context_length)
+    : CausalLMImpl(config, context_length, torchattn::WeightFormat::Float32) {}
+
+CausalLMImpl::CausalLMImpl(const DecoderConfig& config, int64_t context_length, torchattn::WeightFormat frozen)
     : config_(config), context_length_(context_length) {
   TORCH_CHECK(context_length > 0 && context_length <= config.max_position_embeddings,
               "CausalLM: expected a context_length in [1, max_position_embeddings=", config.max_position_embeddings,
               "], got ", context_length);
-  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(config.vocab_size, config.hidden_size));
+  const bool release = frozen != torchattn::WeightFormat::Float32;
+  // A table to be frozen (tied) or loaded: left unwritten, so its pages never become
+  // resident before it is replaced.
+  auto table = torch::nn::EmbeddingOptions(config.vocab_size, config.hidden_size);
+  if (release) table._weight(at::empty({config.vocab_size, config.hidden_size}));
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(table));
   layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < config.num_layers; ++i) layers->push_back(DecoderLayer(config, i, context_length));
+  if (release && config.tie_word_embeddings) torchattn::PackedLinear::release(embed_tokens->weight);
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    DecoderLayer layer(config, i, context_length);
+    if (release) {
+      const auto& a = layer->self_attn;
+      for (const auto& w : {a->W_query->weight, a->W_key->weight, a->W_value->weight, a->out_proj->weight,
+                            layer->gate_proj->weight, layer->up_proj->weight, layer->down_proj->weight}) {
+        torchattn::PackedLinear::release(w);
+      }
+#if defined(__GLIBC__)
+      // glibc keeps the freed weights in its free lists and, measured here, does not
+      // reuse them for the next layer's: a float32 model's worth of them stayed resident
+      // (SmolLM2-135M: 399 MiB after building, 110 once trimmed). Give them back now.
+      malloc_trim(0);
+#endif
+    }
+    layers->push_back(layer);
+  }
   norm = register_module("norm", RMSNorm(config.hidden_size, config.rms_norm_eps, config.gemma_norms));
   if (!config.tie_word_embeddings) {
     lm_head = register_module("lm_head",
                               torch::nn::Linear(
                                   torch::nn::LinearOptions(config.hidden_size, config.vocab_size).bias(false)));
   }
+  if (release && lm_head) torchattn::PackedLinear::release(lm_head->weight);
   packed_head_ = std::make_shared<torchattn::PackedLinear>();
 }
 
@@ -171,6 +261,84 @@ void CausalLMImpl::freeze_weights(torchattn::WeightFormat format) {
   packed_head_ = std::make_shared<torchattn::PackedLinear>(format);
   packed_head_->freeze({weight});
   torchattn::PackedLinear::release(weight);
+}
+
+namespace {
+
+// A weight freed by PackedLinear::release: a stride-0 view of one element.
+bool released(const at::Tensor& p) {
+  return p.numel() > 1 && std::ranges::all_of(p.strides(), [](int64_t s) { return s == 0; });
+}
+
+}  // namespace
+
+torchattn::NamedTensors CausalLMImpl::frozen_state() const {
+  TORCH_CHECK(packed_head_->frozen(), "CausalLM: frozen_state needs freeze_weights first (the weights are float32)");
+  torchattn::NamedTensors out;
+  for (const auto& item : named_parameters()) {
+    if (!released(item.value())) out.emplace_back(item.key(), item.value().detach());
+  }
+  for (size_t i = 0; i < layers->size(); ++i) {
+    layers->at<DecoderLayerImpl>(i).append_frozen(out, "layers." + std::to_string(i) + ".");
+  }
+  torchattn::append_frozen_weights(out, "", {lm_head ? "lm_head.weight" : "embed_tokens.weight"}, *packed_head_);
+  return out;
+}
+
+void CausalLMImpl::load_frozen_state(torchattn::NamedTensors tensors, torchattn::WeightFormat format) {
+  TORCH_CHECK(format != torchattn::WeightFormat::Float32,
+              "CausalLM: load_frozen_state takes bfloat16 or int8 weights, got float32");
+  TORCH_CHECK(!packed_head_->frozen(), "CausalLM: load_frozen_state needs a model not yet frozen");
+  const at::Tensor& head = lm_head ? lm_head->weight : embed_tokens->weight;
+  TORCH_CHECK(head.is_cpu() && head.scalar_type() == at::kFloat,
+              "CausalLM: load_frozen_state needs a float32 model on the CPU, got weights of ", head.scalar_type(),
+              " on ", head.device());
+  std::map<std::string, at::Tensor> by_name;
+  for (auto& [name, t] : tensors) {
+    TORCH_CHECK(by_name.emplace(name, std::move(t)).second, "CausalLM: load_frozen_state: '", name, "' appears twice");
+  }
+  tensors.clear();  // by_name holds the only handles: each goes once used
+  // Everything checked before anything changes.
+  std::set<std::string> expected;
+  std::vector<std::vector<std::string>> layer_names;
+  for (size_t i = 0; i < layers->size(); ++i) {
+    layer_names.push_back(
+        layers[i]->as<DecoderLayerImpl>()->check_frozen(format, by_name, "layers." + std::to_string(i) + "."));
+    expected.insert(layer_names.back().begin(), layer_names.back().end());
+  }
+  const std::string head_name = lm_head ? "lm_head.weight" : "embed_tokens.weight";
+  torchattn::check_frozen_weights(format, by_name, "", {head_name}, {head}, "CausalLM");
+  expected.insert(head_name);
+  if (format == torchattn::WeightFormat::Int8) expected.insert(head_name + torchattn::kFrozenScaleSuffix);
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (parameter, its float32 tensor)
+  for (const auto& item : named_parameters()) {
+    if (expected.count(item.key()) > 0) continue;
+    const auto it = by_name.find(item.key());
+    TORCH_CHECK(it != by_name.end(), "CausalLM: load_frozen_state: no '", item.key(), "' (", item.value().sizes(),
+                " float32)");
+    TORCH_CHECK(it->second.scalar_type() == at::kFloat && it->second.sizes() == item.value().sizes(),
+                "CausalLM: load_frozen_state: expected '", item.key(), "' float32 ", item.value().sizes(), ", got ",
+                it->second.scalar_type(), " ", it->second.sizes(), " (weights of another model?)");
+    expected.insert(item.key());
+    copies.emplace_back(item.value(), it->second);
+  }
+  for (const auto& [name, t] : by_name) {
+    TORCH_CHECK(expected.count(name) > 0, "CausalLM: load_frozen_state: unexpected '", name, "' ", t.sizes(),
+                " (weights of another model?)");
+  }
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& [param, t] : copies) param.copy_(t);
+  }
+  copies.clear();
+  for (size_t i = 0; i < layers->size(); ++i) {
+    layers[i]->as<DecoderLayerImpl>()->freeze_weights(format, by_name, "layers." + std::to_string(i) + ".");
+    for (const auto& n : layer_names[i]) by_name.erase(n);
+  }
+  auto frozen_head = std::make_shared<torchattn::PackedLinear>(format);
+  torchattn::freeze_from_weights(*frozen_head, by_name, "", {head_name}, {head}, {}, "CausalLM");
+  packed_head_ = std::move(frozen_head);
+  torchattn::PackedLinear::release(head);
 }
 
 int64_t CausalLMImpl::weight_bytes() const {

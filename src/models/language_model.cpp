@@ -2,7 +2,9 @@
 
 #include <torchattn/models/chat.h>
 #include <torchattn/models/folder_checks.h>
+#include <torchattn/models/saved_folder.h>
 #include <torchattn/models/weights.h>
+#include <torchattn/safetensors.h>
 
 #include "load_checks.h"
 #include "utf8_check.h"
@@ -14,8 +16,10 @@
 
 namespace torchattn::models {
 
-LanguageModel::LanguageModel(CausalLM model, Tokenizer tokenizer, std::optional<std::string> chat_template)
-    : model_(std::move(model)), tokenizer_(std::move(tokenizer)), chat_template_(std::move(chat_template)) {
+LanguageModel::LanguageModel(CausalLM model, Tokenizer tokenizer, std::optional<std::string> chat_template,
+                             std::string folder)
+    : model_(std::move(model)), folder_(std::move(folder)), tokenizer_(std::move(tokenizer)),
+      chat_template_(std::move(chat_template)) {
   if (chat_template_) end_of_turn_ = tokenizer_.id_of("<|im_end|>");
 }
 
@@ -38,16 +42,33 @@ LanguageModel LanguageModel::from_pretrained(const std::string& folder, const Lo
               config.max_position_embeddings, " (the max_position_embeddings of '", config_path, "'), got ", context);
   Tokenizer tokenizer((fs::path(folder) / "tokenizer.json").string());
   check_tokenizer(folder, config, tokenizer);
-  CausalLM model(config, context);
+  const auto saved = saved_weight_format(folder);
+  CausalLM model = saved ? CausalLM(config, context, *saved) : CausalLM(config, context);
   model->pack_weights(options.pack_weights().value_or(false));
-  model->load_hf_weights(folder);
-  if (options.device() != model->embed_tokens->weight.device() || options.dtype() != at::kFloat) {
-    model->to(options.device(), options.dtype());
+  if (saved) {
+    // A folder of save_pretrained: its frozen weights as they are.
+    TORCH_CHECK(options.weight_format() == torchattn::WeightFormat::Float32 || options.weight_format() == *saved,
+                "LanguageModel::from_pretrained: '", folder, "' holds ", torchattn::to_string(*saved),
+                " weights (torchattn_weights.json); LoadOptions::weight_format asked for ",
+                torchattn::to_string(options.weight_format()));
+    TORCH_CHECK(options.device().is_cpu() && options.dtype() == at::kFloat, "LanguageModel::from_pretrained: '", folder,
+                "' holds ", torchattn::to_string(*saved),
+                " weights, which run on the CPU with float32 activations; got LoadOptions device ", options.device(),
+                " and dtype ", options.dtype());
+    model->load_frozen_state(load_safetensors((fs::path(folder) / "model.safetensors").string()), *saved);
+    model->eval();
+  } else {
+    model->load_hf_weights(folder);
+    if (options.device() != model->embed_tokens->weight.device() || options.dtype() != at::kFloat) {
+      model->to(options.device(), options.dtype());
+    }
+    model->eval();
+    if (options.weight_format() != torchattn::WeightFormat::Float32) model->freeze_weights(options.weight_format());
   }
-  model->eval();
-  if (options.weight_format() != torchattn::WeightFormat::Float32) model->freeze_weights(options.weight_format());
-  return LanguageModel(std::move(model), std::move(tokenizer), read_chat_template(folder));
+  return LanguageModel(std::move(model), std::move(tokenizer), read_chat_template(folder), folder);
 }
+
+void LanguageModel::save_pretrained(const std::string& folder) const { save_frozen_folder(model_, folder_, folder); }
 
 std::string LanguageModel::chat_prompt(const std::string& message) const {
   TORCH_CHECK(chat_template_.has_value(), "LanguageModel::chat_prompt: this model folder has no chat template");

@@ -255,6 +255,34 @@ void MultiHeadAttentionImpl::freeze_weights() {
   for (const auto* l : {&W_query, &W_key, &W_value, &out_proj}) PackedLinear::release((*l)->weight);
 }
 
+void MultiHeadAttentionImpl::freeze_weights(const std::map<std::string, at::Tensor>& weights,
+                                            const std::string& prefix) {
+  TORCH_CHECK(options.weight_format() != WeightFormat::Float32, kMultiHeadAttention,
+              ": freeze_weights keeps bfloat16 or int8 copies, got weight_format float32");
+  check_self_attention("freeze_weights");
+  TORCH_CHECK(!frozen(), kMultiHeadAttention, ": freeze_weights: already frozen");
+  // Both copies or neither: a tensor that fails leaves the module as it was.
+  auto qkv = std::make_shared<PackedLinear>(options.weight_format());
+  auto out = std::make_shared<PackedLinear>(options.weight_format());
+  freeze_from_weights(*qkv, weights, prefix, {"W_query.weight", "W_key.weight", "W_value.weight"},
+                      {W_query->weight, W_key->weight, W_value->weight}, {W_query->bias, W_key->bias, W_value->bias},
+                      kMultiHeadAttention);
+  freeze_from_weights(*out, weights, prefix, {"out_proj.weight"}, {out_proj->weight}, {out_proj->bias},
+                      kMultiHeadAttention);
+  options.pack_weights(true);
+  packed_qkv_ = std::move(qkv);
+  packed_out_ = std::move(out);
+  for (const auto* l : {&W_query, &W_key, &W_value, &out_proj}) PackedLinear::release((*l)->weight);
+}
+
+NamedTensors MultiHeadAttentionImpl::frozen_state() const {
+  TORCH_CHECK(frozen(), kMultiHeadAttention, ": frozen_state needs freeze_weights first");
+  NamedTensors out;
+  append_frozen_weights(out, "", {"W_query.weight", "W_key.weight", "W_value.weight"}, *packed_qkv_);
+  append_frozen_weights(out, "", {"out_proj.weight"}, *packed_out_);
+  return out;
+}
+
 void MultiHeadAttentionImpl::sync_packed() {
   if (frozen()) return;
   if (packed_qkv_->format() != options.weight_format()) {

@@ -444,6 +444,62 @@ TEST(GenerateFolders, AnotherModelsTokenizerIsAnErrorNamingTheFiles) {
   fs::remove_all(tiny);
 }
 
+// LanguageModel::save_pretrained of SmolLM2 in int8, loaded back as it is: the same
+// greedy tokens, a file under 0.3x the float32 one; and what a wrong load says.
+TEST(GenerateFolders, ASavedInt8FolderLoadsAsItWasAndRefusesAnotherModel) {
+  using models::LoadOptions;
+  using torchattn::WeightFormat;
+  auto lm = models::LanguageModel::from_pretrained(smollm2().string(), LoadOptions().weight_format(WeightFormat::Int8));
+  const fs::path dir = temp_path("smollm2_int8");
+  fs::remove_all(dir);
+  lm.save_pretrained(dir.string());
+  for (const char* name : {"config.json", "tokenizer.json", "model.safetensors", "torchattn_weights.json"}) {
+    EXPECT_TRUE(fs::exists(dir / name)) << name;
+  }
+  EXPECT_LT(fs::file_size(dir / "model.safetensors"), 0.3 * fs::file_size(smollm2() / "model.safetensors"));
+  auto again = models::LanguageModel::from_pretrained(dir.string());
+  EXPECT_EQ(again.model()->weight_format(), WeightFormat::Int8);
+  EXPECT_EQ(again.model()->weight_bytes(), lm.model()->weight_bytes());
+  const auto options = models::GenerationOptions().max_new_tokens(12);
+  const std::vector<std::string> prompts{lm.chat_prompt("What is the capital of France?"), "def fibonacci(n):"};
+  const auto want = lm.generate(prompts, options), got = again.generate(prompts, options);
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i].ids, want[i].ids) << "prompt " << i;
+
+  auto load = [](const fs::path& folder, const LoadOptions& o) {
+    return error_of([&] { models::LanguageModel::from_pretrained(folder.string(), o); });
+  };
+  EXPECT_HAS(load(dir, LoadOptions().weight_format(WeightFormat::BFloat16)),
+             "LanguageModel::from_pretrained: '" + dir.string() +
+                 "' holds int8 weights (torchattn_weights.json); LoadOptions::weight_format asked for bfloat16");
+  EXPECT_HAS(load(dir, LoadOptions().dtype(torch::kBFloat16)),
+             "' holds int8 weights, which run on the CPU with float32 activations; got LoadOptions device cpu and "
+             "dtype BFloat16");
+  // The int8 weights beside another model's config (a narrower MLP).
+  const auto other = copy_model_folder(dir, "smollm2_int8_other");
+  {
+    std::ifstream in(dir / "config.json");
+    nlohmann::json config = nlohmann::json::parse(in);
+    config["intermediate_size"] = 1024;
+    write_file(other / "config.json", config.dump());
+  }
+  EXPECT_HAS(load(other, LoadOptions()),
+             "CausalLM: expected the frozen 'layers.0.gate_proj.weight' [1024, 576] (the model's shape), got "
+             "[1536, 576] (weights of another model?)");
+  write_file(other / "torchattn_weights.json", R"({"weight_format": "int4"})");
+  EXPECT_HAS(load(other, LoadOptions()), "torchattn_weights.json': expected \"weight_format\": \"bfloat16\" or "
+                                         "\"int8\", got \"int4\"");
+  fs::remove_all(other);
+  EXPECT_HAS(error_of([&] { again.save_pretrained(dir.string()); }),
+             "LanguageModel::save_pretrained: '" + dir.string() +
+                 "' is the folder the model was loaded from; write to another");
+  auto plain = models::LanguageModel::from_pretrained(smollm2().string());
+  EXPECT_HAS(error_of([&] { plain.save_pretrained(dir.string()); }),
+             "LanguageModel::save_pretrained writes a frozen model's bfloat16 or int8 weights "
+             "(LoadOptions::weight_format); this one's are float32: its folder is '" +
+                 smollm2().string() + "'");
+  fs::remove_all(dir);
+}
+
 TEST(GenerateFolders, LoadOptionsAreCheckedWithTheirNames) {
   using models::LoadOptions;
   auto load = [&](const LoadOptions& o) {

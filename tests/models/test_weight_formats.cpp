@@ -4,12 +4,15 @@
 // scale), greedy decoding included; its memory shrinks; and what it refuses.
 
 #include "common/expect_error.h"
+#include "common/temp_path.h"
 
 #include <torchattn/models.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -86,6 +89,105 @@ TEST_P(FrozenDecoder, EqualsTheFloatModelOfItsRoundedWeights) {
 INSTANTIATE_TEST_SUITE_P(Formats, FrozenDecoder,
                          ::testing::Combine(::testing::Values(WeightFormat::BFloat16, WeightFormat::Int8),
                                             ::testing::Bool()));
+
+// A frozen model's frozen_state, through a safetensors file, into a model built afresh
+// (other random weights): the same bits, so the same logits and greedy tokens.
+TEST_P(FrozenDecoder, SavedFrozenStateLoadsIntoAFreshModelAsItWas) {
+  const auto [format, tied] = GetParam();
+  models::CausalLM saved = small_model(tied);
+  saved->freeze_weights(format);
+  const auto state = saved->frozen_state();
+  // Every frozen weight in its format (int8 with its scales), the rest float32.
+  int64_t frozen_weights = 0, scales = 0;
+  for (const auto& [name, t] : state) {
+    if (name.ends_with(torchattn::kFrozenScaleSuffix)) {
+      ++scales;
+      EXPECT_EQ(t.scalar_type(), torch::kFloat) << name;
+    } else if (t.scalar_type() != torch::kFloat) {
+      ++frozen_weights;
+      EXPECT_EQ(t.scalar_type(), format == WeightFormat::Int8 ? torch::kChar : torch::kBFloat16) << name;
+    }
+  }
+  EXPECT_EQ(frozen_weights, 2 * 7 + 1);  // two layers of q, k, v, o, gate, up, down; the head
+  EXPECT_EQ(scales, format == WeightFormat::Int8 ? frozen_weights : 0);
+  const auto path = temp_path(std::string("frozen_") + (tied ? "tied_" : "untied_") +
+                              std::string(torchattn::to_string(format)) + ".safetensors");
+  torchattn::save_safetensors(path, state);
+  torch::manual_seed(1234);  // other weights: all must come from the file
+  models::CausalLM loaded = small_model(tied);
+  loaded->load_frozen_state(torchattn::load_safetensors(path), format);
+  EXPECT_EQ(loaded->weight_format(), format);
+  EXPECT_EQ(loaded->weight_bytes(), saved->weight_bytes());
+  torch::NoGradGuard no_grad;
+  const auto ids = torch::randint(0, 96, {2, 20}, torch::kLong);
+  EXPECT_TRUE(torch::equal(loaded->forward(ids), saved->forward(ids)));
+  const auto options = models::GenerationOptions().max_new_tokens(12).stop_at_eos(false);
+  const std::vector<std::vector<int64_t>> prompts{{5, 17, 3, 40, 2}, {9, 9, 61}};
+  EXPECT_EQ(models::generate(*loaded, prompts, options)[0].ids, models::generate(*saved, prompts, options)[0].ids);
+  std::filesystem::remove(path);
+}
+
+// What a damaged file, or another model's, does: an error naming the tensor, and the
+// model unchanged (still float32, loadable).
+TEST(FrozenDecoder, ABadFrozenStateIsAnErrorNamingTheTensor) {
+  models::CausalLM saved = small_model(/*tied=*/false);
+  saved->freeze_weights(WeightFormat::Int8);
+  const auto state = saved->frozen_state();
+  auto with = [&](const std::string& name, const torch::Tensor& t) {
+    auto copy = state;
+    for (auto& [n, v] : copy) {
+      if (n == name) v = t;
+    }
+    return copy;
+  };
+  auto without = [&](const std::string& name) {
+    auto copy = state;
+    std::erase_if(copy, [&](const auto& item) { return item.first == name; });
+    return copy;
+  };
+  const std::string scale = "layers.1.down_proj.weight_scale";
+  auto get = [&](const std::string& name) {
+    for (const auto& [n, v] : state) {
+      if (n == name) return v;
+    }
+    return torch::Tensor();
+  };
+  models::CausalLM fresh = small_model(false);
+  auto load = [&](const torchattn::NamedTensors& t, WeightFormat f = WeightFormat::Int8) {
+    return error_of([&] { fresh->load_frozen_state(t, f); });
+  };
+  auto nan_scale = get(scale).clone();
+  nan_scale[3][1] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_HAS(load(with(scale, nan_scale)), "CausalLM: expected '" + scale +
+                                               "' finite and >= 0, got a NaN, an infinity or a negative scale "
+                                               "(a damaged file?)");
+  EXPECT_HAS(load(with(scale, -get(scale))), "finite and >= 0, got a NaN, an infinity or a negative scale");
+  EXPECT_HAS(load(with(scale, get(scale).narrow(1, 0, 2))),
+             "CausalLM: expected '" + scale +
+                 "' float32 [48, 3] (a scale per group of 64 inputs), got [48, 2] of Float");
+  EXPECT_HAS(load(without(scale)), "CausalLM: the frozen int8 weights have no '" + scale + "'");
+  EXPECT_HAS(load(with("layers.0.self_attn.W_key.weight", get("layers.0.self_attn.W_query.weight"))),
+             "CausalLM: expected the frozen 'layers.0.self_attn.W_key.weight' [16, 48] (the model's shape), got "
+             "[48, 48] (weights of another model?)");
+  EXPECT_HAS(load(with("norm.weight", torch::ones({64}))),
+             "CausalLM: load_frozen_state: expected 'norm.weight' float32 [48], got Float [64] (weights of another "
+             "model?)");
+  auto extra = state;
+  extra.emplace_back("layers.2.down_proj.weight", get("layers.1.down_proj.weight"));
+  EXPECT_HAS(load(extra), "CausalLM: load_frozen_state: unexpected 'layers.2.down_proj.weight' [48, 130] (weights "
+                          "of another model?)");
+  EXPECT_HAS(load(state, WeightFormat::BFloat16),
+             "CausalLM: expected the frozen 'layers.0.self_attn.W_query.weight' bfloat16, got Char");
+  EXPECT_HAS(load(state, WeightFormat::Float32), "CausalLM: load_frozen_state takes bfloat16 or int8 weights, got "
+                                                 "float32");
+  // None of these changed the model: the good state still loads.
+  EXPECT_EQ(fresh->weight_format(), WeightFormat::Float32);
+  fresh->load_frozen_state(state, WeightFormat::Int8);
+  EXPECT_HAS(load(state), "CausalLM: load_frozen_state needs a model not yet frozen");
+  models::CausalLM plain = small_model(false);
+  EXPECT_HAS(error_of([&] { plain->frozen_state(); }),
+             "CausalLM: frozen_state needs freeze_weights first (the weights are float32)");
+}
 
 TEST(FrozenDecoder, RefusesWhatNeedsTheFloatWeights) {
   models::CausalLM model = small_model(/*tied=*/true);

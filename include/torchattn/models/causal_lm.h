@@ -20,6 +20,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,17 @@ class DecoderLayerImpl : public torch::nn::Module {
   void pack_weights(bool on, int64_t min_rows);
   /// See CausalLMImpl::freeze_weights.
   void freeze_weights(torchattn::WeightFormat format);
+  /// The same from a saved frozen model's tensors, names under `prefix` (see
+  /// CausalLMImpl::load_frozen_state; check_frozen first).
+  void freeze_weights(torchattn::WeightFormat format, const std::map<std::string, at::Tensor>& weights,
+                      const std::string& prefix);
+  /// Checks that `weights` holds this layer's frozen linear weights under `prefix`,
+  /// freezing nothing; returns their names (scales included).
+  std::vector<std::string> check_frozen(torchattn::WeightFormat format,
+                                        const std::map<std::string, at::Tensor>& weights,
+                                        const std::string& prefix) const;
+  /// Appends the frozen linear weights under `prefix` (see CausalLMImpl::frozen_state).
+  void append_frozen(torchattn::NamedTensors& out, const std::string& prefix) const;
   /// The bytes of the frozen copies (0 before freeze_weights).
   int64_t frozen_bytes() const;
 
@@ -66,6 +78,11 @@ class CausalLMImpl : public torch::nn::Module {
   /// context_length: the most tokens a sequence may have here (prompt and new tokens;
   /// at most the config's max_position_embeddings): the KV caches' size.
   CausalLMImpl(const DecoderConfig& config, int64_t context_length);
+  /// The same for frozen weights to come (load_frozen_state in `frozen`, bfloat16 or
+  /// int8): each linear layer's float32 weight, and a tied head's table, is freed as
+  /// soon as its layer is built (PackedLinear::release), so that building the model
+  /// never holds all its float32 weights at once.
+  CausalLMImpl(const DecoderConfig& config, int64_t context_length, torchattn::WeightFormat frozen);
 
   /// on: on the CPU in float32 without gradients, every linear layer runs on a
   /// oneDNN-packed copy of its weights (torchattn::PackedLinear; the attention's three
@@ -88,6 +105,20 @@ class CausalLMImpl : public torch::nn::Module {
   /// the model only infers: a forward with a gradient to compute is an error, and so
   /// are loading weights and saving. Needs a float32 model on the CPU.
   void freeze_weights(torchattn::WeightFormat format);
+  /// A frozen model's weights as one file's tensors, under this module's parameter
+  /// names: every linear layer's frozen copy as kept (bfloat16 [out, in], or int8 [out,
+  /// in] with "<name>_scale" float32 [out, groups of 64 inputs]; a tied head's under
+  /// "embed_tokens.weight") and every other parameter (norms, biases, an untied
+  /// embedding table) in float32. LanguageModel::save_pretrained writes it.
+  torchattn::NamedTensors frozen_state() const;
+  /// freeze_weights(format) from frozen_state's tensors instead of float32 weights:
+  /// loads the float32 parameters and keeps the frozen copies as they come, nothing
+  /// rounded again (a float32 model on the CPU, as built, not yet frozen). Strict and
+  /// checked before anything changes: a missing, extra, misshapen or mistyped tensor,
+  /// or a scale that is not finite and >= 0, is an error naming it.
+  /// Each layer's tensors are let go as soon as it is frozen (a file's mapped pages
+  /// then go back: peak memory of about one copy of the weights).
+  void load_frozen_state(torchattn::NamedTensors tensors, torchattn::WeightFormat format);
   /// Bytes the weights take: the parameters' own memory (freed ones: none) and the
   /// frozen copies of freeze_weights.
   int64_t weight_bytes() const;

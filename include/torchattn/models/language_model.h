@@ -35,7 +35,19 @@ class LanguageModel {
   /// (tied or untied embeddings), tokenizer.json, and the chat template if any.
   /// Weights are checked strictly (a missing, extra or misshapen tensor is an error
   /// naming it and its file), then moved to `options`' device and dtype.
+  /// A folder that save_pretrained wrote (torchattn_weights.json beside the weights)
+  /// loads its bfloat16 or int8 weights as they are, never reading float32 ones: on
+  /// the CPU in float32 activations; options' weight_format must be that format or
+  /// float32 (the default), and a tensor that does not fit the config is an error
+  /// naming it.
   static LanguageModel from_pretrained(const std::string& folder, const LoadOptions& options = {});
+  /// Writes a frozen model (LoadOptions::weight_format bfloat16 or int8) as a folder
+  /// that from_pretrained loads: the source folder's config.json, tokenizer and chat
+  /// template files, model.safetensors holding CausalLMImpl::frozen_state (about a
+  /// quarter of the float32 file in int8), and torchattn_weights.json naming the
+  /// format. `folder` is created; files of those names in it are replaced. A float32
+  /// model is an error (its folder is the source's).
+  void save_pretrained(const std::string& folder) const;
 
   /// Generates after each prompt (text, tokenized as is: see chat_prompt), batched.
   /// on_text, if given, gets (prompt index, text) for each piece of text as it
@@ -60,8 +72,9 @@ class LanguageModel {
   const DecoderConfig& config() const { return model_->config(); }
 
  private:
-  LanguageModel(CausalLM model, Tokenizer tokenizer, std::optional<std::string> chat_template);
+  LanguageModel(CausalLM model, Tokenizer tokenizer, std::optional<std::string> chat_template, std::string folder);
   CausalLM model_;
+  std::string folder_;  // the folder it was loaded from
   Tokenizer tokenizer_;
   std::optional<std::string> chat_template_;
   std::optional<int64_t> end_of_turn_;

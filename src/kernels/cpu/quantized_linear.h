@@ -15,6 +15,8 @@
 // weights a tile of output features at a time and multiply the tile with a float32
 // GEMM (oneDNN where LibTorch has it).
 
+#include <torchattn/weight_format.h>
+
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -27,7 +29,7 @@ inline constexpr int64_t kQuantizedMatvecRows = 16;
 /// The inputs that share an int8 scale (as llama.cpp's Q8_0 groups of 32, CTranslate2's
 /// rows): 64 keeps all-MiniLM-L6-v2's embeddings within cosine 0.999 of float32 (one
 /// scale per row does not: 0.9965) for 1.0625 bytes a weight.
-inline constexpr int64_t kInt8Group = 64;
+inline constexpr int64_t kInt8Group = kInt8GroupSize;
 
 /// Groups of kInt8Group in `in` inputs (the last may be shorter).
 int64_t int8_groups(int64_t in);

@@ -1,0 +1,82 @@
+#include <torchattn/models/saved_folder.h>
+
+#include <torchattn/safetensors.h>
+
+#include "json_file.h"
+
+#include <c10/util/Exception.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace torchattn::models {
+
+std::optional<torchattn::WeightFormat> saved_weight_format(const std::string& folder) {
+  const std::string path = (std::filesystem::path(folder) / kSavedWeightsFile).string();
+  if (!std::filesystem::exists(path)) return std::nullopt;
+  const nlohmann::json note = detail::read_json_file(path, "LanguageModel::from_pretrained");
+  const auto format = note.find("weight_format");
+  TORCH_CHECK(format != note.end() && format->is_string() && (*format == "bfloat16" || *format == "int8"),
+              "LanguageModel::from_pretrained: '", path,
+              "': expected \"weight_format\": \"bfloat16\" or \"int8\", got ",
+              format == note.end() ? std::string("none") : format->dump());
+  const torchattn::WeightFormat f = torchattn::weight_format_from_string(format->get<std::string>());
+  if (f == torchattn::WeightFormat::Int8) {
+    const auto group = note.find("int8_group");
+    TORCH_CHECK(group != note.end() && group->is_number_integer() && group->get<int64_t>() == kInt8GroupSize,
+                "LanguageModel::from_pretrained: '", path, "': expected \"int8_group\": ", kInt8GroupSize,
+                " (inputs per scale), got ", group == note.end() ? std::string("none") : group->dump());
+  }
+  return f;
+}
+
+torchattn::WeightFormat load_folder_weights(CausalLM& model, const std::string& folder,
+                                            torchattn::WeightFormat format) {
+  if (const auto saved = saved_weight_format(folder)) {
+    TORCH_CHECK(format == torchattn::WeightFormat::Float32 || format == *saved, "'", folder, "' holds ",
+                torchattn::to_string(*saved), " weights (", kSavedWeightsFile, "), asked for ",
+                torchattn::to_string(format));
+    model->load_frozen_state(load_safetensors((std::filesystem::path(folder) / "model.safetensors").string()), *saved);
+    return *saved;
+  }
+  model->load_hf_weights(folder);
+  if (format != torchattn::WeightFormat::Float32) model->freeze_weights(format);
+  return format;
+}
+
+CausalLM load_causal_lm(const DecoderConfig& config, int64_t context_length, const std::string& folder,
+                        torchattn::WeightFormat format) {
+  const auto saved = saved_weight_format(folder);
+  CausalLM model = saved ? CausalLM(config, context_length, *saved) : CausalLM(config, context_length);
+  load_folder_weights(model, folder, format);
+  return model;
+}
+
+void save_frozen_folder(const CausalLM& model, const std::string& source, const std::string& folder) {
+  namespace fs = std::filesystem;
+  const torchattn::WeightFormat format = model->weight_format();
+  TORCH_CHECK(format != torchattn::WeightFormat::Float32, "LanguageModel::save_pretrained writes a frozen model's ",
+              "bfloat16 or int8 weights (LoadOptions::weight_format); this one's are float32: its folder is '", source,
+              "'");
+  TORCH_CHECK(!fs::exists(folder) || fs::weakly_canonical(folder) != fs::weakly_canonical(source),
+              "LanguageModel::save_pretrained: '", folder,
+              "' is the folder the model was loaded from; write to another");
+  fs::create_directories(folder);
+  for (const char* name : {"config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                           "generation_config.json", "chat_template.jinja", "chat_template.json"}) {
+    const fs::path from = fs::path(source) / name;
+    if (fs::exists(from)) fs::copy_file(from, fs::path(folder) / name, fs::copy_options::overwrite_existing);
+  }
+  save_safetensors((fs::path(folder) / "model.safetensors").string(), model->frozen_state(),
+                   {{"format", "pt"}, {"torchattn.weight_format", std::string(torchattn::to_string(format))}});
+  nlohmann::json note{{"weight_format", std::string(torchattn::to_string(format))},
+                      {"tensor_names", "torchattn CausalLM parameters (CausalLMImpl::frozen_state)"}};
+  if (format == torchattn::WeightFormat::Int8) note["int8_group"] = kInt8GroupSize;
+  const std::string path = (fs::path(folder) / kSavedWeightsFile).string();
+  std::ofstream out(path);
+  TORCH_CHECK(out, "LanguageModel::save_pretrained: cannot write '", path, "'");
+  out << note.dump(2) << "\n";
+  TORCH_CHECK(out.good(), "LanguageModel::save_pretrained: writing '", path, "' failed");
+}
+
+}  // namespace torchattn::models
