@@ -45,7 +45,7 @@ if [ -z "$python" ]; then
   python=.venv-gpu-pack/bin/python
   if [ ! -x "$python" ]; then
     python3 -m venv .venv-gpu-pack
-    .venv-gpu-pack/bin/pip install -q "torch==$torch_version" transformers==5.17.0 safetensors==0.7.0
+    .venv-gpu-pack/bin/pip install -q "torch==$torch_version" transformers==5.17.0 safetensors==0.8.0
   fi
 fi
 have=$("$python" -c 'import torch; print(torch.__version__.split("+")[0], torch.version.cuda or "none")')
