@@ -64,8 +64,9 @@ def main():
           "docs/models.md) and CTranslate2 (`bench_ctranslate2.py`, the folder converted with its own "
           "converter) one after the other, each at 1 and at 2 intra-op threads. Decoding: 128 new tokens after a "
           "32-token prompt, greedy, median of 3; prefill: the first token of a 512-token prompt, warm, median of 5; "
-          "peak RSS after loading and generating (torchattn's includes the float32 model it builds and loads before "
-          "quantizing it layer by layer), and the RSS then.", "",
+          "peak RSS after loading and generating, and the RSS then. torchattn's bfloat16 and int8 load from folders "
+          "of their own weights (`torchattn_generate --dtype int8 --save DIR`, include/torchattn/models/"
+          "saved_folder.h), which never build the float32 model.", "",
           f"- machine: {machine()}",
           f"- CPU flags: {cpu_flags()}",
           f"- CTranslate2 {next(iter(ct2.values()))['version']}, {datetime.date.today().isoformat()}", "",
