@@ -78,14 +78,29 @@ void DecoderLayerImpl::freeze_weights(torchattn::WeightFormat format) {
 
 namespace {
 
+// The MLP's frozen weights, each PackedLinear's in freeze's order.
+const std::vector<std::string>& gate_up_names() {
+  static const std::vector<std::string> names{"gate_proj.weight", "up_proj.weight"};
+  return names;
+}
+const std::vector<std::string>& down_names() {
+  static const std::vector<std::string> names{"down_proj.weight"};
+  return names;
+}
+
 // A layer's frozen linear weights, as (the prefix under the layer, their names).
 const std::vector<std::pair<std::string, std::vector<std::string>>>& layer_linears() {
   static const std::vector<std::pair<std::string, std::vector<std::string>>> groups{
       {"self_attn.", {"W_query.weight", "W_key.weight", "W_value.weight"}},
       {"self_attn.", {"out_proj.weight"}},
-      {"", {"gate_proj.weight", "up_proj.weight"}},
-      {"", {"down_proj.weight"}}};
+      {"", gate_up_names()},
+      {"", down_names()}};
   return groups;
+}
+
+// A weight freed by PackedLinear::release: a stride-0 view of one element.
+bool released(const at::Tensor& p) {
+  return p.numel() > 0 && std::ranges::all_of(p.strides(), [](int64_t s) { return s == 0; });
 }
 
 }  // namespace
@@ -119,18 +134,18 @@ void DecoderLayerImpl::freeze_weights(torchattn::WeightFormat format, const std:
   self_attn->freeze_weights(weights, prefix + "self_attn.");
   packed_gate_up_ = std::make_shared<torchattn::PackedLinear>(format);
   packed_down_ = std::make_shared<torchattn::PackedLinear>(format);
-  torchattn::freeze_from_weights(*packed_gate_up_, weights, prefix, {"gate_proj.weight", "up_proj.weight"},
+  torchattn::freeze_from_weights(*packed_gate_up_, weights, prefix, gate_up_names(),
                                  {gate_proj->weight, up_proj->weight}, {gate_proj->bias, up_proj->bias}, "CausalLM");
-  torchattn::freeze_from_weights(*packed_down_, weights, prefix, {"down_proj.weight"}, {down_proj->weight},
-                                 {down_proj->bias}, "CausalLM");
+  torchattn::freeze_from_weights(*packed_down_, weights, prefix, down_names(), {down_proj->weight}, {down_proj->bias},
+                                 "CausalLM");
   for (const auto* l : {&gate_proj, &up_proj, &down_proj}) torchattn::PackedLinear::release((*l)->weight);
 }
 
 void DecoderLayerImpl::append_frozen(torchattn::NamedTensors& out, const std::string& prefix) const {
   const std::string attn = prefix + "self_attn.";
   for (const auto& [name, t] : self_attn->frozen_state()) out.emplace_back(attn + name, t);
-  torchattn::append_frozen_weights(out, prefix, {"gate_proj.weight", "up_proj.weight"}, *packed_gate_up_);
-  torchattn::append_frozen_weights(out, prefix, {"down_proj.weight"}, *packed_down_);
+  torchattn::append_frozen_weights(out, prefix, gate_up_names(), *packed_gate_up_);
+  torchattn::append_frozen_weights(out, prefix, down_names(), *packed_down_);
 }
 
 int64_t DecoderLayerImpl::frozen_bytes() const {
@@ -263,15 +278,6 @@ void CausalLMImpl::freeze_weights(torchattn::WeightFormat format) {
   torchattn::PackedLinear::release(weight);
 }
 
-namespace {
-
-// A weight freed by PackedLinear::release: a stride-0 view of one element.
-bool released(const at::Tensor& p) {
-  return p.numel() > 1 && std::ranges::all_of(p.strides(), [](int64_t s) { return s == 0; });
-}
-
-}  // namespace
-
 torchattn::NamedTensors CausalLMImpl::frozen_state() const {
   TORCH_CHECK(packed_head_->frozen(), "CausalLM: frozen_state needs freeze_weights first (the weights are float32)");
   torchattn::NamedTensors out;
@@ -344,10 +350,7 @@ void CausalLMImpl::load_frozen_state(torchattn::NamedTensors tensors, torchattn:
 int64_t CausalLMImpl::weight_bytes() const {
   int64_t bytes = 0;
   for (const auto& p : parameters()) {
-    // A freed weight (stride 0, PackedLinear::release) holds one element.
-    bytes += p.numel() > 0 && std::ranges::all_of(p.strides(), [](int64_t s) { return s == 0; })
-                 ? 0
-                 : p.numel() * static_cast<int64_t>(p.element_size());
+    bytes += released(p) ? 0 : p.numel() * static_cast<int64_t>(p.element_size());
   }
   for (const auto& layer : *layers) bytes += layer->as<DecoderLayerImpl>()->frozen_bytes();
   return bytes + (packed_head_->frozen() ? packed_head_->packed_bytes() : 0);

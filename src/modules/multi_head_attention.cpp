@@ -16,6 +16,8 @@
 
 #include <cmath>
 #include <ostream>
+#include <string>
+#include <vector>
 
 namespace torchattn {
 
@@ -255,6 +257,20 @@ void MultiHeadAttentionImpl::freeze_weights() {
   for (const auto* l : {&W_query, &W_key, &W_value, &out_proj}) PackedLinear::release((*l)->weight);
 }
 
+namespace {
+
+// The frozen projections' names, each PackedLinear's in freeze's order.
+const std::vector<std::string>& qkv_names() {
+  static const std::vector<std::string> names{"W_query.weight", "W_key.weight", "W_value.weight"};
+  return names;
+}
+const std::vector<std::string>& out_names() {
+  static const std::vector<std::string> names{"out_proj.weight"};
+  return names;
+}
+
+}  // namespace
+
 void MultiHeadAttentionImpl::freeze_weights(const std::map<std::string, at::Tensor>& weights,
                                             const std::string& prefix) {
   TORCH_CHECK(options.weight_format() != WeightFormat::Float32, kMultiHeadAttention,
@@ -264,11 +280,9 @@ void MultiHeadAttentionImpl::freeze_weights(const std::map<std::string, at::Tens
   // Both copies or neither: a tensor that fails leaves the module as it was.
   auto qkv = std::make_shared<PackedLinear>(options.weight_format());
   auto out = std::make_shared<PackedLinear>(options.weight_format());
-  freeze_from_weights(*qkv, weights, prefix, {"W_query.weight", "W_key.weight", "W_value.weight"},
-                      {W_query->weight, W_key->weight, W_value->weight}, {W_query->bias, W_key->bias, W_value->bias},
-                      kMultiHeadAttention);
-  freeze_from_weights(*out, weights, prefix, {"out_proj.weight"}, {out_proj->weight}, {out_proj->bias},
-                      kMultiHeadAttention);
+  freeze_from_weights(*qkv, weights, prefix, qkv_names(), {W_query->weight, W_key->weight, W_value->weight},
+                      {W_query->bias, W_key->bias, W_value->bias}, kMultiHeadAttention);
+  freeze_from_weights(*out, weights, prefix, out_names(), {out_proj->weight}, {out_proj->bias}, kMultiHeadAttention);
   options.pack_weights(true);
   packed_qkv_ = std::move(qkv);
   packed_out_ = std::move(out);
@@ -278,8 +292,8 @@ void MultiHeadAttentionImpl::freeze_weights(const std::map<std::string, at::Tens
 NamedTensors MultiHeadAttentionImpl::frozen_state() const {
   TORCH_CHECK(frozen(), kMultiHeadAttention, ": frozen_state needs freeze_weights first");
   NamedTensors out;
-  append_frozen_weights(out, "", {"W_query.weight", "W_key.weight", "W_value.weight"}, *packed_qkv_);
-  append_frozen_weights(out, "", {"out_proj.weight"}, *packed_out_);
+  append_frozen_weights(out, "", qkv_names(), *packed_qkv_);
+  append_frozen_weights(out, "", out_names(), *packed_out_);
   return out;
 }
 
