@@ -26,7 +26,7 @@ expect_cli_error("--top-p: expected a number in (0, 1], got 1.5" --prompt-ids 1,
 expect_cli_error("--temperature: expected a number > 0, got 0" --prompt-ids 1,2 --temperature 0)
 # --help states the defaults; sampling without --seed draws one and says which.
 execute_process(COMMAND "${CLI}" --help OUTPUT_VARIABLE help RESULT_VARIABLE rc)
-foreach(default "--max-new-tokens INT:>=1=64" "--top-k INT:>=1=all" "--seed TEXT:>=0=random" "--dtype TEXT:{float32,bfloat16,int8}=float32")
+foreach(default "--max-new-tokens INT:>=1=64" "--top-k INT:>=1=all" "--seed TEXT:>=0=random" "--dtype TEXT:{float32,bfloat16,int8,dynamic-int8}=float32")
   string(FIND "${help}" "${default}" at)
   if(NOT rc EQUAL 0 OR at EQUAL -1)
     message(FATAL_ERROR "torchattn_generate --help does not show '${default}':\n${help}")
@@ -50,6 +50,8 @@ endif()
 # freezing the float32 checkpoint at load; float32 is refused.
 expect_cli_error("--save: writes bfloat16 or int8 weights; give --dtype bfloat16 or --dtype int8"
                  --save "${WORK_DIR}/int8")
+expect_cli_error("--save: dynamic-int8 weights are quantized at load, not saved"
+                 --dtype dynamic-int8 --save "${WORK_DIR}/int8")
 execute_process(COMMAND "${CLI}" --model "${WORK_DIR}/model" --dtype int8 --save "${WORK_DIR}/int8"
                 ERROR_VARIABLE saved RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0 OR NOT EXISTS "${WORK_DIR}/int8/torchattn_weights.json")

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """torchattn_embed as a user runs it (ctest -R models): texts as arguments, from a file
 and from stdin; JSON lines and --format npy; each against sentence-transformers'
-embeddings in the reference (tests/reference/make_models_reference.py); and the errors of bad
-arguments, each a clear message and exit status 1 (CLI11's own: 105 / 106 / 109...).
+embeddings in the reference (tests/reference/make_models_reference.py); --dtype bfloat16 and
+int8 by their cosine with those, --dtype dynamic-int8 against sentence-transformers' model
+quantize_dynamic'd here (PyTorch's scheme: the same batch of texts, the same numbers); and
+the errors of bad arguments, each a clear message and exit status 1 (CLI11's own: 105 / 106 / 109...).
 
 Usage: check_embed_cli.py --cli PATH --reference DIR
 """
@@ -17,6 +19,20 @@ import tempfile
 
 import numpy as np
 from safetensors.numpy import load_file
+
+
+def dynamic_int8_embeddings(model, texts):
+    """sentence-transformers' embeddings of `texts` in one batch, every nn.Linear
+    quantize_dynamic'd (the quantized engine at its default)."""
+    import warnings
+
+    import torch
+    from sentence_transformers import SentenceTransformer
+    with warnings.catch_warnings():  # torch.ao.quantization's deprecation notices
+        warnings.simplefilter("ignore")
+        st = torch.ao.quantization.quantize_dynamic(SentenceTransformer(model, device="cpu"), {torch.nn.Linear},
+                                                    dtype=torch.qint8)
+        return st.encode(texts, batch_size=len(texts), convert_to_numpy=True).astype(np.float64)
 
 
 def run(cmd, stdin=None):
@@ -52,7 +68,7 @@ def main():
         check("arguments, JSON lines", [json.loads(line) for line in r.stdout.decode().splitlines()])
     # Weights in bfloat16 and int8: each embedding's cosine with sentence-transformers'
     # float32 one at least 0.999 (docs/models.md, weight formats).
-    for dtype in ("bfloat16", "int8"):
+    for dtype in ("bfloat16", "int8", "dynamic-int8"):
         r = run([a.cli, "--model", model, "--dtype", dtype, *texts])
         if r.returncode != 0:
             failures.append(f"--dtype {dtype}: exit {r.returncode}: {r.stderr.decode()}")
@@ -62,7 +78,15 @@ def main():
         cos = (got * ref_rows).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(ref_rows, axis=1)
         print(f"check_embed_cli: --dtype {dtype}: {len(texts)} texts, lowest cosine {cos.min():.6f} with "
               "sentence-transformers' float32")
-        if cos.min() < 0.999:
+        if dtype == "dynamic-int8":
+            # PyTorch's scheme is its own reference: one scale for each call's inputs, so
+            # the texts go as one batch, as the CLI sends them.
+            diff = float(np.abs(got - dynamic_int8_embeddings(model, texts)).max())
+            print(f"check_embed_cli: --dtype dynamic-int8: largest difference {diff:.2e} from sentence-transformers "
+                  "quantize_dynamic'd")
+            if diff > 1e-5:
+                failures.append(f"--dtype dynamic-int8: largest difference {diff} from quantize_dynamic's")
+        elif cos.min() < 0.999:
             failures.append(f"--dtype {dtype}: lowest cosine {cos.min():.6f} < 0.999")
     with tempfile.TemporaryDirectory() as d:
         f = os.path.join(d, "texts.txt")

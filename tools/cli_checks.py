@@ -67,7 +67,9 @@ def main():
             (["--model", empty, "--greedy", "--temperature", "0.7"], "--greedy"),
             (["--model", empty, "--prompt", "a", "--prompt-ids", "1"], "--prompt"),
             (["--model", empty, "--dtype", "int4"], "--dtype"),
-            (["--model", empty, "--device", "cuda", "--dtype", "int8"], "--dtype int8: int8 weights run on the CPU only")],
+            (["--model", empty, "--device", "cuda", "--dtype", "int8"], "--dtype int8: int8 weights run on the CPU only"),
+            (["--model", empty, "--device", "cuda", "--dtype", "dynamic-int8"],
+             "--dtype dynamic-int8: int8 weights run on the CPU only")],
         app("perplexity", "torchattn_perplexity"): [
             ([], "--model"), (["--model", empty, "--file", os.path.join(empty, "none.txt")], "--file: cannot read"),
             (["--model", empty, "--file", "x", "--context", "1"], "--context"),

@@ -62,7 +62,7 @@ case "$device" in
       .venv/bin/python apps/bench/report_serve.py --json "$out/serve.json" --out "$docs" >/dev/null
       echo "bench: wrote $docs/serve.md"
     }
-    # Weight formats: ours in float32, bfloat16 and int8 beside CTranslate2, each at 1
+    # Weight formats: ours in float32, bfloat16, int8 and dynamic-int8 beside CTranslate2, each at 1
     # and 2 threads, and the perplexity of each format (apps/bench/results/weights.md).
     weights() {
       .venv/bin/python tools/convert_smollm2.py "$smollm2"
@@ -74,9 +74,9 @@ case "$device" in
         ./build/apps/generate/torchattn_generate --model "$smollm2" --dtype "$d" --save "$out/smollm2-$d"
       done
       for t in 1 2; do
-        for d in float32 bfloat16 int8; do
+        for d in float32 bfloat16 int8 dynamic-int8; do
           local folder="$smollm2"
-          [ "$d" = float32 ] || folder="$out/smollm2-$d"
+          case "$d" in bfloat16 | int8) folder="$out/smollm2-$d" ;; esac
           OMP_NUM_THREADS=$t ./build/apps/generate/torchattn_generate_bench --model "$folder" --threads "$t" \
             --dtype "$d" --json "$out/weights-$d-$t.json" ${args[@]+"${args[@]}"}
           ours+=("$d:$t:$out/weights-$d-$t.json")

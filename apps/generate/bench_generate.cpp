@@ -4,7 +4,7 @@
 // held against). apps/generate/bench_transformers.py measures transformers the same
 // way; apps/bench/report_generate.py sets them side by side.
 //
-//   torchattn_generate_bench --model DIR [--threads 2] [--dtype float32|bfloat16|int8]
+//   torchattn_generate_bench --model DIR [--threads 2] [--dtype float32|bfloat16|int8|dynamic-int8]
 //                            [--json out.json] [--quick]
 //   torchattn_generate_bench --model DIR --decode-only [--threads N] [--dtype ...] [--json out.json]
 //
@@ -63,8 +63,8 @@ int main(int argc, char** argv) {
   bool quick = false, decode_only = false;
   app.add_option("--model", model_dir, "a Hugging Face model folder")->required()->check(CLI::ExistingDirectory);
   app.add_option("--threads", threads, "intra-op threads");
-  app.add_option("--dtype", dtype_name, "the weights' format: float32, bfloat16 or int8")
-      ->check(CLI::IsMember({"float32", "bfloat16", "int8"}));
+  app.add_option("--dtype", dtype_name, "the weights' format: float32, bfloat16, int8 or dynamic-int8")
+      ->check(CLI::IsMember({"float32", "bfloat16", "int8", "dynamic-int8"}));
   app.add_option("--json", json_path, "write the results here as JSON");
   app.add_flag("--quick", quick, "a smoke run");
   app.add_flag("--decode-only", decode_only, "measure decoding tokens/s only");
@@ -88,6 +88,12 @@ int main(int argc, char** argv) {
   keep_freed_memory_for_reuse();
   const double load_s = seconds(t0);
   const int64_t weight_bytes = model->weight_bytes();
+  // What a decoding step reads: the weights, less an embedding table that the head does
+  // not read (an untied head, or a float32 table beside a dynamic-int8 head's own copy;
+  // a table freed into the head's frozen copy is in weight_bytes no more).
+  const at::Tensor& table = model->embed_tokens->weight;
+  const bool table_apart = (model->lm_head || format != torchattn::WeightFormat::Float32) && table.stride(0) != 0;
+  const int64_t step_bytes = weight_bytes - (table_apart ? table.numel() * table.element_size() : 0);
   auto ids = at::randint(100, config.vocab_size - 100, {prompt_len}, at::kLong);
   std::vector<int64_t> prompt(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + prompt_len);
   std::vector<double> decode_tps, first_prefill;
@@ -147,19 +153,20 @@ int main(int argc, char** argv) {
     }
   }
   const double gbps = median(bandwidth);
-  const double bound = gbps * 1e9 / weight_bytes;
-  fmt::print("  memory read bandwidth {:.1f} GB/s: reading the weights bounds decoding at {:.1f} tokens/s; "
-             "decoding runs at {:.0f}% of it\n",
-             gbps, bound, 100.0 * median(decode_tps) / bound);
+  const double bound = gbps * 1e9 / step_bytes;
+  fmt::print("  memory read bandwidth {:.1f} GB/s: reading the weights ({:.0f} MB a step) bounds decoding at {:.1f} "
+             "tokens/s; decoding runs at {:.0f}% of it\n",
+             gbps, step_bytes / 1e6, bound, 100.0 * median(decode_tps) / bound);
 
   if (!json_path.empty()) {
     std::ofstream(json_path) << fmt::format(
         "{{\"tool\": \"torchattn_generate_bench\", \"model\": \"{}\", \"threads\": {}, \"dtype\": \"{}\", "
-        "\"weight_bytes\": {}, \"load_s\": {:.4f}, \"peak_rss_mib\": {:.1f}, \"rss_mib\": {:.1f}, \"prompt\": {}, \"new_tokens\": {}, \"decode_tokens_per_s\": {:.3f}, "
+        "\"weight_bytes\": {}, \"step_bytes\": {}, \"load_s\": {:.4f}, \"peak_rss_mib\": {:.1f}, \"rss_mib\": {:.1f}, \"prompt\": {}, \"new_tokens\": {}, \"decode_tokens_per_s\": {:.3f}, "
         "\"first_prefill_s\": {:.4f}, \"long_prompt\": {}, \"prefill_s\": {:.4f}, \"bandwidth_gbps\": {:.2f}, "
         "\"decode_bound_tokens_per_s\": {:.2f}}}\n",
-        dir.filename().string(), at::get_num_threads(), dtype_name, weight_bytes, load_s, peak_rss_mib, rss_mib,
-        prompt_len, new_tokens, median(decode_tps), median(first_prefill), long_prompt, median(prefill), gbps, bound);
+        dir.filename().string(), at::get_num_threads(), dtype_name, weight_bytes, step_bytes, load_s, peak_rss_mib,
+        rss_mib, prompt_len, new_tokens, median(decode_tps), median(first_prefill), long_prompt, median(prefill), gbps,
+        bound);
     fmt::print("wrote {}\n", json_path);
   }
   return 0;

@@ -4,10 +4,11 @@
 //
 //   torchattn_generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-new-tokens N]
 //                      [--greedy | --temperature T --top-k K --top-p P --seed S] [--chat]
-//                      [--device cpu|cuda] [--dtype float32|bfloat16|int8] [--print-ids]
+//                      [--device cpu|cuda] [--dtype float32|bfloat16|int8|dynamic-int8] [--print-ids]
 //
 // --dtype on the CPU is the weights' format (torchattn::WeightFormat: bfloat16 or int8
-// weights, float32 activations and sums); on cuda the model's dtype (int8: an error).
+// weights, float32 activations and sums; dynamic-int8, PyTorch's quantize_dynamic
+// scheme); on cuda the model's dtype (int8 and dynamic-int8: an error).
 
 #include "cli_checks.h"
 #include "fmt.h"
@@ -67,9 +68,10 @@ int main(int argc, char** argv) {
   app.add_flag("--chat", chat, "wrap the prompt in the model's <|im_start|> chat template");
   app.add_option("--device", device_name, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--dtype", dtype_name,
-                 "float32, bfloat16 or int8: on the CPU the weights' format (float32 activations), on cuda the "
+                 "float32, bfloat16, int8 or dynamic-int8: on the CPU the weights' format (float32 activations; "
+                 "dynamic-int8: PyTorch's quantize_dynamic scheme), on cuda the "
                  "model's dtype (float32 or bfloat16)")
-      ->check(CLI::IsMember({"float32", "bfloat16", "int8"}));
+      ->check(CLI::IsMember({"float32", "bfloat16", "int8", "dynamic-int8"}));
   app.add_flag("--print-ids", print_ids, "print the generated ids on a line after the text");
   std::string save_dir;
   app.add_option("--save", save_dir,
@@ -78,8 +80,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    if (device_name == "cuda" && dtype_name == "int8") {
-      throw std::runtime_error("--dtype int8: int8 weights run on the CPU only; on cuda use --dtype bfloat16");
+    if (device_name == "cuda" && (dtype_name == "int8" || dtype_name == "dynamic-int8")) {
+      throw std::runtime_error("--dtype " + dtype_name +
+                               ": int8 weights run on the CPU only; on cuda use --dtype "
+                               "bfloat16");
     }
     if (text->count() == 0 && ids_opt->count() == 0 && save_dir.empty())
       throw std::runtime_error("give --prompt TEXT or --prompt-ids 1,2,3");
@@ -105,6 +109,10 @@ int main(int argc, char** argv) {
       if (device_name == "cuda") throw std::runtime_error("--save: writes CPU weights; leave out --device cuda");
       if (dtype_name == "float32" && !saved) {
         throw std::runtime_error("--save: writes bfloat16 or int8 weights; give --dtype bfloat16 or --dtype int8");
+      }
+      if (dtype_name == "dynamic-int8") {
+        throw std::runtime_error("--save: dynamic-int8 weights are quantized at load, not saved; give --dtype "
+                                 "bfloat16 or --dtype int8");
       }
       models::CausalLM model{nullptr};
       try {

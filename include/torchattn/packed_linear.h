@@ -37,7 +37,9 @@ namespace torchattn {
 /// weight_format.h; kernels/cpu/quantized_linear.h): x and y stay float32, every sum
 /// float32, and a row's sums depend on how many rows share its call (16 or fewer: a
 /// matrix-vector kernel; more: a GEMM on widened tiles). Such a copy may stand alone
-/// (freeze): a model that keeps only its 8-bit weights frees the float32 ones.
+/// (freeze): a model that keeps only its 8-bit weights frees the float32 ones. With
+/// DynamicInt8 each layer is LibTorch's quantized engine's own (PyTorch's quantize_dynamic:
+/// kernels/cpu/dynamic_int8_linear.h), run apart and its outputs side by side.
 class PackedLinear {
  public:
   explicit PackedLinear(WeightFormat format = WeightFormat::Float32);
@@ -68,16 +70,16 @@ class PackedLinear {
 
   /// Makes the copy of weights (and biases) now, as forward would, and keeps it as the
   /// layers' weights from then on: forward ignores the tensors it is given, so the
-  /// caller may free them. BFloat16 and Int8 only (a Float32 copy is oneDNN's own
-  /// layout, not a store of the weights). Only inference: a forward with a gradient to
+  /// caller may free them. Not Float32 (its copy is oneDNN's own layout, not a store
+  /// of the weights). Only inference: a forward with a gradient to
   /// compute is an error.
   void freeze(at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Tensor> biases = {});
   bool frozen() const;
 
   /// The same from weights already in format(), as frozen_weight gives them (a saved
-  /// frozen model): weights [out_i, in] bfloat16 or int8; for Int8 `scales` one per
-  /// weight, float32 [out_i, groups of 64 inputs], finite and >= 0 (BFloat16: none).
-  /// Anything else is an error naming the weight and what it expected.
+  /// frozen model; BFloat16 and Int8, whose copies are tensors): weights [out_i, in] bfloat16 or int8; for Int8
+  /// `scales` one per weight, float32 [out_i, groups of 64 inputs], finite and >= 0 (BFloat16: none). Anything else is
+  /// an error naming the weight and what it expected.
   void freeze_from(at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Tensor> scales,
                    at::ArrayRef<at::Tensor> biases = {});
   /// How many weights the frozen copy holds (0 before freeze).
@@ -101,6 +103,7 @@ class PackedLinear {
  private:
   struct Packed;
   std::shared_ptr<const Packed> copy_of(at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Tensor> biases);
+  at::Tensor run(const Packed& packed, const at::Tensor& x) const;
 
   WeightFormat format_;
   mutable std::mutex mutex_;

@@ -16,15 +16,22 @@ namespace torchattn {
 /// - `Int8`: 1 byte a weight and a float32 scale per 64 inputs of each output
 ///   feature, symmetric: w[o, i] ~ scale[o, g] * q[o, i], q in [-127, 127],
 ///   scale[o, g] = max |w[o, i]| over the group g = i / 64, divided by 127.
-enum class WeightFormat { Float32, BFloat16, Int8 };
+/// - `DynamicInt8`: PyTorch's own scheme, torch.ao.quantization.quantize_dynamic with
+///   its default qconfig, run by LibTorch's quantized engine (x86/fbgemm): each layer's
+///   weight int8 with one symmetric scale (max |w| / 127.5), each call's input quantized
+///   to 8 bits with its own scale and zero point, int32 sums. The reference: the numbers
+///   of a model quantize_dynamic'd in Python. Quantized at load from float32 weights
+///   (not saved); a row's output depends on the rows of its call.
+enum class WeightFormat { Float32, BFloat16, Int8, DynamicInt8 };
 
 /// Inputs per int8 scale: the group of WeightFormat::Int8.
 inline constexpr int64_t kInt8GroupSize = 64;
 
-/// "float32", "bfloat16" or "int8".
+/// "float32", "bfloat16", "int8" or "dynamic-int8".
 std::string_view to_string(WeightFormat format);
 
-/// Parses "float32", "bfloat16" or "int8"; anything else is a c10::Error naming it.
+/// Parses "float32", "bfloat16", "int8" or "dynamic-int8"; anything else is a
+/// c10::Error naming it.
 WeightFormat weight_format_from_string(std::string_view name);
 
 std::ostream& operator<<(std::ostream& os, WeightFormat format);

@@ -14,15 +14,19 @@ std::string_view to_string(WeightFormat format) {
       return "bfloat16";
     case WeightFormat::Int8:
       return "int8";
+    case WeightFormat::DynamicInt8:
+      return "dynamic-int8";
   }
   TORCH_CHECK(false, "torchattn::WeightFormat: unknown value ", static_cast<int>(format));
 }
 
 WeightFormat weight_format_from_string(std::string_view name) {
-  for (WeightFormat f : {WeightFormat::Float32, WeightFormat::BFloat16, WeightFormat::Int8}) {
+  for (WeightFormat f :
+       {WeightFormat::Float32, WeightFormat::BFloat16, WeightFormat::Int8, WeightFormat::DynamicInt8}) {
     if (name == to_string(f)) return f;
   }
-  TORCH_CHECK(false, "weight format: expected one of float32, bfloat16, int8, got '", std::string(name), "'");
+  TORCH_CHECK(false, "weight format: expected one of float32, bfloat16, int8, dynamic-int8, got '", std::string(name),
+              "'");
 }
 
 std::ostream& operator<<(std::ostream& os, WeightFormat format) { return os << to_string(format); }

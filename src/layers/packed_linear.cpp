@@ -1,5 +1,6 @@
 #include <torchattn/packed_linear.h>
 
+#include "kernels/cpu/dynamic_int8_linear.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/needs_grad.h"
 #include "kernels/cpu/onednn_linear.h"
@@ -55,10 +56,13 @@ struct PackedLinear::Packed {
 
   std::vector<Source> weights;
   std::vector<Source> biases;
-  at::Tensor weight;          // Float32: oneDNN's blocked layout; else bfloat16 or int8 dense; [sum out_i, in]
-  at::Tensor scale;           // Int8: float32 [sum out_i, groups of 64 inputs]
-  at::Tensor bias;            // [sum out_i] or undefined
+  at::Tensor weight;  // Float32: oneDNN's blocked layout; else bfloat16 or int8 dense; [sum out_i, in]
+  at::Tensor scale;   // Int8: float32 [sum out_i, groups of 64 inputs]
+  at::Tensor bias;    // [sum out_i] or undefined
+  // DynamicInt8: each layer apart (its own weight scale); weight, scale and bias undefined.
+  std::vector<std::shared_ptr<const kernels::cpu::DynamicInt8Weight>> dynamic;
   std::vector<int64_t> rows;  // out_i of each weight, in order
+  int64_t in = 0;
   int64_t bytes = 0;
 
   bool same(at::ArrayRef<at::Tensor> w, at::ArrayRef<at::Tensor> b) const {
@@ -96,7 +100,7 @@ at::Tensor PackedLinear::forward(const at::Tensor& x, at::ArrayRef<at::Tensor> w
     TORCH_CHECK(!kernels::cpu::needs_grad(x), "PackedLinear: the layer keeps only its ", to_string(format_),
                 " weights, for inference: no gradient flows through them (run under torch::NoGradGuard, or load "
                 "float32 weights to train)");
-    return kernels::cpu::quantized_linear(x, packed->weight, packed->scale, packed->bias);
+    return run(*packed, x);
   }
   TORCH_CHECK(!weights.empty(), "PackedLinear: expected at least one weight, got none");
   TORCH_CHECK(biases.empty() || biases.size() == weights.size(), "PackedLinear: expected no biases or one per weight (",
@@ -112,13 +116,30 @@ at::Tensor PackedLinear::forward(const at::Tensor& x, at::ArrayRef<at::Tensor> w
     if (!packed_ || !packed_->same(weights, biases)) packed_ = copy_of(weights, biases);
     packed = packed_;
   }
-  if (format_ == WeightFormat::Float32) return kernels::cpu::onednn_linear_packed(x, packed->weight, packed->bias);
-  return kernels::cpu::quantized_linear(x, packed->weight, packed->scale, packed->bias);
+  return run(*packed, x);
+}
+
+at::Tensor PackedLinear::run(const Packed& packed, const at::Tensor& x) const {
+  switch (format_) {
+    case WeightFormat::Float32:
+      return kernels::cpu::onednn_linear_packed(x, packed.weight, packed.bias);
+    case WeightFormat::BFloat16:
+    case WeightFormat::Int8:
+      return kernels::cpu::quantized_linear(x, packed.weight, packed.scale, packed.bias);
+    case WeightFormat::DynamicInt8:
+      break;
+  }
+  if (packed.dynamic.size() == 1) return kernels::cpu::dynamic_int8_linear(x, *packed.dynamic[0]);
+  std::vector<at::Tensor> parts;
+  parts.reserve(packed.dynamic.size());
+  for (const auto& layer : packed.dynamic) parts.push_back(kernels::cpu::dynamic_int8_linear(x, *layer));
+  return at::cat(parts, -1);
 }
 
 std::shared_ptr<const PackedLinear::Packed> PackedLinear::copy_of(at::ArrayRef<at::Tensor> weights,
                                                                   at::ArrayRef<at::Tensor> biases) {
   auto fresh = std::make_shared<Packed>();
+  fresh->in = weights[0].size(1);
   std::vector<at::Tensor> parts_w, parts_b;
   bool any_bias = false;
   for (size_t i = 0; i < weights.size(); ++i) {
@@ -129,6 +150,13 @@ std::shared_ptr<const PackedLinear::Packed> PackedLinear::copy_of(at::ArrayRef<a
     fresh->rows.push_back(weights[i].size(0));
     parts_b.push_back(b.defined() ? b : at::zeros({weights[i].size(0)}, weights[i].options()));
     any_bias = any_bias || b.defined();
+  }
+  if (format_ == WeightFormat::DynamicInt8) {
+    for (size_t i = 0; i < weights.size(); ++i) {
+      fresh->dynamic.push_back(kernels::cpu::dynamic_int8_pack(weights[i], bias_at(biases, i)));
+      fresh->bytes += kernels::cpu::dynamic_int8_bytes(*fresh->dynamic.back());
+    }
+    return fresh;
   }
   const at::Tensor dense = parts_w.size() == 1 ? parts_w[0] : at::cat(parts_w, 0);
   fresh->bias = any_bias ? (parts_b.size() == 1 ? parts_b[0].clone() : at::cat(parts_b, 0)) : at::Tensor();
@@ -149,6 +177,8 @@ std::shared_ptr<const PackedLinear::Packed> PackedLinear::copy_of(at::ArrayRef<a
       fresh->bytes = dense.numel() + fresh->scale.numel() * static_cast<int64_t>(sizeof(float)) + bias_bytes;
       break;
     }
+    case WeightFormat::DynamicInt8:
+      break;  // above
   }
   return fresh;
 }
@@ -158,11 +188,12 @@ bool PackedLinear::takes(const at::Tensor& x, at::ArrayRef<at::Tensor> weights, 
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (frozen_) {
-      return x.defined() && x.is_cpu() && x.scalar_type() == at::kFloat && x.dim() >= 1 &&
-             x.size(-1) == packed_->weight.size(1) && !kernels::cpu::needs_grad(x);
+      return x.defined() && x.is_cpu() && x.scalar_type() == at::kFloat && x.dim() >= 1 && x.size(-1) == packed_->in &&
+             !kernels::cpu::needs_grad(x);
     }
   }
   if (weights.empty() || (!biases.empty() && biases.size() != weights.size())) return false;
+  if (format_ == WeightFormat::DynamicInt8 && !kernels::cpu::dynamic_int8_available()) return false;
   for (size_t i = 0; i < weights.size(); ++i) {
     if (!weights[i].defined() || kernels::cpu::plain_linear_rows(x, weights[i], bias_at(biases, i)) < 1) return false;
   }
@@ -171,7 +202,7 @@ bool PackedLinear::takes(const at::Tensor& x, at::ArrayRef<at::Tensor> weights, 
 
 void PackedLinear::freeze(at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Tensor> biases) {
   TORCH_CHECK(format_ != WeightFormat::Float32,
-              "PackedLinear: freeze keeps a bfloat16 or int8 copy as the weights, got format float32");
+              "PackedLinear: freeze keeps a bfloat16, int8 or dynamic-int8 copy as the weights, got format float32");
   TORCH_CHECK(!weights.empty(), "PackedLinear: freeze expected at least one weight, got none");
   TORCH_CHECK(biases.empty() || biases.size() == weights.size(),
               "PackedLinear: freeze expected no biases or one per weight (", weights.size(), "), got ", biases.size());
@@ -201,8 +232,10 @@ void PackedLinear::freeze(at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Ten
 
 void PackedLinear::freeze_from(at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Tensor> scales,
                                at::ArrayRef<at::Tensor> biases) {
-  TORCH_CHECK(format_ != WeightFormat::Float32, "PackedLinear: freeze_from takes bfloat16 or int8 weights, got format ",
-              "float32");
+  TORCH_CHECK(format_ == WeightFormat::BFloat16 || format_ == WeightFormat::Int8,
+              "PackedLinear: freeze_from takes bfloat16 or int8 weights, got format ", to_string(format_),
+              format_ == WeightFormat::DynamicInt8 ? " (its weights are quantized from float32 by freeze, not loaded)"
+                                                   : "");
   const bool int8 = format_ == WeightFormat::Int8;
   const at::ScalarType dtype = int8 ? at::kChar : at::kBFloat16;
   TORCH_CHECK(!weights.empty(), "PackedLinear: freeze_from expected at least one weight, got none");
@@ -212,6 +245,7 @@ void PackedLinear::freeze_from(at::ArrayRef<at::Tensor> weights, at::ArrayRef<at
   TORCH_CHECK(biases.empty() || biases.size() == weights.size(), "PackedLinear: freeze_from expected no biases or one ",
               "per weight (", weights.size(), "), got ", biases.size());
   auto fresh = std::make_shared<Packed>();
+  fresh->in = weights[0].defined() && weights[0].dim() == 2 ? weights[0].size(1) : 0;
   std::vector<at::Tensor> parts_w, parts_s, parts_b;
   bool any_bias = false;
   for (size_t i = 0; i < weights.size(); ++i) {
@@ -270,6 +304,8 @@ std::pair<at::Tensor, at::Tensor> PackedLinear::frozen_weight(size_t i) const {
   }
   TORCH_CHECK(i < packed->rows.size(), "PackedLinear: frozen_weight(", i, "): the copy holds ", packed->rows.size(),
               " weights");
+  TORCH_CHECK(format_ != WeightFormat::DynamicInt8, "PackedLinear: frozen_weight: a dynamic-int8 copy is the ",
+              "quantized engine's packed form, not kept as tensors (save bfloat16 or int8 weights instead)");
   int64_t first = 0;
   for (size_t j = 0; j < i; ++j) first += packed->rows[j];
   const int64_t n = packed->rows[i];
@@ -300,9 +336,10 @@ at::Tensor PackedLinear::weight_rows(const at::Tensor& ids) const {
     std::lock_guard<std::mutex> lock(mutex_);
     packed = packed_;
   }
-  TORCH_CHECK(packed && format_ != WeightFormat::Float32,
+  TORCH_CHECK(packed && (format_ == WeightFormat::BFloat16 || format_ == WeightFormat::Int8),
               "PackedLinear: weight_rows reads a bfloat16 or int8 copy, got ",
-              packed ? "a float32 (oneDNN) copy" : "no copy yet (freeze or forward first)");
+              !packed ? std::string("no copy yet (freeze or forward first)")
+                      : "a " + std::string(to_string(format_)) + " copy (the quantized engine's own form)");
   return kernels::cpu::dequantized_rows(packed->weight, packed->scale, ids);
 }
 

@@ -218,6 +218,10 @@ CausalLMImpl::CausalLMImpl(const DecoderConfig& config, int64_t context_length, 
   TORCH_CHECK(context_length > 0 && context_length <= config.max_position_embeddings,
               "CausalLM: expected a context_length in [1, max_position_embeddings=", config.max_position_embeddings,
               "], got ", context_length);
+  TORCH_CHECK(
+      frozen != torchattn::WeightFormat::DynamicInt8,
+      "CausalLM: a model built for frozen weights takes bfloat16 or int8 (load_frozen_state), got dynamic-int8 ",
+      "(quantized from float32 weights: build a float32 model, load it, then freeze_weights)");
   const bool release = frozen != torchattn::WeightFormat::Float32;
   // A table to be frozen (tied) or loaded: left unwritten, so its pages never become
   // resident before it is replaced.
@@ -262,7 +266,7 @@ void CausalLMImpl::pack_weights(bool on, int64_t min_rows) {
 
 void CausalLMImpl::freeze_weights(torchattn::WeightFormat format) {
   TORCH_CHECK(format != torchattn::WeightFormat::Float32,
-              "CausalLM: freeze_weights keeps bfloat16 or int8 weights, got float32");
+              "CausalLM: freeze_weights keeps bfloat16, int8 or dynamic-int8 weights, got float32");
   TORCH_CHECK(weight_format() == torchattn::WeightFormat::Float32 || weight_format() == format,
               "CausalLM: freeze_weights: the weights are already ", torchattn::to_string(weight_format()),
               ", asked for ", torchattn::to_string(format));
@@ -275,11 +279,14 @@ void CausalLMImpl::freeze_weights(torchattn::WeightFormat format) {
   for (const auto& layer : *layers) layer->as<DecoderLayerImpl>()->freeze_weights(format);
   packed_head_ = std::make_shared<torchattn::PackedLinear>(format);
   packed_head_->freeze({weight});
-  torchattn::PackedLinear::release(weight);
+  // quantize_dynamic leaves nn.Embedding alone: a tied table stays float32 for the lookup.
+  if (lm_head || format != torchattn::WeightFormat::DynamicInt8) torchattn::PackedLinear::release(weight);
 }
 
 torchattn::NamedTensors CausalLMImpl::frozen_state() const {
   TORCH_CHECK(packed_head_->frozen(), "CausalLM: frozen_state needs freeze_weights first (the weights are float32)");
+  TORCH_CHECK(weight_format() != torchattn::WeightFormat::DynamicInt8, "CausalLM: frozen_state: dynamic-int8 weights ",
+              "live in the quantized engine's packed form and are not saved (quantize at load, or freeze to int8)");
   torchattn::NamedTensors out;
   for (const auto& item : named_parameters()) {
     if (!released(item.value())) out.emplace_back(item.key(), item.value().detach());
@@ -292,8 +299,8 @@ torchattn::NamedTensors CausalLMImpl::frozen_state() const {
 }
 
 void CausalLMImpl::load_frozen_state(torchattn::NamedTensors tensors, torchattn::WeightFormat format) {
-  TORCH_CHECK(format != torchattn::WeightFormat::Float32,
-              "CausalLM: load_frozen_state takes bfloat16 or int8 weights, got float32");
+  TORCH_CHECK(format == torchattn::WeightFormat::BFloat16 || format == torchattn::WeightFormat::Int8,
+              "CausalLM: load_frozen_state takes bfloat16 or int8 weights, got ", torchattn::to_string(format));
   TORCH_CHECK(!packed_head_->frozen(), "CausalLM: load_frozen_state needs a model not yet frozen");
   const at::Tensor& head = lm_head ? lm_head->weight : embed_tokens->weight;
   TORCH_CHECK(head.is_cpu() && head.scalar_type() == at::kFloat,
@@ -411,7 +418,7 @@ at::Tensor CausalLMImpl::forward_paged(const at::Tensor& ids, torchattn::PagedKV
 
 at::Tensor CausalLMImpl::embed(const at::Tensor& ids) {
   // A tied head frozen to bfloat16/int8 holds the only copy of the table.
-  at::Tensor x = !lm_head && packed_head_->frozen() ? packed_head_->weight_rows(ids) : embed_tokens(ids);
+  at::Tensor x = released(embed_tokens->weight) ? packed_head_->weight_rows(ids) : embed_tokens(ids);
   if (!config_.gemma_norms) return x;
   // Gemma 2: times sqrt(hidden_size) rounded to the embeddings' dtype, as transformers.
   return x * at::scalar_tensor(std::sqrt(static_cast<double>(config_.hidden_size)), x.options());

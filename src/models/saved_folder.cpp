@@ -55,9 +55,12 @@ CausalLM load_causal_lm(const DecoderConfig& config, int64_t context_length, con
 void save_frozen_folder(const CausalLM& model, const std::string& source, const std::string& folder) {
   namespace fs = std::filesystem;
   const torchattn::WeightFormat format = model->weight_format();
-  TORCH_CHECK(format != torchattn::WeightFormat::Float32, "LanguageModel::save_pretrained writes a frozen model's ",
-              "bfloat16 or int8 weights (LoadOptions::weight_format); this one's are float32: its folder is '", source,
-              "'");
+  TORCH_CHECK(format == torchattn::WeightFormat::BFloat16 || format == torchattn::WeightFormat::Int8,
+              "LanguageModel::save_pretrained writes a frozen model's bfloat16 or int8 weights ",
+              "(LoadOptions::weight_format); this one's are ", torchattn::to_string(format),
+              format == torchattn::WeightFormat::Float32
+                  ? ": its folder is '" + source + "'"
+                  : " (quantized at load, not saved): load it from '" + source + "' with dynamic-int8 again");
   TORCH_CHECK(!fs::exists(folder) || fs::weakly_canonical(folder) != fs::weakly_canonical(source),
               "LanguageModel::save_pretrained: '", folder,
               "' is the folder the model was loaded from; write to another");

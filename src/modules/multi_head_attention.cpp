@@ -247,7 +247,7 @@ void MultiHeadAttentionImpl::check_not_frozen(const char* what) const {
 
 void MultiHeadAttentionImpl::freeze_weights() {
   TORCH_CHECK(options.weight_format() != WeightFormat::Float32, kMultiHeadAttention,
-              ": freeze_weights keeps bfloat16 or int8 copies, got weight_format float32");
+              ": freeze_weights keeps bfloat16, int8 or dynamic-int8 copies, got weight_format float32");
   check_self_attention("freeze_weights");
   if (frozen()) return;
   options.pack_weights(true);
@@ -274,7 +274,7 @@ const std::vector<std::string>& out_names() {
 void MultiHeadAttentionImpl::freeze_weights(const std::map<std::string, at::Tensor>& weights,
                                             const std::string& prefix) {
   TORCH_CHECK(options.weight_format() != WeightFormat::Float32, kMultiHeadAttention,
-              ": freeze_weights keeps bfloat16 or int8 copies, got weight_format float32");
+              ": freeze_weights keeps bfloat16, int8 or dynamic-int8 copies, got weight_format float32");
   check_self_attention("freeze_weights");
   TORCH_CHECK(!frozen(), kMultiHeadAttention, ": freeze_weights: already frozen");
   // Both copies or neither: a tensor that fails leaves the module as it was.

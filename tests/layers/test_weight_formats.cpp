@@ -3,11 +3,14 @@
 // (tests/golden/weights.txt, from tests/reference/make_golden.py), the products equal
 // float64 sums over the stored weights within float32 rounding on both sides of the
 // matrix-vector kernel's 16 rows, a frozen copy stands alone, and what is refused.
+// DynamicInt8 (PyTorch's quantize_dynamic scheme): the outputs of an nn.Linear
+// quantize_dynamic'd in Python, bit for bit.
 
 #include "common/expect_error.h"
 #include "common/golden.h"
 #include "common/tolerances.h"
 
+#include "kernels/cpu/dynamic_int8_linear.h"
 #include "kernels/cpu/quantized_linear.h"
 
 #include <torchattn/multi_head_attention.h>
@@ -67,7 +70,56 @@ TEST_P(WeightFormatGolden, QuantizedWeightsAndProductsMatchPyTorch) {
   EXPECT_TRUE(torch::equal(bf16.weight_rows(ids), c.tensor("weight_bf16").index_select(0, ids).to(torch::kFloat)));
 }
 
+// PyTorch's own scheme through LibTorch's quantized engine: the same bits as Python's
+// quantize_dynamic'd nn.Linear, alone, frozen, and as one of several layers side by side.
+TEST_P(WeightFormatGolden, DynamicInt8IsPyTorchsQuantizeDynamic) {
+  const golden::Case& c = weights_file().get("weights_" + GetParam());
+  torch::NoGradGuard no_grad;
+  const auto weight = c.tensor("weight").to(torch::kFloat), bias = c.tensor("bias").to(torch::kFloat);
+  const auto x = c.tensor("x").to(torch::kFloat);
+  const auto want = c.tensor("y_dynamic_int8").to(torch::kFloat);
+  const auto layer = torchattn::kernels::cpu::dynamic_int8_pack(weight, bias);
+  EXPECT_EQ(torchattn::kernels::cpu::dynamic_int8_scale(*layer), c.tensor("dynamic_scale").item<double>());
+  PackedLinear dynamic(WeightFormat::DynamicInt8);
+  ASSERT_TRUE(dynamic.takes(x, {weight}, {bias}));
+  const auto y = dynamic.forward(x, {weight}, {bias});
+  EXPECT_TRUE(torch::equal(y, want)) << "largest difference " << (y - want).abs().max().item<double>();
+  EXPECT_EQ(dynamic.packed_bytes(), weight.numel() + weight.size(0) * 4);
+  // Another layer beside it (its own scale) leaves its outputs as they were.
+  const auto y2 = dynamic.forward(x, {weight, weight * 3.0}, {bias, {}});
+  ASSERT_EQ(y2.size(-1), 2 * weight.size(0));
+  EXPECT_TRUE(torch::equal(y2.narrow(-1, 0, weight.size(0)), want));
+  PackedLinear frozen(WeightFormat::DynamicInt8);
+  frozen.freeze({weight}, {bias});
+  EXPECT_TRUE(torch::equal(frozen.forward(x, {}, {}), want));
+  // Not int8's numbers: one scale for the layer, and the input quantized too.
+  EXPECT_FALSE(torch::equal(y, c.tensor("y_int8").to(torch::kFloat)));
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, WeightFormatGolden, ::testing::Values("small", "decode", "serve", "prefill"));
+
+TEST(WeightFormats, DynamicInt8RefusesWhatItDoesNotKeep) {
+  torch::manual_seed(55);
+  torch::NoGradGuard no_grad;
+  const auto w = torch::randn({8, 16}), b = torch::randn({8});
+  PackedLinear dynamic(WeightFormat::DynamicInt8);
+  expect_error([&] { dynamic.freeze_from({w.to(torch::kChar)}, {torch::ones({8, 1})}); },
+               "freeze_from takes bfloat16 or int8 weights, got format dynamic-int8 (its weights are quantized from "
+               "float32 by freeze, not loaded)");
+  dynamic.freeze({w}, {b});
+  EXPECT_EQ(dynamic.frozen_count(), 1u);
+  expect_error([&] { dynamic.frozen_weight(0); }, "a dynamic-int8 copy is the quantized engine's packed form");
+  expect_error([&] { dynamic.weight_rows(torch::tensor({0}, torch::kLong)); },
+               "weight_rows reads a bfloat16 or int8 copy, got a dynamic-int8 copy");
+  expect_error([&] { dynamic.forward(torch::randn({2, 15}), {}); },
+               "dynamic_int8_linear: expected float32 CPU x [..., 16]");
+  auto bad = w.clone();
+  bad[3][2] = std::numeric_limits<float>::infinity();
+  PackedLinear other(WeightFormat::DynamicInt8);
+  expect_error([&] { other.freeze({bad}); }, "dynamic_int8_pack: expected finite weights, got a NaN or infinity");
+  EXPECT_EQ(torchattn::weight_format_from_string("dynamic-int8"), WeightFormat::DynamicInt8);
+  EXPECT_EQ(torchattn::to_string(WeightFormat::DynamicInt8), "dynamic-int8");
+}
 
 // Every row count on both sides of the matrix-vector kernel's limit, fused layers,
 // leading dimensions, a transposed x: against at::linear on the dequantized weights.
@@ -148,7 +200,7 @@ TEST(WeightFormats, RefusalsNameWhatDiffers) {
   }
   PackedLinear f32;
   expect_error([&] { f32.freeze({w.detach()}); },
-               "freeze keeps a bfloat16 or int8 copy as the weights, got format float32");
+               "freeze keeps a bfloat16, int8 or dynamic-int8 copy as the weights, got format float32");
   expect_error([&] { f32.weight_rows(torch::tensor({0}, torch::kLong)); }, "weight_rows reads a bfloat16 or int8 copy");
   PackedLinear bf16(WeightFormat::BFloat16);
   expect_error([&] { bf16.freeze({torch::randn({4, 3}, torch::kDouble)}); },
@@ -158,7 +210,7 @@ TEST(WeightFormats, RefusalsNameWhatDiffers) {
   expect_error([&] { torchattn::kernels::cpu::quantize_int8_groups(bad); },
                "expected finite weights, got a NaN or infinity in row 2");
   expect_error([] { torchattn::weight_format_from_string("int4"); },
-               "weight format: expected one of float32, bfloat16, int8, got 'int4'");
+               "weight format: expected one of float32, bfloat16, int8, dynamic-int8, got 'int4'");
   EXPECT_EQ(torchattn::weight_format_from_string("bfloat16"), WeightFormat::BFloat16);
   std::ostringstream s;
   s << WeightFormat::Int8;
@@ -229,7 +281,27 @@ TEST(WeightFormats, MultiHeadAttentionTakesTheFormat) {
   }
   torchattn::MultiHeadAttention f32(torchattn::MultiHeadAttentionOptions(8, 8, 4, 2));
   expect_error([&] { f32->freeze_weights(); },
-               "freeze_weights keeps bfloat16 or int8 copies, got weight_format float32");
+               "freeze_weights keeps bfloat16, int8 or dynamic-int8 copies, got weight_format float32");
+}
+
+// MultiHeadAttention with PyTorch's scheme: close to float32 (8-bit weights and inputs),
+// the same numbers frozen as packed, and its packed form is not saved.
+TEST(WeightFormats, MultiHeadAttentionTakesDynamicInt8) {
+  torch::manual_seed(56);
+  auto opts = torchattn::MultiHeadAttentionOptions(64, 64, 32, 4).num_kv_heads(2).qkv_bias(true);
+  torchattn::MultiHeadAttention mha(opts);
+  mha->eval();
+  const auto x = torch::randn({2, 20, 64});
+  torch::NoGradGuard no_grad;
+  const auto plain = mha->forward(x);
+  mha->options.pack_weights(true).weight_format(WeightFormat::DynamicInt8);
+  const auto packed = mha->forward(x);
+  EXPECT_FALSE(torch::equal(packed, plain));
+  EXPECT_LT((packed - plain).abs().max().item<double>(), 0.05 * plain.abs().max().item<double>());
+  mha->freeze_weights();
+  EXPECT_EQ(mha->W_query->weight.stride(0), 0);
+  EXPECT_TRUE(torch::equal(mha->forward(x), packed));
+  expect_error([&] { mha->frozen_state(); }, "a dynamic-int8 copy is the quantized engine's packed form");
 }
 
 }  // namespace

@@ -138,6 +138,24 @@ TEST_P(TinyModel, EachPromptOfABatchGetsTheTokensItGetsAlone) {
   }
 }
 
+// WeightFormat::DynamicInt8: the logits of the model quantize_dynamic'd in Python (every
+// nn.Linear, the tied head too; the embeddings float32).
+TEST_P(TinyModel, DynamicInt8IsTheModelQuantizeDynamicd) {
+  const auto dir = reference() / "tiny" / GetParam();
+  const auto expected = read_pickle(dir / "expected.pt");
+  auto model = load_model(dir);
+  model->freeze_weights(torchattn::WeightFormat::DynamicInt8);
+  const auto prompt = expected.at("prompt").toTensor();
+  c10::InferenceMode inference;
+  const auto logits = model->forward(prompt.unsqueeze(0))[0];
+  const double err = relative_error(logits, expected.at("dynamic_int8_logits").toTensor());
+  const double from_float = relative_error(logits, expected.at("logits").toTensor());
+  std::printf("[generate] %s: dynamic-int8 logits error %.2e relative to quantize_dynamic's (%.2e to float32's)\n",
+              GetParam().c_str(), err, from_float);
+  EXPECT_LE(err, 1e-5);
+  EXPECT_GT(from_float, 1e-4);  // the quantization shows: not float32's numbers
+}
+
 TEST_P(TinyModel, PackedWeightsGiveTheLogitsAndTokensOfTheLayersOwnProducts) {
   const auto dir = reference() / "tiny" / GetParam();
   const auto expected = read_pickle(dir / "expected.pt");
@@ -353,6 +371,26 @@ TEST(GenerateSmolLM2, ChatPromptLogitsAndGreedyTokensAreTransformers) {
                 static_cast<long long>(i), n,
                 tok.decode(std::vector<int64_t>(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(n))).c_str());
   }
+}
+
+// SmolLM2 loaded with LoadOptions::weight_format(DynamicInt8): the first chat prompt's
+// logits are those of transformers' model quantize_dynamic'd, all 30 layers and the head.
+TEST(GenerateSmolLM2, DynamicInt8IsTheModelQuantizeDynamicd) {
+  const auto ref = read_pickle(reference() / "smollm2.pt");
+  auto lm = models::LanguageModel::from_pretrained(smollm2().string(),
+                                                   models::LoadOptions().context_length(256).weight_format(
+                                                       torchattn::WeightFormat::DynamicInt8));
+  EXPECT_EQ(lm.model()->weight_format(), torchattn::WeightFormat::DynamicInt8);
+  c10::InferenceMode inference;
+  const auto logits = lm.model()->forward(ref.at("prompt0.ids").toTensor().unsqueeze(0))[0];
+  const double err = relative_error(logits, ref.at("prompt0.dynamic_int8_logits").toTensor());
+  std::printf("[generate] SmolLM2 dynamic-int8: prompt logits error %.2e relative to quantize_dynamic's\n", err);
+  EXPECT_LE(err, 1e-5);
+  EXPECT_HAS(
+      error_of([&] { lm.save_pretrained(temp_path("smollm2_dynamic")); }),
+      "LanguageModel::save_pretrained writes a frozen model's bfloat16 or int8 weights "
+      "(LoadOptions::weight_format); this one's are dynamic-int8 (quantized at load, not saved): load it from '" +
+          smollm2().string() + "' with dynamic-int8 again");
 }
 
 TEST(GenerateSmolLM2, LanguageModelGeneratesTheReferenceTokensForABatchOfPrompts) {

@@ -192,7 +192,7 @@ TEST(FrozenDecoder, ABadFrozenStateIsAnErrorNamingTheTensor) {
 TEST(FrozenDecoder, RefusesWhatNeedsTheFloatWeights) {
   models::CausalLM model = small_model(/*tied=*/true);
   expect_error([&] { model->freeze_weights(WeightFormat::Float32); },
-               "CausalLM: freeze_weights keeps bfloat16 or int8 weights, got float32");
+               "CausalLM: freeze_weights keeps bfloat16, int8 or dynamic-int8 weights, got float32");
   models::CausalLM bf16 = small_model(false);
   bf16->to(torch::kBFloat16);
   expect_error([&] { bf16->freeze_weights(WeightFormat::Int8); },
@@ -214,6 +214,37 @@ TEST(FrozenDecoder, RefusesWhatNeedsTheFloatWeights) {
       },
       "LoadOptions::weight_format: int8 weights run on the CPU with float32 activations (device cpu, dtype "
       "float32), got device cpu and dtype BFloat16");
+}
+
+// PyTorch's scheme quantizes at load and keeps the tied table float32 (quantize_dynamic
+// leaves nn.Embedding alone); its packed form is not saved.
+TEST(FrozenDecoder, DynamicInt8KeepsTheTiedTableAndIsNotSaved) {
+  models::CausalLM model = small_model(/*tied=*/true);
+  const auto ids = torch::tensor({{1, 2, 3, 4}}, torch::kLong);
+  torch::Tensor plain;
+  {
+    torch::NoGradGuard no_grad;
+    plain = model->forward(ids);
+  }
+  const auto table = model->embed_tokens->weight.detach().clone();
+  model->freeze_weights(WeightFormat::DynamicInt8);
+  EXPECT_EQ(model->weight_format(), WeightFormat::DynamicInt8);
+  EXPECT_TRUE(torch::equal(model->embed_tokens->weight, table));
+  EXPECT_EQ(model->layers[0]->as<models::DecoderLayerImpl>()->gate_proj->weight.stride(0), 0);  // released
+  torch::NoGradGuard no_grad;
+  const auto logits = model->forward(ids);
+  // Quantized, and close: 8 bits of each weight and input.
+  EXPECT_FALSE(torch::equal(logits, plain));
+  EXPECT_LT((logits - plain).abs().max().item<double>(), 0.05 * plain.abs().max().item<double>());
+  expect_error([&] { model->frozen_state(); },
+               "CausalLM: frozen_state: dynamic-int8 weights live in the quantized engine's packed form and are not "
+               "saved");
+  models::CausalLM fresh = small_model(true);
+  expect_error([&] { fresh->load_frozen_state({}, WeightFormat::DynamicInt8); },
+               "CausalLM: load_frozen_state takes bfloat16 or int8 weights, got dynamic-int8");
+  expect_error([&] { models::CausalLM(fresh->config(), 16, WeightFormat::DynamicInt8); },
+               "CausalLM: a model built for frozen weights takes bfloat16 or int8 (load_frozen_state), got "
+               "dynamic-int8");
 }
 
 }  // namespace

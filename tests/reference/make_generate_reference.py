@@ -8,7 +8,9 @@ and chat template with, all from transformers (offline, float32, CPU):
   embeddings, Qwen2's q/k/v biases, Qwen3's QK-norm, and Gemma 2's softcapped scores and
   logits, query_pre_attn_scalar, alternating sliding layers and norms around each
   sublayer; with expected.pt: a prompt's logits and 32 greedy tokens from
-  transformers' generate, and each step's margin between its top two logits;
+  transformers' generate, and each step's margin between its top two logits, and the
+  prompt's logits of the model quantize_dynamic'd (PyTorch's own int8 scheme, every
+  nn.Linear, the engine's default) as `dynamic_int8_logits`;
 - tiny_seq2seq/<name>/: small random BART checkpoints (GELU and ReLU, scaled
   embeddings, encoder and decoder of different depths and head counts, forced BOS and
   EOS tokens, a non-zero final_logits_bias), with expected.pt: two prompts, the
@@ -23,7 +25,7 @@ and chat template with, all from transformers (offline, float32, CPU):
 - smollm2.pt: SmolLM2-135M-Instruct (converted by tools/convert_smollm2.py): three chat
   prompts' ids from transformers' chat template, their prompt logits, and 48 greedy
   tokens each from generate, with each step's top-two margin (a near tie, < 1e-4, is
-  the only place where the tokens may part).
+  the only place where the tokens may part), and the first prompt's logits quantize_dynamic'd.
 
 Usage: .venv/bin/python tests/reference/make_generate_reference.py OUT_DIR --smollm2 DIR
 """
@@ -33,6 +35,7 @@ import copy
 import glob
 import json
 import os
+import warnings
 
 import torch
 import transformers
@@ -78,6 +81,17 @@ TINY = {
 }
 
 
+def dynamic_int8_logits(model, ids):
+    """PyTorch's dynamic quantization of every nn.Linear (int8 weights, one symmetric scale
+    each; 8-bit inputs per call), the quantized engine left at its default: the logits of
+    WeightFormat::DynamicInt8."""
+    with warnings.catch_warnings():  # torch.ao.quantization's deprecation notices
+        warnings.simplefilter("ignore")
+        quantized = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8)
+        with torch.no_grad():
+            return quantized(ids).logits[0].clone()
+
+
 def tiny_models(out):
     for i, (name, (config_class, model_class, extra)) in enumerate(TINY.items()):
         torch.manual_seed(100 + i)
@@ -104,7 +118,8 @@ def tiny_models(out):
         new = gen.sequences[0, prompt.shape[1]:]
         top2 = torch.stack([s[0].topk(2).values for s in gen.logits])
         torch.save({"prompt": prompt[0].clone(), "logits": logits.clone(), "tokens": new.clone(),
-                    "margins": (top2[:, 0] - top2[:, 1]).clone()}, os.path.join(d, "expected.pt"))
+                    "margins": (top2[:, 0] - top2[:, 1]).clone(),
+                    "dynamic_int8_logits": dynamic_int8_logits(model, prompt)}, os.path.join(d, "expected.pt"))
     print(f"make_generate_reference: {len(TINY)} tiny models")
 
 
@@ -271,6 +286,8 @@ def smollm2_reference(out, smollm2):
         ref[f"prompt{i}.logits"] = logits.clone()
         ref[f"prompt{i}.tokens"] = gen.sequences[0, ids.shape[1]:].clone()
         ref[f"prompt{i}.margins"] = (top2[:, 0] - top2[:, 1]).clone()
+        if i == 0:
+            ref["prompt0.dynamic_int8_logits"] = dynamic_int8_logits(model, ids)
     # Conversations through the chat template, as text: with and without a system turn.
     conversations = [
         [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello. How can I help?"},

@@ -17,6 +17,7 @@ Format, one record after another:
 
 import argparse
 import os
+import warnings
 
 import numpy as np
 import torch
@@ -221,9 +222,28 @@ def weight_format_cases(w):
         y_int8 = x.double() @ dequantized.T + bias.double()
         wb = weight.to(torch.bfloat16)
         y_bf16 = x.double() @ wb.double().T + bias.double()
+        y_dynamic, dynamic_scale = dynamic_int8_linear(weight, bias, x)
         w.case(f"weights_{name}", {"out": out, "in": inp, "rows": rows, "group": group}, {
             "weight": weight, "bias": bias, "x": x, "q": q, "scale": scale, "y_int8": y_int8,
-            "weight_bf16": wb, "y_bf16": y_bf16, "dequantized": dequantized.float()})
+            "weight_bf16": wb, "y_bf16": y_bf16, "dequantized": dequantized.float(),
+            "y_dynamic_int8": y_dynamic, "dynamic_scale": dynamic_scale})
+
+
+def dynamic_int8_linear(weight, bias, x):
+    """WeightFormat::DynamicInt8's reference: an nn.Linear through PyTorch's
+    quantize_dynamic (default qconfig: qint8 weight, one symmetric scale; 8-bit input per
+    call), the quantized engine at its default. Its output and the weight's scale."""
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0])
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+        linear.bias.copy_(bias)
+    with warnings.catch_warnings():  # torch.ao.quantization's deprecation notices
+        warnings.simplefilter("ignore")
+        q = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear}, dtype=torch.qint8)
+        with torch.no_grad():
+            y = q(x)
+        scale = q[0].weight().q_scale()
+    return y, torch.tensor([scale], dtype=torch.float64)
 
 
 def main():
