@@ -92,6 +92,10 @@ TEST_P(WeightFormatGolden, DynamicInt8IsPyTorchsQuantizeDynamic) {
   PackedLinear frozen(WeightFormat::DynamicInt8);
   frozen.freeze({weight}, {bias});
   EXPECT_TRUE(torch::equal(frozen.forward(x, {}, {}), want));
+  // A single row without its batch dimension: that row's outputs alone.
+  EXPECT_TRUE(torch::equal(frozen.forward(x[0], {}, {}), frozen.forward(x.narrow(0, 0, 1), {}, {})[0]));
+  EXPECT_EQ(frozen.forward(x.reshape({1, x.size(0), x.size(1)}), {}, {}).sizes(),
+            (std::vector<int64_t>{1, x.size(0), weight.size(0)}));
   // Not int8's numbers: one scale for the layer, and the input quantized too.
   EXPECT_FALSE(torch::equal(y, c.tensor("y_int8").to(torch::kFloat)));
 }

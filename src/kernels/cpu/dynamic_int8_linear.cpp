@@ -89,6 +89,7 @@ at::Tensor dynamic_int8_linear(const at::Tensor& x, const DynamicInt8Weight& wei
   TORCH_CHECK(x.is_cpu() && x.scalar_type() == at::kFloat && x.dim() >= 1 && x.size(-1) == weight.in,
               "dynamic_int8_linear: expected float32 CPU x [..., ", weight.in, "], got ", x.sizes(), " of ",
               x.scalar_type(), " on ", x.device());
+  if (x.dim() == 1) return dynamic_int8_linear(x.unsqueeze(0), weight).squeeze(0);  // the operator wants rows
   // quantized::linear_dynamic(Tensor X, LinearPackedParamsBase W_prepack, bool reduce_range=False) -> Tensor
   torch::jit::Stack stack;
   stack.reserve(3);
