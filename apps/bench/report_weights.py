@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """apps/bench/results/weights.md: SmolLM2-135M's weight formats on the CPU. torchattn
 in float32, bfloat16, int8 and dynamic-int8 (torchattn_generate_bench --dtype, at 1 and 2 threads)
-beside CTranslate2 int8 and float32 (bench_ctranslate2.py, the same threads), with the
+beside CTranslate2 int8 and float32 (bench_ctranslate2.py, the same threads) and, with
+--llama, llama.cpp F32 and Q8_0 (bench_llama_cpp.py, the same threads), with the
 perplexity each format gives (check_perplexity.py --json), and the issue's targets.
 
 With --serve FILE (bench_serve.py --server-args "--dtype int8"), torchattn_serve's 16
 clients in int8 against transformers' batch-16 generate (float32) from that run; with
 --divergence FILE (greedy_divergence.py), where greedy tokens first differ from float32's.
 
-Usage: report_weights.py --ours D:T:FILE ... --ct2 D:T:FILE ... --ppl FILE [--serve FILE]
-       [--divergence FILE] [--out DIR]
+Usage: report_weights.py --ours D:T:FILE ... --ct2 D:T:FILE ... [--llama D:T:FILE ...] --ppl FILE
+       [--serve FILE] [--divergence FILE] [--out DIR]
 """
 
 import argparse
@@ -51,12 +52,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ours", nargs="+", required=True)
     ap.add_argument("--ct2", nargs="+", required=True)
+    ap.add_argument("--llama", nargs="+", default=[], help="bench_llama_cpp.py's JSON files as TYPE:THREADS:FILE")
     ap.add_argument("--ppl", required=True)
     ap.add_argument("--serve", help="bench_serve.py's JSON of an int8 server")
     ap.add_argument("--divergence", help="greedy_divergence.py's JSON")
     ap.add_argument("--out", default="apps/bench/results")
     a = ap.parse_args()
-    ours, ct2, ppl = load(a.ours), load(a.ct2), json.load(open(a.ppl))
+    ours, ct2, llama, ppl = load(a.ours), load(a.ct2), load(a.llama), json.load(open(a.ppl))
     md = ["# Weight formats: SmolLM2-135M-Instruct on the CPU", "",
           "Made by `bash apps/bench/run.sh --weights-only` (part of `make bench`): torchattn_generate_bench "
           "`--dtype float32|bfloat16|int8|dynamic-int8` (bfloat16 or int8 weights, float32 activations and sums; "
@@ -70,7 +72,10 @@ def main():
           "",
           f"- machine: {machine()}",
           f"- CPU flags: {cpu_flags()}",
-          f"- CTranslate2 {next(iter(ct2.values()))['version']}, {datetime.date.today().isoformat()}", "",
+          f"- CTranslate2 {next(iter(ct2.values()))['version']}"
+          + (f", {next(iter(llama.values()))['version']} (llama.cpp built from its source for this CPU; GGUF "
+             "files from its convert_hf_to_gguf.py, the weights column their size)" if llama else "")
+          + f", {datetime.date.today().isoformat()}", "",
           "| runtime, weights | threads | decode, tokens/s | prefill 512, s | peak RSS, MiB | RSS after, MiB | "
           "weights, MB |",
           "|---|---|---|---|---|---|---|"]
@@ -80,6 +85,9 @@ def main():
     for (d, t), r in sorted(ct2.items()):
         md.append(f"| CTranslate2 {d} | {t} | {r['decode_tokens_per_s']:.1f} | {r['prefill_s']:.3f} | "
                   f"{r['peak_rss_mib']:.0f} | | |")
+    for (d, t), r in sorted(llama.items()):
+        md.append(f"| llama.cpp {d.upper()} | {t} | {r['decode_tokens_per_s']:.1f} | {r['prefill_s']:.3f} | "
+                  f"{r['peak_rss_mib']:.0f} | | {r['gguf_bytes'] / 1e6:.0f} |")
     f32, bf16, i8 = (best(ours, d, "decode_tokens_per_s") for d in ("float32", "bfloat16", "int8"))
     ct2_i8 = best(ct2, "int8", "decode_tokens_per_s")
     pre_i8 = best(ours, "int8", "prefill_s", larger=False)
@@ -131,6 +139,12 @@ def main():
                "whole call: a prompt's outlier features set the step for all of it. It runs a prefill on int8 "
                "products (fbgemm), and its perplexity above shows what that costs on this model; a last-bit change "
                "of its float32 inputs moves its perplexity by the difference between the two transformers rows."]
+    if llama:
+        l32 = best(llama, "f32", "decode_tokens_per_s")
+        lq8 = best(llama, "q8_0", "decode_tokens_per_s")
+        checks.insert(-1, ("float32 decoding >= 1.0x llama.cpp F32 (best threads each)", f32[0] / l32[0], ">=", 1.0))
+        checks.append(("moonshot: int8 decoding ahead of llama.cpp Q8_0 (best threads each)", i8[0] / lq8[0], ">=",
+                       1.0))
     if a.serve:
         j = json.load(open(a.serve))
         runs = {r["clients"]: r for r in j["runs"]}
@@ -144,7 +158,8 @@ def main():
             if c in hf:
                 md.append(f"| {c} | {runs[c]['tokens_per_s']:.1f} | {hf[c]['tokens_per_s']:.1f} | "
                           f"{runs[c]['tokens_per_s'] / hf[c]['tokens_per_s']:.2f}x |")
-        checks.insert(-5, ("torchattn_serve int8, 16 clients >= 2x transformers' batch-16 generate (float32)",
+        after_rss = next(i for i, c in enumerate(checks) if c[0].startswith("(not a target) int8 RSS"))
+        checks.insert(after_rss, ("torchattn_serve int8, 16 clients >= 2x transformers' batch-16 generate (float32)",
                           runs[16]["tokens_per_s"] / hf[16]["tokens_per_s"], ">=", 2.0))
     if a.divergence:
         div = json.load(open(a.divergence))
@@ -163,8 +178,9 @@ def main():
     for name, val, op, lim in checks:
         ok = val >= lim if op == ">=" else val <= lim
         md.append(f"| {name} | {val:.4g} | {'yes' if ok else '**no**'} |")
-    md += ["", "Not measured here: llama.cpp (not a PyPI package)." if a.serve else
-           "Not measured here: `torchattn_serve` in int8 (no --serve), llama.cpp (not a PyPI package)."]
+    missing = ([] if a.serve else ["`torchattn_serve` in int8 (no --serve)"]) + ([] if llama else ["llama.cpp (no --llama)"])
+    if missing:
+        md += ["", "Not measured here: " + ", ".join(missing) + "."]
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "weights.md"), "w") as f:
         f.write("\n".join(md) + "\n")

@@ -62,13 +62,19 @@ case "$device" in
       .venv/bin/python apps/bench/report_serve.py --json "$out/serve.json" --out "$docs" >/dev/null
       echo "bench: wrote $docs/serve.md"
     }
-    # Weight formats: ours in float32, bfloat16, int8 and dynamic-int8 beside CTranslate2, each at 1
-    # and 2 threads, and the perplexity of each format (apps/bench/results/weights.md).
+    # Weight formats: ours in float32, bfloat16, int8 and dynamic-int8 beside CTranslate2 and
+    # llama.cpp, each at 1 and 2 threads, and the perplexity of each format
+    # (apps/bench/results/weights.md).
     weights() {
       .venv/bin/python tools/convert_smollm2.py "$smollm2"
       # int8 and bfloat16 from folders of their own weights (torchattn_generate --save), as
       # a user deploys them: no float32 weights read at load.
-      local ours=() ct2=() t d
+      local ours=() ct2=() llama=() t d
+      # llama.cpp through llama-cpp-python, pinned, built from source for this CPU on first
+      # use (minutes; a benchmark peer only, not in tools/requirements.txt); sentencepiece
+      # for its converter.
+      .venv/bin/python -c "import llama_cpp" 2>/dev/null ||
+        .venv/bin/pip install --quiet llama-cpp-python==0.3.36 diskcache==5.6.3 sentencepiece==0.2.1
       for d in bfloat16 int8; do
         rm -rf "$out/smollm2-$d"
         ./build/apps/generate/torchattn_generate --model "$smollm2" --dtype "$d" --save "$out/smollm2-$d"
@@ -86,6 +92,11 @@ case "$device" in
             --compute-type "$d" --work "$out" --json "$out/ct2-$d-$t.json" ${args[@]+"${args[@]}"}
           ct2+=("$d:$t:$out/ct2-$d-$t.json")
         done
+        for d in q8_0 f32; do
+          OMP_NUM_THREADS=$t .venv/bin/python apps/generate/bench_llama_cpp.py --model "$smollm2" --threads "$t" \
+            --type "$d" --work "$out/llama.cpp" --json "$out/llama-$d-$t.json" ${args[@]+"${args[@]}"}
+          llama+=("$d:$t:$out/llama-$d-$t.json")
+        done
       done
       .venv/bin/python tests/reference/check_perplexity.py --cli ./build/apps/perplexity/torchattn_perplexity \
         --model "$smollm2" --work "$out/perplexity" --json "$out/perplexity.json"
@@ -95,7 +106,7 @@ case "$device" in
         --threads 2 --server-args "--dtype int8" --json "$out/serve-int8.json" ${pyargs[@]+"${pyargs[@]}"}
       .venv/bin/python apps/bench/greedy_divergence.py --cli ./build/apps/generate/torchattn_generate \
         --model "$smollm2" --json "$out/divergence.json"
-      .venv/bin/python apps/bench/report_weights.py --ours "${ours[@]}" --ct2 "${ct2[@]}" \
+      .venv/bin/python apps/bench/report_weights.py --ours "${ours[@]}" --ct2 "${ct2[@]}" --llama "${llama[@]}" \
         --ppl "$out/perplexity.json" --serve "$out/serve-int8.json" --divergence "$out/divergence.json" \
         --out "$docs" >/dev/null
       echo "bench: wrote $docs/weights.md"

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""llama.cpp's side of the weight formats' benchmark (apps/bench/results/weights.md), through
+llama-cpp-python (PyPI: built from source with the llama.cpp it vendors, for this CPU). The
+SmolLM2 folder is converted once per type (F32 or Q8_0) by the convert_hf_to_gguf.py of that
+same llama.cpp (taken from the package's source distribution, which pip downloads into
+--work), then measured as torchattn_generate_bench measures: decoding tokens/s after a
+32-token prompt (128 new tokens, greedy, the median of 3), a warm prefill of 512 tokens (its
+first token, the median of 5 after a warm-up) and the peak RSS, at the given threads.
+
+Usage: .venv/bin/python apps/generate/bench_llama_cpp.py --model DIR --type q8_0 --threads 2
+           --work DIR [--json out.json] [--quick]
+"""
+
+import argparse
+import glob
+import json
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+
+import llama_cpp
+import numpy as np
+
+
+def converter(work):
+    """convert_hf_to_gguf.py (and its gguf-py) of the llama.cpp that llama-cpp-python vendors."""
+    root = os.path.join(work, f"llama_cpp_python-{llama_cpp.__version__}")
+    script = os.path.join(root, "vendor", "llama.cpp", "convert_hf_to_gguf.py")
+    if not os.path.exists(script):
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                        f"llama-cpp-python=={llama_cpp.__version__}", "-d", work],
+                       check=True, stdout=subprocess.DEVNULL)
+        sdist = glob.glob(os.path.join(work, f"llama_cpp_python-{llama_cpp.__version__}.tar.gz"))[0]
+        with tarfile.open(sdist) as t:
+            prefix = f"llama_cpp_python-{llama_cpp.__version__}/vendor/llama.cpp/"
+            wanted = (prefix + "convert_hf_to_gguf.py", prefix + "conversion/", prefix + "gguf-py/")
+            t.extractall(work, members=[m for m in t.getmembers() if m.name.startswith(wanted)], filter="data")
+    return script
+
+
+def staged(model, work):
+    """The model folder as the converter reads it: its files linked, and config.json naming
+    the architecture where the folder's leaves it out (tools/convert_smollm2.py writes
+    "architectures": null)."""
+    d = os.path.join(work, "model")
+    os.makedirs(d, exist_ok=True)
+    for name in os.listdir(model):
+        if name != "config.json" and not os.path.exists(os.path.join(d, name)):
+            os.symlink(os.path.abspath(os.path.join(model, name)), os.path.join(d, name))
+    config = json.load(open(os.path.join(model, "config.json")))
+    if not config.get("architectures"):
+        config["architectures"] = ["LlamaForCausalLM"] if config.get("model_type") == "llama" else None
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f)
+    return d
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--type", default="q8_0", choices=["f32", "q8_0"])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--work", required=True, help="where the converter and the GGUF files are kept")
+    ap.add_argument("--json")
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    gguf = os.path.join(a.work, f"smollm2-{a.type}.gguf")
+    if not os.path.exists(gguf):
+        r = subprocess.run([sys.executable, converter(a.work), staged(a.model, a.work), "--outtype", a.type,
+                            "--outfile", gguf + ".part"], capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"bench_llama_cpp: convert_hf_to_gguf.py failed ({r.returncode}):\n{r.stderr[-3000:]}")
+        os.replace(gguf + ".part", gguf)
+    t0 = time.perf_counter()
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=a.threads,
+                          n_threads_batch=a.threads, verbose=False)
+    load_s = time.perf_counter() - t0
+    rng = random.Random(0)
+    vocab = llm.n_vocab()
+    new_tokens, long_prompt = (16, 128) if a.quick else (128, 512)
+    prompt = [rng.randrange(100, vocab - 100) for _ in range(32)]
+
+    def last_logits_argmax():
+        return int(np.argmax(llm.scores[llm.n_tokens - 1]))
+
+    decode = []
+    for _ in range(1 if a.quick else 3):
+        llm.reset()
+        llm.eval(prompt)  # the prompt and its first token, as the others time it apart
+        token = last_logits_argmax()
+        t = time.perf_counter()
+        for _ in range(new_tokens - 1):
+            llm.eval([token])
+            token = last_logits_argmax()
+        decode.append((new_tokens - 1) / (time.perf_counter() - t))
+    long_ids = [rng.randrange(100, vocab - 100) for _ in range(long_prompt)]
+    prefill = []
+    for i in range(2 if a.quick else 6):
+        llm.reset()
+        t = time.perf_counter()
+        llm.eval(long_ids)
+        last_logits_argmax()
+        if i > 0:
+            prefill.append(time.perf_counter() - t)
+    res = {"tool": "llama.cpp", "version": f"llama-cpp-python {llama_cpp.__version__}", "type": a.type,
+           "threads": a.threads, "load_s": load_s, "new_tokens": new_tokens,
+           "decode_tokens_per_s": statistics.median(decode), "runs": decode, "long_prompt": long_prompt,
+           "prefill_s": statistics.median(prefill), "gguf_bytes": os.path.getsize(gguf),
+           "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+    print(f"bench_llama_cpp: {a.type}, {a.threads} threads: decode {res['decode_tokens_per_s']:.1f} tokens/s, "
+          f"prefill {long_prompt} tokens {res['prefill_s']:.3f} s")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f)
+
+
+if __name__ == "__main__":
+    main()
