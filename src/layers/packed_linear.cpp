@@ -142,22 +142,22 @@ std::shared_ptr<const PackedLinear::Packed> PackedLinear::copy_of(at::ArrayRef<a
   fresh->in = weights[0].size(1);
   std::vector<at::Tensor> parts_w, parts_b;
   bool any_bias = false;
+  const bool dynamic = format_ == WeightFormat::DynamicInt8;  // each layer packed apart, nothing joined
   for (size_t i = 0; i < weights.size(); ++i) {
     const at::Tensor& b = bias_at(biases, i);
     fresh->weights.emplace_back(weights[i]);
     fresh->biases.emplace_back(b);
-    parts_w.push_back(weights[i]);
     fresh->rows.push_back(weights[i].size(0));
+    if (dynamic) {
+      fresh->dynamic.push_back(kernels::cpu::dynamic_int8_pack(weights[i], b));
+      fresh->bytes += kernels::cpu::dynamic_int8_bytes(*fresh->dynamic.back());
+      continue;
+    }
+    parts_w.push_back(weights[i]);
     parts_b.push_back(b.defined() ? b : at::zeros({weights[i].size(0)}, weights[i].options()));
     any_bias = any_bias || b.defined();
   }
-  if (format_ == WeightFormat::DynamicInt8) {
-    for (size_t i = 0; i < weights.size(); ++i) {
-      fresh->dynamic.push_back(kernels::cpu::dynamic_int8_pack(weights[i], bias_at(biases, i)));
-      fresh->bytes += kernels::cpu::dynamic_int8_bytes(*fresh->dynamic.back());
-    }
-    return fresh;
-  }
+  if (dynamic) return fresh;
   const at::Tensor dense = parts_w.size() == 1 ? parts_w[0] : at::cat(parts_w, 0);
   fresh->bias = any_bias ? (parts_b.size() == 1 ? parts_b[0].clone() : at::cat(parts_b, 0)) : at::Tensor();
   const int64_t bias_bytes = any_bias ? fresh->bias.numel() * static_cast<int64_t>(sizeof(float)) : 0;
@@ -178,7 +178,7 @@ std::shared_ptr<const PackedLinear::Packed> PackedLinear::copy_of(at::ArrayRef<a
       break;
     }
     case WeightFormat::DynamicInt8:
-      break;  // above
+      break;  // packed in the loop above
   }
   return fresh;
 }
