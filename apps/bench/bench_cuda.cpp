@@ -25,7 +25,8 @@
 //            same lengths again (and Backend::SDPA, which lets ATen take cuDNN)
 //   decode   one layer, B=1, 1024-token prompt, context 2048, 64 steps: dynamic cache
 //            cold (first pass) and warm (again after reset()), static cache eager,
-//            and replayed from a CUDA graph (DecodeGraph); each step checked
+//            and replayed from a CUDA graph (DecodeGraph); each step checked; then
+//            the static and replayed steps kernel by kernel (CUPTI through Kineto)
 //   memory   what constructing a context_length 32768 module and moving it to the
 //            GPU adds to allocated memory, mask_buffer(false) vs (true)
 
@@ -45,6 +46,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #endif
 
 #include <algorithm>
@@ -52,8 +54,10 @@
 #include <exception>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -642,6 +646,64 @@ void record_decode(Setup& s, const std::string& name, const StepTimes& t, double
   }
 }
 
+// `fn` run `reps` times under LibTorch's profiler (Kineto, CUPTI's activity records):
+// the GPU's kernels and copies by name, each one's calls and microseconds per run of
+// fn, the largest first. Empty (and says why) where the profiler is not available.
+struct KernelTime {
+  std::string name;
+  double calls = 0, us = 0;
+};
+
+std::vector<KernelTime> kernel_profile(const c10::Device& device, const std::function<void()>& fn, int reps) {
+  std::vector<KernelTime> out;
+#ifdef TORCHATTN_BENCH_CUDA
+  if (!device.is_cuda()) return out;
+  namespace pa = torch::autograd::profiler;
+  namespace pi = torch::profiler::impl;
+  try {
+    const pi::ProfilerConfig config(pi::ProfilerState::KINETO);
+    const std::set<pi::ActivityType> activities{pi::ActivityType::CPU, pi::ActivityType::CUDA};
+    pa::prepareProfiler(config, activities);
+    pa::enableProfiler(config, activities);
+    for (int i = 0; i < reps; ++i) fn();
+    synchronize(device);
+    const auto result = pa::disableProfiler();
+    std::map<std::string, KernelTime> by_name;
+    for (const auto& e : result->events()) {
+      if (e.deviceType() != c10::DeviceType::CUDA) continue;
+      KernelTime& k = by_name[e.name()];
+      k.name = e.name();
+      k.calls += 1.0 / reps;
+      k.us += static_cast<double>(e.durationNs()) / 1e3 / reps;
+    }
+    for (auto& [name, k] : by_name) out.push_back(k);
+    std::sort(out.begin(), out.end(), [](const KernelTime& a, const KernelTime& b) { return a.us > b.us; });
+  } catch (const c10::Error& e) {
+    fmt::print("  (no kernel profile: {})\n", e.what_without_backtrace());
+  }
+#else
+  (void)device;
+  (void)fn;
+  (void)reps;
+#endif
+  return out;
+}
+
+void record_profile(Setup& s, const std::string& variant, const std::vector<KernelTime>& ks) {
+  double total = 0;
+  for (const KernelTime& k : ks) total += k.us;
+  fmt::print("  {} kernel by kernel: {} kinds, {:.1f} us of GPU time per step\n", variant, ks.size(), total);
+  for (const KernelTime& k : ks) {
+    fmt::print("    {:8.2f} us  {:4.1f}x  {}\n", k.us, k.calls, k.name.substr(0, 110));
+    s.rows.push_back(Row()
+                         .s("section", "decode_profile")
+                         .s("variant", variant)
+                         .s("kernel", k.name.substr(0, 110))
+                         .n("calls_per_step", k.calls)
+                         .n("us_per_step", k.us));
+  }
+}
+
 void section_decode(Setup& s) {
   const Sizes& z = s.z;
   const auto dtype = at::kBFloat16;
@@ -703,6 +765,13 @@ void section_decode(Setup& s) {
   TORCH_CHECK(step.uses_cuda_graph() == s.device.is_cuda(), "check failed: DecodeGraph ",
               step.uses_cuda_graph() ? "captured" : "did not capture", " a CUDA graph on ", s.device);
   record_decode(s, "graph", graph, capture_us);
+
+  // Where a step's time goes: the static step eagerly and replayed, kernel by kernel
+  // (20 more steps each, past the checked ones; the caches have room to spare).
+  constexpr int kProfiled = 20;
+  const at::Tensor token = x.narrow(1, P + N - 1, 1);
+  record_profile(s, "static_eager", kernel_profile(s.device, [&] { m->forward_cached(token, scache); }, kProfiled));
+  record_profile(s, "graph", kernel_profile(s.device, [&] { step(token); }, kProfiled));
 }
 
 // ---- memory: what a long-context module adds to the device ----

@@ -152,18 +152,19 @@ def shortfalls(cpp, prof):
     graph = one(cpp, "decode", variant="graph")
     if graph["median_us"] > MAX_GRAPH_US:
         line = (f"- **decode step from a CUDA graph.** {graph['median_us']:.1f} us a replayed step (one layer, "
-                "static cache). A static-shape step attends over the cache's whole capacity through a mask; "
-                "Backend::Auto runs it on the Reference math on CUDA (src/backends/attend.cpp)")
-        rows = {r["variant"]: r for r in (prof or {}).get("decode", [])}
-        if rows:
-            line += (", since ATen's memory-efficient kernel with a mask spreads one query's work over few blocks: "
-                     "ATen alone, one step over a static cache of 2048 replayed from a graph (the profile's last "
-                     "table): " + ", ".join(f"`{v}` {r['graph_us']:.1f} us" for v, r in rows.items()
-                                            if "graph_us" in r) + ". cuDNN with a mask (`sdpa_mask`) is the "
-                     "fastest there and, at a static shape, builds its plan once: the next step to try")
-        md += [line + ". The rest of the step is its other kernels (projections, the cache write, the mask from "
-               "the device-side position), each a node of the graph; a per-kernel profile of the replayed step "
-               "is not measured yet."]
+                "static cache), timed from the host: the input's copy, the graph's launch and the wait for it. ")
+        ks = rows_of(cpp, "decode_profile", variant="graph")
+        if ks:
+            gpu = sum(k["us_per_step"] for k in ks)
+            calls = sum(k["calls_per_step"] for k in ks)
+            top = ", ".join(f"{k['kernel'][:60]} {k['us_per_step']:.1f} us" for k in ks[:3])
+            line += (f"On the GPU the replayed step is {calls:.0f} kernels and copies taking {gpu:.1f} us in all "
+                     f"(the kernel table under Decoding; the largest: {top}); the rest, "
+                     f"{graph['median_us'] - gpu:.1f} us, is the gaps between them, the graph's launch and the "
+                     "host's copy and wait.")
+        else:
+            line += "This LibTorch's profiler gave no kernel records, so the step is not broken down."
+        md += [line]
     return ["## Short of target: why, measured", ""] + md + [""] if md else []
 
 
@@ -278,6 +279,15 @@ def decode(cpp):
           table(["variant", "median us", "min us", "first call us", "steps", "rel. error"],
                 [[r["variant"], f"{r['median_us']:.1f}", f"{r['min_us']:.1f}", f"{r['first_us']:.1f}",
                   f"{r['steps']:.0f}", f"{r['rel_err']:.1e}"] for r in rows_of(cpp, "decode")]), ""]
+    for variant in ("static_eager", "graph"):
+        ks = rows_of(cpp, "decode_profile", variant=variant)
+        if ks:
+            md += [f"`{variant}` kernel by kernel (LibTorch's profiler, Kineto with CUPTI; 20 steps after the timed "
+                   f"ones, per step): {sum(k['us_per_step'] for k in ks):.1f} us of GPU time in "
+                   f"{sum(k['calls_per_step'] for k in ks):.0f} kernels and copies.", "",
+                   table(["kernel or copy", "per step", "us per step"],
+                         [[k["kernel"].replace("|", "\\|"), f"{k['calls_per_step']:.0f}", f"{k['us_per_step']:.2f}"]
+                          for k in ks]), ""]
     return md
 
 
