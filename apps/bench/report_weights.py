@@ -17,6 +17,7 @@ import argparse
 import datetime
 import json
 import os
+import statistics
 
 from report import machine  # apps/bench/report.py
 
@@ -35,10 +36,20 @@ def cpu_flags():
 
 
 def load(items):
-    runs = {}
+    """TYPE:THREADS:FILE items -> {(type, threads): record}. A (type, threads) named with
+    several files (the bench's rounds) gets each number's median over them, and "rounds"."""
+    groups = {}
     for item in items:
         dtype, threads, path = item.split(":", 2)
-        runs[(dtype, int(threads))] = json.load(open(path))
+        groups.setdefault((dtype, int(threads)), []).append(json.load(open(path)))
+    runs = {}
+    for key, recs in groups.items():
+        merged = dict(recs[0])
+        for k, v in recs[0].items():
+            if all(isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool) for r in recs):
+                merged[k] = statistics.median(r[k] for r in recs)
+        merged["rounds"] = len(recs)
+        runs[key] = merged
     return runs
 
 
@@ -59,11 +70,15 @@ def main():
     ap.add_argument("--out", default="apps/bench/results")
     a = ap.parse_args()
     ours, ct2, llama, ppl = load(a.ours), load(a.ct2), load(a.llama), json.load(open(a.ppl))
+    rounds = min(r["rounds"] for r in list(ours.values()) + list(ct2.values()) + list(llama.values()))
     md = ["# Weight formats: SmolLM2-135M-Instruct on the CPU", "",
           "Made by `bash apps/bench/run.sh --weights-only` (part of `make bench`): torchattn_generate_bench "
           "`--dtype float32|bfloat16|int8|dynamic-int8` (bfloat16 or int8 weights, float32 activations and sums; "
           "dynamic-int8: PyTorch's quantize_dynamic scheme, int8 inputs too; docs/models.md) and CTranslate2 (`bench_ctranslate2.py`, the folder converted with its own "
-          "converter) one after the other, each at 1 and at 2 intra-op threads. Decoding: 128 new tokens after a "
+          "converter) one after the other, each at 1 and at 2 intra-op threads, in "
+          f"{rounds} round{'s' if rounds > 1 else ''}: every runtime, format and thread count runs once a round, "
+          "and each figure is that configuration's median over the rounds, so that a shared machine's drift "
+          "falls on every side alike. Decoding: 128 new tokens after a "
           "32-token prompt, greedy, median of 3; prefill: the first token of a 512-token prompt, warm, median of 5; "
           "peak RSS after loading and generating, and the RSS then. torchattn's bfloat16 and int8 load from folders "
           "of their own weights (`torchattn_generate --dtype int8 --save DIR`, include/torchattn/models/"

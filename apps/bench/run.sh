@@ -79,23 +79,30 @@ case "$device" in
         rm -rf "$out/smollm2-$d"
         ./build/apps/generate/torchattn_generate --model "$smollm2" --dtype "$d" --save "$out/smollm2-$d"
       done
-      for t in 1 2; do
-        for d in float32 bfloat16 int8 dynamic-int8; do
-          local folder="$smollm2"
-          case "$d" in bfloat16 | int8) folder="$out/smollm2-$d" ;; esac
-          OMP_NUM_THREADS=$t ./build/apps/generate/torchattn_generate_bench --model "$folder" --threads "$t" \
-            --dtype "$d" --json "$out/weights-$d-$t.json" ${args[@]+"${args[@]}"}
-          ours+=("$d:$t:$out/weights-$d-$t.json")
-        done
-        for d in int8 float32; do
-          OMP_NUM_THREADS=$t .venv/bin/python apps/generate/bench_ctranslate2.py --model "$smollm2" --threads "$t" \
-            --compute-type "$d" --work "$out" --json "$out/ct2-$d-$t.json" ${args[@]+"${args[@]}"}
-          ct2+=("$d:$t:$out/ct2-$d-$t.json")
-        done
-        for d in q8_0 f32; do
-          OMP_NUM_THREADS=$t .venv/bin/python apps/generate/bench_llama_cpp.py --model "$smollm2" --threads "$t" \
-            --type "$d" --work "$out/llama.cpp" --json "$out/llama-$d-$t.json" ${args[@]+"${args[@]}"}
-          llama+=("$d:$t:$out/llama-$d-$t.json")
+      # Rounds (WEIGHTS_ROUNDS, default 3; 1 with --quick): every configuration once a
+      # round; the report takes each one's median over the rounds, so that a shared
+      # machine's drift between minutes falls on every side of a ratio alike.
+      local rounds=${WEIGHTS_ROUNDS:-3} r
+      [ "$quick" = 1 ] && rounds=1
+      for r in $(seq 1 "$rounds"); do
+        for t in 1 2; do
+          for d in float32 bfloat16 int8 dynamic-int8; do
+            local folder="$smollm2"
+            case "$d" in bfloat16 | int8) folder="$out/smollm2-$d" ;; esac
+            OMP_NUM_THREADS=$t ./build/apps/generate/torchattn_generate_bench --model "$folder" --threads "$t" \
+              --dtype "$d" --json "$out/weights-$d-$t-r$r.json" ${args[@]+"${args[@]}"}
+            ours+=("$d:$t:$out/weights-$d-$t-r$r.json")
+          done
+          for d in int8 float32; do
+            OMP_NUM_THREADS=$t .venv/bin/python apps/generate/bench_ctranslate2.py --model "$smollm2" --threads "$t" \
+              --compute-type "$d" --work "$out" --json "$out/ct2-$d-$t-r$r.json" ${args[@]+"${args[@]}"}
+            ct2+=("$d:$t:$out/ct2-$d-$t-r$r.json")
+          done
+          for d in q8_0 f32; do
+            OMP_NUM_THREADS=$t .venv/bin/python apps/generate/bench_llama_cpp.py --model "$smollm2" --threads "$t" \
+              --type "$d" --work "$out/llama.cpp" --json "$out/llama-$d-$t-r$r.json" ${args[@]+"${args[@]}"}
+            llama+=("$d:$t:$out/llama-$d-$t-r$r.json")
+          done
         done
       done
       .venv/bin/python tests/reference/check_perplexity.py --cli ./build/apps/perplexity/torchattn_perplexity \
