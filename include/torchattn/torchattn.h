@@ -8,6 +8,7 @@
 ///                                     /*dropout=*/0.0, /*num_heads=*/2);
 ///   auto y = mha(x);  // x: [B, T, 3] -> y: [B, T, 2]
 
+#include <torchattn/activation_checkpoint.h>
 #include <torchattn/attention_options.h>
 #include <torchattn/backend.h>
 #include <torchattn/causal_attention.h>
