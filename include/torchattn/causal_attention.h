@@ -1,5 +1,6 @@
 #pragma once
 
+#include <torchattn/attention_options.h>
 #include <torchattn/backend.h>
 #include <torchattn/checkpoint_facts.h>
 #include <torchattn/kv_cache.h>
@@ -23,7 +24,8 @@ namespace torchattn {
 
 namespace detail {
 class RotaryCache;
-}
+struct AttentionBlock;
+}  // namespace detail
 
 /// Options for `CausalAttention` (notebooks 000, 001, 003).
 ///
@@ -104,6 +106,15 @@ class CausalAttentionImpl : public torch::nn::Cloneable<CausalAttentionImpl>, pu
   /// See docs/masks.md.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& key_padding_mask = {}, const at::Tensor& key_bias = {});
 
+  /// Documents packed end to end with no padding: x [N, d_in] and cu_seqlens [S + 1],
+  /// int32 or int64 on the CPU or x's device, document s being rows cu_seqlens[s] ..
+  /// cu_seqlens[s + 1] (0 first, N last, every document at least one token and at most
+  /// context_length)  ->  [N, d_out], each document's rows what forward gives for it
+  /// alone (causal or not, window and RoPE positions from 0 per document); dropout as
+  /// forward on each document alone, one after another, from the same generator. See
+  /// MultiHeadAttention::forward_packed.
+  at::Tensor forward_packed(const at::Tensor& x, const at::Tensor& cu_seqlens);
+
   /// An empty cache for `batch_size` sequences: [batch_size, context_length, d_out],
   /// of the module's dtype and device. static_shapes: fixed-shape steps for CUDA
   /// graphs (see DecodeGraph).
@@ -137,6 +148,9 @@ class CausalAttentionImpl : public torch::nn::Cloneable<CausalAttentionImpl>, pu
   // forward and forward_cached after their checks: x [B, T, d_in] or [T, d_in].
   at::Tensor attend(const at::Tensor& x, const at::Tensor& key_padding_mask, const at::Tensor& key_bias,
                     KVCache* cache);
+  // What every entry point runs: the single-head block and the attention options.
+  detail::AttentionBlock block();
+  functional::AttentionOptions attention_options() const;
   // Identifies this module's caches (a new id at every reset(), so clones differ).
   uint64_t cache_owner_ = 0;
   // The RoPE cos/sin tables per device, or null without rope.

@@ -187,6 +187,18 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   /// See docs/masks.md.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& key_padding_mask = {}, const at::Tensor& key_bias = {});
 
+  /// Documents packed end to end with no padding (padding-free training, FlashAttention's
+  /// varlen form): x [N, d_in] and cu_seqlens [S + 1], int32 or int64 on the CPU or x's
+  /// device, document s being rows cu_seqlens[s] .. cu_seqlens[s + 1] (0 first, N last,
+  /// every document at least one token and at most context_length)
+  ///   ->  [N, d_out], each document's rows what forward gives for it alone: causal or not
+  /// as the module, RoPE and ALiBi positions from 0 in each document, the window, grouped
+  /// heads, softcap, sinks and QK-norm as for the document alone. With dropout, the masks
+  /// are those of forward on each document alone, one after another, from the same
+  /// generator. The work grows with the sum of the documents' squared lengths and no
+  /// [N, N] mask is made. cu_seqlens is read on the host (a device tensor is copied).
+  at::Tensor forward_packed(const at::Tensor& x, const at::Tensor& cu_seqlens);
+
   /// Cross-attention (a decoder over its encoder's output, as BART's): queries from x,
   /// keys and values from a context, every query seeing every real context token.
   /// Needs causal(false); not with rope.

@@ -7,9 +7,12 @@
 #include "block/positions.h"
 
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/tensor.h>
 
 #include <algorithm>
 #include <array>
+#include <vector>
 
 namespace torchattn::detail {
 
@@ -113,6 +116,62 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
     context = context.transpose(1, 2).reshape({B, T, d_out});
   }
   return context;
+}
+
+at::Tensor packed_attention_block_forward(AttentionBlock& block, const at::Tensor& x,
+                                          const std::vector<int64_t>& offsets,
+                                          const functional::AttentionOptions& config) {
+  const int64_t N = x.size(0);
+  auto [queries, keys, values] = project(block, x.unsqueeze(0), /*fast=*/false);
+  const int64_t d_out = queries.size(-1);
+  const int64_t H = std::max<int64_t>(block.num_heads, 1), Hkv = std::max<int64_t>(block.num_kv_heads, 1);
+  const int64_t head_dim = d_out / H;
+  normalize(block, queries, keys, /*per_head=*/false);
+  queries = queries.view({1, N, H, head_dim});
+  keys = keys.view({1, N, Hkv, head_dim});
+  normalize(block, queries, keys, /*per_head=*/true);
+  if (block.rope != nullptr) {
+    if (!queries.is_contiguous()) {
+      queries = queries.contiguous();
+      keys = keys.contiguous();
+    }
+    // Positions restart at 0 in each document.
+    std::vector<int64_t> pos(static_cast<size_t>(N));
+    for (size_t s = 0; s + 1 < offsets.size(); ++s) {
+      for (int64_t i = offsets[s]; i < offsets[s + 1]; ++i) pos[static_cast<size_t>(i)] = i - offsets[s];
+    }
+    const at::Tensor positions = at::tensor(pos, at::kLong).to(x.device());
+    queries = block.rope->apply(queries, positions);
+    keys = block.rope->apply(keys, positions);
+  }
+  if (block.num_heads > 0) {
+    queries = queries.transpose(1, 2);
+    keys = keys.transpose(1, 2);
+    values = values.view({1, N, Hkv, head_dim}).transpose(1, 2);
+  } else {
+    queries = queries.view({1, N, d_out});
+    keys = keys.view({1, N, d_out});
+  }
+  // Each document alone, in order: its tokens are rows offsets[s] .. offsets[s + 1].
+  std::vector<at::Tensor> parts;
+  parts.reserve(offsets.size() - 1);
+  for (size_t s = 0; s + 1 < offsets.size(); ++s) {
+    const int64_t start = offsets[s], L = offsets[s + 1] - offsets[s];
+    MaskSpec spec;
+    spec.causal = block.causal;
+    spec.buffer = block.mask.defined() ? &block.mask : nullptr;
+    spec.window = block.window;
+    if (block.alibi_slopes.defined()) {
+      spec.score_bias = alibi_bias(block.alibi_slopes.to(queries.device()), at::Tensor(), L, L, queries.scalar_type());
+    }
+    parts.push_back(
+        attend(queries.narrow(-2, start, L), keys.narrow(-2, start, L), values.narrow(-2, start, L), spec, config));
+  }
+  at::Tensor context = parts.size() == 1 ? parts.front() : at::cat(parts, -2);
+  if (block.num_heads > 0) {
+    context = context.transpose(1, 2).reshape({1, N, d_out});
+  }
+  return context.squeeze(0);
 }
 
 at::Tensor paged_attention_block_forward(AttentionBlock& block, const at::Tensor& x, PagedKVCache& cache,

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <optional>
 #include <ostream>
+#include <vector>
 
 namespace torchattn::detail {
 
@@ -98,6 +99,17 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
 // is rotated at its position in its sequence, the new keys and values are written into
 // `layer` of the cache, and each sequence's rows attend over its own keys (see
 // paged_attend). For MultiHeadAttention (num_heads > 0), causal, in inference.
+// Documents packed end to end: x [N, d_in], document s its rows offsets[s] ..
+// offsets[s + 1] (host offsets from 0 to N, increasing: check_cu_seqlens) -> the
+// context [N, d_out]. Projections and QK-norm run over all rows at once, RoPE at
+// positions restarting at 0 in each document, attention within each document alone
+// (causal or not as the block; window, ALiBi, grouped heads, softcap and sinks as for
+// that document alone), the documents one after another: with dropout, the masks
+// are those of the documents run alone in that order from the same generator.
+at::Tensor packed_attention_block_forward(AttentionBlock& block, const at::Tensor& x,
+                                          const std::vector<int64_t>& offsets,
+                                          const functional::AttentionOptions& config);
+
 at::Tensor paged_attention_block_forward(AttentionBlock& block, const at::Tensor& x, PagedKVCache& cache,
                                          const PagedStep& step, int64_t layer,
                                          const functional::AttentionOptions& config);

@@ -9,7 +9,9 @@
 #include "modules/attention_facts.h"
 #include "serialize/strict_load.h"
 
+#include <cstdint>
 #include <ostream>
+#include <vector>
 
 namespace torchattn {
 
@@ -98,25 +100,42 @@ at::Tensor CausalAttentionImpl::forward_cached(const at::Tensor& x_new, KVCache&
   return attend(x_new, key_padding_mask, at::Tensor(), &cache);
 }
 
+at::Tensor CausalAttentionImpl::forward_packed(const at::Tensor& x, const at::Tensor& cu_seqlens) {
+  detail::check_input(kCausalAttention, x, options.d_in(), /*context_length=*/0, W_query->weight);
+  TORCH_CHECK(x.dim() == 2, kCausalAttention, ".forward_packed: expected x of shape [N, d_in], got ", x.sizes());
+  const std::vector<int64_t> offsets = detail::check_cu_seqlens("CausalAttention.forward_packed", cu_seqlens, x,
+                                                                options.context_length());
+  detail::AttentionBlock b = block();
+  return detail::packed_attention_block_forward(b, x, offsets, attention_options());
+}
+
+detail::AttentionBlock CausalAttentionImpl::block() {
+  // Single-head (num_heads 0): [B, T, d_out] throughout.
+  return detail::AttentionBlock{.W_query = W_query,
+                                .W_key = W_key,
+                                .W_value = W_value,
+                                .num_heads = 0,
+                                .num_kv_heads = 0,
+                                .causal = options.causal(),
+                                .mask = mask,
+                                .window = options.window(),
+                                .rope = rotary_.get()};
+}
+
+functional::AttentionOptions CausalAttentionImpl::attention_options() const {
+  return functional::AttentionOptions{.scale = options.scale(),
+                                      .dropout = options.dropout(),
+                                      .training = is_training(),
+                                      .backend = options.backend()};
+}
+
 at::Tensor CausalAttentionImpl::attend(const at::Tensor& x, const at::Tensor& key_padding_mask,
                                        const at::Tensor& key_bias, KVCache* cache) {
-  // Single-head (num_heads 0): [B, T, d_out] throughout.
-  detail::AttentionBlock block{.W_query = W_query,
-                               .W_key = W_key,
-                               .W_value = W_value,
-                               .num_heads = 0,
-                               .num_kv_heads = 0,
-                               .causal = options.causal(),
-                               .mask = mask,
-                               .window = options.window(),
-                               .rope = rotary_.get()};
-  const functional::AttentionOptions config{.scale = options.scale(),
-                                            .dropout = options.dropout(),
-                                            .training = is_training(),
-                                            .backend = options.backend()};
+  detail::AttentionBlock b = block();
+  const functional::AttentionOptions config = attention_options();
   return detail::with_batch_dim(x, key_padding_mask, key_bias,
                                 [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {
-                                  return detail::attention_block_forward(block, xb, cache, config, mb, bb);
+                                  return detail::attention_block_forward(b, xb, cache, config, mb, bb);
                                 });
 }
 

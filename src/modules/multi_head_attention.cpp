@@ -199,6 +199,22 @@ at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x, const at::Tensor
   return attend(x, key_padding_mask, key_bias, nullptr);
 }
 
+at::Tensor MultiHeadAttentionImpl::forward_packed(const at::Tensor& x, const at::Tensor& cu_seqlens) {
+  check_self_attention("forward_packed");
+  detail::check_input(kMultiHeadAttention, x, options.d_in(), /*context_length=*/0, W_query->weight);
+  TORCH_CHECK(x.dim() == 2, kMultiHeadAttention, ".forward_packed: expected x of shape [N, d_in], got ", x.sizes());
+  const std::vector<int64_t> offsets = detail::check_cu_seqlens("MultiHeadAttention.forward_packed", cu_seqlens, x,
+                                                                options.context_length());
+  sync_packed();
+  detail::AttentionBlock block = this->block(/*cross=*/false);
+  const at::Tensor context = detail::packed_attention_block_forward(block, x, offsets,
+                                                                    attention_options(/*inference=*/false));
+  if (pack_policy().routes(packed_out_.get(), context, {out_proj->weight}, {out_proj->bias})) {
+    return packed_out_->forward(context, {out_proj->weight}, {out_proj->bias});
+  }
+  return out_proj->forward(context);
+}
+
 KVCache MultiHeadAttentionImpl::make_kv_cache(int64_t batch_size, bool static_shapes) const {
   detail::check_positive(kMultiHeadAttention, "batch_size", batch_size);
   return KVCache({batch_size, num_kv_heads(), options.context_length(), head_dim()}, W_key->weight.options(),
