@@ -1,11 +1,13 @@
 #include <torchattn/models/causal_lm.h>
 
 
+#include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/silu.h>
 #include <ATen/ops/tanh.h>
+#include <ATen/ops/tensor.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -18,6 +20,7 @@
 #include <map>
 #include <set>
 #include <utility>
+#include <vector>
 
 namespace torchattn::models {
 
@@ -156,6 +159,10 @@ int64_t DecoderLayerImpl::frozen_bytes() const {
 at::Tensor DecoderLayerImpl::forward_paged(const at::Tensor& x, torchattn::PagedKVCache& cache,
                                            const torchattn::PagedStep& step, int64_t layer) {
   return rest(self_attn->forward_paged(input_layernorm(x), cache, step, layer), x);
+}
+
+at::Tensor DecoderLayerImpl::forward_packed(const at::Tensor& x, const at::Tensor& cu_seqlens) {
+  return rest(self_attn->forward_packed(input_layernorm(x), cu_seqlens), x);
 }
 
 at::Tensor DecoderLayerImpl::rest(const at::Tensor& attn, const at::Tensor& x) {
@@ -414,6 +421,46 @@ at::Tensor CausalLMImpl::forward_paged(const at::Tensor& ids, torchattn::PagedKV
   }
   if (logit_rows.defined()) x = x.index_select(0, logit_rows.to(x.device()));
   return head(norm(x));
+}
+
+at::Tensor CausalLMImpl::forward_packed(const at::Tensor& ids, const at::Tensor& cu_seqlens) {
+  TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong, "CausalLM: forward_packed expected int64 ids [N], got ",
+              ids.sizes(), " of ", ids.scalar_type());
+  TORCH_CHECK(cu_seqlens.defined(), "CausalLM: forward_packed expected cu_seqlens, got an undefined tensor");
+  // On the host once: every layer reads it (each checks it, naming its module).
+  const at::Tensor cu = cu_seqlens.to(at::kCPU);
+  at::Tensor x = embed(ids);
+  for (size_t i = 0; i < layers->size(); ++i) {
+    x = layers[i]->as<DecoderLayerImpl>()->forward_packed(x, cu);
+  }
+  return head(norm(x));
+}
+
+at::Tensor packed_next_token_loss(const at::Tensor& logits, const at::Tensor& ids, const at::Tensor& cu_seqlens) {
+  TORCH_CHECK(logits.dim() == 2 && ids.dim() == 1 && logits.size(0) == ids.size(0),
+              "packed_next_token_loss: expected logits [N, vocab] and ids [N], got ", logits.sizes(), " and ",
+              ids.sizes());
+  TORCH_CHECK(cu_seqlens.defined() && cu_seqlens.dim() == 1 &&
+                  (cu_seqlens.scalar_type() == at::kInt || cu_seqlens.scalar_type() == at::kLong),
+              "packed_next_token_loss: expected cu_seqlens [S + 1] int32 or int64");
+  const at::Tensor cu = cu_seqlens.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* c = cu.const_data_ptr<int64_t>();
+  const int64_t N = ids.size(0);
+  TORCH_CHECK(cu.numel() >= 2 && c[0] == 0 && c[cu.numel() - 1] == N,
+              "packed_next_token_loss: expected cu_seqlens from 0 to the ", N, " tokens, got ", cu_seqlens);
+  // Rows that predict a token of their own document: all but each document's last.
+  std::vector<int64_t> rows;
+  rows.reserve(static_cast<size_t>(N));
+  for (int64_t s = 0; s + 1 < cu.numel(); ++s) {
+    TORCH_CHECK(c[s + 1] > c[s], "packed_next_token_loss: expected cu_seqlens increasing, got ", cu_seqlens);
+    for (int64_t i = c[s]; i + 1 < c[s + 1]; ++i) rows.push_back(i);
+  }
+  TORCH_CHECK(!rows.empty(), "packed_next_token_loss: expected a document of two tokens or more, got ", cu_seqlens);
+  const at::Tensor from = at::tensor(rows, at::kLong).to(logits.device());
+  // Half-precision logits summed in float32, as transformers' loss upcasts them.
+  at::Tensor picked = logits.index_select(0, from);
+  if (picked.scalar_type() == at::kHalf || picked.scalar_type() == at::kBFloat16) picked = picked.to(at::kFloat);
+  return at::cross_entropy_loss(picked, ids.index_select(0, from + 1));
 }
 
 at::Tensor CausalLMImpl::embed(const at::Tensor& ids) {

@@ -102,6 +102,32 @@ TEST_P(TinyModel, LogitsAndGreedyTokensAreTransformers) {
   EXPECT_EQ(tokens, to_ids(expected.at("tokens").toTensor()));
 }
 
+// Documents packed end to end: logits and next-token loss against transformers'
+// padding-free form (position_ids restarting per document, no attention mask), and
+// each document's rows against forward on it alone (float32: products of other row
+// counts may sum in another order).
+TEST_P(TinyModel, PackedDocumentsAreTransformersPaddingFree) {
+  const auto dir = reference() / "tiny" / GetParam();
+  const auto expected = read_pickle(dir / "expected.pt");
+  auto model = load_model(dir);
+  const auto ids = expected.at("packed_ids").toTensor();
+  const auto cu = expected.at("packed_cu_seqlens").toTensor();
+  c10::InferenceMode inference;
+  const auto logits = model->forward_packed(ids, cu.to(torch::kInt));
+  const double err = relative_error(logits, expected.at("packed_logits").toTensor());
+  const auto loss = models::packed_next_token_loss(logits, ids, cu);
+  const double want = expected.at("packed_loss").toTensor().item<double>();
+  std::printf("[generate] %s: packed logits error %.2e, loss %.6f (transformers %.6f)\n", GetParam().c_str(), err,
+              loss.item<double>(), want);
+  EXPECT_LE(err, 1e-5);
+  EXPECT_NEAR(loss.item<double>(), want, 1e-5 * want);
+  for (int64_t s = 0; s + 1 < cu.size(0); ++s) {
+    const int64_t a = cu[s].item<int64_t>(), b = cu[s + 1].item<int64_t>();
+    const auto alone = model->forward(ids.slice(0, a, b).unsqueeze(0))[0];
+    EXPECT_LE(relative_error(logits.slice(0, a, b), alone), 1e-5) << "document " << s;  // float32 sums
+  }
+}
+
 TEST_P(TinyModel, CachedDecodingEqualsRecomputing) {
   auto model = load_model(reference() / "tiny" / GetParam());
   c10::InferenceMode inference;

@@ -10,7 +10,9 @@ and chat template with, all from transformers (offline, float32, CPU):
   sublayer; with expected.pt: a prompt's logits and 32 greedy tokens from
   transformers' generate, and each step's margin between its top two logits, and the
   prompt's logits of the model quantize_dynamic'd (PyTorch's own int8 scheme, every
-  nn.Linear, the engine's default) as `dynamic_int8_logits`;
+  nn.Linear, the engine's default) as `dynamic_int8_logits`; and four documents packed
+  end to end in transformers' padding-free form (`packed_ids`, `packed_cu_seqlens`,
+  `packed_logits`, `packed_loss`);
 - tiny_seq2seq/<name>/: small random BART checkpoints (GELU and ReLU, scaled
   embeddings, encoder and decoder of different depths and head counts, forced BOS and
   EOS tokens, a non-zero final_logits_bias), with expected.pt: two prompts, the
@@ -92,6 +94,28 @@ def dynamic_int8_logits(model, ids):
             return quantized(ids).logits[0].clone()
 
 
+def packed_reference(model, g):
+    """Documents packed end to end, transformers' padding-free form: one row, position_ids
+    restarting at 0 in each document, no attention mask and no cache (transformers then
+    finds the documents from the positions, as in training), labels with -100 at each
+    document's first token (as its DataCollatorWithFlattening). Checked here against
+    each document run alone."""
+    lengths = [6, 1, 9, 3]
+    ids = torch.randint(3, 211, (sum(lengths),), generator=g)
+    cu = torch.tensor([0] + lengths).cumsum(0)
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    labels = ids.clone()
+    labels[cu[:-1]] = -100
+    with torch.no_grad():
+        out = model(input_ids=ids[None], position_ids=positions[None], labels=labels[None], use_cache=False)
+        alone = torch.cat([model(ids[None, a:b]).logits[0] for a, b in zip(cu[:-1], cu[1:])])
+    logits = out.logits[0]
+    err = ((logits - alone).abs().max() / alone.abs().max()).item()
+    assert err < 1e-5, f"packed logits differ from each document alone by {err:.2e}"
+    return {"packed_ids": ids.clone(), "packed_cu_seqlens": cu.clone(), "packed_logits": logits.clone(),
+            "packed_loss": out.loss.clone()}
+
+
 def tiny_models(out):
     for i, (name, (config_class, model_class, extra)) in enumerate(TINY.items()):
         torch.manual_seed(100 + i)
@@ -119,7 +143,8 @@ def tiny_models(out):
         top2 = torch.stack([s[0].topk(2).values for s in gen.logits])
         torch.save({"prompt": prompt[0].clone(), "logits": logits.clone(), "tokens": new.clone(),
                     "margins": (top2[:, 0] - top2[:, 1]).clone(),
-                    "dynamic_int8_logits": dynamic_int8_logits(model, prompt)}, os.path.join(d, "expected.pt"))
+                    "dynamic_int8_logits": dynamic_int8_logits(model, prompt), **packed_reference(model, g)},
+                   os.path.join(d, "expected.pt"))
     print(f"make_generate_reference: {len(TINY)} tiny models")
 
 

@@ -32,6 +32,9 @@ class DecoderLayerImpl : public torch::nn::Module {
   DecoderLayerImpl(const DecoderConfig& c, int64_t layer, int64_t context_length);
   /// x: [B, T, hidden] after the tokens in `cache` (null: none) -> [B, T, hidden].
   at::Tensor forward(const at::Tensor& x, torchattn::KVCache* cache, const at::Tensor& key_padding_mask);
+  /// x: [N, hidden], documents packed end to end (cu_seqlens as
+  /// MultiHeadAttention::forward_packed) -> [N, hidden].
+  at::Tensor forward_packed(const at::Tensor& x, const at::Tensor& cu_seqlens);
   /// x: [N, hidden], a paged step's tokens (see MultiHeadAttention::forward_paged);
   /// `layer`: this layer's index in the cache -> [N, hidden].
   at::Tensor forward_paged(const at::Tensor& x, torchattn::PagedKVCache& cache, const torchattn::PagedStep& step,
@@ -160,6 +163,15 @@ class CausalLMImpl : public torch::nn::Module {
   at::Tensor forward_paged(const at::Tensor& ids, torchattn::PagedKVCache& cache, const torchattn::PagedStep& step,
                            const at::Tensor& logit_rows = {});
 
+  /// Documents packed end to end with no padding (padding-free training): ids [N]
+  /// int64 and cu_seqlens [S + 1] int32 or int64 (CPU or the model's device; document s
+  /// is ids cu_seqlens[s] .. cu_seqlens[s + 1], 0 first, N last, every document at least
+  /// one token and at most context_length). Returns logits [N, vocab], each document's
+  /// rows what forward gives it alone (positions from 0 in each document), as
+  /// transformers' padding-free form (position_ids restarting per document, no
+  /// attention mask) gives them.
+  at::Tensor forward_packed(const at::Tensor& ids, const at::Tensor& cu_seqlens);
+
   /// ids: [B, T] int64 after the tokens in `caches` (null: a full forward).
   /// key_padding_mask: [B, T] bool (true = padding) or undefined.
   /// Returns logits [B, T, vocab] (last_only: [B, 1, vocab]), in the model's dtype.
@@ -186,5 +198,12 @@ class CausalLMImpl : public torch::nn::Module {
   torchattn::PackPolicy pack_{.on = false, .min_rows = 2};
 };
 TORCH_MODULE(CausalLM);
+
+/// The next-token loss of packed documents: the mean cross entropy of logits [N, vocab]
+/// (forward_packed's) against ids [N] over the pairs (i, i + 1) inside one document
+/// (cu_seqlens as forward_packed; a document's last token predicts nothing), as
+/// transformers' loss with labels -100 at each document's first token. Needs at least
+/// one document of two tokens or more.
+at::Tensor packed_next_token_loss(const at::Tensor& logits, const at::Tensor& ids, const at::Tensor& cu_seqlens);
 
 }  // namespace torchattn::models
