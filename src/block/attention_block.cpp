@@ -45,16 +45,18 @@ void normalize(const AttentionBlock& block, at::Tensor& queries, at::Tensor& key
   keys = block.k_norm->forward(keys);
 }
 
-}  // namespace
+// x [B, T, d_in] -> queries, keys and values with heads before tokens ([B, H, T,
+// head_dim], or [B, T, d_out] for a single-head block), QK-norm applied and RoPE at
+// `positions` (read only where the block has RoPE); d_out the queries' features.
+struct Heads {
+  at::Tensor queries, keys, values;
+  int64_t d_out;
+};
 
-at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, KVCache* cache,
-                                   const functional::AttentionOptions& config, const at::Tensor& key_padding_mask,
-                                   const at::Tensor& key_bias) {
+Heads split_heads(AttentionBlock& block, const at::Tensor& x, bool fast, const at::Tensor& positions) {
   const int64_t B = x.size(0);
   const int64_t T = x.size(1);
-  // Cached decoding (inference only) takes detail::linear's fast path for a few
-  // rows; forward keeps LibTorch's Linear, bit for bit whatever the grad mode.
-  auto [queries, keys, values] = project(block, x, /*fast=*/cache != nullptr);
+  auto [queries, keys, values] = project(block, x, fast);
   const int64_t d_out = queries.size(-1);
 
   // Tokens before heads, [B, T, G, head_dim] (G = 1 for a single-head module): the
@@ -70,7 +72,6 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
       queries = queries.contiguous();
       keys = keys.contiguous();
     }
-    const at::Tensor positions = token_positions(T, cache, key_padding_mask, x.device());
     queries = block.rope->apply(queries, positions);
     keys = block.rope->apply(keys, positions);
   }
@@ -83,6 +84,21 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
     queries = queries.view({B, T, d_out});
     keys = keys.view({B, T, d_out});
   }
+  return {queries, keys, values, d_out};
+}
+
+}  // namespace
+
+at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, KVCache* cache,
+                                   const functional::AttentionOptions& config, const at::Tensor& key_padding_mask,
+                                   const at::Tensor& key_bias) {
+  const int64_t B = x.size(0);
+  const int64_t T = x.size(1);
+  // Cached decoding (inference only) takes detail::linear's fast path for a few
+  // rows; forward keeps LibTorch's Linear, bit for bit whatever the grad mode.
+  const at::Tensor positions = block.rope != nullptr ? token_positions(T, cache, key_padding_mask, x.device())
+                                                     : at::Tensor();
+  auto [queries, keys, values, d_out] = split_heads(block, x, /*fast=*/cache != nullptr, positions);
 
   MaskSpec spec;
   spec.causal = block.causal;
@@ -122,36 +138,15 @@ at::Tensor packed_attention_block_forward(AttentionBlock& block, const at::Tenso
                                           const std::vector<int64_t>& offsets,
                                           const functional::AttentionOptions& config) {
   const int64_t N = x.size(0);
-  auto [queries, keys, values] = project(block, x.unsqueeze(0), /*fast=*/false);
-  const int64_t d_out = queries.size(-1);
-  const int64_t H = std::max<int64_t>(block.num_heads, 1), Hkv = std::max<int64_t>(block.num_kv_heads, 1);
-  const int64_t head_dim = d_out / H;
-  normalize(block, queries, keys, /*per_head=*/false);
-  queries = queries.view({1, N, H, head_dim});
-  keys = keys.view({1, N, Hkv, head_dim});
-  normalize(block, queries, keys, /*per_head=*/true);
-  if (block.rope != nullptr) {
-    if (!queries.is_contiguous()) {
-      queries = queries.contiguous();
-      keys = keys.contiguous();
-    }
-    // Positions restart at 0 in each document.
+  at::Tensor positions;
+  if (block.rope != nullptr) {  // restarting at 0 in each document
     std::vector<int64_t> pos(static_cast<size_t>(N));
     for (size_t s = 0; s + 1 < offsets.size(); ++s) {
       for (int64_t i = offsets[s]; i < offsets[s + 1]; ++i) pos[static_cast<size_t>(i)] = i - offsets[s];
     }
-    const at::Tensor positions = at::tensor(pos, at::kLong).to(x.device());
-    queries = block.rope->apply(queries, positions);
-    keys = block.rope->apply(keys, positions);
+    positions = at::tensor(pos, at::kLong).to(x.device());
   }
-  if (block.num_heads > 0) {
-    queries = queries.transpose(1, 2);
-    keys = keys.transpose(1, 2);
-    values = values.view({1, N, Hkv, head_dim}).transpose(1, 2);
-  } else {
-    queries = queries.view({1, N, d_out});
-    keys = keys.view({1, N, d_out});
-  }
+  auto [queries, keys, values, d_out] = split_heads(block, x.unsqueeze(0), /*fast=*/false, positions);
   // Each document alone, in order: its tokens are rows offsets[s] .. offsets[s + 1].
   std::vector<at::Tensor> parts;
   parts.reserve(offsets.size() - 1);
