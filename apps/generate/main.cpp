@@ -7,8 +7,9 @@
 //                      [--device cpu|cuda] [--dtype float32|bfloat16|int8|dynamic-int8] [--print-ids]
 //
 // --dtype on the CPU is the weights' format (torchattn::WeightFormat: bfloat16 or int8
-// weights, float32 activations and sums; dynamic-int8, PyTorch's quantize_dynamic
-// scheme); on cuda the model's dtype (int8 and dynamic-int8: an error).
+// weights, float32 activations, int8 products in an int8 prefill on AVX-512 VNNI CPUs;
+// dynamic-int8, PyTorch's quantize_dynamic scheme); on cuda the model's dtype (int8
+// and dynamic-int8: an error).
 
 #include "cli_checks.h"
 #include "fmt.h"

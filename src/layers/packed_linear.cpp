@@ -74,7 +74,7 @@ struct PackedLinear::Packed {
   }
 };
 
-PackedLinear::PackedLinear(WeightFormat format) : format_(format) {}
+PackedLinear::PackedLinear(WeightFormat format, Int8Inputs int8_inputs) : format_(format), int8_inputs_(int8_inputs) {}
 PackedLinear::~PackedLinear() = default;
 
 bool PackedLinear::applies(const at::Tensor& x, at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Tensor> biases) {
@@ -125,7 +125,9 @@ at::Tensor PackedLinear::run(const Packed& packed, const at::Tensor& x) const {
       return kernels::cpu::onednn_linear_packed(x, packed.weight, packed.bias);
     case WeightFormat::BFloat16:
     case WeightFormat::Int8:
-      return kernels::cpu::quantized_linear(x, packed.weight, packed.scale, packed.bias);
+      return kernels::cpu::quantized_linear(x, packed.weight, packed.scale, packed.bias,
+                                            int8_inputs_ == Int8Inputs::Quantized ? kernels::cpu::Int8Products::Auto
+                                                                                  : kernels::cpu::Int8Products::Float);
     case WeightFormat::DynamicInt8:
       break;
   }

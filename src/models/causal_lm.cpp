@@ -70,10 +70,10 @@ void DecoderLayerImpl::pack_weights(bool on, int64_t min_rows) {
 }
 
 void DecoderLayerImpl::freeze_weights(torchattn::WeightFormat format) {
-  self_attn->options.weight_format(format);
+  self_attn->options.weight_format(format).int8_inputs(torchattn::Int8Inputs::Quantized);
   self_attn->freeze_weights();
-  packed_gate_up_ = std::make_shared<torchattn::PackedLinear>(format);
-  packed_down_ = std::make_shared<torchattn::PackedLinear>(format);
+  packed_gate_up_ = std::make_shared<torchattn::PackedLinear>(format, torchattn::Int8Inputs::Quantized);
+  packed_down_ = std::make_shared<torchattn::PackedLinear>(format, torchattn::Int8Inputs::Quantized);
   packed_gate_up_->freeze({gate_proj->weight, up_proj->weight}, {gate_proj->bias, up_proj->bias});
   packed_down_->freeze({down_proj->weight}, {down_proj->bias});
   for (const auto* l : {&gate_proj, &up_proj, &down_proj}) torchattn::PackedLinear::release((*l)->weight);
@@ -133,10 +133,10 @@ std::vector<std::string> DecoderLayerImpl::check_frozen(torchattn::WeightFormat 
 
 void DecoderLayerImpl::freeze_weights(torchattn::WeightFormat format, const std::map<std::string, at::Tensor>& weights,
                                       const std::string& prefix) {
-  self_attn->options.weight_format(format);
+  self_attn->options.weight_format(format).int8_inputs(torchattn::Int8Inputs::Quantized);
   self_attn->freeze_weights(weights, prefix + "self_attn.");
-  packed_gate_up_ = std::make_shared<torchattn::PackedLinear>(format);
-  packed_down_ = std::make_shared<torchattn::PackedLinear>(format);
+  packed_gate_up_ = std::make_shared<torchattn::PackedLinear>(format, torchattn::Int8Inputs::Quantized);
+  packed_down_ = std::make_shared<torchattn::PackedLinear>(format, torchattn::Int8Inputs::Quantized);
   torchattn::freeze_from_weights(*packed_gate_up_, weights, prefix, gate_up_names(),
                                  {gate_proj->weight, up_proj->weight}, {gate_proj->bias, up_proj->bias}, "CausalLM");
   torchattn::freeze_from_weights(*packed_down_, weights, prefix, down_names(), {down_proj->weight}, {down_proj->bias},
@@ -284,7 +284,7 @@ void CausalLMImpl::freeze_weights(torchattn::WeightFormat format) {
               "the CPU, got weights of ",
               weight.scalar_type(), " on ", weight.device());
   for (const auto& layer : *layers) layer->as<DecoderLayerImpl>()->freeze_weights(format);
-  packed_head_ = std::make_shared<torchattn::PackedLinear>(format);
+  packed_head_ = std::make_shared<torchattn::PackedLinear>(format, torchattn::Int8Inputs::Quantized);
   packed_head_->freeze({weight});
   // quantize_dynamic leaves nn.Embedding alone: a tied table stays float32 for the lookup.
   if (lm_head || format != torchattn::WeightFormat::DynamicInt8) torchattn::PackedLinear::release(weight);
@@ -355,7 +355,7 @@ void CausalLMImpl::load_frozen_state(torchattn::NamedTensors tensors, torchattn:
     layers[i]->as<DecoderLayerImpl>()->freeze_weights(format, by_name, "layers." + std::to_string(i) + ".");
     for (const auto& n : layer_names[i]) by_name.erase(n);
   }
-  auto frozen_head = std::make_shared<torchattn::PackedLinear>(format);
+  auto frozen_head = std::make_shared<torchattn::PackedLinear>(format, torchattn::Int8Inputs::Quantized);
   torchattn::freeze_from_weights(*frozen_head, by_name, "", {head_name}, {head}, {}, "CausalLM");
   packed_head_ = std::move(frozen_head);
   torchattn::PackedLinear::release(head);

@@ -85,8 +85,8 @@ void MultiHeadAttentionImpl::reset() {
   TORCH_CHECK(!options.softcap() || (*options.softcap() > 0.0 && std::isfinite(*options.softcap())),
               kMultiHeadAttention, ": expected softcap > 0, got ", options.softcap().value_or(0.0));
   sinks = options.sinks() ? register_parameter("sinks", at::zeros({options.num_heads()})) : at::Tensor();
-  packed_qkv_ = std::make_shared<PackedLinear>(options.weight_format());
-  packed_out_ = std::make_shared<PackedLinear>(options.weight_format());
+  packed_qkv_ = std::make_shared<PackedLinear>(options.weight_format(), options.int8_inputs());
+  packed_out_ = std::make_shared<PackedLinear>(options.weight_format(), options.int8_inputs());
   if (options.causal() && options.mask_buffer()) {
     mask = register_buffer("mask", functional::causal_mask_buffer(options.context_length()));
   } else {
@@ -294,8 +294,8 @@ void MultiHeadAttentionImpl::freeze_weights(const std::map<std::string, at::Tens
   check_self_attention("freeze_weights");
   TORCH_CHECK(!frozen(), kMultiHeadAttention, ": freeze_weights: already frozen");
   // Both copies or neither: a tensor that fails leaves the module as it was.
-  auto qkv = std::make_shared<PackedLinear>(options.weight_format());
-  auto out = std::make_shared<PackedLinear>(options.weight_format());
+  auto qkv = std::make_shared<PackedLinear>(options.weight_format(), options.int8_inputs());
+  auto out = std::make_shared<PackedLinear>(options.weight_format(), options.int8_inputs());
   freeze_from_weights(*qkv, weights, prefix, qkv_names(), {W_query->weight, W_key->weight, W_value->weight},
                       {W_query->bias, W_key->bias, W_value->bias}, kMultiHeadAttention);
   freeze_from_weights(*out, weights, prefix, out_names(), {out_proj->weight}, {out_proj->bias}, kMultiHeadAttention);
@@ -316,8 +316,8 @@ NamedTensors MultiHeadAttentionImpl::frozen_state() const {
 void MultiHeadAttentionImpl::sync_packed() {
   if (frozen()) return;
   if (packed_qkv_->format() != options.weight_format()) {
-    packed_qkv_ = std::make_shared<PackedLinear>(options.weight_format());
-    packed_out_ = std::make_shared<PackedLinear>(options.weight_format());
+    packed_qkv_ = std::make_shared<PackedLinear>(options.weight_format(), options.int8_inputs());
+    packed_out_ = std::make_shared<PackedLinear>(options.weight_format(), options.int8_inputs());
   } else if (!options.pack_weights() && packed_qkv_->packed_bytes() + packed_out_->packed_bytes() > 0) {
     packed_qkv_->clear();  // pack_weights turned off: the copies go
     packed_out_->clear();

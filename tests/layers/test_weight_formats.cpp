@@ -11,6 +11,7 @@
 #include "common/tolerances.h"
 
 #include "kernels/cpu/dynamic_int8_linear.h"
+#include "kernels/cpu/int8_products.h"
 #include "kernels/cpu/quantized_linear.h"
 
 #include <torchattn/multi_head_attention.h>
@@ -59,6 +60,15 @@ TEST_P(WeightFormatGolden, QuantizedWeightsAndProductsMatchPyTorch) {
   PackedLinear int8(WeightFormat::Int8), bf16(WeightFormat::BFloat16);
   ASSERT_TRUE(int8.takes(x, {weight}, {bias}));
   EXPECT_TRUE(tol::close(int8.forward(x, {weight}, {bias}), c.tensor("y_int8").to(torch::kFloat), sums_of(in)));
+  // Int8Inputs::Quantized: int8 products for many rows on an AVX-512 VNNI CPU
+  // (tests/kernels/test_int8_products.cpp), else the same as Float.
+  PackedLinear int8_quantized(WeightFormat::Int8, torchattn::Int8Inputs::Quantized);
+  EXPECT_EQ(int8_quantized.int8_inputs(), torchattn::Int8Inputs::Quantized);
+  EXPECT_EQ(int8.int8_inputs(), torchattn::Int8Inputs::Float);
+  const bool int8_products = x.size(0) > torchattn::kernels::cpu::kQuantizedMatvecRows &&
+                             torchattn::kernels::cpu::int8_products_vnni();
+  EXPECT_TRUE(tol::close(int8_quantized.forward(x, {weight}, {bias}),
+                         c.tensor(int8_products ? "y_int8_products" : "y_int8").to(torch::kFloat), sums_of(in)));
   EXPECT_TRUE(tol::close(bf16.forward(x, {weight}, {bias}), c.tensor("y_bf16").to(torch::kFloat), sums_of(in)));
   // int8s, a scale per 64 inputs, the bias.
   EXPECT_EQ(int8.packed_bytes(), weight.numel() + scale.numel() * 4 + weight.size(0) * 4);
@@ -290,6 +300,28 @@ TEST(WeightFormats, MultiHeadAttentionTakesTheFormat) {
 
 // MultiHeadAttention with PyTorch's scheme: close to float32 (8-bit weights and inputs),
 // the same numbers frozen as packed, and its packed form is not saved.
+// options.int8_inputs reaches the packed projections: with Quantized, 40 rows take int8
+// products on an AVX-512 VNNI CPU (their inputs rounded: close, not equal), 16 do not.
+TEST(WeightFormats, MultiHeadAttentionTakesInt8Inputs) {
+  torch::NoGradGuard no_grad;
+  auto opts = torchattn::MultiHeadAttentionOptions(64, 64, 32, 4).pack_weights(true).weight_format(WeightFormat::Int8);
+  torch::manual_seed(57);
+  torchattn::MultiHeadAttention float_inputs(opts);
+  torch::manual_seed(57);  // the same weights
+  torchattn::MultiHeadAttention quantized(opts.int8_inputs(torchattn::Int8Inputs::Quantized));
+  float_inputs->eval();
+  quantized->eval();
+  const auto few = torch::randn({2, 8, 64}), many = torch::randn({2, 20, 64});
+  EXPECT_TRUE(torch::equal(quantized->forward(few), float_inputs->forward(few)));
+  const auto want = float_inputs->forward(many), got = quantized->forward(many);
+  if (torchattn::kernels::cpu::int8_products_vnni()) {
+    EXPECT_FALSE(torch::equal(got, want));
+    EXPECT_LT(((got - want).abs().max() / want.abs().max()).item<double>(), 2e-2);
+  } else {
+    EXPECT_TRUE(torch::equal(got, want));
+  }
+}
+
 TEST(WeightFormats, MultiHeadAttentionTakesDynamicInt8) {
   torch::manual_seed(56);
   auto opts = torchattn::MultiHeadAttentionOptions(64, 64, 32, 4).num_kv_heads(2).qkv_bias(true);

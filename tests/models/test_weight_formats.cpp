@@ -6,11 +6,14 @@
 #include "common/expect_error.h"
 #include "common/temp_path.h"
 
+#include "kernels/cpu/int8_products.h"
+
 #include <torchattn/models.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <string>
@@ -76,8 +79,21 @@ TEST_P(FrozenDecoder, EqualsTheFloatModelOfItsRoundedWeights) {
   EXPECT_EQ(frozen->weight_format(), format);
   EXPECT_LT(frozen->weight_bytes(), before * (format == WeightFormat::Int8 ? 0.45 : 0.6));
   torch::NoGradGuard no_grad;
-  const auto ids = torch::randint(0, 96, {2, 20}, torch::kLong);
+  // 16 rows: the products of float32 inputs.
+  const auto ids = torch::randint(0, 96, {2, 8}, torch::kLong);
   EXPECT_TRUE(torch::allclose(frozen->forward(ids), plain->forward(ids), 1e-4, 1e-4));
+  // More rows: int8's inputs quantized too on an AVX-512 VNNI CPU (Int8Inputs::Quantized,
+  // exact to its definition in tests/kernels/test_int8_products.cpp): within their rounding.
+  const auto long_ids = torch::randint(0, 96, {2, 20}, torch::kLong);
+  const auto want_long = plain->forward(long_ids), got_long = frozen->forward(long_ids);
+  const double error = ((got_long - want_long).abs().max() / want_long.abs().max()).item<double>();
+  const bool quantized_inputs = format == WeightFormat::Int8 && torchattn::kernels::cpu::int8_products_vnni();
+  std::printf("[weight formats] %s, 40 rows: logits within %.2e of the float model's largest\n",
+              std::string(torchattn::to_string(format)).c_str(), error);
+  EXPECT_LT(error, quantized_inputs ? 2e-2 : 1e-5);
+  if (quantized_inputs) {
+    EXPECT_GT(error, 1e-5) << "the inputs were not quantized";
+  }
   // Greedy decoding through the caches (one row a step: the matrix-vector kernel).
   const auto options = models::GenerationOptions().max_new_tokens(12).stop_at_eos(false);
   const std::vector<std::vector<int64_t>> prompts{{5, 17, 3, 40, 2}, {9, 9, 61}};

@@ -194,7 +194,9 @@ def weight_format_cases(w):
     symmetric scale per 64 inputs of each output feature (scale = max |w| / 127 over the
     group, q = round(w / scale) in [-127, 127]), checked against torch.quantize_per_channel
     on the groups as rows; bfloat16 by PyTorch's rounding. The outputs x W^T + b in
-    float64 from the stored weights (the kernels sum in float32)."""
+    float64 from the stored weights (the kernels sum in float32); y_int8_products with x
+    quantized the same way per group of 64 of each row (Int8Products::Int8, prefill on
+    AVX-512 VNNI CPUs): the integer sums exact, then each group's times the two scales."""
     group = 64
     g = torch.Generator().manual_seed(33)
     # rows: 1 and 3 take the fused matrix-vector kernel, 9 the buffered one, 37 the
@@ -220,11 +222,18 @@ def weight_format_cases(w):
         assert torch.equal(pq.int_repr(), want), "quantize_per_channel rounds otherwise"
         dequantized = (q.double().reshape(out, -1) * scale.double().repeat_interleave(group, 1)[:, :inp])
         y_int8 = x.double() @ dequantized.T + bias.double()
+        xpad = torch.nn.functional.pad(x, (0, groups * group - inp)).reshape(rows, groups, group)
+        sx = xpad.abs().amax(-1) / 127.0
+        qx = torch.round(xpad / torch.where(sx > 0, sx, torch.ones_like(sx))[..., None]).clamp(-127, 127)
+        qw = torch.nn.functional.pad(q.double(), (0, groups * group - inp)).reshape(out, groups, group)
+        sums = torch.einsum("rgi,ogi->rog", qx.double(), qw)  # exact integers
+        y_int8_products = (sums * scale.double()[None] * sx.double()[:, None]).sum(-1) + bias.double()
         wb = weight.to(torch.bfloat16)
         y_bf16 = x.double() @ wb.double().T + bias.double()
         y_dynamic, dynamic_scale = dynamic_int8_linear(weight, bias, x)
         w.case(f"weights_{name}", {"out": out, "in": inp, "rows": rows, "group": group}, {
             "weight": weight, "bias": bias, "x": x, "q": q, "scale": scale, "y_int8": y_int8,
+            "y_int8_products": y_int8_products,
             "weight_bf16": wb, "y_bf16": y_bf16, "dequantized": dequantized.float(),
             "y_dynamic_int8": y_dynamic, "dynamic_scale": dynamic_scale})
 

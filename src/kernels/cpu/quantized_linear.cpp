@@ -1,5 +1,6 @@
 #include "kernels/cpu/quantized_linear.h"
 
+#include "kernels/cpu/int8_products.h"
 #include "kernels/cpu/needs_grad.h"
 #include "kernels/cpu/onednn_linear.h"
 #include "kernels/cpu/simd.h"
@@ -318,7 +319,7 @@ bool quantized_linear_applies(const at::Tensor& x, const at::Tensor& data, const
 }
 
 at::Tensor quantized_linear(const at::Tensor& x_in, const at::Tensor& data, const at::Tensor& scale,
-                            const at::Tensor& bias) {
+                            const at::Tensor& bias, Int8Products products) {
   TORCH_CHECK(quantized_linear_applies(x_in, data, scale, bias),
               "quantized_linear: expected float32 CPU x [..., in] with no gradient, int8 [out, in] data with "
               "float32 scales [out, groups of 64] (or bfloat16 data, no scales) and a float32 bias [out] or none; "
@@ -330,6 +331,11 @@ at::Tensor quantized_linear(const at::Tensor& x_in, const at::Tensor& data, cons
   shape.back() = w.out;
   const int64_t rows = w.in == 0 ? 0 : x_in.numel() / w.in;
   const at::Tensor x = x_in.reshape({rows, w.in}).contiguous();
+  if (rows > 0 && w.int8 &&
+      (products == Int8Products::Int8 ||
+       (products == Int8Products::Auto && rows > kQuantizedMatvecRows && int8_products_vnni()))) {
+    return int8_products_linear(x, data, scale, bias, int8_products_vnni()).reshape(shape);
+  }
   at::Tensor y = at::empty({rows, w.out}, x.options());
   if (rows == 0) return y.reshape(shape);
   if (rows <= kQuantizedMatvecRows) {

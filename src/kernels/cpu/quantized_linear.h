@@ -13,7 +13,9 @@
 // over the intra-op threads, four weight rows at a time widened in registers and
 // dotted with one row of x, or with four at a time. More rows (prefill) widen the
 // weights a tile of output features at a time and multiply the tile with a float32
-// GEMM (oneDNN where LibTorch has it).
+// GEMM (oneDNN where LibTorch has it); or, for int8 weights on a CPU with AVX-512
+// VNNI, quantize x per group too and sum int8 products where the caller asks
+// (Int8Products; int8_products.h).
 
 #include <torchattn/weight_format.h>
 
@@ -40,6 +42,13 @@ int64_t int8_groups(int64_t in);
 /// weight is an error naming the row.
 std::pair<at::Tensor, at::Tensor> quantize_int8_groups(const at::Tensor& weight);
 
+/// How quantized_linear multiplies int8 weights by x. Float: x stays float32 (the
+/// products above). Int8: x is quantized per group of 64 as well (int8_products.h; the
+/// AVX-512 VNNI kernel where the CPU has it, else a portable loop with the same
+/// numbers). Auto: Int8 for more than kQuantizedMatvecRows rows on a CPU with AVX-512
+/// VNNI, else Float. bfloat16 weights ignore it.
+enum class Int8Products : int8_t { Auto, Float, Int8 };
+
 /// Whether quantized_linear computes for these operands: x float32 CPU [..., in] with
 /// no gradient to compute; data a dense CPU [out, in] of bfloat16 (scale undefined) or
 /// int8 (scale float32 dense [out, int8_groups(in)]); bias undefined or float32 [out].
@@ -47,10 +56,10 @@ bool quantized_linear_applies(const at::Tensor& x, const at::Tensor& data, const
                               const at::Tensor& bias);
 
 /// x: [..., in] -> [..., out] as above; requires quantized_linear_applies (an error
-/// names what differs). Equal to at::linear(x, dequantized data, bias) within float32
-/// rounding.
+/// names what differs). Float products: equal to at::linear(x, dequantized data, bias)
+/// within float32 rounding; Int8 products: int8_products.h's numbers.
 at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& data, const at::Tensor& scale,
-                            const at::Tensor& bias);
+                            const at::Tensor& bias, Int8Products products = Int8Products::Auto);
 
 /// The rows `ids` (int64, any shape [...]) of data [out, in] as float32 [..., in],
 /// dequantized: an embedding table stored like a linear layer's weight. An id outside

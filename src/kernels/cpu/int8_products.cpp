@@ -1,0 +1,306 @@
+#include "kernels/cpu/int8_products.h"
+
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/quantized_linear.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#if defined(TORCHATTN_SIMD_X86)
+#include <immintrin.h>
+#endif
+
+namespace torchattn::kernels::cpu {
+
+namespace {
+
+constexpr int64_t kGroup = kInt8Group;  // inputs per scale, of x and of the weights
+constexpr int64_t kRowTile = 8;         // rows of x per pass over a panel (panel_rows names 8)
+constexpr int64_t kPanel = 32;          // outputs per repacked panel (two 16-lane registers)
+
+// x as unsigned bytes qx + 128, [rows_padded, groups * kGroup] (padding: 128, i.e. 0),
+// and its scales [rows_padded, groups] (padding rows: 0).
+struct QuantizedRows {
+  std::vector<uint8_t> bytes;
+  std::vector<float> scale;
+  int64_t rows = 0, padded_in = 0, groups = 0;
+};
+
+// One group of x's row: its scale, and its n <= kGroup inputs as qx + 128.
+float quantize_group(const float* x, int64_t n, uint8_t* out) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    finite = finite && a < std::numeric_limits<float>::infinity();
+    amax = std::max(amax, a);
+  }
+  if (!finite) {
+    std::memset(out, 128, n);
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  const float s = amax / 127.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float q = s > 0.0f ? std::nearbyint(x[i] / s) : 0.0f;
+    out[i] = static_cast<uint8_t>(static_cast<int>(std::clamp(q, -127.0f, 127.0f)) + 128);
+  }
+  return s;
+}
+
+#if defined(TORCHATTN_SIMD_X86)
+// quantize_group for a whole group of 64 with AVX-512: the same divisions and roundings.
+__attribute__((target("avx512f,avx512bw"))) float quantize_group_avx512(const float* x, uint8_t* out) {
+  __m512 v[4];
+  __m512 amax = _mm512_setzero_ps();
+  __mmask16 bad = 0;
+  const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  for (int j = 0; j < 4; ++j) {
+    v[j] = _mm512_loadu_ps(x + 16 * j);
+    const __m512 a = _mm512_abs_ps(v[j]);
+    bad |= _mm512_cmp_ps_mask(a, inf, _CMP_NLT_UQ);  // NaN or infinite
+    amax = _mm512_max_ps(amax, a);
+  }
+  if (bad != 0) {
+    std::memset(out, 128, kGroup);
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  const float s = _mm512_reduce_max_ps(amax) / 127.0f;
+  if (!(s > 0.0f)) {
+    std::memset(out, 128, kGroup);
+    return s;
+  }
+  const __m512 sv = _mm512_set1_ps(s);
+  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  const __m512i bias = _mm512_set1_epi32(128);
+  for (int j = 0; j < 4; ++j) {
+    __m512 q = _mm512_roundscale_ps(_mm512_div_ps(v[j], sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    q = _mm512_min_ps(_mm512_max_ps(q, lo), hi);
+    const __m512i u = _mm512_add_epi32(_mm512_cvtps_epi32(q), bias);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16 * j), _mm512_cvtepi32_epi8(u));
+  }
+  return s;
+}
+#endif
+
+QuantizedRows quantize_rows(const float* x, int64_t rows, int64_t in, bool vector) {
+  QuantizedRows r;
+  r.groups = int8_groups(in);
+  r.padded_in = r.groups * kGroup;
+  r.rows = (rows + kRowTile - 1) / kRowTile * kRowTile;
+  r.bytes.assign(static_cast<size_t>(r.rows * r.padded_in), 128);
+  r.scale.assign(static_cast<size_t>(r.rows * r.groups), 0.0f);
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(in, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) {
+      for (int64_t g = 0; g < r.groups; ++g) {
+        const int64_t g0 = g * kGroup, n = std::min(kGroup, in - g0);
+        const float* src = x + m * in + g0;
+        uint8_t* dst = r.bytes.data() + m * r.padded_in + g0;
+        float& s = r.scale[m * r.groups + g];
+#if defined(TORCHATTN_SIMD_X86)
+        if (vector && n == kGroup) {
+          s = quantize_group_avx512(src, dst);
+          continue;
+        }
+#endif
+        s = quantize_group(src, n, dst);
+      }
+    }
+  });
+  (void)vector;
+  return r;
+}
+
+// The portable loop: the same integers and the same float32 steps as the kernel.
+void portable(const QuantizedRows& xr, int64_t rows, const int8_t* q, const float* scale, int64_t in, int64_t out,
+              const float* bias, float* y) {
+  at::parallel_for(0, out, 1, [&](int64_t b, int64_t e) {
+    for (int64_t o = b; o < e; ++o) {
+      for (int64_t m = 0; m < rows; ++m) {
+        const uint8_t* xm = xr.bytes.data() + m * xr.padded_in;
+        float acc = 0.0f;
+        for (int64_t g = 0; g < xr.groups; ++g) {
+          const int64_t g0 = g * kGroup, g1 = std::min(in, g0 + kGroup);
+          int32_t d = 0;
+          for (int64_t i = g0; i < g1; ++i) d += (static_cast<int32_t>(xm[i]) - 128) * q[o * in + i];
+          const float t = static_cast<float>(d) * scale[o * xr.groups + g];
+          acc = std::fma(t, xr.scale[m * xr.groups + g], acc);
+        }
+        y[m * out + o] = bias != nullptr ? acc + bias[o] : acc;
+      }
+    }
+  });
+}
+
+#if defined(TORCHATTN_SIMD_X86)
+// A panel of kPanel outputs [o0, o0 + kPanel) repacked for VNNI: 4-byte groups
+// words[(k / 4) * kPanel + j] = q[o0 + j, k .. k + 4) (zeros past `out` and past `in`),
+// with -128 * the sum of each group's weights (the unsigned products' excess, where
+// each group's int32 sums start) and the scales, both [groups, kPanel] (zeros past `out`).
+struct Panel {
+  std::vector<int32_t> words;
+  std::vector<int32_t> start;
+  std::vector<float> scale;
+};
+
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void repack(const int8_t* q, const float* scale, int64_t in,
+                                                                   int64_t out, int64_t groups, int64_t o0, Panel& p) {
+  const int64_t quads = groups * kGroup / 4, whole = in / 4;
+  p.words.resize(static_cast<size_t>(quads * kPanel));
+  p.start.resize(static_cast<size_t>(groups * kPanel));
+  p.scale.resize(static_cast<size_t>(groups * kPanel));
+  int32_t* words = p.words.data();
+  for (int64_t j = 0; j < kPanel; ++j) {
+    if (o0 + j >= out) {
+      for (int64_t k4 = 0; k4 < quads; ++k4) words[k4 * kPanel + j] = 0;
+      for (int64_t g = 0; g < groups; ++g) p.scale[g * kPanel + j] = 0.0f;
+      continue;
+    }
+    const int8_t* row = q + (o0 + j) * in;
+    int64_t k4 = 0;
+    for (; k4 < whole; ++k4) std::memcpy(words + k4 * kPanel + j, row + k4 * 4, 4);
+    for (; k4 < quads; ++k4) {
+      int8_t four[4] = {0, 0, 0, 0};
+      for (int64_t k = k4 * 4; k < std::min(in, k4 * 4 + 4); ++k) four[k - k4 * 4] = row[k];
+      std::memcpy(words + k4 * kPanel + j, four, 4);
+    }
+    for (int64_t g = 0; g < groups; ++g) p.scale[g * kPanel + j] = scale[(o0 + j) * groups + g];
+  }
+  // The sums by the instruction itself: 128 (bytes 0x80) times the weights.
+  const __m512i ones = _mm512_set1_epi32(static_cast<int32_t>(0x80808080u));
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i c0 = _mm512_setzero_si512(), c1 = _mm512_setzero_si512();
+    for (int64_t kq = 0; kq < kGroup / 4; ++kq) {
+      const int32_t* w = words + (g * kGroup / 4 + kq) * kPanel;
+      c0 = _mm512_dpbusd_epi32(c0, ones, _mm512_loadu_si512(w));
+      c1 = _mm512_dpbusd_epi32(c1, ones, _mm512_loadu_si512(w + 16));
+    }
+    _mm512_storeu_si512(p.start.data() + g * kPanel, _mm512_sub_epi32(_mm512_setzero_si512(), c0));
+    _mm512_storeu_si512(p.start.data() + g * kPanel + 16, _mm512_sub_epi32(_mm512_setzero_si512(), c1));
+  }
+}
+
+// y[m0 .. m0 + kRowTile) x [o0, o0 + kPanel) for one panel into acc ([kRowTile,
+// kPanel] floats): each group's int32 sums in registers (two registers of outputs x
+// kRowTile rows), then scaled into the float32 sums in acc.
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void panel_rows(const QuantizedRows& xr, const Panel& p,
+                                                                       int64_t m0, float* acc) {
+  const int64_t groups = xr.groups;
+  const uint8_t* x[kRowTile];
+  for (int64_t r = 0; r < kRowTile; ++r) {
+    x[r] = xr.bytes.data() + (m0 + r) * xr.padded_in;
+    _mm512_storeu_ps(acc + r * kPanel, _mm512_setzero_ps());
+    _mm512_storeu_ps(acc + r * kPanel + 16, _mm512_setzero_ps());
+  }
+  const int32_t* w = p.words.data();
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m512i c0 = _mm512_loadu_si512(p.start.data() + g * kPanel);
+    const __m512i c1 = _mm512_loadu_si512(p.start.data() + g * kPanel + 16);
+    // Sixteen named accumulators (GCC keeps an array of them in registers less well).
+    __m512i d00 = c0, d01 = c1, d10 = c0, d11 = c1, d20 = c0, d21 = c1, d30 = c0, d31 = c1;
+    __m512i d40 = c0, d41 = c1, d50 = c0, d51 = c1, d60 = c0, d61 = c1, d70 = c0, d71 = c1;
+    const int32_t* wg = w + g * kGroup / 4 * kPanel;
+    const int64_t k0 = g * kGroup;
+#define TORCHATTN_INT8_ROW(r)                      \
+  {                                                \
+    int32_t four;                                  \
+    std::memcpy(&four, x[r] + k, 4);               \
+    const __m512i a = _mm512_set1_epi32(four);     \
+    d##r##0 = _mm512_dpbusd_epi32(d##r##0, a, w0); \
+    d##r##1 = _mm512_dpbusd_epi32(d##r##1, a, w1); \
+  }
+#pragma GCC unroll 4
+    for (int64_t kq = 0; kq < kGroup / 4; ++kq) {
+      const int64_t k = k0 + kq * 4;
+      const __m512i w0 = _mm512_loadu_si512(wg + kq * kPanel);
+      const __m512i w1 = _mm512_loadu_si512(wg + kq * kPanel + 16);
+      TORCHATTN_INT8_ROW(0)
+      TORCHATTN_INT8_ROW(1)
+      TORCHATTN_INT8_ROW(2)
+      TORCHATTN_INT8_ROW(3)
+      TORCHATTN_INT8_ROW(4)
+      TORCHATTN_INT8_ROW(5)
+      TORCHATTN_INT8_ROW(6)
+      TORCHATTN_INT8_ROW(7)
+    }
+#undef TORCHATTN_INT8_ROW
+    const __m512i d[kRowTile][2] = {{d00, d01}, {d10, d11}, {d20, d21}, {d30, d31},
+                                    {d40, d41}, {d50, d51}, {d60, d61}, {d70, d71}};
+    const __m512 s0 = _mm512_loadu_ps(p.scale.data() + g * kPanel);
+    const __m512 s1 = _mm512_loadu_ps(p.scale.data() + g * kPanel + 16);
+    for (int64_t r = 0; r < kRowTile; ++r) {
+      const __m512 sx = _mm512_set1_ps(xr.scale[(m0 + r) * groups + g]);
+      float* a = acc + r * kPanel;
+      const __m512 t0 = _mm512_mul_ps(_mm512_cvtepi32_ps(d[r][0]), s0);
+      const __m512 t1 = _mm512_mul_ps(_mm512_cvtepi32_ps(d[r][1]), s1);
+      _mm512_storeu_ps(a, _mm512_fmadd_ps(t0, sx, _mm512_loadu_ps(a)));
+      _mm512_storeu_ps(a + 16, _mm512_fmadd_ps(t1, sx, _mm512_loadu_ps(a + 16)));
+    }
+  }
+}
+
+void vnni(const QuantizedRows& xr, int64_t rows, const int8_t* q, const float* scale, int64_t in, int64_t out,
+          const float* bias, float* y) {
+  const int64_t panels = (out + kPanel - 1) / kPanel;
+  at::parallel_for(0, panels, 1, [&](int64_t b, int64_t e) {
+    Panel p;
+    alignas(64) float tile[kRowTile * kPanel];
+    for (int64_t pi = b; pi < e; ++pi) {
+      const int64_t o0 = pi * kPanel, n = std::min(kPanel, out - o0);
+      repack(q, scale, in, out, xr.groups, o0, p);
+      for (int64_t m0 = 0; m0 < rows; m0 += kRowTile) {
+        panel_rows(xr, p, m0, tile);
+        for (int64_t r = 0; r < std::min(kRowTile, rows - m0); ++r) {
+          float* dst = y + (m0 + r) * out + o0;
+          const float* t = tile + r * kPanel;
+          for (int64_t j = 0; j < n; ++j) dst[j] = bias != nullptr ? t[j] + bias[o0 + j] : t[j];
+        }
+      }
+    }
+  });
+}
+#endif
+
+bool read_vnni() {
+#if defined(TORCHATTN_SIMD_X86)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+bool int8_products_vnni() {
+  static const bool has = read_vnni();
+  return has;
+}
+
+at::Tensor int8_products_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+                                const at::Tensor& bias, bool vnni_kernel) {
+  TORCH_CHECK(!vnni_kernel || int8_products_vnni(), "int8_products_linear: this CPU has no AVX-512 VNNI");
+  const int64_t rows = x.size(0), in = x.size(1), out = q.size(0);
+  at::Tensor y = at::empty({rows, out}, x.options());
+  if (rows == 0 || out == 0) return y;
+  const QuantizedRows xr = quantize_rows(x.const_data_ptr<float>(), rows, in, vnni_kernel);
+  const float* b = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
+#if defined(TORCHATTN_SIMD_X86)
+  if (vnni_kernel) {
+    vnni(xr, rows, q.const_data_ptr<int8_t>(), scale.const_data_ptr<float>(), in, out, b, y.mutable_data_ptr<float>());
+    return y;
+  }
+#endif
+  portable(xr, rows, q.const_data_ptr<int8_t>(), scale.const_data_ptr<float>(), in, out, b,
+           y.mutable_data_ptr<float>());
+  return y;
+}
+
+}  // namespace torchattn::kernels::cpu
