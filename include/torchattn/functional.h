@@ -93,4 +93,18 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                      int64_t past, const AttentionOptions& config, const at::Tensor& key_padding_mask = {},
                      const at::Tensor& key_bias = {});
 
+/// Documents packed end to end (FlashAttention's varlen form), each attending within
+/// itself only: attention() on each document alone, on the backend `config` resolves
+/// to, with no [N, N] mask made, so the work grows with the sum of the documents'
+/// squared lengths.
+///
+/// q: [..., N, d], k: [..., N, d], v: [..., N, dv] (the tokens of all documents along
+/// -2, the same leading dimensions, heads included). cu_seqlens: [S + 1] int32 or
+/// int64 on the CPU or q's device, document s being tokens cu_seqlens[s] ..
+/// cu_seqlens[s + 1] (0 first, N last, every document at least one token); read on
+/// the host. causal: each token sees the earlier tokens of its document (else all of
+/// them). Returns [..., N, dv].
+at::Tensor attention_packed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
+                            bool causal, const AttentionOptions& config = {});
+
 }  // namespace torchattn::functional

@@ -2,6 +2,7 @@
 
 #include "block/alibi.h"
 #include "backends/attend.h"
+#include "backends/attend_documents.h"
 #include "layers/linear.h"
 #include "block/paged_attend.h"
 #include "block/positions.h"
@@ -147,11 +148,10 @@ at::Tensor packed_attention_block_forward(AttentionBlock& block, const at::Tenso
     positions = at::tensor(pos, at::kLong).to(x.device());
   }
   auto [queries, keys, values, d_out] = split_heads(block, x.unsqueeze(0), /*fast=*/false, positions);
-  // Each document alone, in order: its tokens are rows offsets[s] .. offsets[s + 1].
-  std::vector<at::Tensor> parts;
-  parts.reserve(offsets.size() - 1);
-  for (size_t s = 0; s + 1 < offsets.size(); ++s) {
-    const int64_t start = offsets[s], L = offsets[s + 1] - offsets[s];
+  // Each document alone: its tokens are rows offsets[s] .. offsets[s + 1].
+  std::vector<int64_t> lengths;
+  for (size_t s = 0; s + 1 < offsets.size(); ++s) lengths.push_back(offsets[s + 1] - offsets[s]);
+  const auto spec_of = [&](int64_t L) {
     MaskSpec spec;
     spec.causal = block.causal;
     spec.buffer = block.mask.defined() ? &block.mask : nullptr;
@@ -159,10 +159,9 @@ at::Tensor packed_attention_block_forward(AttentionBlock& block, const at::Tenso
     if (block.alibi_slopes.defined()) {
       spec.score_bias = alibi_bias(block.alibi_slopes.to(queries.device()), at::Tensor(), L, L, queries.scalar_type());
     }
-    parts.push_back(
-        attend(queries.narrow(-2, start, L), keys.narrow(-2, start, L), values.narrow(-2, start, L), spec, config));
-  }
-  at::Tensor context = parts.size() == 1 ? parts.front() : at::cat(parts, -2);
+    return spec;
+  };
+  at::Tensor context = attend_documents(queries, keys, values, lengths, spec_of, config);
   if (block.num_heads > 0) {
     context = context.transpose(1, 2).reshape({1, N, d_out});
   }

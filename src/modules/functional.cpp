@@ -4,12 +4,14 @@
 #include <torchattn/functional.h>
 
 #include "backends/attend.h"
+#include "backends/attend_documents.h"
 #include "backends/mask_spec.h"
 #include "backends/reference.h"
 #include "base/checks.h"
 #include "layers/linear.h"
 
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/softmax.h>
@@ -18,6 +20,7 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <vector>
 #include <limits>
 
 namespace torchattn::functional {
@@ -98,6 +101,27 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   spec.key_padding = key_padding_mask;
   spec.key_bias = key_bias;
   return detail::attend(q, k, v, spec, config);
+}
+
+at::Tensor attention_packed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
+                            bool causal, const AttentionOptions& config) {
+  TORCH_CHECK(q.defined() && k.defined() && v.defined() && q.dim() >= 2,
+              "attention_packed: expected defined q [..., N, d], k and v");
+  TORCH_CHECK(k.dim() == q.dim() && v.dim() == q.dim() && k.size(-2) == q.size(-2) && v.size(-2) == q.size(-2),
+              "attention_packed: expected q, k and v with the same N tokens along dim -2, got q ", q.sizes(), ", k ",
+              k.sizes(), ", v ", v.sizes());
+  const std::vector<int64_t> offsets = detail::check_cu_seqlens("attention_packed", cu_seqlens, q.movedim(-2, 0),
+                                                                /*max_len=*/0);
+  std::vector<int64_t> lengths;
+  for (size_t s = 0; s + 1 < offsets.size(); ++s) lengths.push_back(offsets[s + 1] - offsets[s]);
+  return detail::attend_documents(
+      q, k, v, lengths,
+      [causal](int64_t) {
+        detail::MaskSpec spec;
+        spec.causal = causal;
+        return spec;
+      },
+      config);
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {

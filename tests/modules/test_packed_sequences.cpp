@@ -53,12 +53,16 @@ class PackedSequences : public ::testing::TestWithParam<PackedParam> {
   void SetUp() override { devices::skip_unless_present(std::get<3>(GetParam())); }
 };
 
-// Lengths summing to a packed batch: 1 and context_length among random ones.
+// Lengths summing to a packed batch: 1 and context_length among random ones, and
+// lengths that repeat.
 std::vector<int64_t> document_lengths(int64_t seed) {
   torch::manual_seed(seed);
   std::vector<int64_t> lens{1, kPackedContext};
   for (int i = 0; i < 4; ++i) lens.push_back(torch::randint(1, kPackedContext + 1, {1}).item<int64_t>());
   std::swap(lens[1], lens[3]);  // the longest not last
+  // Repeated lengths, apart.
+  lens.push_back(lens[2]);
+  lens.push_back(1);
   return lens;
 }
 
@@ -208,6 +212,46 @@ TEST(PackedSequencesErrors, BadCuSeqlensAreNamed) {
     mha->to(torch::kCUDA);
     EXPECT_NO_THROW(mha->forward_packed(xc, torch::tensor({0, 10})));
   }
+}
+
+// functional::attention_packed, the core alone: each document as functional::attention
+// on it alone (the notebooks' buffer for causal), outputs and the gradients of q, k and
+// v, on each backend, float64, 1 and long documents among random lengths; its errors.
+TEST(PackedSequencesFunctional, AttentionPackedEqualsEachDocumentAlone) {
+  torch::manual_seed(81);
+  const std::vector<int64_t> lens{1, 17, 3, 17, 30, 8, 1, 17};
+  std::vector<int64_t> cu{0};
+  for (const int64_t L : lens) cu.push_back(cu.back() + L);
+  const int64_t N = cu.back();
+  for (const Backend backend : {Backend::Auto, Backend::Reference, Backend::SDPA}) {
+    for (const bool causal : {true, false}) {
+      SCOPED_TRACE(std::string(causal ? "causal" : "not causal") + ", backend " +
+                   std::to_string(static_cast<int>(backend)));
+      const torchattn::functional::AttentionOptions config{.backend = backend};
+      const auto opts = torch::TensorOptions().dtype(torch::kDouble).requires_grad(true);
+      const auto q = torch::randn({2, 3, N, 8}, opts), k = torch::randn({2, 3, N, 8}, opts);
+      const auto v = torch::randn({2, 3, N, 5}, opts);
+      const auto got = torchattn::functional::attention_packed(q, k, v, torch::tensor(cu), causal, config);
+      std::vector<torch::Tensor> parts;
+      for (size_t s = 0; s < lens.size(); ++s) {
+        const auto mask = causal ? torchattn::functional::causal_mask_buffer(lens[s], torch::kDouble) : torch::Tensor();
+        parts.push_back(torchattn::functional::attention(q.narrow(-2, cu[s], lens[s]), k.narrow(-2, cu[s], lens[s]),
+                                                         v.narrow(-2, cu[s], lens[s]), mask, 0, config));
+      }
+      const auto want = torch::cat(parts, -2);
+      EXPECT_TRUE(tol::close(got, want, {1e-10, 1e-10}));
+      const auto w = torch::randn_like(want);
+      const auto g_got = torch::autograd::grad({(got * w).sum()}, {q, k, v});
+      const auto g_want = torch::autograd::grad({(want * w).sum()}, {q, k, v});
+      for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(tol::close(g_got[i], g_want[i], {1e-10, 1e-10})) << "gradient " << i;
+    }
+  }
+  const auto q = torch::randn({2, 10, 4});
+  expect_error([&] { torchattn::functional::attention_packed(q, q, q, torch::tensor({0, 4, 9}), true); },
+               "attention_packed: expected cu_seqlens to end at x's 10 rows, got 9");
+  expect_error(
+      [&] { torchattn::functional::attention_packed(q, q.narrow(1, 0, 9), q, torch::tensor({0, 10}), true); },
+      "attention_packed: expected q, k and v with the same N tokens along dim -2, got q [2, 10, 4], k [2, 9, 4]");
 }
 
 }  // namespace

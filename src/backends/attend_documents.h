@@ -1,0 +1,27 @@
+#pragma once
+
+// Attention over documents packed end to end (forward_packed, attention_packed): each
+// document attends within itself alone, through attend.
+
+#include "backends/mask_spec.h"
+
+#include <torchattn/attention_options.h>
+
+#include <functional>
+#include <vector>
+
+namespace torchattn::detail {
+
+/// q: [B, ..., N, d], k: [B, ..., N, d], v: [B, ..., N, dv], the documents' tokens
+/// along -2 in order, document s of lengths[s] tokens (all > 0, summing to N);
+/// spec_of(L): the MaskSpec of a document of L tokens alone. Returns [B, ..., N, dv],
+/// each document's rows what attend gives for it alone, the documents one after
+/// another in order (with dropout: the masks of the documents run alone in that order
+/// from the same generator). Nothing of N x N is made. (Documents of equal length run
+/// as one batch measured slower on the CPU, forward+backward: 1.63 s against 0.49 s
+/// for 64 x 256 tokens, 12 heads.)
+at::Tensor attend_documents(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const std::vector<int64_t>& lengths, const std::function<MaskSpec(int64_t)>& spec_of,
+                            const functional::AttentionOptions& config);
+
+}  // namespace torchattn::detail
