@@ -103,6 +103,11 @@ FIGURES = {
     "weights.table": Table("weights.md", "runtime, weights"),
     "weights.perplexity": Table("weights.md", "weights", "Perplexity"),
     "weights.targets": Table("weights.md", "target", "Targets"),
+    # packed.md: packed documents against padding, one long sequence and checkpointing.
+    "packed.module": Table("packed.md", "configuration"),
+    "packed.train": Table("packed.md", "train_gpt", "Training"),
+    "packed.checkpointing": Table("packed.md", "activations", "Training"),
+    "packed.targets": Table("packed.md", "target", "Targets"),
     # generate.md: SmolLM2-135M against transformers' generate.
     "generate.table": Table("generate.md", "measure"),
     "generate.targets": Table("generate.md", "target", "Targets"),

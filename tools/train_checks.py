@@ -7,6 +7,10 @@
                                             clear error within a bounded time
   train_checks.py resume  --exe E --dir D   a run interrupted and resumed ends with the
                                             same weights as an uninterrupted one
+  train_checks.py pack    --exe E --dir D   --pack and --pad (the same documents, one packed
+                                            row against a padded batch) end with the same
+                                            weights (<= 1e-5); --checkpoint-activations
+                                            changes no weight, packed or not (bit for bit)
 """
 
 import argparse
@@ -77,12 +81,34 @@ def resume(exe, d):
     return 0 if ok else 1
 
 
+def pack(exe, d):
+    args = ["--steps", "6", "--batch-size", "4"]
+    p, _ = run(exe, *args, "--pack", "--out", f"{d}/pack")
+    run(exe, *args, "--pad", "--out", f"{d}/pad")
+    run(exe, *args, "--pack", "--checkpoint-activations", "--out", f"{d}/pack-ckpt")
+    run(exe, *args, "--out", f"{d}/windows")
+    run(exe, *args, "--checkpoint-activations", "--out", f"{d}/windows-ckpt")
+    p_both, _ = run(exe, *args, "--pack", "--pad", "--out", f"{d}/both", expect=None)
+    padded = max_diff(f"{d}/pack/final_rank0.pt", f"{d}/pad/final_rank0.pt")
+    ckpt_packed = max_diff(f"{d}/pack/final_rank0.pt", f"{d}/pack-ckpt/final_rank0.pt")
+    ckpt_windows = max_diff(f"{d}/windows/final_rank0.pt", f"{d}/windows-ckpt/final_rank0.pt")
+    lengths = [line for line in p.stderr.splitlines() if "training text:" in line]
+    print(f"--pack vs --pad, 6 steps of 4 documents: max |param diff| {padded:.2e}")
+    print(f"--checkpoint-activations: max |param diff| {ckpt_packed:.1e} packed, {ckpt_windows:.1e} windows")
+    print("\n".join(lengths))
+    ok = (padded <= 1e-5 and ckpt_packed == 0.0 and ckpt_windows == 0.0 and len(lengths) == 1
+          and "documents, bytes min / median / mean / 90th percentile / max" in lengths[0]
+          and p_both.returncode != 0 and "--pack excludes --pad" in p_both.stderr)
+    print("ok" if ok else "FAIL")
+    return 0 if ok else 1
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("check", choices=["ddp", "failure", "resume"])
+    ap.add_argument("check", choices=["ddp", "failure", "resume", "pack"])
     ap.add_argument("--exe", required=True)
     ap.add_argument("--dir", required=True)
     a = ap.parse_args()
     shutil.rmtree(a.dir, ignore_errors=True)
     os.makedirs(a.dir)
-    sys.exit({"ddp": ddp, "failure": failure, "resume": resume}[a.check](a.exe, a.dir))
+    sys.exit({"ddp": ddp, "failure": failure, "resume": resume, "pack": pack}[a.check](a.exe, a.dir))

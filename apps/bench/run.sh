@@ -5,7 +5,9 @@
 # all-MiniLM-L6-v2 sentence embeddings with torchattn against sentence-transformers,
 # apps/bench/results/embed.md. Serving: torchattn_serve with 1, 4 and 16 clients against
 # transformers' batched generate, apps/bench/results/serve.md. Pass --quick for a smoke
-# run, --generate-only, --embed-only, --serve-only or --weights-only for one part alone.
+# run, --generate-only, --embed-only, --serve-only, --weights-only or --packed-only for
+# one part alone. Packed documents (forward_packed against a padded batch and one long
+# sequence, train_gpt --pack/--pad/--checkpoint-activations): apps/bench/results/packed.md.
 #
 #   bash apps/bench/run.sh [--device cpu|cuda] [--quick]
 #
@@ -27,6 +29,7 @@ generate_only=0
 embed_only=0
 serve_only=0
 weights_only=0
+packed_only=0
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -37,6 +40,7 @@ while [ $# -gt 0 ]; do
     --embed-only) embed_only=1; shift ;;
     --serve-only) serve_only=1; shift ;;
     --weights-only) weights_only=1; shift ;;
+    --packed-only) packed_only=1; shift ;;
     *) args+=("$1"); shift ;;
   esac
 done
@@ -123,8 +127,21 @@ case "$device" in
       figures
       exit 0
     fi
+    # Packed documents (apps/bench/results/packed.md).
+    packed() {
+      pyargs=()
+      [ "$quick" = 1 ] && pyargs=(--quick)
+      .venv/bin/python apps/bench/bench_packed.py --build build --out "$docs/packed.md" --json "$out/packed.json" \
+        ${pyargs[@]+"${pyargs[@]}"}
+      echo "bench: wrote $docs/packed.md"
+    }
     if [ "$weights_only" = 1 ]; then
       weights
+      figures
+      exit 0
+    fi
+    if [ "$packed_only" = 1 ]; then
+      packed
       figures
       exit 0
     fi
@@ -179,6 +196,7 @@ case "$device" in
     echo "bench: wrote $docs/generate.md"
     [ "$generate_only" = 1 ] || serve
     [ "$generate_only" = 1 ] || weights
+    [ "$generate_only" = 1 ] || packed
     ;;
   cuda)
     BUILD=${BUILD:-build-gpu}

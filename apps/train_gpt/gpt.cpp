@@ -22,6 +22,11 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   return h + mlp->forward(ln2(h));
 }
 
+torch::Tensor BlockImpl::forward_packed(const torch::Tensor& x, const torch::Tensor& cu_seqlens) {
+  auto h = x + attn->forward_packed(ln1(x), cu_seqlens);
+  return h + mlp->forward(ln2(h));
+}
+
 torch::Tensor BlockImpl::forward_cached(const torch::Tensor& x, torchattn::KVCache& cache) {
   auto h = x + attn->forward_cached(ln1(x), cache);
   return h + mlp->forward(ln2(h));
@@ -54,8 +59,26 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
               " tokens, got ", T);
   auto pos = torch::arange(T, idx.options());
   auto x = tok_emb(idx) + pos_emb(pos);
-  for (const auto& b : *blocks) x = b->as<BlockImpl>()->forward(x);
+  for (size_t i = 0; i < blocks->size(); ++i) x = run_block(i, x, {});
   return torch::linear(ln_f(x), tok_emb->weight);  // head tied to the embedding
+}
+
+torch::Tensor GPTImpl::forward_packed(const torch::Tensor& idx, const torch::Tensor& positions,
+                                      const torch::Tensor& cu_seqlens) {
+  TORCH_CHECK(idx.dim() == 1 && positions.sizes() == idx.sizes(),
+              "GPT: forward_packed expected idx [N] and positions [N], got ", idx.sizes(), " and ", positions.sizes());
+  auto x = tok_emb(idx) + pos_emb(positions);  // pos_emb checks positions < context_length
+  for (size_t i = 0; i < blocks->size(); ++i) x = run_block(i, x, cu_seqlens);
+  return torch::linear(ln_f(x), tok_emb->weight);
+}
+
+torch::Tensor GPTImpl::run_block(size_t i, const torch::Tensor& x, const torch::Tensor& cu_seqlens) {
+  auto* block = blocks[i]->as<BlockImpl>();
+  auto fn = [block, cu_seqlens](const at::Tensor& t) {
+    return cu_seqlens.defined() ? block->forward_packed(t, cu_seqlens) : block->forward(t);
+  };
+  if (!config.checkpoint_activations || !is_training()) return fn(x);
+  return torchattn::checkpoint(fn, x, block->parameters());
 }
 
 std::vector<torchattn::KVCache> GPTImpl::make_kv_caches(int64_t batch_size, bool static_shapes) const {
@@ -84,6 +107,7 @@ std::vector<int64_t> GPTImpl::generate(const std::vector<int64_t>& prompt, int64
   const bool graphs = device.is_cuda();
   auto caches = make_kv_caches(1, /*static_shapes=*/graphs);
   std::vector<torchattn::KVCache*> cache_ptrs;
+  cache_ptrs.reserve(caches.size());
   for (auto& c : caches) cache_ptrs.push_back(&c);
   std::unique_ptr<torchattn::DecodeGraph> step;  // CUDA: the one-token step, captured once
   std::vector<int64_t> out;

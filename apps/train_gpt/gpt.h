@@ -20,6 +20,9 @@ struct GPTConfig {
   int64_t n_layer = 4;
   int64_t n_head = 4;
   double dropout = 0.0;
+  /// In training, each block's activations freed after its forward and recomputed in
+  /// the backward (torchattn::checkpoint): less memory for one more forward.
+  bool checkpoint_activations = false;
 };
 
 class BlockImpl : public torch::nn::Module {
@@ -27,6 +30,9 @@ class BlockImpl : public torch::nn::Module {
   explicit BlockImpl(const GPTConfig& c);
   /// x: [B, T, d_model] -> [B, T, d_model]
   torch::Tensor forward(const torch::Tensor& x);
+  /// Documents end to end: x [N, d_model], cu_seqlens [S + 1] -> [N, d_model], each
+  /// document attending within itself (MultiHeadAttention::forward_packed).
+  torch::Tensor forward_packed(const torch::Tensor& x, const torch::Tensor& cu_seqlens);
   /// The same for new tokens after those in `cache` (generation).
   torch::Tensor forward_cached(const torch::Tensor& x, torchattn::KVCache& cache);
 
@@ -42,6 +48,12 @@ class GPTImpl : public torch::nn::Module {
 
   /// idx: [B, T] int64 token ids, T <= context_length -> logits [B, T, vocab_size]
   torch::Tensor forward(const torch::Tensor& idx);
+
+  /// Documents end to end, without padding: idx [N] int64, positions [N] (restarting
+  /// at 0 in each document, each < context_length), cu_seqlens [S + 1] -> logits
+  /// [N, vocab_size], each document's equal to forward on it alone.
+  torch::Tensor forward_packed(const torch::Tensor& idx, const torch::Tensor& positions,
+                               const torch::Tensor& cu_seqlens);
 
   /// One KV cache per block, for `batch_size` sequences (static_shapes: for DecodeGraph).
   std::vector<torchattn::KVCache> make_kv_caches(int64_t batch_size, bool static_shapes = false) const;
@@ -63,6 +75,11 @@ class GPTImpl : public torch::nn::Module {
   torch::nn::Embedding tok_emb{nullptr}, pos_emb{nullptr};
   torch::nn::ModuleList blocks{nullptr};
   torch::nn::LayerNorm ln_f{nullptr};
+
+ private:
+  // Block i on x (and cu_seqlens where defined), checkpointed in training with
+  // config.checkpoint_activations.
+  torch::Tensor run_block(size_t i, const torch::Tensor& x, const torch::Tensor& cu_seqlens);
 };
 TORCH_MODULE(GPT);
 

@@ -13,6 +13,18 @@
 // its own slice of it, so N ranks compute what one process computes on the union
 // (exactly so without dropout: each rank draws its own dropout masks).
 //
+// Documents: by default each step trains on windows of --context bytes cut anywhere in
+// the text (across the fortunes' boundaries). --pack trains on whole documents (each
+// fortune one; longer ones cut at --context + 1 bytes) laid end to end in one row,
+// each attending within itself with its positions from 0 (forward_packed: no padding,
+// no [N, N] mask); --pad draws the same documents and pads them to the step's longest
+// (the padding masked out of the loss). Both draw --batch-size documents a step from
+// the seed and the step alone, so they train on the same documents with the same loss
+// and differ in the time spent on padding; the tokens/s they report are useful ones
+// (tokens with a target). Their eval loss is over held-out documents (packed).
+// --checkpoint-activations recomputes each block's activations in the backward
+// (torchattn::checkpoint). The peak RSS is printed at the end.
+//
 // GPU: --device cuda trains on one GPU with bf16 autocast (--precision bf16, the
 // default there): weights, gradients and AdamW state stay float32 (master weights),
 // matrix products and attention run in bf16. --precision fp32 turns autocast off.
@@ -21,6 +33,7 @@
 
 #include "cli_checks.h"
 #include "distributed.h"
+#include "documents.h"
 #include "fmt.h"
 #include "gpt.h"
 
@@ -108,6 +121,15 @@ double lr_at(int64_t step, int64_t steps, int64_t warmup, double lr) {
   if (step < warmup) return lr * (step + 1) / warmup;
   const double progress = static_cast<double>(step - warmup) / std::max<int64_t>(1, steps - warmup);
   return lr * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(M_PI * std::min(1.0, progress))));
+}
+
+// The process's peak resident memory so far (VmHWM), in MiB; -1 where unknown.
+double peak_rss_mib() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.starts_with("VmHWM:")) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return -1.0;
 }
 
 std::string clock_text(double s) { return fmt::format("{}:{:02}", static_cast<int>(s) / 60, static_cast<int>(s) % 60); }
@@ -203,6 +225,11 @@ int main(int argc, char** argv) {
   app.add_option("--store-file", dist.store_file, "rendezvous through a FileStore at this path instead");
   app.add_option("--timeout", dist.timeout_s, "seconds before a collective or the rendezvous gives up")
       ->check(apps::at_least(1));
+  bool pack = false, pad = false;
+  app.add_flag("--pack", pack, "train on whole documents packed end to end (no padding)");
+  app.add_flag("--pad", pad, "train on whole documents padded to each step's longest")->excludes("--pack");
+  app.add_flag("--checkpoint-activations", cfg.checkpoint_activations,
+               "recompute each block's activations in the backward (less memory)");
   int die_rank = 1;
   app.add_option("--die-at-step", die_at_step, "(testing) rank --die-rank exits abruptly at this step")->group("");
   app.add_option("--die-rank", die_rank, "(testing) the rank that --die-at-step stops")->group("");
@@ -246,6 +273,13 @@ int main(int argc, char** argv) {
     const bool lead = ddp.rank() == 0;
     const Text text = load_text(data.empty() ? default_data() : data);
     const int64_t T = cfg.context_length, global = batch_size * ddp.world_size();
+    const bool documents = pack || pad;
+    std::vector<train_gpt::Document> train_docs, eval_docs;
+    if (documents) {
+      train_docs = train_gpt::split_documents(text.train, T + 1);
+      eval_docs = train_gpt::split_documents(text.eval, T + 1);
+      TORCH_CHECK(!train_docs.empty() && !eval_docs.empty(), "train_gpt: --pack/--pad found no documents in the text");
+    }
 
     torch::manual_seed(seed);
     GPT model(cfg);
@@ -310,8 +344,16 @@ int main(int argc, char** argv) {
       model->eval();
       double sum = 0;
       for (int64_t i = 0; i < eval_batches; ++i) {
-        auto [x, y] = batch(text.eval, T, global, 0, global, seed + 1, i);
         AutocastScope autocast(amp);
+        if (documents) {
+          const auto b = train_gpt::document_batch(text.eval, eval_docs, global, 0, global, seed + 1, i, true);
+          sum += torch::cross_entropy_loss(model->forward_packed(b.inputs.to(device), b.positions.to(device),
+                                                                 b.cu_seqlens.to(device)),
+                                           b.targets.to(device))
+                     .item<double>();
+          continue;
+        }
+        auto [x, y] = batch(text.eval, T, global, 0, global, seed + 1, i);
         sum += torch::cross_entropy_loss(model(x.to(device)).view({-1, cfg.vocab_size}), y.to(device).view(-1))
                    .item<double>();
       }
@@ -325,8 +367,17 @@ int main(int argc, char** argv) {
       return n;
     }();
     if (lead) {
-      fmt::print(stderr, "train_gpt: {}; {} parameters; {} rank(s) x {} sequences of {} bytes; {} thread(s) each\n",
-                 text.source, n_params, ddp.world_size(), batch_size, T, at::get_num_threads());
+      if (documents) {
+        fmt::print(stderr,
+                   "train_gpt: {}; {} parameters; {} rank(s) x {} documents {} (at most {} bytes each); "
+                   "{} thread(s) each\n",
+                   text.source, n_params, ddp.world_size(), batch_size, pack ? "packed end to end" : "padded", T + 1,
+                   at::get_num_threads());
+        fmt::print(stderr, "train_gpt: training text: {}\n", train_gpt::length_summary(train_docs));
+      } else {
+        fmt::print(stderr, "train_gpt: {}; {} parameters; {} rank(s) x {} sequences of {} bytes; {} thread(s) each\n",
+                   text.source, n_params, ddp.world_size(), batch_size, T, at::get_num_threads());
+      }
       fmt::print(stderr, "train_gpt: uniform-guess loss ln(256) = {:.3f}\n", std::log(256.0));
       fmt::print(stderr, "train_gpt: device {}, {}\n", device.str(),
                  amp ? "bf16 autocast, float32 master weights" : "float32");
@@ -350,15 +401,27 @@ int main(int argc, char** argv) {
     Progress progress{steps};
     const auto t0 = std::chrono::steady_clock::now();
     double loss_avg = 0;
+    int64_t useful_tokens = 0;
     model->train();
     for (int64_t step = start; step < steps; ++step) {
       if (step == die_at_step && ddp.rank() == die_rank) {
         fmt::print(stderr, "train_gpt rank {}: exiting abruptly at step {} (--die-at-step)\n", ddp.rank(), step);
         std::_Exit(3);
       }
-      auto [x, y] = batch(text.train, T, global, ddp.rank() * batch_size, batch_size, seed, step);
       torch::Tensor loss;
-      {
+      if (documents) {
+        const auto b = train_gpt::document_batch(text.train, train_docs, global, ddp.rank() * batch_size, batch_size,
+                                                 seed, step, pack);
+        useful_tokens += b.useful;
+        AutocastScope autocast(amp);
+        const auto logits = pack ? model->forward_packed(b.inputs.to(device), b.positions.to(device),
+                                                         b.cu_seqlens.to(device))
+                                 : model(b.inputs.to(device)).view({-1, cfg.vocab_size});
+        // The mean over the tokens with a target (cross_entropy's ignore_index -100).
+        loss = torch::cross_entropy_loss(logits, b.targets.to(device).view(-1));
+      } else {
+        auto [x, y] = batch(text.train, T, global, ddp.rank() * batch_size, batch_size, seed, step);
+        useful_tokens += global * T;
         AutocastScope autocast(amp);
         loss = torch::cross_entropy_loss(model(x.to(device)).view({-1, cfg.vocab_size}), y.to(device).view(-1));
       }
@@ -373,7 +436,7 @@ int main(int argc, char** argv) {
       const double train_loss = ddp.average(loss.item<double>());
       loss_avg = step == start ? train_loss : 0.9 * loss_avg + 0.1 * train_loss;
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const double tok_s = (step - start + 1) * global * T / elapsed;
+      const double tok_s = static_cast<double>(useful_tokens) / elapsed;
       const bool last = step + 1 == steps;
       double ev = NAN;
       // Every rank evaluates (the same batches): no rank waits on another's eval.
@@ -389,6 +452,11 @@ int main(int argc, char** argv) {
         }
       }
       if (save_every > 0 && (step + 1) % save_every == 0) save_checkpoint(step + 1);
+    }
+    if (lead) {
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      fmt::print(stderr, "train_gpt: {} useful tokens in {:.1f} s ({:.0f} tokens/s); peak RSS {:.1f} MiB\n",
+                 useful_tokens, seconds, static_cast<double>(useful_tokens) / seconds, peak_rss_mib());
     }
     save_checkpoint(steps);
     torchattn::save_state_dict(*model,
