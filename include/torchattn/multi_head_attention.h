@@ -116,8 +116,7 @@ struct MultiHeadAttentionOptions {
   /// Only CPU inference takes the copies: with a gradient to compute, or on another
   /// device, the float32 weights run (and train) as without packing. Default: Float32.
   TORCH_ARG(WeightFormat, weight_format) = WeightFormat::Float32;
-  /// With weight_format Int8: what the weights multiply in calls of more than 16 rows
-  /// (see Int8Inputs). Default: Float.
+  /// With weight_format Int8: what the weights multiply (see Int8Inputs). Default: Float.
   TORCH_ARG(Int8Inputs, int8_inputs) = Int8Inputs::Float;
 };
 

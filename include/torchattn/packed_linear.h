@@ -36,15 +36,15 @@ namespace torchattn {
 /// With a WeightFormat other than Float32 the copy is bfloat16 or int8 (see
 /// weight_format.h; kernels/cpu/quantized_linear.h): x and y stay float32, and a row's
 /// sums depend on how many rows share its call (16 or fewer: a matrix-vector kernel;
-/// more: a GEMM on widened tiles, or with Int8Inputs::Quantized on an AVX-512 VNNI CPU
-/// int8 products of x quantized per group of 64). Such a copy may stand alone
+/// more: a GEMM on widened tiles), except with Int8Inputs::Quantized on an AVX-512 VNNI
+/// CPU: int8 products of x quantized per group of 64, each row's own. Such a copy may stand alone
 /// (freeze): a model that keeps only its 8-bit weights frees the float32 ones. With
 /// DynamicInt8 each layer is LibTorch's quantized engine's own (PyTorch's quantize_dynamic:
 /// kernels/cpu/dynamic_int8_linear.h), run apart and its outputs side by side.
 class PackedLinear {
  public:
-  /// int8_inputs: what Int8 weights multiply in calls of more than 16 rows (see
-  /// Int8Inputs); the other formats ignore it.
+  /// int8_inputs: what Int8 weights multiply (see Int8Inputs); the other formats
+  /// ignore it.
   explicit PackedLinear(WeightFormat format = WeightFormat::Float32, Int8Inputs int8_inputs = Int8Inputs::Float);
   ~PackedLinear();
   PackedLinear(const PackedLinear&) = delete;

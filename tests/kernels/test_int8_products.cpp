@@ -86,7 +86,7 @@ TEST(Int8Products, EqualTheSchemeInFloat64OverShapesAndKernelsAgreeBitForBit) {
     for (const int64_t out : {1, 17, 32, 33, 70}) {
       const auto w = torch::randn({out, in});
       auto [q, scale] = kc::quantize_int8_groups(w);
-      for (const int64_t rows : {1, 7, 8, 9, 17}) {
+      for (const int64_t rows : {1, 4, 7, 8, 9, 16, 17}) {
         const auto x = torch::randn({rows, in}) * 3.0;
         for (const bool with_bias : {false, true}) {
           SCOPED_TRACE(std::to_string(rows) + " rows, in " + std::to_string(in) + ", out " + std::to_string(out) +
@@ -112,10 +112,11 @@ TEST(Int8Products, ARowGivesTheSameBitsAloneOrInABatch) {
   const auto x = torch::randn({37, 200});
   for (const bool vnni : int8_kernels()) {
     const auto all = kc::int8_products_linear(x, q, scale, b, vnni);
-    for (const int64_t r : {0, 8, 36}) {
-      EXPECT_TRUE(torch::equal(kc::int8_products_linear(x.narrow(0, r, 1).contiguous(), q, scale, b, vnni),
-                               all.narrow(0, r, 1)))
-          << "row " << r << (vnni ? ", vnni" : ", portable");
+    // Alone, and five rows together (the row kernel), against 37 (the panels).
+    for (const auto& [r, n] : std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {8, 1}, {36, 1}, {30, 5}}) {
+      EXPECT_TRUE(torch::equal(kc::int8_products_linear(x.narrow(0, r, n).contiguous(), q, scale, b, vnni),
+                               all.narrow(0, r, n)))
+          << "rows " << r << ".." << r + n - 1 << (vnni ? ", vnni" : ", portable");
     }
   }
 }
@@ -148,20 +149,21 @@ TEST(Int8Products, ANaNOrInfinityInARowMakesItsOutputsNaN) {
   EXPECT_TRUE(torch::equal(zero, b.expand({9, 40})));
 }
 
-// Auto: int8 products for more than kQuantizedMatvecRows rows where the CPU has VNNI,
-// else the float products; bfloat16 weights always float.
-TEST(Int8Products, AutoTakesThemForManyRowsOnVnniOnly) {
+// Auto: int8 products where the CPU has VNNI (any number of rows: the row kernel up to
+// kQuantizedMatvecRows, the panels beyond), else the float products; bfloat16 weights
+// always float.
+TEST(Int8Products, AutoTakesThemOnVnniOnly) {
   torch::manual_seed(74);
   torch::NoGradGuard no_grad;
   const auto w = torch::randn({48, 128}), b = torch::randn({48});
   auto [q, scale] = kc::quantize_int8_groups(w);
-  for (const int64_t rows : {kc::kQuantizedMatvecRows, kc::kQuantizedMatvecRows + 1, int64_t{64}}) {
+  for (const int64_t rows : {int64_t{1}, kc::kQuantizedMatvecRows, kc::kQuantizedMatvecRows + 1, int64_t{64}}) {
     SCOPED_TRACE(std::to_string(rows) + " rows");
     const auto x = torch::randn({rows, 128});
     const auto float_products = kc::quantized_linear(x, q, scale, b, Int8Products::Float);
     const auto int8_products = kc::quantized_linear(x, q, scale, b, Int8Products::Int8);
     ASSERT_FALSE(torch::equal(float_products, int8_products));
-    const bool int8_expected = rows > kc::kQuantizedMatvecRows && kc::int8_products_vnni();
+    const bool int8_expected = kc::int8_products_vnni();
     EXPECT_TRUE(torch::equal(kc::quantized_linear(x, q, scale, b), int8_expected ? int8_products : float_products));
     const auto wb = w.to(torch::kBFloat16);
     EXPECT_TRUE(torch::equal(kc::quantized_linear(x, wb, {}, b, Int8Products::Int8),

@@ -60,13 +60,12 @@ TEST_P(WeightFormatGolden, QuantizedWeightsAndProductsMatchPyTorch) {
   PackedLinear int8(WeightFormat::Int8), bf16(WeightFormat::BFloat16);
   ASSERT_TRUE(int8.takes(x, {weight}, {bias}));
   EXPECT_TRUE(tol::close(int8.forward(x, {weight}, {bias}), c.tensor("y_int8").to(torch::kFloat), sums_of(in)));
-  // Int8Inputs::Quantized: int8 products for many rows on an AVX-512 VNNI CPU
+  // Int8Inputs::Quantized: int8 products on an AVX-512 VNNI CPU, any number of rows
   // (tests/kernels/test_int8_products.cpp), else the same as Float.
   PackedLinear int8_quantized(WeightFormat::Int8, torchattn::Int8Inputs::Quantized);
   EXPECT_EQ(int8_quantized.int8_inputs(), torchattn::Int8Inputs::Quantized);
   EXPECT_EQ(int8.int8_inputs(), torchattn::Int8Inputs::Float);
-  const bool int8_products = x.size(0) > torchattn::kernels::cpu::kQuantizedMatvecRows &&
-                             torchattn::kernels::cpu::int8_products_vnni();
+  const bool int8_products = torchattn::kernels::cpu::int8_products_vnni();
   EXPECT_TRUE(tol::close(int8_quantized.forward(x, {weight}, {bias}),
                          c.tensor(int8_products ? "y_int8_products" : "y_int8").to(torch::kFloat), sums_of(in)));
   EXPECT_TRUE(tol::close(bf16.forward(x, {weight}, {bias}), c.tensor("y_bf16").to(torch::kFloat), sums_of(in)));
@@ -300,8 +299,8 @@ TEST(WeightFormats, MultiHeadAttentionTakesTheFormat) {
 
 // MultiHeadAttention with PyTorch's scheme: close to float32 (8-bit weights and inputs),
 // the same numbers frozen as packed, and its packed form is not saved.
-// options.int8_inputs reaches the packed projections: with Quantized, 40 rows take int8
-// products on an AVX-512 VNNI CPU (their inputs rounded: close, not equal), 16 do not.
+// options.int8_inputs reaches the packed projections: with Quantized, 16 rows and 40 take
+// int8 products on an AVX-512 VNNI CPU (their inputs rounded: close, not equal).
 TEST(WeightFormats, MultiHeadAttentionTakesInt8Inputs) {
   torch::NoGradGuard no_grad;
   auto opts = torchattn::MultiHeadAttentionOptions(64, 64, 32, 4).pack_weights(true).weight_format(WeightFormat::Int8);
@@ -311,14 +310,16 @@ TEST(WeightFormats, MultiHeadAttentionTakesInt8Inputs) {
   torchattn::MultiHeadAttention quantized(opts.int8_inputs(torchattn::Int8Inputs::Quantized));
   float_inputs->eval();
   quantized->eval();
-  const auto few = torch::randn({2, 8, 64}), many = torch::randn({2, 20, 64});
-  EXPECT_TRUE(torch::equal(quantized->forward(few), float_inputs->forward(few)));
-  const auto want = float_inputs->forward(many), got = quantized->forward(many);
-  if (torchattn::kernels::cpu::int8_products_vnni()) {
-    EXPECT_FALSE(torch::equal(got, want));
-    EXPECT_LT(((got - want).abs().max() / want.abs().max()).item<double>(), 2e-2);
-  } else {
-    EXPECT_TRUE(torch::equal(got, want));
+  for (const int64_t length : {8, 20}) {
+    SCOPED_TRACE(std::to_string(2 * length) + " rows");
+    const auto x = torch::randn({2, length, 64});
+    const auto want = float_inputs->forward(x), got = quantized->forward(x);
+    if (torchattn::kernels::cpu::int8_products_vnni()) {
+      EXPECT_FALSE(torch::equal(got, want));
+      EXPECT_LT(((got - want).abs().max() / want.abs().max()).item<double>(), 2e-2);
+    } else {
+      EXPECT_TRUE(torch::equal(got, want));
+    }
   }
 }
 

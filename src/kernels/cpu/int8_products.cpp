@@ -2,6 +2,7 @@
 
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/quantized_linear.h"
+#include "kernels/cpu/stall_aware.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
@@ -21,9 +22,10 @@ namespace torchattn::kernels::cpu {
 
 namespace {
 
-constexpr int64_t kGroup = kInt8Group;  // inputs per scale, of x and of the weights
-constexpr int64_t kRowTile = 8;         // rows of x per pass over a panel (panel_rows names 8)
-constexpr int64_t kPanel = 32;          // outputs per repacked panel (two 16-lane registers)
+constexpr int64_t kGroup = kInt8Group;              // inputs per scale, of x and of the weights
+constexpr int64_t kRowTile = 8;                     // rows of x per pass over a panel (panel_rows names 8)
+constexpr int64_t kPanel = 32;                      // outputs per repacked panel (two 16-lane registers)
+constexpr int64_t kFewRows = kQuantizedMatvecRows;  // at most these rows read the weights in place
 
 // x as unsigned bytes qx + 128, [rows_padded, groups * kGroup] (padding: 128, i.e. 0),
 // and its scales [rows_padded, groups] (padding rows: 0).
@@ -245,6 +247,109 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void panel_rows(const Qua
   }
 }
 
+// Four int32 registers -> their four sums (exact), in the low 128 bits.
+__attribute__((target("avx512f,avx512bw,avx512vnni,fma"), always_inline)) inline __m128i sum_four(__m512i a, __m512i b,
+                                                                                                  __m512i c,
+                                                                                                  __m512i d) {
+  const __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+  const __m512i cd = _mm512_add_epi32(_mm512_unpacklo_epi32(c, d), _mm512_unpackhi_epi32(c, d));
+  __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
+  u = _mm512_add_epi32(u, _mm512_shuffle_i32x4(u, u, _MM_SHUFFLE(1, 0, 3, 2)));
+  u = _mm512_add_epi32(u, _mm512_shuffle_i32x4(u, u, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm512_castsi512_si128(u);
+}
+
+// One row of x (a decoding step): each output's groups four at a time, their int32 sums
+// added across the registers together, then scaled in order. One weight row at a time
+// is one stream the hardware prefetchers follow (123.6 against 101.6 tokens/s for
+// vnni_few_rows with software prefetches, SmolLM2-135M int8 on a 2-core AMD EPYC).
+__attribute__((target("avx512f,avx512bw,avx512vnni,fma"))) void vnni_one_row(const QuantizedRows& xr, const int8_t* q,
+                                                                             const float* scale, int64_t in,
+                                                                             const float* bias, int64_t begin,
+                                                                             int64_t end, float* y) {
+  const int64_t groups = xr.groups;
+  const __m512i excess = _mm512_set1_epi32(static_cast<int32_t>(0x80808080u));
+  const uint8_t* xb = xr.bytes.data();
+  for (int64_t o = begin; o < end; ++o) {
+    const int8_t* w = q + o * in;
+    const float* s = scale + o * groups;
+    float acc = 0.0f;
+    for (int64_t g0 = 0; g0 < groups; g0 += 4) {
+      __m512i v[4];
+      for (int j = 0; j < 4; ++j) {
+        const int64_t g = g0 + j;
+        if (g >= groups) {
+          v[j] = _mm512_setzero_si512();
+          continue;
+        }
+        const int64_t left = in - g * kGroup;
+        const __mmask64 mask = left >= kGroup ? ~__mmask64{0} : (__mmask64{1} << left) - 1;
+        const __m512i wv = _mm512_maskz_loadu_epi8(mask, w + g * kGroup);
+        const __m512i start = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                               _mm512_dpbusd_epi32(_mm512_setzero_si512(), excess, wv));
+        v[j] = _mm512_dpbusd_epi32(start, _mm512_loadu_si512(xb + g * kGroup), wv);
+      }
+      alignas(16) int32_t d[4];
+      _mm_store_si128(reinterpret_cast<__m128i*>(d), sum_four(v[0], v[1], v[2], v[3]));
+      for (int64_t j = 0; j < std::min<int64_t>(4, groups - g0); ++j) {
+        acc = std::fma(static_cast<float>(d[j]) * s[g0 + j], xr.scale[g0 + j], acc);
+      }
+    }
+    y[o] = bias != nullptr ? acc + bias[o] : acc;
+  }
+}
+
+// Two to kFewRows rows of x (decoding a batch): the weights read in place, four output
+// rows at a time, with software prefetches of the rows after next: each group's 64 weights of a row in one register (a
+// short last group masked), its products with every row of x summed in int32 across the register, then scaled into the
+// float32 sums as the panel kernel does. Outputs [begin, end).
+__attribute__((target("avx512f,avx512bw,avx512vnni,fma"))) void vnni_few_rows(const QuantizedRows& xr, int64_t rows,
+                                                                              const int8_t* q, const float* scale,
+                                                                              int64_t in, int64_t out,
+                                                                              const float* bias, int64_t begin,
+                                                                              int64_t end, float* y) {
+  const int64_t groups = xr.groups;
+  const __m512i excess = _mm512_set1_epi32(static_cast<int32_t>(0x80808080u));
+  alignas(16) float acc[kFewRows][4];
+  for (int64_t o = begin; o < end; o += 4) {
+    const int64_t n = std::min<int64_t>(4, end - o);
+    const int8_t* w[4];
+    const float* s[4];
+    for (int64_t k = 0; k < 4; ++k) {
+      const int64_t row = o + (k < n ? k : 0);
+      w[k] = q + row * in;
+      s[k] = scale + row * groups;
+    }
+    // The rows after next on their way from memory while these are summed.
+    if (o + 12 <= end) {
+      const char* ahead = reinterpret_cast<const char*>(q + (o + 8) * in);
+      for (int64_t b = 0; b < 4 * in; b += 64) __builtin_prefetch(ahead + b);
+    }
+    for (int64_t m = 0; m < rows; ++m) _mm_store_ps(acc[m], _mm_setzero_ps());
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t g0 = g * kGroup, left = in - g0;
+      const __mmask64 mask = left >= kGroup ? ~__mmask64{0} : (__mmask64{1} << left) - 1;
+      __m512i wv[4], start[4];
+      for (int k = 0; k < 4; ++k) {
+        wv[k] = _mm512_maskz_loadu_epi8(mask, w[k] + g0);
+        // x's bytes are qx + 128: each sum starts at -128 times the weights.
+        start[k] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), excess, wv[k]));
+      }
+      const __m128 sw = _mm_set_ps(s[3][g], s[2][g], s[1][g], s[0][g]);
+      for (int64_t m = 0; m < rows; ++m) {
+        const __m512i a = _mm512_loadu_si512(xr.bytes.data() + m * xr.padded_in + g0);
+        const __m128i d = sum_four(_mm512_dpbusd_epi32(start[0], a, wv[0]), _mm512_dpbusd_epi32(start[1], a, wv[1]),
+                                   _mm512_dpbusd_epi32(start[2], a, wv[2]), _mm512_dpbusd_epi32(start[3], a, wv[3]));
+        const __m128 t = _mm_mul_ps(_mm_cvtepi32_ps(d), sw);
+        _mm_store_ps(acc[m], _mm_fmadd_ps(t, _mm_set1_ps(xr.scale[m * groups + g]), _mm_load_ps(acc[m])));
+      }
+    }
+    for (int64_t m = 0; m < rows; ++m) {
+      for (int64_t k = 0; k < n; ++k) y[m * out + o + k] = bias != nullptr ? acc[m][k] + bias[o + k] : acc[m][k];
+    }
+  }
+}
+
 void vnni(const QuantizedRows& xr, int64_t rows, const int8_t* q, const float* scale, int64_t in, int64_t out,
           const float* bias, float* y) {
   const int64_t panels = (out + kPanel - 1) / kPanel;
@@ -293,6 +398,21 @@ at::Tensor int8_products_linear(const at::Tensor& x, const at::Tensor& q, const 
   const QuantizedRows xr = quantize_rows(x.const_data_ptr<float>(), rows, in, vnni_kernel);
   const float* b = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
 #if defined(TORCHATTN_SIMD_X86)
+  if (vnni_kernel && rows <= kFewRows) {
+    const int8_t* qp = q.const_data_ptr<int8_t>();
+    const float* sp = scale.const_data_ptr<float>();
+    float* yp = y.mutable_data_ptr<float>();
+    const int64_t grain = std::max<int64_t>(16, 16384 / std::max<int64_t>(in, 1));
+    if (rows == 1) {
+      parallel_for_unless_stalled(out, grain,
+                                  [&](int64_t begin, int64_t end) { vnni_one_row(xr, qp, sp, in, b, begin, end, yp); });
+      return y;
+    }
+    parallel_for_unless_stalled(out, grain, [&](int64_t begin, int64_t end) {
+      vnni_few_rows(xr, rows, qp, sp, in, out, b, begin, end, yp);
+    });
+    return y;
+  }
   if (vnni_kernel) {
     vnni(xr, rows, q.const_data_ptr<int8_t>(), scale.const_data_ptr<float>(), in, out, b, y.mutable_data_ptr<float>());
     return y;

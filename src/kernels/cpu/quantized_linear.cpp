@@ -182,6 +182,29 @@ struct DotTile {
   }
 };
 
+// sum_i float(q[i]) * x[i] for one bfloat16 weight row and one row of x: two
+// accumulators, the last in % 2W products in order. One row at a time, the weights are
+// one stream that the hardware prefetchers follow: a single decoding row ran faster
+// that way than four weight rows with software prefetches (DotFour), 82.7 against 68.3
+// tokens/s for SmolLM2-135M in bfloat16 on a 2-core AMD EPYC (AVX-512), where int8's
+// widening needs DotFour's prefetches.
+struct DotOne {
+  static constexpr Isa kWidest = Isa::Avx512;
+  template <class S>
+  static float run(const uint16_t* q, const float* x, int64_t in) {
+    using V = typename S::V;
+    V a0 = S::zero(), a1 = S::zero();
+    int64_t i = 0;
+    for (; i + 2 * S::W <= in; i += 2 * S::W) {
+      a0 = S::fma(S::widen(q + i), S::load(x + i), a0);
+      a1 = S::fma(S::widen(q + i + S::W), S::load(x + i + S::W), a1);
+    }
+    float t = 0.0f;
+    for (; i < in; ++i) t += simd::Scalar::widen(q + i) * x[i];
+    return S::reduce_add(S::add(a0, a1)) + t;
+  }
+};
+
 // Rows [begin, end) of y for x's `rows` rows: DotFour over four weight rows at a time
 // (the last group of rows repeats its first row where fewer are left).
 template <class T>
@@ -236,6 +259,16 @@ bool dense_cpu(const at::Tensor& t, int64_t dim) {
 // kernels, the output features split over the threads.
 void matvec(const float* xs, int64_t rows, const Weights& w, const float* bias, float* ys) {
   const int64_t grain = std::max<int64_t>(16, 16384 / std::max<int64_t>(w.in, 1));
+  if (!w.int8 && rows == 1) {
+    parallel_for_unless_stalled(w.out, grain, [&](int64_t begin, int64_t end) {
+      const Isa isa = best_isa();
+      for (int64_t o = begin; o < end; ++o) {
+        const float d = simd::run_on<DotOne>(isa, static_cast<const uint16_t*>(w.q) + o * w.in, xs, w.in);
+        ys[o] = bias != nullptr ? d + bias[o] : d;
+      }
+    });
+    return;
+  }
   parallel_for_unless_stalled(w.out, grain, [&](int64_t begin, int64_t end) {
     if (w.int8) {
       fused_rows<int8_t>(w, begin, end, xs, rows, bias, ys);
@@ -332,8 +365,7 @@ at::Tensor quantized_linear(const at::Tensor& x_in, const at::Tensor& data, cons
   const int64_t rows = w.in == 0 ? 0 : x_in.numel() / w.in;
   const at::Tensor x = x_in.reshape({rows, w.in}).contiguous();
   if (rows > 0 && w.int8 &&
-      (products == Int8Products::Int8 ||
-       (products == Int8Products::Auto && rows > kQuantizedMatvecRows && int8_products_vnni()))) {
+      (products == Int8Products::Int8 || (products == Int8Products::Auto && int8_products_vnni()))) {
     return int8_products_linear(x, data, scale, bias, int8_products_vnni()).reshape(shape);
   }
   at::Tensor y = at::empty({rows, w.out}, x.options());

@@ -10,12 +10,13 @@
 //   y[..., o] = dot(x[..., :], float(w[o, :])) + b[o]                       (bfloat16)
 //
 // A few rows (decoding; up to kQuantizedMatvecRows) stream the weights once, split
-// over the intra-op threads, four weight rows at a time widened in registers and
-// dotted with one row of x, or with four at a time. More rows (prefill) widen the
+// over the intra-op threads, widened in registers: bfloat16 against one row of x one
+// weight row at a time (one stream for the hardware prefetchers), else four weight
+// rows at a time with software prefetches, dotted with one row of x or four. More rows (prefill) widen the
 // weights a tile of output features at a time and multiply the tile with a float32
 // GEMM (oneDNN where LibTorch has it); or, for int8 weights on a CPU with AVX-512
-// VNNI, quantize x per group too and sum int8 products where the caller asks
-// (Int8Products; int8_products.h).
+// VNNI, quantize x per group too and sum int8 products where the caller asks, in
+// decoding as in prefill (Int8Products; int8_products.h).
 
 #include <torchattn/weight_format.h>
 
@@ -45,8 +46,8 @@ std::pair<at::Tensor, at::Tensor> quantize_int8_groups(const at::Tensor& weight)
 /// How quantized_linear multiplies int8 weights by x. Float: x stays float32 (the
 /// products above). Int8: x is quantized per group of 64 as well (int8_products.h; the
 /// AVX-512 VNNI kernel where the CPU has it, else a portable loop with the same
-/// numbers). Auto: Int8 for more than kQuantizedMatvecRows rows on a CPU with AVX-512
-/// VNNI, else Float. bfloat16 weights ignore it.
+/// numbers). Auto: Int8 on a CPU with AVX-512 VNNI (any number of rows), else Float.
+/// bfloat16 weights ignore it.
 enum class Int8Products : int8_t { Auto, Float, Int8 };
 
 /// Whether quantized_linear computes for these operands: x float32 CPU [..., in] with
