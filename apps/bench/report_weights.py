@@ -92,8 +92,9 @@ def main():
     rounds = min(r["rounds"] for r in list(ours.values()) + list(ct2.values()) + list(llama.values()))
     md = ["# Weight formats: SmolLM2-135M-Instruct on the CPU", "",
           "Made by `bash apps/bench/run.sh --weights-only` (part of `make bench`): torchattn_generate_bench "
-          "`--dtype float32|bfloat16|int8|dynamic-int8` (bfloat16 or int8 weights, float32 activations; int8's "
-          "prefill on an AVX-512 VNNI CPU quantizes its inputs per group of 64 too and sums int8 products; "
+          "`--dtype float32|bfloat16|int8|dynamic-int8` (bfloat16 or int8 weights, float32 activations; int8 on an "
+          "AVX-512 VNNI CPU quantizes its inputs per group of 64 too, in prefill and decoding, and sums int8 "
+          "products; "
           "dynamic-int8: PyTorch's quantize_dynamic scheme, int8 inputs too; docs/models.md) and CTranslate2 (`bench_ctranslate2.py`, the folder converted with its own "
           "converter) one after the other, each at 1 and at 2 intra-op threads, in "
           f"{rounds} round{'s' if rounds > 1 else ''}: every runtime, format and thread count runs once a round, "
