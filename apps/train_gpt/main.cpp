@@ -44,6 +44,7 @@
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -181,7 +182,7 @@ int main(int argc, char** argv) {
   CLI::App app{"train_gpt: a small byte-level GPT on torchattn::MultiHeadAttention"};
   GPTConfig cfg;
   int64_t steps = 1500, batch_size = 16, warmup = 100, eval_every = 250, eval_batches = 8, sample_tokens = 400,
-          top_k = 40, die_at_step = -1, save_every = 500;
+          top_k = 40, die_at_step = -1, save_every = 500, mmap_threshold = int64_t{1} << 20;
   double lr = 3e-3, weight_decay = 0.1, clip = 1.0, temperature = 0.8;
   uint64_t seed = 1337;
   int threads = 0, nproc = 1;
@@ -231,9 +232,24 @@ int main(int argc, char** argv) {
   app.add_flag("--checkpoint-activations", cfg.checkpoint_activations,
                "recompute each block's activations in the backward (less memory)");
   int die_rank = 1;
+  app.add_option("--mmap-threshold", mmap_threshold,
+                 "bytes from which glibc maps each allocation on its own and unmaps it when freed "
+                 "(0: glibc's own threshold, which rises as large blocks are freed)")
+      ->check(apps::at_least(0));
   app.add_option("--die-at-step", die_at_step, "(testing) rank --die-rank exits abruptly at this step")->group("");
   app.add_option("--die-rank", die_rank, "(testing) the rank that --die-at-step stops")->group("");
   CLI11_PARSE(app, argc, argv);
+  // This program's allocator policy (the library sets none). glibc serves a block below
+  // its mmap threshold from its heap, and raises that threshold (up to 32 MiB) each time
+  // a larger mapped block is freed: a step's activations then come from the heap, which
+  // keeps what it freed, and the peak RSS counts that fragmentation on top of what is
+  // live (1800 MiB against 1426 at context 2048, apps/bench/results/packed.md). Fixed at
+  // 1 MiB, every tensor of a few rows or more is mapped and returned when freed.
+  if (mmap_threshold > 0 &&
+      mallopt(M_MMAP_THRESHOLD, static_cast<int>(std::min<int64_t>(mmap_threshold, INT32_MAX))) != 1) {
+    fmt::print(stderr, "train_gpt: glibc refused --mmap-threshold {}\n", mmap_threshold);
+    return 1;
+  }
 
   const torch::Device device(device_name == "cuda" ? torch::kCUDA : torch::kCPU);
   if (device.is_cuda() && (nproc > 1 || dist.world_size > 1)) {
