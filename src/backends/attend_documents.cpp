@@ -1,6 +1,7 @@
 #include "backends/attend_documents.h"
 
 #include "backends/attend.h"
+#include "backends/varlen_flash.h"
 
 #include <ATen/ops/cat.h>
 #include <c10/util/Exception.h>
@@ -12,6 +13,9 @@ at::Tensor attend_documents(const at::Tensor& q, const at::Tensor& k, const at::
                             const std::vector<int64_t>& lengths, const std::function<MaskSpec(int64_t)>& spec_of,
                             const functional::AttentionOptions& config) {
   TORCH_CHECK(!lengths.empty(), "attend_documents: expected at least one document");
+  // On CUDA, one varlen flash launch for all the documents where it applies.
+  const MaskSpec first = spec_of(lengths.front());
+  if (varlen_flash_applies(q, k, v, first, config)) return varlen_flash(q, k, v, lengths, first.causal, config);
   // One split each: a narrow per document would give each its own backward writing a
   // gradient of all N tokens, S times over.
   const std::vector<at::Tensor> qs = q.split_with_sizes(lengths, -2), ks = k.split_with_sizes(lengths, -2),

@@ -1,7 +1,8 @@
 #pragma once
 
 // Attention over documents packed end to end (forward_packed, attention_packed): each
-// document attends within itself alone, through attend.
+// document attends within itself alone, through attend, or on CUDA all at once through
+// ATen's variable-length flash attention where it applies (varlen_flash.h).
 
 #include "backends/mask_spec.h"
 
