@@ -16,7 +16,7 @@ namespace torchattn {
 /// - `Int8`: 1 byte a weight and a float32 scale per 64 inputs of each output
 ///   feature, symmetric: w[o, i] ~ scale[o, g] * q[o, i], q in [-127, 127],
 ///   scale[o, g] = max |w[o, i]| over the group g = i / 64, divided by 127. What the
-///   weights multiply in a prefill: Int8Inputs below.
+///   weights multiply: Int8Inputs below.
 /// - `DynamicInt8`: PyTorch's own scheme, torch.ao.quantization.quantize_dynamic with
 ///   its default qconfig, run by LibTorch's quantized engine (x86/fbgemm): each layer's
 ///   weight int8 with one symmetric scale (max |w| / 127.5), each call's input quantized
