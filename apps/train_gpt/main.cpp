@@ -243,7 +243,7 @@ int main(int argc, char** argv) {
   // its mmap threshold from its heap, and raises that threshold (up to 32 MiB) each time
   // a larger mapped block is freed: a step's activations then come from the heap, which
   // keeps what it freed, and the peak RSS counts that fragmentation on top of what is
-  // live (1800 MiB against 1426 at context 2048, apps/bench/results/packed.md). Fixed at
+  // live (the last rows of apps/bench/results/packed.md's checkpointing table). Fixed at
   // 1 MiB, every tensor of a few rows or more is mapped and returned when freed.
   if (mmap_threshold > 0 &&
       mallopt(M_MMAP_THRESHOLD, static_cast<int>(std::min<int64_t>(mmap_threshold, INT32_MAX))) != 1) {

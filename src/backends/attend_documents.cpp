@@ -14,8 +14,10 @@ at::Tensor attend_documents(const at::Tensor& q, const at::Tensor& k, const at::
                             const functional::AttentionOptions& config) {
   TORCH_CHECK(!lengths.empty(), "attend_documents: expected at least one document");
   // On CUDA, one varlen flash launch for all the documents where it applies.
-  const MaskSpec first = spec_of(lengths.front());
-  if (varlen_flash_applies(q, k, v, first, config)) return varlen_flash(q, k, v, lengths, first.causal, config);
+  if (q.is_cuda()) {
+    const MaskSpec first = spec_of(lengths.front());
+    if (varlen_flash_applies(q, k, v, first, config)) return varlen_flash(q, k, v, lengths, first.causal, config);
+  }
   // One split each: a narrow per document would give each its own backward writing a
   // gradient of all N tokens, S times over.
   const std::vector<at::Tensor> qs = q.split_with_sizes(lengths, -2), ks = k.split_with_sizes(lengths, -2),
