@@ -1,5 +1,7 @@
 #include "backends/varlen_flash.h"
 
+#include "backends/grouped_heads.h"
+
 #include <ATen/Context.h>
 #include <ATen/ops/_flash_attention_forward.h>
 #include <ATen/ops/tensor.h>
@@ -34,7 +36,7 @@ bool varlen_flash_applies(const at::Tensor& q, const at::Tensor& k, const at::Te
   }
   if (spec.window || spec.is_static() || spec.past != 0 || spec.has_key_masks()) return false;
   if (config.softcap || config.sinks.defined()) return false;
-  if (config.dropout > 0.0 && config.training) return false;
+  if (dropout_p(config) > 0.0) return false;
   if (config.backend == Backend::Reference) return false;
   if (!at::globalContext().userEnabledFlashSDP()) return false;
   int major = 0;
