@@ -187,7 +187,12 @@ struct DotTile {
 // one stream that the hardware prefetchers follow: a single decoding row ran faster
 // that way than four weight rows with software prefetches (DotFour), 82.7 against 68.3
 // tokens/s for SmolLM2-135M in bfloat16 on a 2-core AMD EPYC (AVX-512), where int8's
-// widening needs DotFour's prefetches.
+// widening needs DotFour's prefetches. A software prefetch kOneRowAhead bytes down the
+// one stream keeps more of it in flight than the hardware prefetchers do on an AMD
+// EPYC Zen 5: 148.3, 137.5, 149.3 against 121.3, 121.8, 121.5 tokens/s without
+// (interleaved runs of SmolLM2-135M in bfloat16, 2 threads).
+constexpr int64_t kOneRowAhead = 8192;
+
 struct DotOne {
   static constexpr Isa kWidest = Isa::Avx512;
   template <class S>
@@ -262,8 +267,16 @@ void matvec(const float* xs, int64_t rows, const Weights& w, const float* bias, 
   if (!w.int8 && rows == 1) {
     parallel_for_unless_stalled(w.out, grain, [&](int64_t begin, int64_t end) {
       const Isa isa = best_isa();
+      const auto* q = static_cast<const uint16_t*>(w.q);
+      const int64_t bytes = w.in * static_cast<int64_t>(sizeof(uint16_t));
+      const char* stop = reinterpret_cast<const char*>(q + end * w.in);
       for (int64_t o = begin; o < end; ++o) {
-        const float d = simd::run_on<DotOne>(isa, static_cast<const uint16_t*>(w.q) + o * w.in, xs, w.in);
+        // kOneRowAhead bytes down the stream on their way while this row is summed.
+        const char* ahead = reinterpret_cast<const char*>(q + o * w.in) + kOneRowAhead;
+        if (ahead + bytes <= stop) {
+          for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(ahead + b);
+        }
+        const float d = simd::run_on<DotOne>(isa, q + o * w.in, xs, w.in);
         ys[o] = bias != nullptr ? d + bias[o] : d;
       }
     });
