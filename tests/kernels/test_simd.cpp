@@ -270,4 +270,40 @@ TEST(Simd, DotAndAxpyFollowTheirDocumentedOrderOnEveryIsa) {
   }
 }
 
+// dots and axpys: the bits of dot and axpy called row by row; axpys skips a weight of
+// 0 without reading its row (NaN there would show).
+TEST(Simd, DotsAndAxpysEqualTheirOneRowCalls) {
+  torch::manual_seed(6);
+  for (const int64_t n : {1, 9, 64, 71}) {
+    for (const int64_t count : {1, 5, 33}) {
+      SCOPED_TRACE("n " + std::to_string(n) + " count " + std::to_string(count));
+      const int64_t stride = n + 3;
+      const auto a = torch::randn({n});
+      auto rows = torch::randn({count, stride});
+      const float* ap = a.const_data_ptr<float>();
+      std::vector<float> got(static_cast<size_t>(count));
+      K::dots(ap, rows.const_data_ptr<float>(), stride, count, n, got.data());
+      for (int64_t j = 0; j < count; ++j) {
+        EXPECT_EQ(float_bits(got[static_cast<size_t>(j)]), float_bits(K::dot(ap, rows[j].const_data_ptr<float>(), n)))
+            << j;
+      }
+      std::vector<float> alpha(static_cast<size_t>(count));
+      for (int64_t j = 0; j < count; ++j) {
+        alpha[static_cast<size_t>(j)] = j % 3 == 1 ? 0.0f : 0.25f + 0.5f * static_cast<float>(j);
+        if (j % 3 == 1) rows[j].fill_(std::numeric_limits<float>::quiet_NaN());
+      }
+      auto y = torch::randn({n});
+      auto want = y.clone();
+      K::axpys(alpha.data(), rows.const_data_ptr<float>(), stride, count, y.mutable_data_ptr<float>(), n);
+      for (int64_t j = 0; j < count; ++j) {
+        if (alpha[static_cast<size_t>(j)] != 0.0f) {
+          K::axpy(alpha[static_cast<size_t>(j)], rows[j].const_data_ptr<float>(), want.mutable_data_ptr<float>(), n);
+        }
+      }
+      EXPECT_TRUE(torch::equal(y, want));
+      EXPECT_FALSE(y.isnan().any().item<bool>());
+    }
+  }
+}
+
 }  // namespace

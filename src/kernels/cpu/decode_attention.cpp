@@ -83,20 +83,23 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
   auto rows = [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(Tk);
+    std::vector<float> scores(Tk), weights(Tk);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / (H * Tq), h = row / Tq % H, t = row % Tq, hk = h / G;
       const float* qr = qp + b * qs[0] + h * qs[1] + t * qs[2];
       const float* kb = kp + b * ks[0] + hk * ks[1];
       const float* vb = vp + b * vs[0] + hk * vs[1];
       const int64_t moff = b * ms[0] + h * ms[1] + t * ms[2];
+      // Every key's product in one call (a hidden key's is overwritten below: a
+      // static cache's unwritten slots may hold anything).
+      dots(qr, kb, ks[2], Tk, d, scores.data());
       float top = kNegInf;
       for (int64_t j = 0; j < Tk; ++j) {
         float s;
         if (mb != nullptr && !mb[moff + j * ms[3]]) {
           s = kNegInf;
         } else {
-          s = dot(qr, kb + j * ks[2], d) * fscale;
+          s = scores[j] * fscale;
           if (mf != nullptr) s += mf[moff + j * ms[3]];
         }
         scores[j] = s;
@@ -107,11 +110,11 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
       if (top == kNegInf) continue;  // no key to see: zeros
       float total = 0.0f;
       for (int64_t j = 0; j < Tk; ++j) {
-        if (scores[j] == kNegInf) continue;
-        const float p = std::exp(scores[j] - top);
-        total += p;
-        axpy(p, vb + j * vs[2], o, dv);
+        // A hidden key weighs 0: axpys skips it (its value is not read).
+        weights[j] = scores[j] == kNegInf ? 0.0f : std::exp(scores[j] - top);
+        total += weights[j];
       }
+      axpys(weights.data(), vb, vs[2], Tk, o, dv);
       const float inv = 1.0f / total;
       for (int64_t i = 0; i < dv; ++i) o[i] *= inv;
     }

@@ -52,6 +52,25 @@ struct Axpy {
   }
 };
 
+// dots() and axpys(): Dot and Axpy over rows, inlined, so one dispatch serves them all.
+struct Dots {
+  static constexpr Isa kWidest = Dot::kWidest;
+  template <class S>
+  static void run(const float* a, const float* b, int64_t stride, int64_t count, int64_t n, float* out) {
+    for (int64_t j = 0; j < count; ++j) out[j] = Dot::run<S>(a, b + j * stride, n);
+  }
+};
+
+struct Axpys {
+  static constexpr Isa kWidest = Axpy::kWidest;
+  template <class S>
+  static void run(const float* alpha, const float* x, int64_t stride, int64_t count, float* y, int64_t n) {
+    for (int64_t j = 0; j < count; ++j) {
+      if (alpha[j] != 0.0f) Axpy::run<S>(alpha[j], x + j * stride, y, n);
+    }
+  }
+};
+
 TORCHATTN_SIMD_KERNELS_END
 
 void check_isa(Isa isa, const char* fn) {
@@ -78,6 +97,14 @@ void axpy(float alpha, const float* x, float* y, int64_t n) { simd::run_on<Axpy>
 void axpy(float alpha, const float* x, float* y, int64_t n, Isa isa) {
   check_isa(isa, "axpy");
   simd::run_on<Axpy>(isa, alpha, x, y, n);
+}
+
+void dots(const float* a, const float* b, int64_t stride, int64_t count, int64_t n, float* out) {
+  simd::run_on<Dots>(vec_isa(), a, b, stride, count, n, out);
+}
+
+void axpys(const float* alpha, const float* x, int64_t stride, int64_t count, float* y, int64_t n) {
+  simd::run_on<Axpys>(vec_isa(), alpha, x, stride, count, y, n);
 }
 
 }  // namespace torchattn::kernels::cpu

@@ -31,4 +31,12 @@ void axpy(float alpha, const float* x, float* y, int64_t n);
 /// axpy() with the instructions of `isa`, as for dot (tests).
 void axpy(float alpha, const float* x, float* y, int64_t n, Isa isa);
 
+/// out[j] = dot(a, b + j * stride, n) for j in [0, count): the same bits, one dispatch
+/// for all (decode_attention's scores of one query row over its keys).
+void dots(const float* a, const float* b, int64_t stride, int64_t count, int64_t n, float* out);
+/// For j in [0, count) in order, where alpha[j] != 0: axpy(alpha[j], x + j * stride, y,
+/// n). The same bits as those calls, one dispatch for all (a softmax's weighted sum of
+/// values; a weight of 0 adds nothing and its row is not read).
+void axpys(const float* alpha, const float* x, int64_t stride, int64_t count, float* y, int64_t n);
+
 }  // namespace torchattn::kernels::cpu
