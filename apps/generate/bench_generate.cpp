@@ -7,11 +7,13 @@
 //   torchattn_generate_bench --model DIR [--threads 2] [--dtype float32|bfloat16|int8|dynamic-int8]
 //                            [--json out.json] [--quick]
 //   torchattn_generate_bench --model DIR --decode-only [--threads N] [--dtype ...] [--json out.json]
+//   torchattn_generate_bench --model DIR --prefill-only [--threads N] [--dtype ...]
 //
 // --dtype: the weights' format (torchattn::WeightFormat; float32 activations).
 //
 // --decode-only measures decoding tokens/s alone (apps/bench/run.sh runs it on an idle
 // machine and with one core kept busy by another process, at 2 threads and at 1).
+// --prefill-only measures the long prompt's prefill alone, 10 warm runs (for profiling it).
 
 #include "fmt.h"
 #include "reuse_memory.h"
@@ -60,7 +62,7 @@ int main(int argc, char** argv) {
   CLI::App app{"SmolLM2 on torchattn: peak RSS, prefill, decoding and the memory bound"};
   std::string model_dir, json_path, dtype_name = "float32";
   int threads = 2;
-  bool quick = false, decode_only = false;
+  bool quick = false, decode_only = false, prefill_only = false;
   app.add_option("--model", model_dir, "a Hugging Face model folder")->required()->check(CLI::ExistingDirectory);
   app.add_option("--threads", threads, "intra-op threads");
   app.add_option("--dtype", dtype_name, "the weights' format: float32, bfloat16, int8 or dynamic-int8")
@@ -68,6 +70,7 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "write the results here as JSON");
   app.add_flag("--quick", quick, "a smoke run");
   app.add_flag("--decode-only", decode_only, "measure decoding tokens/s only");
+  app.add_flag("--prefill-only", prefill_only, "measure the long prompt's prefill only")->excludes("--decode-only");
   CLI11_PARSE(app, argc, argv);
   at::set_num_threads(threads);
   const auto dir = std::filesystem::path(model_dir);
@@ -97,7 +100,7 @@ int main(int argc, char** argv) {
   auto ids = at::randint(100, config.vocab_size - 100, {prompt_len}, at::kLong);
   std::vector<int64_t> prompt(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + prompt_len);
   std::vector<double> decode_tps, first_prefill;
-  for (int r = 0; r < (quick ? 1 : 3); ++r) {
+  for (int r = 0; r < (quick || prefill_only ? 0 : 3); ++r) {
     // No stop token: always new_tokens tokens.
     const auto options = torchattn::models::GenerationOptions().max_new_tokens(new_tokens).stop_at_eos(false);
     const auto result = torchattn::models::generate(*model, {prompt}, options)[0];
@@ -119,11 +122,14 @@ int main(int argc, char** argv) {
   const double peak_rss_mib = status_kb("VmHWM:") / 1024.0, rss_mib = status_kb("VmRSS:") / 1024.0;
   fmt::print("torchattn_generate_bench: {} ({:.0f} MB of {} weights), {} threads\n", dir.filename().string(),
              weight_bytes / 1e6, dtype_name, at::get_num_threads());
-  fmt::print(
-      "  load {:.2f} s; peak RSS after loading and generating {:.0f} MiB ({:.2f}x the weights), RSS then {:.0f} MiB\n",
-      load_s, peak_rss_mib, peak_rss_mib * (1 << 20) / weight_bytes, rss_mib);
-  fmt::print("  decode: {} tokens after a {}-token prompt: {:.1f} tokens/s (median of {})\n", new_tokens, prompt_len,
-             median(decode_tps), decode_tps.size());
+  if (!prefill_only) {
+    fmt::print(
+        "  load {:.2f} s; peak RSS after loading and generating {:.0f} MiB ({:.2f}x the weights), RSS then {:.0f} "
+        "MiB\n",
+        load_s, peak_rss_mib, peak_rss_mib * (1 << 20) / weight_bytes, rss_mib);
+    fmt::print("  decode: {} tokens after a {}-token prompt: {:.1f} tokens/s (median of {})\n", new_tokens, prompt_len,
+               median(decode_tps), decode_tps.size());
+  }
 
   // 2. Prefill of a long prompt: the logits of its last token, warm, in a model sized
   // for it (the file mapped again).
@@ -132,7 +138,7 @@ int main(int argc, char** argv) {
     torchattn::models::CausalLM model = torchattn::models::load_causal_lm(config, long_prompt, model_dir, format);
     c10::InferenceMode inference;
     const auto long_ids = at::randint(100, config.vocab_size - 100, {1, long_prompt}, at::kLong);
-    for (int r = 0; r < (quick ? 2 : 6); ++r) {
+    for (int r = 0; r < (quick ? 2 : prefill_only ? 11 : 6); ++r) {
       auto caches = model->make_kv_caches(1);
       const auto t = Clock::now();
       model->forward(long_ids, &caches, {}, /*last_only=*/true);
@@ -140,6 +146,7 @@ int main(int argc, char** argv) {
     }
   }
   fmt::print("  prefill {} tokens: {:.3f} s (median of {})\n", long_prompt, median(prefill), prefill.size());
+  if (prefill_only) return 0;
 
   // 3. Memory read bandwidth: a sum over 512 MiB, on the same threads.
   std::vector<double> bandwidth;
