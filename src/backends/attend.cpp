@@ -9,6 +9,8 @@
 #include "backends/sdpa.h"
 #include "base/checks.h"
 #include "backends/attend.h"
+#include "kernels/cpu/decode_attention.h"
+#include "kernels/cpu/prefill_attention.h"
 #include "kernels/cuda/static_decode_attention.h"
 
 #include <ATen/TensorOperators.h>
@@ -166,6 +168,12 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   if (spec.causal) {
     if (spec.past == 0) {
       is_causal = true;
+    } else if (Tq > kernels::cpu::kDecodeAttentionRows && Tk - Tq == spec.past && config.backend == Backend::Auto &&
+               dropout_p(config) == 0.0 && kernels::cpu::prefill_attention_applies(q, k, v)) {
+      // A long chunk after earlier keys on the CPU (no gradient): torchattn's causal
+      // kernel, aligned bottom-right, as sdpa_attention takes one from the start.
+      return kernels::cpu::prefill_attention(q, k, v,
+                                             config.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1)))));
     } else if (Tq > 1) {
       keep = hidden_keys(spec, Tq, Tk, q.device()).logical_not();
     }

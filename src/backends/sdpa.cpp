@@ -2,6 +2,7 @@
 
 #include "backends/grouped_heads.h"
 #include "kernels/cpu/decode_attention.h"
+#include "kernels/cpu/prefill_attention.h"
 
 #include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
@@ -142,6 +143,13 @@ at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
       const double scale = config.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
       return kernels::cpu::decode_attention(q, k, v, m, scale);
     }
+  }
+  // A causal prefill on the CPU (no gradient): torchattn's kernel, which computes only
+  // the keys each row sees (kernels/cpu/prefill_attention.h).
+  if (config.backend == Backend::Auto && is_causal && !mask && dropout_p(config) == 0.0 &&
+      kernels::cpu::prefill_attention_applies(q, k, v)) {
+    return kernels::cpu::prefill_attention(q, k, v,
+                                           config.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1)))));
   }
   const bool allow_cudnn = config.backend == Backend::SDPA;
   const int64_t G = query_groups(q, k);

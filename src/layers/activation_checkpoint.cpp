@@ -6,6 +6,8 @@
 
 #include <torchattn/activation_checkpoint.h>
 
+#include "kernels/cpu/needs_grad.h"
+
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Generator.h>
@@ -115,7 +117,13 @@ struct CheckpointNode : public torch::autograd::Function<CheckpointNode> {
     r->params = params.vec();
     r->rng = RngStates::capture(inputs);
     r->autocast = AutocastState::capture();
-    std::vector<at::Tensor> outputs = run_checked(fn, inputs.vec());
+    // The kernels the recomputation (with a gradient) will take, not the faster ones
+    // of a forward without one: the same bits both times.
+    std::vector<at::Tensor> outputs;
+    {
+      const kernels::cpu::RecomputedForward same_kernels;
+      outputs = run_checked(fn, inputs.vec());
+    }
     // An output that is an input, or a view of one, would alias what the graph saved.
     for (at::Tensor& o : outputs) {
       for (const at::Tensor& i : inputs) {

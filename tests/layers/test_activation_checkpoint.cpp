@@ -100,6 +100,38 @@ TEST_P(ActivationCheckpoint, GradientsAndDropoutEqualThePlainRun) {
   }
 }
 
+// A causal layer without dropout over more than a decoding step's rows: without a
+// gradient its forward would take the CPU's own prefill kernel, with one ATen's; the
+// checkpointed forward takes what its recomputation will, so the bits still agree.
+TEST_P(ActivationCheckpoint, TheForwardTakesTheKernelsOfItsRecomputation) {
+  const torch::Device device = GetParam();
+  torch::manual_seed(4);
+  torchattn::MultiHeadAttention mha(torchattn::MultiHeadAttentionOptions(64, 64, 64, 2));
+  mha->to(device);
+  mha->eval();
+  const auto x0 = torch::randn({2, 40, 64}).to(device);
+  auto run = [&](bool checkpointed) {
+    mha->zero_grad();
+    const auto x = x0.clone().requires_grad_(true);
+    auto params = mha->parameters();
+    const auto y = checkpointed ? torchattn::checkpoint([&](const torch::Tensor& t) { return mha(t); }, x, params)
+                                : mha(x);
+    (y * y).sum().backward();
+    std::vector<torch::Tensor> out{y.detach(), x.grad()};
+    for (const auto& p : params) out.push_back(p.grad().clone());
+    return out;
+  };
+  const auto plain = run(false), ckpt = run(true);
+  ASSERT_EQ(plain.size(), ckpt.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    if (device.is_cpu()) {
+      EXPECT_TRUE(torch::equal(plain[i], ckpt[i])) << "tensor " << i;
+    } else {
+      EXPECT_TRUE(tol::close(plain[i], ckpt[i], tol::for_dtype(torch::kFloat32))) << "tensor " << i;
+    }
+  }
+}
+
 // The reentrant form's pitfall: with no input requiring a gradient its node is never
 // recorded and the parameters get none. Here they get the plain run's.
 TEST_P(ActivationCheckpoint, ParametersGetGradientsWithoutAnInputGradient) {
