@@ -103,6 +103,10 @@ FIGURES = {
     "weights.table": Table("weights.md", "runtime, weights"),
     "weights.perplexity": Table("weights.md", "weights", "Perplexity"),
     "weights.targets": Table("weights.md", "target", "Targets"),
+    "weights.bandwidth": Text("weights.md", r"^The memory read bandwidth measured by the best int8 run \(2 threads\), "
+                                            r"([\d.]+) GB/s"),
+    "weights.bound_share": Text("weights.md", r"int8 decodes at (\d+)% of it\.$"),
+    "weights.int8.decode": Text("weights.md", r"^\| torchattn int8 \| 2 \| ([\d.]+) \|"),
     # packed.md: packed documents against padding, one long sequence and checkpointing.
     "packed.module": Table("packed.md", "configuration"),
     "packed.train": Table("packed.md", "train_gpt", "Training"),
