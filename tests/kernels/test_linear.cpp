@@ -25,6 +25,11 @@ TEST(Linear, FewRowsMatchAtLinearWithAndWithoutBias) {
       const tol::Tolerance t{1e-5, 1e-6 * static_cast<double>(in)};
       EXPECT_TRUE(tol::close(torchattn::functional::linear(x, w, b), torch::linear(x, w, b), t)) << rows << "x" << in;
       EXPECT_TRUE(tol::close(torchattn::functional::linear(x, w), torch::linear(x, w), t)) << rows << "x" << in;
+      // One row takes the kernel's one-dispatch path, more rows a dot per row and output:
+      // the same bits for the same row.
+      const auto one = torchattn::kernels::cpu::small_linear(x.narrow(0, 0, 1), w, b);
+      EXPECT_TRUE(torch::equal(one, torchattn::kernels::cpu::small_linear(x, w, b).narrow(0, 0, 1)))
+          << rows << "x" << in;
     }
   }
   // Leading dimensions are kept: [1, 1, in] -> [1, 1, out].

@@ -52,6 +52,15 @@ at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& weight, const 
   // While the intra-op threads are not getting the cores (another process), on the
   // calling thread alone: the same results (see stall_aware.h).
   parallel_for_unless_stalled(out, grain, [&](int64_t begin, int64_t end) {
+    if (rows == 1) {
+      // A decoding step's one row: every dot product of the chunk in one dispatch
+      // (dots: the same bits as dot), then the bias.
+      dots(xs, w + begin * in, in, end - begin, in, ys + begin);
+      if (b != nullptr) {
+        for (int64_t o = begin; o < end; ++o) ys[o] += b[o];
+      }
+      return;
+    }
     for (int64_t o = begin; o < end; ++o) {
       const float* wo = w + o * in;
       for (int64_t r = 0; r < rows; ++r) {
