@@ -12,6 +12,7 @@
 #include "kernels/cpu/decode_attention.h"
 #include "kernels/cpu/prefill_attention.h"
 #include "kernels/cuda/static_decode_attention.h"
+#include "backends/score_scale.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/softmax.h>
@@ -145,7 +146,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   if (backend != Backend::Reference && static_step_on_cuda(q, spec, config) && dropout_p(config) == 0.0) {
     const kernels::cuda::StaticDecodeMask m = static_decode_mask(spec);
     if (kernels::cuda::static_decode_applies(q, k, v, m)) {
-      const double scale = config.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+      const double scale = score_scale(config, q.size(-1));
       return kernels::cuda::static_decode_attention(q, k, v, m, scale);
     }
   }
@@ -172,8 +173,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                dropout_p(config) == 0.0 && kernels::cpu::prefill_attention_applies(q, k, v)) {
       // A long chunk after earlier keys on the CPU (no gradient): torchattn's causal
       // kernel, aligned bottom-right, as sdpa_attention takes one from the start.
-      return kernels::cpu::prefill_attention(q, k, v,
-                                             config.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1)))));
+      return kernels::cpu::prefill_attention(q, k, v, score_scale(config, q.size(-1)));
     } else if (Tq > 1) {
       keep = hidden_keys(spec, Tq, Tk, q.device()).logical_not();
     }

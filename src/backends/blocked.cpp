@@ -1,4 +1,5 @@
 #include "backends/blocked.h"
+#include "backends/score_scale.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
@@ -80,7 +81,7 @@ at::Tensor attend_block(const at::Tensor& q, const at::Tensor& k_all, const at::
   }
   const int64_t n = k1 - k0;
   const at::Tensor k = k_all.narrow(2, k0, n), v = v_all.narrow(2, k0, n);
-  const double scale = config.scale.value_or(1.0 / std::sqrt(static_cast<double>(d)));
+  const double scale = score_scale(config, d);
   // Grouped heads: the G query heads of a key head as G * rows rows over its keys.
   const at::Tensor qg = q.reshape({B, Hkv, G * rows, d});
   // In place where autograd allows (a block's temporaries are its memory and much of

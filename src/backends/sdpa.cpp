@@ -3,6 +3,7 @@
 #include "backends/grouped_heads.h"
 #include "kernels/cpu/decode_attention.h"
 #include "kernels/cpu/prefill_attention.h"
+#include "backends/score_scale.h"
 
 #include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
@@ -140,7 +141,7 @@ at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   if (config.backend == Backend::Auto && !is_causal && dropout_p(config) == 0.0 && !per_head_mask) {
     const at::Tensor m = mask ? *mask : at::Tensor();
     if (kernels::cpu::decode_attention_applies(q, k, v, m)) {
-      const double scale = config.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+      const double scale = score_scale(config, q.size(-1));
       return kernels::cpu::decode_attention(q, k, v, m, scale);
     }
   }
@@ -148,8 +149,7 @@ at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   // the keys each row sees (kernels/cpu/prefill_attention.h).
   if (config.backend == Backend::Auto && is_causal && !mask && dropout_p(config) == 0.0 &&
       kernels::cpu::prefill_attention_applies(q, k, v)) {
-    return kernels::cpu::prefill_attention(q, k, v,
-                                           config.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1)))));
+    return kernels::cpu::prefill_attention(q, k, v, score_scale(config, q.size(-1)));
   }
   const bool allow_cudnn = config.backend == Backend::SDPA;
   const int64_t G = query_groups(q, k);

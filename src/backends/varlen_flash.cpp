@@ -1,6 +1,7 @@
 #include "backends/varlen_flash.h"
 
 #include "backends/grouped_heads.h"
+#include "backends/score_scale.h"
 
 #include <ATen/Context.h>
 #include <ATen/ops/_flash_attention_forward.h>
@@ -60,7 +61,7 @@ at::Tensor varlen_flash(const at::Tensor& q, const at::Tensor& k, const at::Tens
   TORCH_CHECK(offsets.back() == q.size(2), "varlen_flash: expected documents summing to the ", q.size(2),
               " tokens, got ", offsets.back());
   const at::Tensor cu = at::tensor(offsets, q.options().dtype(at::kInt));
-  const double scale = config.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  const double scale = score_scale(config, q.size(3));
   // [1, H, N, d] -> [N, H, d], FlashAttention's packed layout (the last dim contiguous).
   auto packed = [](const at::Tensor& t) {
     at::Tensor p = t.squeeze(0).transpose(0, 1);

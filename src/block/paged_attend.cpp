@@ -5,6 +5,7 @@
 #include "backends/mask_spec.h"
 
 #include "kernels/cpu/paged_attention.h"
+#include "backends/score_scale.h"
 
 #include <ATen/ops/empty.h>
 
@@ -30,7 +31,7 @@ at::Tensor paged_attend(const at::Tensor& q, const at::Tensor& keys, const at::T
   }
   if (!kernel_rows.empty()) {
     kernels::cpu::PagedRows rows{step.key_slots_cpu.const_data_ptr<int64_t>(), &qs, &ks, window};
-    const double scale = config.scale.value_or(1.0 / std::sqrt(static_cast<double>(d)));
+    const double scale = detail::score_scale(config, d);
     // The kernel reads the slopes and sinks as float32 [H] on the CPU (q is float32 there).
     const at::Tensor slopes = alibi_slopes.defined() ? alibi_slopes.to(at::kFloat).contiguous() : at::Tensor();
     const at::Tensor sinks = config.sinks.defined() ? config.sinks.to(at::kFloat).contiguous() : at::Tensor();
