@@ -160,4 +160,27 @@ TEST(StallAware, CoversEveryIndexAndGoesSerialAfterStalls) {
   EXPECT_EQ(threads[0], 0);
 }
 
+// parallel_for_work: little work is one call on the calling thread; more covers every
+// index exactly once, in chunks of no more than about 2^18 multiply-adds.
+TEST(StallAware, ParallelForWorkRunsSmallWorkInOneCall) {
+  std::vector<std::pair<int64_t, int64_t>> calls;
+  K::parallel_for_work(64, 1000, [&](int64_t b, int64_t e) { calls.emplace_back(b, e); });
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0], std::make_pair(int64_t{0}, int64_t{64}));
+  std::mutex m;
+  std::vector<int> seen(5000, 0);
+  int64_t largest = 0;
+  K::parallel_for_work(5000, 4096, [&](int64_t b, int64_t e) {
+    const std::lock_guard<std::mutex> lock(m);
+    largest = std::max(largest, e - b);
+    for (int64_t i = b; i < e; ++i) ++seen[i];
+  });
+  for (const int c : seen) ASSERT_EQ(c, 1);
+  // at::parallel_for splits the range over the threads, each part at least the grain
+  // (64 items of 4096), so one thread means one part.
+  if (at::get_num_threads() > 1 && !K::stalled_recently()) {
+    EXPECT_LT(largest, 5000);
+  }
+}
+
 }  // namespace

@@ -18,12 +18,6 @@ namespace torchattn::kernels::cpu {
 
 namespace {
 
-// Multiply-adds below which the rows run on the calling thread: a parallel region
-// costs tens of microseconds to start and join, and far more when a core is busy.
-constexpr int64_t kSerialWork = 1 << 20;
-// Multiply-adds per parallel chunk when there is more.
-constexpr int64_t kChunkWork = 1 << 18;
-
 bool plain_float(const at::Tensor& t) {
   return t.is_cpu() && t.scalar_type() == at::kFloat && t.layout() == at::kStrided && !t.is_nested() && t.dim() == 4 &&
          t.stride(3) == 1;
@@ -119,12 +113,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
       for (int64_t i = 0; i < dv; ++i) o[i] *= inv;
     }
   };
-  const int64_t n_rows = B * H * Tq, per_row = Tk * (d + dv);
-  if (n_rows * per_row <= kSerialWork) {
-    rows(0, n_rows);
-  } else {
-    parallel_for_unless_stalled(n_rows, std::max<int64_t>(1, kChunkWork / per_row), rows);
-  }
+  parallel_for_work(B * H * Tq, Tk * (d + dv), rows);
   return out;
 }
 

@@ -5,7 +5,6 @@
 #include "kernels/cpu/stall_aware.h"
 
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -20,10 +19,6 @@ namespace {
 // Keys are packed transposed, [B, Hkv, d, TkP], TkP a multiple of the widest tile's
 // keys (zeros past Tk), so every tile loads whole vectors.
 constexpr int64_t kKeyPad = 32;
-// Multiply-adds below which the blocks run on the calling thread, and per parallel
-// chunk above (as decode_attention).
-constexpr int64_t kPrefillSerialWork = 1 << 20;
-constexpr int64_t kPrefillChunkWork = 1 << 18;
 
 bool prefill_operand(const at::Tensor& t) {
   return t.defined() && t.is_cpu() && t.scalar_type() == at::kFloat && t.layout() == at::kStrided && !t.is_nested() &&
@@ -203,8 +198,9 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
   TORCH_CHECK(scale > 0.0 && std::isfinite(scale), "prefill_attention: expected a finite scale > 0, got ", scale);
   TORCH_CHECK(isa <= best_isa(), "prefill_attention: this CPU does not run ", isa_name(isa));
   const int64_t TkP = (Tk + kKeyPad - 1) / kKeyPad * kKeyPad;
-  at::Tensor kt = at::zeros({B, Hkv, d, TkP}, q.options());
+  at::Tensor kt = at::empty({B, Hkv, d, TkP}, q.options());
   kt.narrow(3, 0, Tk).copy_(k.transpose(2, 3));
+  if (TkP > Tk) kt.narrow(3, Tk, TkP - Tk).zero_();
   at::Tensor out = at::empty({B, H, Tq, dv}, q.options());
   const Operands a{q.const_data_ptr<float>(),
                    q.stride(0),
@@ -227,13 +223,9 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
                    static_cast<float>(scale)};
   const int64_t rows = simd::run_on<BlockRows>(isa), blocks = (Tq + rows - 1) / rows, tasks = B * H * blocks;
   // Multiply-adds of an average block: its rows over about half the keys and more.
-  const int64_t per_task = std::max<int64_t>(1, rows * (Tk - Tq / 2) * (d + dv));
-  auto chunk = [&](int64_t begin, int64_t end) { simd::run_on<CausalBlocks>(isa, a, begin, end); };
-  if (tasks * per_task <= kPrefillSerialWork) {
-    chunk(0, tasks);
-  } else {
-    parallel_for_unless_stalled(tasks, std::max<int64_t>(1, kPrefillChunkWork / per_task), chunk);
-  }
+  const int64_t per_task = rows * (Tk - Tq / 2) * (d + dv);
+  parallel_for_work(tasks, per_task,
+                    [&](int64_t begin, int64_t end) { simd::run_on<CausalBlocks>(isa, a, begin, end); });
   return out;
 }
 

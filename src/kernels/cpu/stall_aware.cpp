@@ -68,4 +68,14 @@ void parallel_for_unless_stalled(int64_t n, int64_t grain, const std::function<v
   }
 }
 
+void parallel_for_work(int64_t n, int64_t work, const std::function<void(int64_t, int64_t)>& f) {
+  constexpr int64_t kSerialWork = int64_t{1} << 20, kChunkWork = int64_t{1} << 18;
+  work = std::max<int64_t>(1, work);
+  if (n * work <= kSerialWork) {
+    f(0, n);
+  } else {
+    parallel_for_unless_stalled(n, std::max<int64_t>(1, kChunkWork / work), f);
+  }
+}
+
 }  // namespace torchattn::kernels::cpu

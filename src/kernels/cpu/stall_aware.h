@@ -28,6 +28,12 @@ namespace torchattn::kernels::cpu {
 /// on the calling thread while recent regions stalled (see above).
 void parallel_for_unless_stalled(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& f);
 
+/// f over n items of `work` multiply-adds each: f(0, n) on the calling thread when all of
+/// them are below what pays for a parallel region (2^20: a region costs tens of
+/// microseconds to start and join, and far more when a core is busy), else
+/// parallel_for_unless_stalled in chunks of about 2^18 (the attention kernels' rows).
+void parallel_for_work(int64_t n, int64_t work, const std::function<void(int64_t, int64_t)>& f);
+
 /// Whether regions currently run on the calling thread alone (for tests and benchmarks).
 bool stalled_recently();
 
