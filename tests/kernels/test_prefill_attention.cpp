@@ -79,6 +79,27 @@ TEST(PrefillAttention, MatchesTheMathOnEveryInstructionSet) {
   EXPECT_EQ(checked, static_cast<int>(K::supported_isas().size() * cases().size()));
 }
 
+// A key hidden from a row adds nothing to it, even a value of inf: the rows before an
+// inf value are those of the same values with a finite one there, bit for bit, on
+// every instruction set, a key inside a block of rows and a tile of keys.
+TEST(PrefillAttention, AKeyHiddenFromARowNeverReachesIt) {
+  for (const K::Isa isa : K::supported_isas()) {
+    for (const int64_t past : {int64_t{0}, int64_t{3}}) {
+      SCOPED_TRACE(std::string(K::isa_name(isa)) + " past " + std::to_string(past));
+      torch::manual_seed(11);
+      const int64_t Tq = 13, Tk = Tq + past, at_key = past + 6;  // first seen by query row 6
+      const auto q = torch::randn({1, 2, Tq, 16}), k = torch::randn({1, 2, Tk, 16});
+      auto v = torch::randn({1, 2, Tk, 16});
+      const auto finite = K::prefill_attention(q, k, v, 0.25, isa);
+      v.select(2, at_key).fill_(INFINITY);
+      const auto out = K::prefill_attention(q, k, v, 0.25, isa);
+      EXPECT_TRUE(torch::equal(out.narrow(2, 0, 6), finite.narrow(2, 0, 6)));
+      EXPECT_TRUE(out.narrow(2, 0, 6).isfinite().all().item<bool>());
+      EXPECT_FALSE(out.narrow(2, 6, Tq - 6).isfinite().any().item<bool>());  // the rows that see it
+    }
+  }
+}
+
 // Every output is one task's, so the threads' split changes no bit; and at Tq == Tk the
 // result is ATen's causal SDPA within float32 rounding.
 TEST(PrefillAttention, ThreadsChangeNoBitAndAtenAgrees) {

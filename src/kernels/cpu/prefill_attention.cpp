@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <vector>
 
 namespace torchattn::kernels::cpu {
@@ -104,8 +103,7 @@ struct CausalBlocks {
         }
       }
 
-      // 2. Each row's softmax over its visible keys, exp(s - max) unnormalized; the
-      // keys past them weigh 0.
+      // 2. Each row's softmax over its visible keys, exp(s - max) unnormalized.
       const V vscale = S::set1(a.scale);
       for (int64_t r = 0; r < rows; ++r) {
         float* s = scratch.data() + r * a.TkP;
@@ -130,13 +128,14 @@ struct CausalBlocks {
           vsum = S::add(vsum, S::load(s + j, n));  // zeros past n
         }
         inv[r] = 1.0f / S::reduce_add(vsum);
-        std::fill(s + seen, s + keys, 0.0f);
       }
 
       // 3. The weighted values, RO rows x NO vectors of columns at a time.
       for (int64_t r0 = 0; r0 < rows; r0 += RO) {
         const float* prow[RO];
         for (int64_t r = 0; r < RO; ++r) prow[r] = scratch.data() + std::min(r0 + r, rows - 1) * a.TkP;
+        // Rows stored by this group, and the keys all of them see (its first row's).
+        const int64_t stored = std::min(RO, rows - r0), shared = t0 + r0 + a.offset + 1;
         for (int64_t c0 = 0; c0 < a.dv; c0 += NO * W) {
           const int64_t nv = std::min<int64_t>(NO, (a.dv - c0) / W);
           V acc[RO][NO];
@@ -144,7 +143,8 @@ struct CausalBlocks {
             for (auto& x : row) x = S::zero();
           }
           const float* vc = vb + c0;
-          for (int64_t j = 0; j < keys; ++j, vc += a.v_t) {
+          int64_t j = 0;
+          for (; j < shared; ++j, vc += a.v_t) {
             V vv[NO];
             for (int64_t n = 0; n < NO; ++n) vv[n] = n < nv ? S::load(vc + n * W) : S::zero();
             for (int64_t r = 0; r < RO; ++r) {
@@ -152,7 +152,17 @@ struct CausalBlocks {
               for (int64_t n = 0; n < NO; ++n) acc[r][n] = S::fma(pv, vv[n], acc[r][n]);
             }
           }
-          for (int64_t r = 0; r < std::min(RO, rows - r0); ++r) {
+          // The group's later rows' last keys: only the rows that see a key add it, so a
+          // key hidden from a row (even one of value inf) never reaches that row.
+          for (; j < shared + stored - 1; ++j, vc += a.v_t) {
+            V vv[NO];
+            for (int64_t n = 0; n < NO; ++n) vv[n] = n < nv ? S::load(vc + n * W) : S::zero();
+            for (int64_t r = j - shared + 1; r < stored; ++r) {
+              const V pv = S::set1(prow[r][j]);
+              for (int64_t n = 0; n < NO; ++n) acc[r][n] = S::fma(pv, vv[n], acc[r][n]);
+            }
+          }
+          for (int64_t r = 0; r < stored; ++r) {
             float* o = a.out + ((bh * a.Tq) + t0 + r0 + r) * a.dv + c0;
             const V scale = S::set1(inv[r0 + r]);
             for (int64_t n = 0; n < nv; ++n) S::store(o + n * W, S::mul(acc[r][n], scale));
