@@ -10,7 +10,6 @@
 #include "base/checks.h"
 #include "backends/attend.h"
 #include "kernels/cpu/decode_attention.h"
-#include "kernels/cpu/prefill_attention.h"
 #include "kernels/cuda/static_decode_attention.h"
 #include "backends/score_scale.h"
 
@@ -169,12 +168,14 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   if (spec.causal) {
     if (spec.past == 0) {
       is_causal = true;
-    } else if (Tq > kernels::cpu::kDecodeAttentionRows && Tk - Tq == spec.past && config.backend == Backend::Auto &&
-               dropout_p(config) == 0.0 && kernels::cpu::prefill_attention_applies(q, k, v)) {
+    } else if (Tq > 1) {
       // A long chunk after earlier keys on the CPU (no gradient): torchattn's causal
       // kernel, aligned bottom-right, as sdpa_attention takes one from the start.
-      return kernels::cpu::prefill_attention(q, k, v, score_scale(config, q.size(-1)));
-    } else if (Tq > 1) {
+      if (Tq > kernels::cpu::kDecodeAttentionRows) {
+        if (at::Tensor out = causal_prefill_kernel(q, k, v, config); out.defined()) {
+          return out;
+        }
+      }
       keep = hidden_keys(spec, Tq, Tk, q.device()).logical_not();
     }
   }

@@ -131,6 +131,15 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k_in, const at
 // Grouped queries: a single query per head (decoding) folds its G heads into G
 // rows over their shared key/value head, [B, H, 1, d] -> [B, Hkv, G, d], so each
 // key and value is read once per group; more queries use ATen's enable_gqa.
+at::Tensor causal_prefill_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const functional::AttentionOptions& config) {
+  if (config.backend != Backend::Auto || dropout_p(config) != 0.0 ||
+      !kernels::cpu::prefill_attention_applies(q, k, v)) {
+    return {};
+  }
+  return kernels::cpu::prefill_attention(q, k, v, score_scale(config, q.size(-1)));
+}
+
 at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const std::optional<at::Tensor>& mask, bool is_causal,
                           const functional::AttentionOptions& config) {
@@ -145,11 +154,12 @@ at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
       return kernels::cpu::decode_attention(q, k, v, m, scale);
     }
   }
-  // A causal prefill on the CPU (no gradient): torchattn's kernel, which computes only
-  // the keys each row sees (kernels/cpu/prefill_attention.h).
-  if (config.backend == Backend::Auto && is_causal && !mask && dropout_p(config) == 0.0 &&
-      kernels::cpu::prefill_attention_applies(q, k, v)) {
-    return kernels::cpu::prefill_attention(q, k, v, score_scale(config, q.size(-1)));
+  // A causal prefill on the CPU (no gradient); is_causal aligns top-left, the kernel
+  // bottom-right: the same where Tq == Tk.
+  if (is_causal && !mask && q.size(-2) == k.size(-2)) {
+    if (at::Tensor out = causal_prefill_kernel(q, k, v, config); out.defined()) {
+      return out;
+    }
   }
   const bool allow_cudnn = config.backend == Backend::SDPA;
   const int64_t G = query_groups(q, k);

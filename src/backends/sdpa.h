@@ -64,6 +64,14 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::T
                            const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                            std::optional<double> scale, bool allow_cudnn, bool enable_gqa = false);
 
+/// A causal prefill by torchattn's CPU kernel (kernels/cpu/prefill_attention.h), which
+/// computes only the keys each row sees, where it applies: Backend::Auto, no dropout,
+/// float32 without a gradient, AVX2 or wider. Row t sees keys 0 .. t + Tk - Tq (aligned
+/// bottom-right). q: [B, H, Tq, d], k: [B, Hkv, Tk, d], v: [B, Hkv, Tk, dv].
+/// Returns [B, H, Tq, dv], or an undefined tensor where the kernel does not apply.
+at::Tensor causal_prefill_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const functional::AttentionOptions& config);
+
 /// The SDPA backend (Backend::SDPA and Auto): a decoding step on the CPU through
 /// torchattn's decode kernel (kernels/cpu/decode_attention.h), a single query per head
 /// of grouped heads folded over its key/value head, else fused_attention. `mask` as
