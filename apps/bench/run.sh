@@ -173,10 +173,14 @@ case "$device" in
     .venv/bin/python apps/generate/bench_transformers.py --model "$smollm2" --threads 2 --json "$out/generate-py.json" \
       ${args[@]+"${args[@]}"}
     # Decoding on a busy machine: idle, then with one core kept busy by another process
-    # (a busy loop), at 2 threads (the default on 2 cores) and at 1, in this run.
+    # (a busy loop), at 2 threads (the default on 2 cores) and at 1, in this run; rounds
+    # of the pair (LOAD_ROUNDS, default 3; 1 with --quick), 2 threads then 1 in each, as
+    # one run moves by a tenth from the next on a shared machine.
     gen=./build/apps/generate/torchattn_generate_bench
     load=()
     busy_pid=""
+    load_rounds=${LOAD_ROUNDS:-3}
+    [ "$quick" = 1 ] && load_rounds=1
     trap '[ -n "$busy_pid" ] && kill "$busy_pid" 2>/dev/null' EXIT
     for state in idle busy; do
       busy_pid=""
@@ -185,9 +189,12 @@ case "$device" in
         busy_pid=$!
         sleep 1
       fi
-      for t in 2 1; do
-        "$gen" --model "$smollm2" --threads "$t" --decode-only --json "$out/load-$state-$t.json" ${args[@]+"${args[@]}"}
-        load+=("$state:$t:$out/load-$state-$t.json")
+      for ((r = 1; r <= load_rounds; r++)); do
+        for t in 2 1; do
+          "$gen" --model "$smollm2" --threads "$t" --decode-only --json "$out/load-$state-$t-$r.json" \
+            ${args[@]+"${args[@]}"}
+          load+=("$state:$t:$out/load-$state-$t-$r.json")
+        done
       done
       if [ -n "$busy_pid" ]; then kill "$busy_pid"; busy_pid=""; fi
     done
