@@ -112,22 +112,24 @@ inline void check_input(const char* module, const at::Tensor& x, int64_t d_in, i
 // cu_seqlens of documents packed in x [N, ...] (FlashAttention's varlen form): [S + 1]
 // int32 or int64 on the CPU or x's device, 0 first, N last, increasing (every
 // document at least one token), each document at most max_len tokens where max_len >
-// 0. Returns the offsets on the host (a device tensor is copied: one synchronisation).
+// 0. `rows` names x's N in the messages ("x's N rows" by default). Returns the offsets
+// on the host (a device tensor is copied: one synchronisation).
 inline std::vector<int64_t> check_cu_seqlens(const char* fn, const at::Tensor& cu_seqlens, const at::Tensor& x,
-                                             int64_t max_len) {
+                                             int64_t max_len, const char* x_name = "x", const char* rows = "rows") {
   TORCH_CHECK(cu_seqlens.defined(), fn, ": expected cu_seqlens, got an undefined tensor");
   TORCH_CHECK(cu_seqlens.dim() == 1 && cu_seqlens.size(0) >= 2, fn,
               ": expected cu_seqlens of shape [S + 1] with S >= 1 documents, got ", cu_seqlens.sizes());
   TORCH_CHECK(cu_seqlens.scalar_type() == at::kInt || cu_seqlens.scalar_type() == at::kLong, fn,
               ": expected cu_seqlens int32 or int64, got ", cu_seqlens.scalar_type());
-  TORCH_CHECK(cu_seqlens.is_cpu() || cu_seqlens.device() == x.device(), fn,
-              ": expected cu_seqlens on the CPU or on x's device ", x.device(), ", got ", cu_seqlens.device());
+  TORCH_CHECK(cu_seqlens.is_cpu() || cu_seqlens.device() == x.device(), fn, ": expected cu_seqlens on the CPU or on ",
+              x_name, "'s device ", x.device(), ", got ", cu_seqlens.device());
   const at::Tensor host = cu_seqlens.to(at::kCPU, at::kLong).contiguous();
   const int64_t* p = host.const_data_ptr<int64_t>();
   const int64_t n = host.size(0), N = x.size(0);
   std::vector<int64_t> offsets(p, p + n);
   TORCH_CHECK(offsets.front() == 0, fn, ": expected cu_seqlens to start at 0, got ", offsets.front());
-  TORCH_CHECK(offsets.back() == N, fn, ": expected cu_seqlens to end at x's ", N, " rows, got ", offsets.back());
+  TORCH_CHECK(offsets.back() == N, fn, ": expected cu_seqlens to end at ", x_name, "'s ", N, " ", rows, ", got ",
+              offsets.back());
   for (int64_t s = 0; s + 1 < n; ++s) {
     const int64_t len = offsets[s + 1] - offsets[s];
     TORCH_CHECK(len > 0, fn, ": expected cu_seqlens increasing (every document at least one token), got ", offsets[s],

@@ -111,7 +111,7 @@ at::Tensor attention_packed(const at::Tensor& q, const at::Tensor& k, const at::
               "attention_packed: expected q, k and v with the same N tokens along dim -2, got q ", q.sizes(), ", k ",
               k.sizes(), ", v ", v.sizes());
   const std::vector<int64_t> offsets = detail::check_cu_seqlens("attention_packed", cu_seqlens, q.movedim(-2, 0),
-                                                                /*max_len=*/0);
+                                                                /*max_len=*/0, "q", "tokens (dim -2)");
   std::vector<int64_t> lengths;
   for (size_t s = 0; s + 1 < offsets.size(); ++s) lengths.push_back(offsets[s + 1] - offsets[s]);
   return detail::attend_documents(

@@ -248,7 +248,7 @@ TEST(PackedSequencesFunctional, AttentionPackedEqualsEachDocumentAlone) {
   }
   const auto q = torch::randn({2, 10, 4});
   expect_error([&] { torchattn::functional::attention_packed(q, q, q, torch::tensor({0, 4, 9}), true); },
-               "attention_packed: expected cu_seqlens to end at x's 10 rows, got 9");
+               "attention_packed: expected cu_seqlens to end at q's 10 tokens (dim -2), got 9");
   expect_error(
       [&] { torchattn::functional::attention_packed(q, q.narrow(1, 0, 9), q, torch::tensor({0, 10}), true); },
       "attention_packed: expected q, k and v with the same N tokens along dim -2, got q [2, 10, 4], k [2, 9, 4]");
