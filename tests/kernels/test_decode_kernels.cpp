@@ -110,6 +110,34 @@ TEST(DecodeAttention, MatchesTheMathOverShapesMasksAndLayouts) {
   EXPECT_EQ(checked, static_cast<int>(cases.size()));
 }
 
+// A static cache's row: its keys a window in the middle of a capacity whose other
+// slots hold anything (here NaN). Bool and additive (-inf) masks hide them; the row is
+// the same bits as over the same values with zeros there, and finite.
+TEST(DecodeAttention, KeysOutsideTheVisibleRangeAreNotRead) {
+  torch::manual_seed(21);
+  const int64_t Tk = 300, lo = 40, hi = 170;
+  const auto q = torch::randn({2, 4, 1, 64});
+  auto k = torch::zeros({2, 2, Tk, 64}), v = torch::zeros({2, 2, Tk, 64});
+  k.narrow(2, lo, hi - lo).normal_();
+  v.narrow(2, lo, hi - lo).normal_();
+  auto keep = torch::zeros({2, 1, 1, Tk}, torch::kBool);
+  keep.narrow(3, lo, hi - lo).fill_(true);
+  keep.index_put_({0, 0, 0, lo + 5}, false);  // a hidden key between visible ones
+  const auto additive = torch::zeros({2, 1, 1, Tk}).masked_fill(keep.logical_not(), -INFINITY);
+  for (const auto& mask : {keep, additive}) {
+    SCOPED_TRACE(mask.scalar_type() == torch::kBool ? "bool mask" : "additive mask");
+    const auto clean = K::decode_attention(q, k, v, mask, 0.125);
+    auto k_nan = k.clone(), v_nan = v.clone();
+    for (auto* t : {&k_nan, &v_nan}) {
+      t->narrow(2, 0, lo).fill_(NAN);
+      t->narrow(2, hi, Tk - hi).fill_(NAN);
+    }
+    const auto out = K::decode_attention(q, k_nan, v_nan, mask, 0.125);
+    EXPECT_TRUE(torch::equal(out, clean));
+    EXPECT_LT((clean.to(torch::kFloat64) - decode_math(q, k, v, mask, 0.125)).abs().max().item<double>(), 2e-5);
+  }
+}
+
 TEST(DecodeAttention, AppliesOnlyToWhatItComputes) {
   const auto q = torch::randn({1, 2, 1, 8}), k = torch::randn({1, 2, 5, 8}), v = torch::randn({1, 2, 5, 8});
   EXPECT_TRUE(K::decode_attention_applies(q, k, v, {}));

@@ -84,11 +84,21 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
       const float* kb = kp + b * ks[0] + hk * ks[1];
       const float* vb = vp + b * vs[0] + hk * vs[1];
       const int64_t moff = b * ms[0] + h * ms[1] + t * ms[2];
-      // Every key's product in one call (a hidden key's is overwritten below: a
-      // static cache's unwritten slots may hold anything).
-      dots(qr, kb, ks[2], Tk, d, scores.data());
+      // The keys from the first visible to the last: a static cache's row sees its
+      // first keys of a capacity's worth, whose unwritten slots may hold anything.
+      auto visible = [&](int64_t j) {
+        return mb != nullptr ? mb[moff + j * ms[3]] : mf == nullptr || mf[moff + j * ms[3]] != kNegInf;
+      };
+      int64_t lo = 0, hi = Tk;
+      while (lo < hi && !visible(lo)) ++lo;
+      while (hi > lo && !visible(hi - 1)) --hi;
+      float* o = op + row * dv;
+      std::fill(o, o + dv, 0.0f);
+      if (lo == hi) continue;  // no key to see: zeros
+      // Their products in one call (a hidden key's among them is overwritten below).
+      dots(qr, kb + lo * ks[2], ks[2], hi - lo, d, scores.data() + lo);
       float top = kNegInf;
-      for (int64_t j = 0; j < Tk; ++j) {
+      for (int64_t j = lo; j < hi; ++j) {
         float s;
         if (mb != nullptr && !mb[moff + j * ms[3]]) {
           s = kNegInf;
@@ -99,16 +109,14 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
         scores[j] = s;
         top = std::max(top, s);
       }
-      float* o = op + row * dv;
-      std::fill(o, o + dv, 0.0f);
       if (top == kNegInf) continue;  // no key to see: zeros
       float total = 0.0f;
-      for (int64_t j = 0; j < Tk; ++j) {
+      for (int64_t j = lo; j < hi; ++j) {
         // A hidden key weighs 0: axpys skips it (its value is not read).
         weights[j] = scores[j] == kNegInf ? 0.0f : std::exp(scores[j] - top);
         total += weights[j];
       }
-      axpys(weights.data(), vb, vs[2], Tk, o, dv);
+      axpys(weights.data() + lo, vb + lo * vs[2], vs[2], hi - lo, o, dv);
       const float inv = 1.0f / total;
       for (int64_t i = 0; i < dv; ++i) o[i] *= inv;
     }
