@@ -122,15 +122,6 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k_in, const at
   return at::scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa);
 }
 
-
-// The SDPA backend: Backend::SDPA is ATen's own choice of kernel; Auto never takes
-// cuDNN (its per-shape plans, and its known troubles inside CUDA-graph capture with
-// masks and long keys, which is what a static-shape decoding step is). `mask` has a
-// query dimension of Tq or 1 and a head dimension of 1.
-//
-// Grouped queries: a single query per head (decoding) folds its G heads into G
-// rows over their shared key/value head, [B, H, 1, d] -> [B, Hkv, G, d], so each
-// key and value is read once per group; more queries use ATen's enable_gqa.
 at::Tensor causal_prefill_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const functional::AttentionOptions& config) {
   if (config.backend != Backend::Auto || dropout_p(config) != 0.0 ||
@@ -140,6 +131,14 @@ at::Tensor causal_prefill_kernel(const at::Tensor& q, const at::Tensor& k, const
   return kernels::cpu::prefill_attention(q, k, v, score_scale(config, q.size(-1)));
 }
 
+// The SDPA backend: Backend::SDPA is ATen's own choice of kernel; Auto never takes
+// cuDNN (its per-shape plans, and its known troubles inside CUDA-graph capture with
+// masks and long keys, which is what a static-shape decoding step is). `mask` has a
+// query dimension of Tq or 1 and a head dimension of 1.
+//
+// Grouped queries: a single query per head (decoding) folds its G heads into G
+// rows over their shared key/value head, [B, H, 1, d] -> [B, Hkv, G, d], so each
+// key and value is read once per group; more queries use ATen's enable_gqa.
 at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const std::optional<at::Tensor>& mask, bool is_causal,
                           const functional::AttentionOptions& config) {

@@ -112,8 +112,8 @@ inline void check_input(const char* module, const at::Tensor& x, int64_t d_in, i
 // cu_seqlens of documents packed in x [N, ...] (FlashAttention's varlen form): [S + 1]
 // int32 or int64 on the CPU or x's device, 0 first, N last, increasing (every
 // document at least one token), each document at most max_len tokens where max_len >
-// 0. `rows` names x's N in the messages ("x's N rows" by default). Returns the offsets
-// on the host (a device tensor is copied: one synchronisation).
+// 0. `x_name` and `rows` name x and its N in the messages ("x's N rows" by default).
+// Returns the offsets on the host (a device tensor is copied: one synchronisation).
 inline std::vector<int64_t> check_cu_seqlens(const char* fn, const at::Tensor& cu_seqlens, const at::Tensor& x,
                                              int64_t max_len, const char* x_name = "x", const char* rows = "rows") {
   TORCH_CHECK(cu_seqlens.defined(), fn, ": expected cu_seqlens, got an undefined tensor");

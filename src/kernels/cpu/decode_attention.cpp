@@ -84,8 +84,8 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
       const float* kb = kp + b * ks[0] + hk * ks[1];
       const float* vb = vp + b * vs[0] + hk * vs[1];
       const int64_t moff = b * ms[0] + h * ms[1] + t * ms[2];
-      // The keys from the first visible to the last: a static cache's row sees its
-      // first keys of a capacity's worth, whose unwritten slots may hold anything.
+      // Only the keys from the first visible to the last are read: over a static cache
+      // a row sees the first keys of the capacity, whose unwritten slots hold anything.
       auto visible = [&](int64_t j) {
         return mb != nullptr ? mb[moff + j * ms[3]] : mf == nullptr || mf[moff + j * ms[3]] != kNegInf;
       };
