@@ -53,6 +53,29 @@ def one(data, section, **kw):
     return found[0]
 
 
+def short_kernel(name, width=60):
+    """A kernel's own name from its demangled signature: no return type, namespaces or
+    arguments, its template arguments kept (cut to `width` characters)."""
+    if "::" not in name:  # a copy's or a library kernel's plain name
+        return name if len(name) <= width else name[:width - 3] + "..."
+    name = name.replace("(anonymous namespace)::", "")
+    if name.startswith("void "):
+        name = name[len("void "):]
+    depth, cut, last = 0, len(name), 0
+    for i, c in enumerate(name):
+        if c in "<{":
+            depth += 1
+        elif c in ">}":
+            depth -= 1
+        elif depth == 0 and c == "(":
+            cut = i
+            break
+        elif depth == 0 and name.startswith("::", i):
+            last = i + 2
+    name = name[last:cut]
+    return name if len(name) <= width else name[:width - 3] + "..."
+
+
 def module_flops(r):
     """Useful FLOPs of one causal multi-head attention forward (as bench_cuda.cpp counts
     them): four projections and the lower triangle of q k^T and weights @ v."""
@@ -157,7 +180,7 @@ def shortfalls(cpp, prof):
         if ks:
             gpu = sum(k["us_per_step"] for k in ks)
             calls = sum(k["calls_per_step"] for k in ks)
-            top = ", ".join(f"{k['kernel'][:60]} {k['us_per_step']:.1f} us" for k in ks[:3])
+            top = ", ".join(f"{short_kernel(k['kernel'])} {k['us_per_step']:.1f} us" for k in ks[:3])
             line += (f"On the GPU the replayed step is {calls:.0f} kernels and copies taking {gpu:.1f} us in all "
                      f"(the kernel table under Decoding; the largest: {top}); the rest, "
                      f"{graph['median_us'] - gpu:.1f} us, is the gaps between them, the graph's launch and the "
