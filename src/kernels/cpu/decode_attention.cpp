@@ -1,5 +1,6 @@
 #include "kernels/cpu/decode_attention.h"
 
+#include "kernels/cpu/float_operand.h"
 #include "kernels/cpu/needs_grad.h"
 #include "kernels/cpu/stall_aware.h"
 #include "kernels/cpu/vec.h"
@@ -16,17 +17,8 @@
 
 namespace torchattn::kernels::cpu {
 
-namespace {
-
-bool plain_float(const at::Tensor& t) {
-  return t.is_cpu() && t.scalar_type() == at::kFloat && t.layout() == at::kStrided && !t.is_nested() && t.dim() == 4 &&
-         t.stride(3) == 1;
-}
-
-}  // namespace
-
 bool decode_attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
-  if (!plain_float(q) || !plain_float(k) || !plain_float(v)) return false;
+  if (!float_operand(q, 4) || !float_operand(k, 4) || !float_operand(v, 4)) return false;
   const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), d = q.size(3);
   if (Tq < 1 || Tq > kDecodeAttentionRows || B < 1 || H < 1 || d < 1) return false;
   if (k.size(0) != B || v.size(0) != B || k.size(1) < 1 || H % k.size(1) != 0 || v.size(1) != k.size(1) ||

@@ -1,5 +1,6 @@
 #include "kernels/cpu/paged_attention.h"
 
+#include "kernels/cpu/float_operand.h"
 #include "kernels/cpu/needs_grad.h"
 #include "kernels/cpu/paged_attention_rows.h"
 #include "kernels/cpu/stall_aware.h"
@@ -26,10 +27,8 @@ constexpr int64_t kPagedSerialWork = 1 << 18;
 // New rows of one sequence per task (times the query heads of a key head).
 constexpr int64_t kRowBlock = 8;
 
-bool plain_float(const at::Tensor& t, int64_t dim) {
-  return t.is_cpu() && t.scalar_type() == at::kFloat && t.layout() == at::kStrided && !t.is_nested() &&
-         t.dim() == dim && t.stride(dim - 1) == 1 && !needs_grad(t);
-}
+// A float32 operand no gradient flows through.
+bool plain_float(const at::Tensor& t, int64_t dim) { return float_operand(t, dim) && !needs_grad(t); }
 
 }  // namespace
 

@@ -1,5 +1,6 @@
 #include "kernels/cpu/prefill_attention.h"
 
+#include "kernels/cpu/float_operand.h"
 #include "kernels/cpu/needs_grad.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/stall_aware.h"
@@ -18,11 +19,6 @@ namespace {
 // Keys are packed transposed, [B, Hkv, d, TkP], TkP a multiple of the widest tile's
 // keys (zeros past Tk), so every tile loads whole vectors.
 constexpr int64_t kKeyPad = 32;
-
-bool prefill_operand(const at::Tensor& t) {
-  return t.defined() && t.is_cpu() && t.scalar_type() == at::kFloat && t.layout() == at::kStrided && !t.is_nested() &&
-         t.dim() == 4 && t.stride(3) == 1;
-}
 
 // One call's operands: q rows, the packed keys, v rows, the output.
 struct Operands {
@@ -179,7 +175,7 @@ TORCHATTN_SIMD_KERNELS_END
 
 bool prefill_attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   if (best_isa() < Isa::Avx2) return false;
-  if (!prefill_operand(q) || !prefill_operand(k) || !prefill_operand(v)) return false;
+  if (!float_operand(q, 4) || !float_operand(k, 4) || !float_operand(v, 4)) return false;
   const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), d = q.size(3);
   if (B < 1 || H < 1 || Tq < 1 || d < 1 || k.size(0) != B || v.size(0) != B || k.size(1) < 1 || H % k.size(1) != 0 ||
       v.size(1) != k.size(1) || k.size(3) != d || k.size(2) < Tq || v.size(2) != k.size(2) || v.size(3) < 16 ||
@@ -194,7 +190,7 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
 }
 
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, Isa isa) {
-  TORCH_CHECK(prefill_operand(q) && prefill_operand(k) && prefill_operand(v),
+  TORCH_CHECK(float_operand(q, 4) && float_operand(k, 4) && float_operand(v, 4),
               "prefill_attention: expected float32 CPU q, k and v of 4 dimensions with unit last strides");
   const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), d = q.size(3);
   const int64_t Hkv = k.size(1), Tk = k.size(2), dv = v.size(3);
