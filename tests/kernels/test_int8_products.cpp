@@ -2,7 +2,7 @@
 // row and multiplied in int32 with the int8 weights. Against PyTorch's float64 numbers
 // of the same scheme (tests/golden/weights.txt, y_int8_products from
 // tests/reference/make_golden.py) and a float64 reference built here over many shapes;
-// the AVX-512 VNNI kernel and the portable loop give the same bits; a row gives the same
+// every kernel this CPU runs (portable, AVX2, AVX-512 VNNI) gives the same bits; a row gives the same
 // bits alone or in any batch; a NaN or an infinity in a row makes that row's outputs
 // NaN; and which products quantized_linear picks for how many rows.
 
@@ -49,12 +49,9 @@ torch::Tensor int8_products_reference(const torch::Tensor& x, const torch::Tenso
   return y.to(torch::kFloat);
 }
 
-// The kernels this CPU runs: the portable loop, and the VNNI kernel where present.
-std::vector<bool> int8_kernels() {
-  std::vector<bool> k{false};
-  if (kc::int8_products_vnni()) k.push_back(true);
-  return k;
-}
+// The kernels this CPU runs (under TORCHATTN_ISA): the portable loop, AVX2's and VNNI's
+// where present.
+std::vector<kc::Int8Kernel> int8_kernels() { return kc::supported_int8_kernels(); }
 
 class Int8ProductsGolden : public ::testing::TestWithParam<std::string> {};
 
@@ -65,9 +62,9 @@ TEST_P(Int8ProductsGolden, EqualPyTorchsNumbersOfTheScheme) {
   const auto x = c.tensor("x").to(torch::kFloat);
   const auto want = c.tensor("y_int8_products").to(torch::kFloat);
   auto [q, scale] = kc::quantize_int8_groups(weight);
-  for (const bool vnni : int8_kernels()) {
-    SCOPED_TRACE(vnni ? "vnni" : "portable");
-    EXPECT_TRUE(tol::close(kc::int8_products_linear(x, q, scale, bias, vnni), want, int8_sums_of(weight.size(1))));
+  for (const auto kernel : int8_kernels()) {
+    SCOPED_TRACE(kc::int8_kernel_name(kernel));
+    EXPECT_TRUE(tol::close(kc::int8_products_linear(x, q, scale, bias, kernel), want, int8_sums_of(weight.size(1))));
   }
   EXPECT_TRUE(
       tol::close(kc::quantized_linear(x, q, scale, bias, Int8Products::Int8), want, int8_sums_of(weight.size(1))));
@@ -78,7 +75,8 @@ TEST_P(Int8ProductsGolden, EqualPyTorchsNumbersOfTheScheme) {
 INSTANTIATE_TEST_SUITE_P(Shapes, Int8ProductsGolden, ::testing::Values("small", "decode", "serve", "prefill"));
 
 // Inputs of whole and short groups (the last group short, in < 4, in % 4 != 0), outputs
-// across the 32-output panels, rows across the 8-row tiles, with and without a bias.
+// across the panels (16 outputs: AVX2, 32: VNNI), rows across the tiles (4 and 8) and
+// the few-rows kernels (up to 16), with and without a bias.
 TEST(Int8Products, EqualTheSchemeInFloat64OverShapesAndKernelsAgreeBitForBit) {
   torch::manual_seed(71);
   torch::NoGradGuard no_grad;
@@ -93,10 +91,11 @@ TEST(Int8Products, EqualTheSchemeInFloat64OverShapesAndKernelsAgreeBitForBit) {
                        (with_bias ? ", bias" : ""));
           const auto bias = with_bias ? torch::randn({out}) : torch::Tensor();
           const auto want = int8_products_reference(x, q, scale, bias);
-          const auto portable = kc::int8_products_linear(x, q, scale, bias, false);
+          const auto portable = kc::int8_products_linear(x, q, scale, bias, kc::Int8Kernel::Portable);
           EXPECT_TRUE(tol::close(portable, want, int8_sums_of(in)));
-          if (kc::int8_products_vnni()) {
-            EXPECT_TRUE(torch::equal(kc::int8_products_linear(x, q, scale, bias, true), portable));
+          for (const auto kernel : int8_kernels()) {
+            EXPECT_TRUE(torch::equal(kc::int8_products_linear(x, q, scale, bias, kernel), portable))
+                << kc::int8_kernel_name(kernel);
           }
         }
       }
@@ -110,13 +109,13 @@ TEST(Int8Products, ARowGivesTheSameBitsAloneOrInABatch) {
   const auto w = torch::randn({70, 200}), b = torch::randn({70});
   auto [q, scale] = kc::quantize_int8_groups(w);
   const auto x = torch::randn({37, 200});
-  for (const bool vnni : int8_kernels()) {
-    const auto all = kc::int8_products_linear(x, q, scale, b, vnni);
+  for (const auto kernel : int8_kernels()) {
+    const auto all = kc::int8_products_linear(x, q, scale, b, kernel);
     // Alone, and five rows together (the row kernel), against 37 (the panels).
     for (const auto& [r, n] : std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {8, 1}, {36, 1}, {30, 5}}) {
-      EXPECT_TRUE(torch::equal(kc::int8_products_linear(x.narrow(0, r, n).contiguous(), q, scale, b, vnni),
+      EXPECT_TRUE(torch::equal(kc::int8_products_linear(x.narrow(0, r, n).contiguous(), q, scale, b, kernel),
                                all.narrow(0, r, n)))
-          << "rows " << r << ".." << r + n - 1 << (vnni ? ", vnni" : ", portable");
+          << "rows " << r << ".." << r + n - 1 << ", " << kc::int8_kernel_name(kernel);
     }
   }
 }
@@ -131,10 +130,10 @@ TEST(Int8Products, ANaNOrInfinityInARowMakesItsOutputsNaN) {
   x[3][70] = std::numeric_limits<float>::quiet_NaN();
   x[11][149] = std::numeric_limits<float>::infinity();
   x[12][0] = -std::numeric_limits<float>::infinity();
-  for (const bool vnni : int8_kernels()) {
-    SCOPED_TRACE(vnni ? "vnni" : "portable");
-    const auto y = kc::int8_products_linear(x, q, scale, {}, vnni);
-    const auto want = kc::int8_products_linear(clean, q, scale, {}, vnni);
+  for (const auto kernel : int8_kernels()) {
+    SCOPED_TRACE(kc::int8_kernel_name(kernel));
+    const auto y = kc::int8_products_linear(x, q, scale, {}, kernel);
+    const auto want = kc::int8_products_linear(clean, q, scale, {}, kernel);
     for (int64_t r = 0; r < 20; ++r) {
       if (r == 3 || r == 11 || r == 12) {
         EXPECT_TRUE(torch::isnan(y[r]).all().item<bool>()) << "row " << r;
@@ -145,14 +144,16 @@ TEST(Int8Products, ANaNOrInfinityInARowMakesItsOutputsNaN) {
   }
   // A row of zeros: scale 0, outputs 0 (the bias alone).
   const auto b = torch::randn({40});
-  const auto zero = kc::int8_products_linear(torch::zeros({9, 150}), q, scale, b, kc::int8_products_vnni());
-  EXPECT_TRUE(torch::equal(zero, b.expand({9, 40})));
+  for (const auto kernel : int8_kernels()) {
+    const auto zero = kc::int8_products_linear(torch::zeros({9, 150}), q, scale, b, kernel);
+    EXPECT_TRUE(torch::equal(zero, b.expand({9, 40}))) << kc::int8_kernel_name(kernel);
+  }
 }
 
-// Auto: int8 products where the CPU has VNNI (any number of rows: the row kernel up to
-// kQuantizedMatvecRows, the panels beyond), else the float products; bfloat16 weights
-// always float.
-TEST(Int8Products, AutoTakesThemOnVnniOnly) {
+// Auto: int8 products where int8_products_auto says so for this CPU (VNNI and AVX2:
+// any number of rows; scalar: never), else the float products; bfloat16 weights always
+// float.
+TEST(Int8Products, AutoTakesThemWhereTheyPay) {
   torch::manual_seed(74);
   torch::NoGradGuard no_grad;
   const auto w = torch::randn({48, 128}), b = torch::randn({48});
@@ -163,11 +164,95 @@ TEST(Int8Products, AutoTakesThemOnVnniOnly) {
     const auto float_products = kc::quantized_linear(x, q, scale, b, Int8Products::Float);
     const auto int8_products = kc::quantized_linear(x, q, scale, b, Int8Products::Int8);
     ASSERT_FALSE(torch::equal(float_products, int8_products));
-    const bool int8_expected = kc::int8_products_vnni();
+    const bool int8_expected = kc::int8_products_auto();
+    EXPECT_EQ(int8_expected, kc::best_int8_kernel() != kc::Int8Kernel::Portable);
     EXPECT_TRUE(torch::equal(kc::quantized_linear(x, q, scale, b), int8_expected ? int8_products : float_products));
     const auto wb = w.to(torch::kBFloat16);
     EXPECT_TRUE(torch::equal(kc::quantized_linear(x, wb, {}, b, Int8Products::Int8),
                              kc::quantized_linear(x, wb, {}, b, Int8Products::Float)));
+  }
+}
+
+// Several weight matrices in one call (a layer's q, k and v; gate and up): each part's
+// columns the same bits as that part alone, for int8 (float and int8 products, every
+// kernel) and bfloat16, in decoding (one parallel region over every part) and prefill.
+TEST(Int8Products, PartsGiveEachPartsOwnBits) {
+  torch::manual_seed(75);
+  torch::NoGradGuard no_grad;
+  const int64_t in = 200;
+  const std::vector<int64_t> outs{48, 16, 16};
+  std::vector<kc::QuantizedWeight> int8_parts, bf16_parts;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const auto w = torch::randn({outs[i], in});
+    auto [q, scale] = kc::quantize_int8_groups(w);
+    const auto b = i == 1 ? torch::Tensor() : torch::randn({outs[i]});  // one part without a bias
+    int8_parts.push_back({q, scale, b});
+    bf16_parts.push_back({w.to(torch::kBFloat16), {}, b});
+  }
+  ASSERT_TRUE(kc::quantized_linear_applies(torch::randn({1, in}), int8_parts));
+  ASSERT_FALSE(kc::quantized_linear_applies(torch::randn({1, in}), {int8_parts[0], bf16_parts[1]}));
+  for (const int64_t rows : {1, 5, 16, 17, 40}) {
+    SCOPED_TRACE(std::to_string(rows) + " rows");
+    const auto x = torch::randn({rows, in});
+    for (const auto products : {Int8Products::Float, Int8Products::Int8}) {
+      const auto all = kc::quantized_linear(x, int8_parts, products);
+      ASSERT_EQ(all.sizes(), (std::vector<int64_t>{rows, 80}));
+      int64_t col = 0;
+      for (const auto& p : int8_parts) {
+        EXPECT_TRUE(torch::equal(all.narrow(1, col, p.data.size(0)),
+                                 kc::quantized_linear(x, p.data, p.scale, p.bias, products)))
+            << "int8 part at column " << col << (products == Int8Products::Int8 ? ", int8 products" : "");
+        col += p.data.size(0);
+      }
+    }
+    for (const auto kernel : int8_kernels()) {
+      const auto all = kc::int8_products_linear(x, int8_parts, kernel);
+      int64_t col = 0;
+      for (const auto& p : int8_parts) {
+        EXPECT_TRUE(torch::equal(all.narrow(1, col, p.data.size(0)),
+                                 kc::int8_products_linear(x, p.data, p.scale, p.bias, kc::Int8Kernel::Portable)))
+            << kc::int8_kernel_name(kernel) << ", part at column " << col;
+        col += p.data.size(0);
+      }
+    }
+    const auto all = kc::quantized_linear(x, bf16_parts);
+    int64_t col = 0;
+    for (const auto& p : bf16_parts) {
+      EXPECT_TRUE(torch::equal(all.narrow(1, col, p.data.size(0)), kc::quantized_linear(x, p.data, p.scale, p.bias)))
+          << "bfloat16 part at column " << col;
+      col += p.data.size(0);
+    }
+  }
+  // A mixed call is refused, naming what it expected.
+  try {
+    (void)kc::quantized_linear(torch::randn({1, in}), {int8_parts[0], bf16_parts[1]});
+    ADD_FAILURE() << "a mixed call was taken";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("every part of one dtype and one in"), std::string::npos) << e.what();
+  }
+}
+
+// A kernel this CPU does not run is refused by name; the names.
+TEST(Int8Products, NamesTheKernelsAndRefusesOnesThisCpuLacks) {
+  EXPECT_STREQ(kc::int8_kernel_name(kc::Int8Kernel::Portable), "portable");
+  EXPECT_STREQ(kc::int8_kernel_name(kc::Int8Kernel::Avx2), "avx2");
+  EXPECT_STREQ(kc::int8_kernel_name(kc::Int8Kernel::Vnni), "vnni");
+  const auto kernels = int8_kernels();
+  EXPECT_EQ(kernels.front(), kc::Int8Kernel::Portable);
+  EXPECT_EQ(kernels.back(), kc::best_int8_kernel());
+  if (kc::best_int8_kernel() != kc::Int8Kernel::Vnni) {
+    torch::NoGradGuard no_grad;
+    auto [q, scale] = kc::quantize_int8_groups(torch::randn({4, 64}));
+    EXPECT_THROW(
+        {
+          try {
+            kc::int8_products_linear(torch::randn({1, 64}), q, scale, {}, kc::Int8Kernel::Vnni);
+          } catch (const c10::Error& e) {
+            EXPECT_NE(std::string(e.what()).find("this CPU has no AVX-512 VNNI"), std::string::npos) << e.what();
+            throw;
+          }
+        },
+        c10::Error);
   }
 }
 

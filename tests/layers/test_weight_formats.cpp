@@ -60,12 +60,12 @@ TEST_P(WeightFormatGolden, QuantizedWeightsAndProductsMatchPyTorch) {
   PackedLinear int8(WeightFormat::Int8), bf16(WeightFormat::BFloat16);
   ASSERT_TRUE(int8.takes(x, {weight}, {bias}));
   EXPECT_TRUE(tol::close(int8.forward(x, {weight}, {bias}), c.tensor("y_int8").to(torch::kFloat), sums_of(in)));
-  // Int8Inputs::Quantized: int8 products on an AVX-512 VNNI CPU, any number of rows
-  // (tests/kernels/test_int8_products.cpp), else the same as Float.
+  // Int8Inputs::Quantized: int8 products where they pay on this CPU (AVX-512 VNNI, AVX2),
+  // any number of rows (tests/kernels/test_int8_products.cpp), else the same as Float.
   PackedLinear int8_quantized(WeightFormat::Int8, torchattn::Int8Inputs::Quantized);
   EXPECT_EQ(int8_quantized.int8_inputs(), torchattn::Int8Inputs::Quantized);
   EXPECT_EQ(int8.int8_inputs(), torchattn::Int8Inputs::Float);
-  const bool int8_products = torchattn::kernels::cpu::int8_products_vnni();
+  const bool int8_products = torchattn::kernels::cpu::int8_products_auto();
   EXPECT_TRUE(tol::close(int8_quantized.forward(x, {weight}, {bias}),
                          c.tensor(int8_products ? "y_int8_products" : "y_int8").to(torch::kFloat), sums_of(in)));
   EXPECT_TRUE(tol::close(bf16.forward(x, {weight}, {bias}), c.tensor("y_bf16").to(torch::kFloat), sums_of(in)));
@@ -314,7 +314,7 @@ TEST(WeightFormats, MultiHeadAttentionTakesInt8Inputs) {
     SCOPED_TRACE(std::to_string(2 * length) + " rows");
     const auto x = torch::randn({2, length, 64});
     const auto want = float_inputs->forward(x), got = quantized->forward(x);
-    if (torchattn::kernels::cpu::int8_products_vnni()) {
+    if (torchattn::kernels::cpu::int8_products_auto()) {
       EXPECT_FALSE(torch::equal(got, want));
       EXPECT_LT(((got - want).abs().max() / want.abs().max()).item<double>(), 2e-2);
     } else {

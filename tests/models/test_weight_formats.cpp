@@ -6,7 +6,7 @@
 #include "common/expect_error.h"
 #include "common/temp_path.h"
 
-#include "kernels/cpu/int8_products.h"
+#include "kernels/cpu/quantized_linear.h"
 
 #include <torchattn/models.h>
 
@@ -79,10 +79,10 @@ TEST_P(FrozenDecoder, EqualsTheFloatModelOfItsRoundedWeights) {
   EXPECT_EQ(frozen->weight_format(), format);
   EXPECT_LT(frozen->weight_bytes(), before * (format == WeightFormat::Int8 ? 0.45 : 0.6));
   torch::NoGradGuard no_grad;
-  // int8's inputs are quantized too on an AVX-512 VNNI CPU, in any number of rows
+  // int8's inputs are quantized too where int8 products pay (AVX-512 VNNI, AVX2), in any number of rows
   // (Int8Inputs::Quantized, exact to its definition in tests/kernels/test_int8_products.cpp):
   // within their rounding. Else the products of float32 inputs: within float32 sums.
-  const bool quantized_inputs = format == WeightFormat::Int8 && torchattn::kernels::cpu::int8_products_vnni();
+  const bool quantized_inputs = format == WeightFormat::Int8 && torchattn::kernels::cpu::int8_products_auto();
   for (const int64_t length : {8, 20}) {  // 16 rows (the matrix-vector kernels), 40 (prefill's)
     const auto ids = torch::randint(0, 96, {2, length}, torch::kLong);
     const auto want = plain->forward(ids), got = frozen->forward(ids);

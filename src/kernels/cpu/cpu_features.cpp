@@ -1,10 +1,16 @@
 #include "kernels/cpu/cpu_features.h"
 
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string_view>
+
 namespace torchattn::kernels::cpu {
 
 namespace {
 
-Isa read_best_isa() {
+Isa read_cpu_isa() {
 #if defined(TORCHATTN_SIMD_X86)
   __builtin_cpu_init();
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -14,11 +20,46 @@ Isa read_best_isa() {
   return Isa::Scalar;
 }
 
+bool read_cpu_vnni() {
+#if defined(TORCHATTN_SIMD_X86)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
+Isa parse_isa_cap(const char* value) {
+  if (value == nullptr || *value == '\0') return Isa::Avx512;
+  const std::string_view v(value);
+  for (const Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
+    if (v == isa_name(isa)) return isa;
+  }
+  TORCH_CHECK(false, kIsaCapVariable, ": expected scalar, avx2 or avx512 (the widest instruction set torchattn's ",
+              "CPU kernels may use), got '", v, "'");
+}
+
+Isa cpu_isa() {
+  static const Isa isa = read_cpu_isa();
+  return isa;
+}
+
+Isa isa_cap() {
+  static const Isa cap = parse_isa_cap(std::getenv(kIsaCapVariable));
+  return cap;
+}
+
 Isa best_isa() {
-  static const Isa best = read_best_isa();
+  static const Isa best = std::min(cpu_isa(), isa_cap());
   return best;
+}
+
+bool avx512_vnni() {
+  static const bool has = best_isa() == Isa::Avx512 && read_cpu_vnni();
+  return has;
 }
 
 std::vector<Isa> supported_isas() {

@@ -21,12 +21,35 @@ namespace torchattn::kernels::cpu {
 /// AVX-512F).
 enum class Isa : int8_t { Scalar, Avx2, Avx512 };
 
+/// The environment variable that caps the instruction set of torchattn's CPU kernels:
+/// "scalar", "avx2" or "avx512" (anything else is an error naming it at the first
+/// kernel call). With TORCHATTN_ISA=avx2 an AVX-512 machine runs the kernels as an
+/// AVX2-only CPU does (no AVX-512, no VNNI), so that one machine measures every path.
+/// Read once, at the first call; unset or empty: no cap. It narrows only: a cap wider
+/// than the CPU changes nothing. (ATen's own kernels follow ATEN_CPU_CAPABILITY and
+/// oneDNN's ONEDNN_MAX_CPU_ISA; docs/development.md.)
+inline constexpr const char* kIsaCapVariable = "TORCHATTN_ISA";
+
 /// The widest instruction set this CPU runs: Avx512 with AVX-512F, AVX2 and FMA;
 /// Avx2 with AVX2 and FMA; else (or off x86) Scalar. Read from the CPU on the first
-/// call, then cached.
+/// call, then cached; ignores the cap.
+Isa cpu_isa();
+
+/// The cap that kIsaCapVariable sets, Avx512 where it is not set.
+Isa isa_cap();
+
+/// The cap a value of kIsaCapVariable sets: Avx512 for null or empty; "scalar", "avx2"
+/// or "avx512"; anything else a c10::Error naming the variable, what it takes and `value`.
+Isa parse_isa_cap(const char* value);
+
+/// What the kernels use: the narrower of cpu_isa() and isa_cap().
 Isa best_isa();
 
-/// Every instruction set this CPU runs, narrowest first: Scalar .. best_isa().
+/// Whether the int8 kernels may use AVX-512 VNNI: best_isa() is Avx512 and the CPU has
+/// AVX-512BW and VNNI.
+bool avx512_vnni();
+
+/// Every instruction set the kernels may use, narrowest first: Scalar .. best_isa().
 std::vector<Isa> supported_isas();
 
 /// "scalar", "avx2" or "avx512" (test names, messages).

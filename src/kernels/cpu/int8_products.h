@@ -3,9 +3,9 @@
 // x W^T + b with int8 products: the rows of x quantized like the int8 weights, a
 // symmetric scale per group of kInt8Group inputs of each row, and every group's
 // products summed in int32 (exact), then scaled in float32. The path of int8
-// weights on CPUs with AVX-512 VNNI, in prefill and in decoding (llama.cpp's q8_0 x
-// q8_0, CTranslate2's int8 GEMM): four times the products of a float32 FMA per
-// instruction.
+// weights on x86 CPUs, in prefill and in decoding (llama.cpp's q8_0 x q8_0,
+// CTranslate2's int8 GEMM): with AVX-512 VNNI four times the products of a float32 FMA
+// per instruction, with AVX2 alone twice (quantized_linear.cpp says where each pays).
 //
 //   sx[m, g] = max |x[m, group g]| / 127         (NaN where the group holds a NaN or inf)
 //   qx[m, i] = round(x[m, i] / sx[m, g]) in [-127, 127], ties to even (0 where sx is 0)
@@ -13,8 +13,17 @@
 //   acc = 0; for g in order: acc = fma(float(d[m, o, g]) * scale[o, g], sx[m, g], acc)
 //   y[m, o] = acc + b[o]
 //
-// Every rounding step is named above, so the AVX-512 VNNI kernels and the portable
-// loop give the same bits, whatever the number of rows. x goes in as unsigned bytes
+// Every rounding step is named above, so the AVX-512 VNNI kernels, the AVX2 kernels and
+// the portable loop give the same bits, whatever the number of rows.
+//
+// AVX2 (int8_products_avx2.cpp; no VNNI): vpmaddubsw multiplies unsigned bytes by
+// signed ones into int16 pairs, so the bytes go in as |qx| against the weights given
+// qx's sign (vpsignb: products and sums unchanged, each pair at most 2 * 127 * 127,
+// inside int16), and vpmaddwd sums the pairs into int32 lanes of four products, the
+// same 4-byte groups as VNNI's. Four vector instructions per 32 products where VNNI
+// needs one per 64, but twice the products per instruction of a float32 FMA.
+//
+// AVX-512 VNNI (int8_products_vnni.cpp): x goes in as unsigned bytes
 // qx + 128 with 128 * sum(q) taken back. Up to 16 rows (decoding) the weights are read
 // in place, a group of 64 of an output in one register, the int32 sums of four such
 // registers added across them together (one row of x: four groups of one output;
@@ -22,19 +31,42 @@
 // into VNNI's 4-byte groups (one output a lane, no sum across). A group of inputs that
 // holds a NaN or an infinity gives NaN outputs, never a silent number.
 
+#include "kernels/cpu/quantized_linear.h"
+
 #include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
+
+#include <cstdint>
+#include <vector>
 
 namespace torchattn::kernels::cpu {
 
-/// Whether this CPU runs the AVX-512 VNNI kernel (AVX-512F, BW and VNNI; read once).
-bool int8_products_vnni();
+/// The kernels, narrowest first: the portable loop (any CPU), AVX2's vpmaddubsw, AVX-512
+/// VNNI's vpdpbusd.
+enum class Int8Kernel : int8_t { Portable, Avx2, Vnni };
+
+/// The widest kernel this CPU runs under the TORCHATTN_ISA cap (cpu_features.h): Vnni
+/// with AVX-512F, BW and VNNI; Avx2 with AVX2 and FMA; else Portable.
+Int8Kernel best_int8_kernel();
+
+/// Every kernel this CPU runs under the cap, narrowest first (tests, benchmarks).
+std::vector<Int8Kernel> supported_int8_kernels();
+
+/// "portable", "avx2" or "vnni".
+const char* int8_kernel_name(Int8Kernel kernel);
 
 /// x float32 [rows, in] contiguous (CPU), q int8 [out, in] contiguous, scale float32
 /// [out, int8_groups(in)], bias float32 [out] or undefined -> y float32 [rows, out] as
-/// above. vnni: the AVX-512 VNNI kernel (requires int8_products_vnni()), else the
-/// portable loop; the same numbers either way. The caller has checked the operands
+/// above, by `kernel` (one of supported_int8_kernels(); another is an error naming
+/// it); the same numbers with every kernel. The caller has checked the operands
 /// (quantized_linear_applies).
 at::Tensor int8_products_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
-                                const at::Tensor& bias, bool vnni);
+                                const at::Tensor& bias, Int8Kernel kernel);
+
+/// The same for several weight matrices (int8 QuantizedWeight parts of one `in`) ->
+/// y [rows, sum of out_i], each part's columns in order, the same bits as each alone:
+/// x quantized once; up to 16 rows one parallel region over every part's outputs, more
+/// rows each part's panels in turn.
+at::Tensor int8_products_linear(const at::Tensor& x, at::ArrayRef<QuantizedWeight> parts, Int8Kernel kernel);
 
 }  // namespace torchattn::kernels::cpu

@@ -214,7 +214,7 @@ struct DotOne {
 // (the last group of rows repeats its first row where fewer are left).
 template <class T>
 void fused_rows(const Weights& w, int64_t begin, int64_t end, const float* xs, int64_t rows, const float* bias,
-                float* ys) {
+                float* ys, int64_t ldy) {
   const Isa isa = best_isa();
   const T* q = static_cast<const T*>(w.q);
   const int64_t in = w.in;
@@ -249,7 +249,7 @@ void fused_rows(const Weights& w, int64_t begin, int64_t end, const float* xs, i
       simd::run_on<DotTile>(isa, static_cast<const T* const*>(ptrs), sc, static_cast<const float* const*>(xr), in, d);
       for (int64_t k = 0; k < n; ++k) {
         for (int64_t r = 0; r < m; ++r) {
-          ys[(r0 + r) * w.out + o + k] = bias != nullptr ? d[k * 4 + r] + bias[o + k] : d[k * 4 + r];
+          ys[(r0 + r) * ldy + o + k] = bias != nullptr ? d[k * 4 + r] + bias[o + k] : d[k * 4 + r];
         }
       }
     }
@@ -260,33 +260,52 @@ bool dense_cpu(const at::Tensor& t, int64_t dim) {
   return t.is_cpu() && t.layout() == at::kStrided && !t.is_nested() && t.dim() == dim && t.is_contiguous();
 }
 
+// One weight matrix of a call and where its outputs go: y[m * ldy + o].
+struct Part {
+  Weights w;
+  const float* bias;
+  float* y;
+  int64_t ldy;
+};
+
 // x [rows, in] contiguous, at most kQuantizedMatvecRows rows: the matrix-vector
-// kernels, the output features split over the threads.
-void matvec(const float* xs, int64_t rows, const Weights& w, const float* bias, float* ys) {
-  const int64_t grain = std::max<int64_t>(16, 16384 / std::max<int64_t>(w.in, 1));
+// kernels over outputs [begin, end) of one part, on the calling thread.
+void matvec_range(const float* xs, int64_t rows, const Part& p, int64_t begin, int64_t end) {
+  const Weights& w = p.w;
   if (!w.int8 && rows == 1) {
-    parallel_for_unless_stalled(w.out, grain, [&](int64_t begin, int64_t end) {
-      const Isa isa = best_isa();
-      const auto* q = static_cast<const uint16_t*>(w.q);
-      const int64_t bytes = w.in * static_cast<int64_t>(sizeof(uint16_t));
-      const char* stop = reinterpret_cast<const char*>(q + end * w.in);
-      for (int64_t o = begin; o < end; ++o) {
-        // kOneRowAhead bytes down the stream on their way while this row is summed.
-        const char* ahead = reinterpret_cast<const char*>(q + o * w.in) + kOneRowAhead;
-        if (ahead + bytes <= stop) {
-          for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(ahead + b);
-        }
-        const float d = simd::run_on<DotOne>(isa, q + o * w.in, xs, w.in);
-        ys[o] = bias != nullptr ? d + bias[o] : d;
+    const Isa isa = best_isa();
+    const auto* q = static_cast<const uint16_t*>(w.q);
+    const int64_t bytes = w.in * static_cast<int64_t>(sizeof(uint16_t));
+    const char* stop = reinterpret_cast<const char*>(q + end * w.in);
+    for (int64_t o = begin; o < end; ++o) {
+      // kOneRowAhead bytes down the stream on their way while this row is summed.
+      const char* ahead = reinterpret_cast<const char*>(q + o * w.in) + kOneRowAhead;
+      if (ahead + bytes <= stop) {
+        for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(ahead + b);
       }
-    });
+      const float d = simd::run_on<DotOne>(isa, q + o * w.in, xs, w.in);
+      p.y[o] = p.bias != nullptr ? d + p.bias[o] : d;
+    }
     return;
   }
-  parallel_for_unless_stalled(w.out, grain, [&](int64_t begin, int64_t end) {
-    if (w.int8) {
-      fused_rows<int8_t>(w, begin, end, xs, rows, bias, ys);
-    } else {
-      fused_rows<uint16_t>(w, begin, end, xs, rows, bias, ys);
+  if (w.int8) {
+    fused_rows<int8_t>(w, begin, end, xs, rows, p.bias, p.y, p.ldy);
+  } else {
+    fused_rows<uint16_t>(w, begin, end, xs, rows, p.bias, p.y, p.ldy);
+  }
+}
+
+// Every part's outputs split over the threads at once (one parallel region).
+void matvec(const float* xs, int64_t rows, const std::vector<Part>& parts) {
+  int64_t total = 0;
+  for (const auto& p : parts) total += p.w.out;
+  const int64_t grain = std::max<int64_t>(16, 16384 / std::max<int64_t>(parts[0].w.in, 1));
+  parallel_for_unless_stalled(total, grain, [&](int64_t begin, int64_t end) {
+    int64_t first = 0;
+    for (const auto& p : parts) {
+      const int64_t b = std::max(begin, first), e = std::min(end, first + p.w.out);
+      if (b < e) matvec_range(xs, rows, p, b - first, e - first);
+      first += p.w.out;
     }
   });
 }
@@ -314,6 +333,23 @@ void tiled(const at::Tensor& x, const Weights& w, const at::Tensor& bias, at::Te
 }  // namespace
 
 int64_t int8_groups(int64_t in) { return (in + kInt8Group - 1) / kInt8Group; }
+
+bool int8_products_auto() {
+  // Where the int8 products run ahead of the float products (int8 / float time, best of
+  // 5 interleaved, 2 threads, weights [2048, 2048], [8192, 2048] and [2048, 8192] of a
+  // 1B model, 256 MB of them cycled so that they come from memory):
+  // - AVX2 (vpmaddubsw), AMD EPYC Zen 3: 1 row 0.38-0.61, 2 rows 0.49-0.59, 4 rows
+  //   0.75-0.88, 8 rows 0.65-0.76, 16 rows 0.58-0.76, 64 rows 0.21-0.40, 512 rows
+  //   0.41-0.46 (36-39 GMAC/s against the widened tiles' 16);
+  // - AVX-512 VNNI (vpdpbusd), AMD EPYC Zen 5: the default at every number of rows
+  //   since the kernel came (four times a float32 FMA's products an instruction; the
+  //   weights page, apps/bench/results/weights.md, measures it there), not re-measured
+  //   against the float products on an AVX2-only machine;
+  // - the portable loop (no AVX2): never.
+  // So every number of rows, where the CPU has either instruction set: a row's outputs
+  // are then the same bits in a prefill, a decoding step and any batch.
+  return best_int8_kernel() != Int8Kernel::Portable;
+}
 
 std::pair<at::Tensor, at::Tensor> quantize_int8_groups(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat,
@@ -364,30 +400,61 @@ bool quantized_linear_applies(const at::Tensor& x, const at::Tensor& data, const
          x.dim() >= 1 && x.size(-1) == data.size(1) && !needs_grad(x);
 }
 
+bool quantized_linear_applies(const at::Tensor& x, at::ArrayRef<QuantizedWeight> parts) {
+  if (parts.empty()) return false;
+  for (const auto& p : parts) {
+    if (!quantized_linear_applies(x, p.data, p.scale, p.bias) || p.data.scalar_type() != parts[0].data.scalar_type()) {
+      return false;
+    }
+  }
+  return true;
+}
+
 at::Tensor quantized_linear(const at::Tensor& x_in, const at::Tensor& data, const at::Tensor& scale,
                             const at::Tensor& bias, Int8Products products) {
-  TORCH_CHECK(quantized_linear_applies(x_in, data, scale, bias),
+  const QuantizedWeight part{data, scale, bias};
+  return quantized_linear(x_in, at::ArrayRef<QuantizedWeight>(part), products);
+}
+
+at::Tensor quantized_linear(const at::Tensor& x_in, at::ArrayRef<QuantizedWeight> parts, Int8Products products) {
+  TORCH_CHECK(quantized_linear_applies(x_in, parts),
               "quantized_linear: expected float32 CPU x [..., in] with no gradient, int8 [out, in] data with "
-              "float32 scales [out, groups of 64] (or bfloat16 data, no scales) and a float32 bias [out] or none; "
-              "got x ",
-              x_in.sizes(), " of ", x_in.scalar_type(), " on ", x_in.device(), ", data ", data.sizes(), " of ",
-              data.scalar_type());
-  const Weights w = weights_of(data, scale);
+              "float32 scales [out, groups of 64] (or bfloat16 data, no scales) and a float32 bias [out] or none, "
+              "every part of one dtype and one in; got x ",
+              x_in.sizes(), " of ", x_in.scalar_type(), " on ", x_in.device(), " and ", parts.size(),
+              " parts, the first ", parts.empty() ? at::IntArrayRef{} : parts[0].data.sizes(), " of ",
+              parts.empty() ? at::kChar : parts[0].data.scalar_type());
+  const int64_t in = parts[0].data.size(1);
+  const bool int8 = parts[0].data.scalar_type() == at::kChar;
+  int64_t total = 0;
+  for (const auto& p : parts) total += p.data.size(0);
   std::vector<int64_t> shape = x_in.sizes().vec();
-  shape.back() = w.out;
-  const int64_t rows = w.in == 0 ? 0 : x_in.numel() / w.in;
-  const at::Tensor x = x_in.reshape({rows, w.in}).contiguous();
-  if (rows > 0 && w.int8 &&
-      (products == Int8Products::Int8 || (products == Int8Products::Auto && int8_products_vnni()))) {
-    return int8_products_linear(x, data, scale, bias, int8_products_vnni()).reshape(shape);
+  shape.back() = total;
+  const int64_t rows = in == 0 ? 0 : x_in.numel() / in;
+  const at::Tensor x = x_in.reshape({rows, in}).contiguous();
+  if (rows > 0 && int8 &&
+      (products == Int8Products::Int8 || (products == Int8Products::Auto && int8_products_auto()))) {
+    return int8_products_linear(x, parts, best_int8_kernel()).reshape(shape);
   }
-  at::Tensor y = at::empty({rows, w.out}, x.options());
+  at::Tensor y = at::empty({rows, total}, x.options());
   if (rows == 0) return y.reshape(shape);
   if (rows <= kQuantizedMatvecRows) {
-    matvec(x.const_data_ptr<float>(), rows, w, bias.defined() ? bias.const_data_ptr<float>() : nullptr,
-           y.mutable_data_ptr<float>());
+    std::vector<Part> calls;
+    float* y0 = y.mutable_data_ptr<float>();
+    int64_t col = 0;
+    for (const auto& p : parts) {
+      calls.push_back(
+          {weights_of(p.data, p.scale), p.bias.defined() ? p.bias.const_data_ptr<float>() : nullptr, y0 + col, total});
+      col += p.data.size(0);
+    }
+    matvec(x.const_data_ptr<float>(), rows, calls);
   } else {
-    tiled(x, w, bias, y);
+    int64_t col = 0;
+    for (const auto& p : parts) {
+      at::Tensor slice = y.narrow(1, col, p.data.size(0));
+      tiled(x, weights_of(p.data, p.scale), p.bias, slice);
+      col += p.data.size(0);
+    }
   }
   return y.reshape(shape);
 }

@@ -21,6 +21,7 @@
 #include <torchattn/weight_format.h>
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
 
 #include <cstdint>
 
@@ -45,10 +46,21 @@ std::pair<at::Tensor, at::Tensor> quantize_int8_groups(const at::Tensor& weight)
 
 /// How quantized_linear multiplies int8 weights by x. Float: x stays float32 (the
 /// products above). Int8: x is quantized per group of 64 as well (int8_products.h; the
-/// AVX-512 VNNI kernel where the CPU has it, else a portable loop with the same
-/// numbers). Auto: Int8 on a CPU with AVX-512 VNNI (any number of rows), else Float.
-/// bfloat16 weights ignore it.
+/// widest kernel this CPU runs, the same numbers with each). Auto: Int8 where
+/// int8_products_auto(), else Float. bfloat16 weights ignore it.
 enum class Int8Products : int8_t { Auto, Float, Int8 };
+
+/// Whether Int8Products::Auto takes the int8 products on this CPU (under the
+/// TORCHATTN_ISA cap), for any number of rows: where a kernel of its instruction set
+/// measured faster than the float products (AVX-512 VNNI, AVX2), not the portable loop.
+bool int8_products_auto();
+
+/// One weight matrix of a product of several that read the same x (quantized_linear's
+/// parts): data [out, in] int8 with scale float32 [out, int8_groups(in)], or bfloat16
+/// with scale undefined; bias float32 [out] or undefined.
+struct QuantizedWeight {
+  at::Tensor data, scale, bias;
+};
 
 /// Whether quantized_linear computes for these operands: x float32 CPU [..., in] with
 /// no gradient to compute; data a dense CPU [out, in] of bfloat16 (scale undefined) or
@@ -61,6 +73,18 @@ bool quantized_linear_applies(const at::Tensor& x, const at::Tensor& data, const
 /// within float32 rounding; Int8 products: int8_products.h's numbers.
 at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& data, const at::Tensor& scale,
                             const at::Tensor& bias, Int8Products products = Int8Products::Auto);
+
+/// Whether quantized_linear computes for x and these parts: each as
+/// quantized_linear_applies, all int8 or all bfloat16, one `in`, at least one.
+bool quantized_linear_applies(const at::Tensor& x, at::ArrayRef<QuantizedWeight> parts);
+
+/// x: [..., in] -> [..., sum of out_i]: each part's outputs, side by side in order, the
+/// same bits as quantized_linear of that part alone, computed together: x quantized
+/// once for int8 products, and up to kQuantizedMatvecRows rows one parallel region over
+/// every part's outputs (a decoding step's q, k and v; gate and up). Requires
+/// quantized_linear_applies(x, parts) (an error names what differs).
+at::Tensor quantized_linear(const at::Tensor& x, at::ArrayRef<QuantizedWeight> parts,
+                            Int8Products products = Int8Products::Auto);
 
 /// The rows `ids` (int64, any shape [...]) of data [out, in] as float32 [..., in],
 /// dequantized: an embedding table stored like a linear layer's weight. An id outside

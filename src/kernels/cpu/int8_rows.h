@@ -1,0 +1,52 @@
+#pragma once
+
+// The rows of x as the int8 product kernels read them (int8_products.h): quantized per
+// group of kInt8Group inputs, and the kernels of each instruction set over them
+// (int8_products_avx2.cpp, int8_products_vnni.cpp; the portable loop in
+// int8_products.cpp).
+
+#include "kernels/cpu/quantized_linear.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace torchattn::kernels::cpu::int8 {
+
+inline constexpr int64_t kGroup = kInt8Group;              // inputs per scale, of x and of the weights
+inline constexpr int64_t kRowTile = 8;                     // rows are padded to a multiple of this
+inline constexpr int64_t kFewRows = kQuantizedMatvecRows;  // at most these rows read the weights in place
+
+// x's rows quantized, [rows_padded, groups * kGroup] (padding: qx 0, scale 0): as
+// unsigned bytes qx + 128 (VNNI's vpdpbusd, the portable loop), and for AVX2's
+// vpmaddubsw as |qx| (mag) and qx (sgn) where the kernel is Avx2.
+struct QuantizedRows {
+  std::vector<uint8_t> bytes;
+  std::vector<uint8_t> mag;
+  std::vector<int8_t> sgn;
+  std::vector<float> scale;
+  int64_t rows = 0, padded_in = 0, groups = 0;
+};
+
+// One weight matrix of a call: q int8 [out, in], scale float32 [out, groups], bias [out]
+// or null; its outputs go to y[m * ldy + o] (y: the part's first column of row 0).
+struct Int8Call {
+  const int8_t* q;
+  const float* scale;
+  int64_t in, out;
+  const float* bias;
+  float* y;
+  int64_t ldy;
+};
+
+// Each instruction set's kernels, the numbers of int8_products.h:
+// - *_rows: at most kFewRows rows of x, outputs [begin, end) of the part, on the
+//   calling thread (the caller splits every part's outputs over the threads at once);
+// - *_panels: more rows, every output of the part, over the intra-op threads.
+// AVX2 (any x86 CPU with AVX2; xr with mag and sgn); AVX-512 VNNI (avx512_vnni()).
+void avx2_prepare(QuantizedRows& xr);  // fills mag and sgn from bytes
+void avx2_rows(const QuantizedRows& xr, int64_t rows, const Int8Call& c, int64_t begin, int64_t end);
+void avx2_panels(const QuantizedRows& xr, int64_t rows, const Int8Call& c);
+void vnni_rows(const QuantizedRows& xr, int64_t rows, const Int8Call& c, int64_t begin, int64_t end);
+void vnni_panels(const QuantizedRows& xr, int64_t rows, const Int8Call& c);
+
+}  // namespace torchattn::kernels::cpu::int8
