@@ -177,7 +177,7 @@ int main(int argc, char** argv) {
     models::CausalLM model{nullptr};
     try {
       if (device_name == "cuda") {
-        model = models::CausalLM(config, context);
+        model = models::CausalLM(config, context, models::Init::ForLoading);
         model->load_hf_weights(models::checkpoint_file(model_dir));
       } else {
         // A folder of --save loads its frozen weights as they are.

@@ -4,12 +4,12 @@
 #include <torchattn/backend.h>
 #include <torchattn/checkpoint_facts.h>
 #include <torchattn/kv_cache.h>
+#include <torchattn/linear.h>
 #include <torchattn/rope.h>
 
 #include <torch/arg.h>
 #include <torch/nn/cloneable.h>
 #include <torch/nn/modules/dropout.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/common.h>
 #include <torch/nn/modules/container/any_module_holder.h>
 #include <torch/nn/pimpl.h>
@@ -67,10 +67,9 @@ struct CausalAttentionOptions {
 /// Single-head causal self-attention (notebook 003's `CausalAttention`): token t
 /// attends to tokens 0..t only.
 ///
-/// Submodules `W_query`, `W_key`, `W_value` (nn::Linear), `dropout` (nn::Dropout)
-/// and the buffer `mask`, in the notebook's order: same seed, same weights, same
-/// state-dict keys. forward may be called from many threads on a module in eval mode;
-/// a cache belongs to one thread.
+/// Submodules `W_query`, `W_key`, `W_value` (torchattn::Linear: nn::Linear's names and draws, nn.Linear's numbers),
+/// `dropout` (nn::Dropout) and the buffer `mask`, in the notebook's order: same seed, same weights, same state-dict
+/// keys. forward may be called from many threads on a module in eval mode; a cache belongs to one thread.
 class CausalAttentionImpl : public torch::nn::Cloneable<CausalAttentionImpl>, public CheckpointFacts {
  public:
   explicit CausalAttentionImpl(const CausalAttentionOptions& options);
@@ -134,9 +133,9 @@ class CausalAttentionImpl : public torch::nn::Cloneable<CausalAttentionImpl>, pu
   at::Tensor forward_cached(const at::Tensor& x_new, KVCache& cache, const at::Tensor& key_padding_mask = {});
 
   CausalAttentionOptions options;
-  torch::nn::Linear W_query{nullptr};
-  torch::nn::Linear W_key{nullptr};
-  torch::nn::Linear W_value{nullptr};
+  Linear W_query{nullptr};
+  Linear W_key{nullptr};
+  Linear W_value{nullptr};
   torch::nn::Dropout dropout{nullptr};
   /// The `mask` buffer; undefined with mask_buffer(false).
   at::Tensor mask;

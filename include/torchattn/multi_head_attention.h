@@ -5,6 +5,7 @@
 #include <torchattn/checkpoint_facts.h>
 #include <torchattn/cross_kv.h>
 #include <torchattn/kv_cache.h>
+#include <torchattn/linear.h>
 #include <torchattn/packed_linear.h>
 #include <torchattn/paged_kv_cache.h>
 #include <torchattn/qk_norm.h>
@@ -15,7 +16,6 @@
 #include <torch/arg.h>
 #include <torch/nn/cloneable.h>
 #include <torch/nn/modules/dropout.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/common.h>
 #include <torch/nn/modules/container/any_module_holder.h>
 #include <torch/nn/pimpl.h>
@@ -104,6 +104,10 @@ struct MultiHeadAttentionOptions {
   /// context_length, in the state dict. false: no buffer, the same numbers; a
   /// checkpoint's `mask` key loads into it when it holds the causal mask.
   TORCH_ARG(bool, mask_buffer) = true;
+  /// true (default): the projections' weights drawn as nn::Linear draws them. false:
+  /// built for loading: nothing drawn and no memory allocated, each weight a placeholder
+  /// for a checkpoint to replace (LinearOptions::init); a forward before is an error.
+  TORCH_ARG(bool, init) = true;
   /// CPU inference (no gradient, float32): the projections run on a packed copy of their
   /// weights, equal within float32 rounding. May be changed on a built module
   /// (`mha->options.pack_weights(...)`). Default: false. See docs/modules.md.
@@ -122,9 +126,10 @@ struct MultiHeadAttentionOptions {
 
 /// Multi-head causal self-attention (notebook 003's `MultiHeadAttention`).
 ///
-/// Submodules `W_query`, `W_key`, `W_value`, `out_proj` (nn::Linear), `dropout`
-/// (nn::Dropout) and the buffer `mask` (causal, mask_buffer(true)), in the notebook's
-/// order: same seed, same weights, same state-dict keys. forward may be called from
+/// Submodules `W_query`, `W_key`, `W_value`, `out_proj` (torchattn::Linear: nn::Linear's
+/// names and draws, nn.Linear's numbers, and each its own weight format), `dropout` (nn::Dropout)
+/// and the buffer `mask` (causal, mask_buffer(true)), in the notebook's order: same
+/// seed, same weights, same state-dict keys. forward may be called from
 /// many threads on a module in eval mode; a cache belongs to one thread.
 class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImpl>, public CheckpointFacts {
  public:
@@ -166,9 +171,9 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   /// saved frozen model holds in place of the float32 weights. Needs freeze_weights.
   NamedTensors frozen_state() const;
   /// Bytes of the packed copies (pack_weights, freeze_weights); 0 while none is made.
-  int64_t packed_bytes() const { return packed_qkv_->packed_bytes() + packed_out_->packed_bytes(); }
+  int64_t packed_bytes() const;
   /// Whether freeze_weights ran.
-  bool frozen() const { return packed_qkv_ && packed_qkv_->frozen(); }
+  bool frozen() const { return !W_query.is_empty() && W_query->frozen(); }
 
   /// options.pack_weights() and pack_min_rows() as one PackPolicy.
   PackPolicy pack_policy() const { return {.on = options.pack_weights(), .min_rows = options.pack_min_rows()}; }
@@ -258,10 +263,10 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   int64_t num_kv_heads() const { return options.num_kv_heads().value_or(options.num_heads()); }
 
   MultiHeadAttentionOptions options;
-  torch::nn::Linear W_query{nullptr};
-  torch::nn::Linear W_key{nullptr};
-  torch::nn::Linear W_value{nullptr};
-  torch::nn::Linear out_proj{nullptr};
+  Linear W_query{nullptr};
+  Linear W_key{nullptr};
+  Linear W_value{nullptr};
+  Linear out_proj{nullptr};
   torch::nn::Dropout dropout{nullptr};
   /// With sinks: the [num_heads] sink logits (parameter `sinks`); undefined without.
   at::Tensor sinks;
@@ -286,18 +291,15 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   // products) and the attention options (inference: no dropout).
   detail::AttentionBlock block(bool cross);
   functional::AttentionOptions attention_options(bool inference) const;
-  // The packed copies follow options: dropped when pack_weights is off, made anew in
-  // another weight_format (not once frozen).
-  void sync_packed();
+  // Each projection's inference settings follow options (pack_weights, pack_min_rows,
+  // weight_format, int8_inputs), not once frozen.
+  void sync_linears();
   // Refuses `what` (save, load, cross-attention) once frozen.
   void check_not_frozen(const char* what) const;
   // Identifies this module's caches (a new id at every reset(), so clones differ).
   uint64_t cache_owner_ = 0;
   // The RoPE cos/sin tables per device, or null without rope.
   std::shared_ptr<const detail::RotaryCache> rotary_;
-  // pack_weights' copies of W_query|W_key|W_value and of out_proj, made at first use.
-  std::shared_ptr<PackedLinear> packed_qkv_;
-  std::shared_ptr<PackedLinear> packed_out_;
   // With alibi: the [num_heads] slopes, float32 on the CPU.
   at::Tensor alibi_slopes_;
 };

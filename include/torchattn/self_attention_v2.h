@@ -2,10 +2,10 @@
 
 #include <torchattn/backend.h>
 #include <torchattn/checkpoint_facts.h>
+#include <torchattn/linear.h>
 
 #include <torch/arg.h>
 #include <torch/nn/cloneable.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/common.h>
 #include <torch/nn/modules/container/any_module_holder.h>
 #include <torch/nn/pimpl.h>
@@ -39,9 +39,9 @@ struct SelfAttentionV2Options {
 /// Self-attention without a mask (notebook 001's `SelfAttentionV2`):
 /// softmax(W_query(x) W_key(x)^T / sqrt(d_out)) W_value(x).
 ///
-/// Submodules `W_query`, `W_key`, `W_value` (nn::Linear, created in that order), so
-/// `torch::manual_seed(s)` before construction gives the Python weights. forward may
-/// be called from many threads on a module in eval mode.
+/// Submodules `W_query`, `W_key`, `W_value` (torchattn::Linear: nn::Linear's names and draws, nn.Linear's numbers;
+/// created in that order), so `torch::manual_seed(s)` before construction gives the Python weights. forward may be
+/// called from many threads on a module in eval mode.
 class SelfAttentionV2Impl : public torch::nn::Cloneable<SelfAttentionV2Impl>, public CheckpointFacts {
  public:
   explicit SelfAttentionV2Impl(const SelfAttentionV2Options& options);
@@ -76,9 +76,9 @@ class SelfAttentionV2Impl : public torch::nn::Cloneable<SelfAttentionV2Impl>, pu
   at::Tensor forward(const at::Tensor& x, const at::Tensor& key_padding_mask = {}, const at::Tensor& key_bias = {});
 
   SelfAttentionV2Options options;
-  torch::nn::Linear W_query{nullptr};
-  torch::nn::Linear W_key{nullptr};
-  torch::nn::Linear W_value{nullptr};
+  Linear W_query{nullptr};
+  Linear W_key{nullptr};
+  Linear W_value{nullptr};
 
  protected:
   FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(at::Tensor())}, {2, torch::nn::AnyValue(at::Tensor())})

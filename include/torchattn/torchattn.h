@@ -17,6 +17,7 @@
 #include <torchattn/functional.h>
 #include <torchattn/interop.h>
 #include <torchattn/kv_cache.h>
+#include <torchattn/linear.h>
 #include <torchattn/multi_head_attention.h>
 #include <torchattn/packed_linear.h>
 #include <torchattn/padding.h>

@@ -3,7 +3,6 @@
 #include "block/alibi.h"
 #include "backends/attend.h"
 #include "backends/attend_documents.h"
-#include "layers/linear.h"
 #include "block/paged_attend.h"
 #include "block/positions.h"
 
@@ -13,6 +12,7 @@
 
 #include <algorithm>
 #include <array>
+#include <utility>
 #include <vector>
 
 namespace torchattn::detail {
@@ -20,22 +20,18 @@ namespace torchattn::detail {
 namespace {
 
 // x [..., d_in] -> queries [..., num_heads * head_dim], keys and values
-// [..., num_kv_heads * head_dim]: one packed product where the block has one and it
-// applies, else detail::linear (`fast`, inference: its kernels for a few rows or
-// oneDNN) or LibTorch's Linear (bit for bit whatever the grad mode).
+// [..., num_kv_heads * head_dim], as linear_group gives them: `fast` (inference with a
+// cache) the layers' forward_fast, else their forward (nn.Linear's numbers whatever
+// the grad mode); frozen layers as one product either way.
 std::array<at::Tensor, 3> project(AttentionBlock& block, const at::Tensor& x, bool fast) {
-  const std::array<at::Tensor, 3> weights{block.W_query->weight, block.W_key->weight, block.W_value->weight};
-  const std::array<at::Tensor, 3> biases{block.W_query->bias, block.W_key->bias, block.W_value->bias};
-  if (block.pack.routes(block.packed_qkv, x, weights, biases)) {
-    // One product for the three projections; each a view of its features.
-    const at::Tensor qkv = block.packed_qkv->forward(x, weights, biases);
-    const int64_t dq = block.W_query->weight.size(0), dkv = block.W_key->weight.size(0);
-    return {qkv.narrow(-1, 0, dq), qkv.narrow(-1, dq, dkv), qkv.narrow(-1, dq + dkv, dkv)};
-  }
-  auto one = [&](torch::nn::Linear& l) { return fast ? detail::linear(x, l->weight, l->bias) : l->forward(x); };
-  at::Tensor keys = one(block.W_key);
-  at::Tensor queries = one(block.W_query);
-  return {queries, keys, one(block.W_value)};
+  auto qkv = linear_group(x, {block.W_query.get(), block.W_key.get(), block.W_value.get()}, fast);
+  return {std::move(qkv[0]), std::move(qkv[1]), std::move(qkv[2])};
+}
+
+// The context through the block's output projection, where it has one.
+at::Tensor project_out(AttentionBlock& block, const at::Tensor& context, bool fast) {
+  if (block.out_proj.is_empty()) return context;
+  return fast ? block.out_proj->forward_fast(context) : block.out_proj->forward(context);
 }
 
 // QK-norm where the block has it: called before the split into heads (per_head
@@ -95,8 +91,8 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
                                    const at::Tensor& key_bias) {
   const int64_t B = x.size(0);
   const int64_t T = x.size(1);
-  // Cached decoding (inference only) takes detail::linear's fast path for a few
-  // rows; forward keeps LibTorch's Linear, bit for bit whatever the grad mode.
+  // Cached decoding (inference only) takes the layers' fast kernels for a few rows;
+  // forward keeps nn.Linear's numbers, bit for bit whatever the grad mode.
   const at::Tensor positions = block.rope != nullptr ? token_positions(T, cache, key_padding_mask, x.device())
                                                      : at::Tensor();
   auto [queries, keys, values, d_out] = split_heads(block, x, /*fast=*/cache != nullptr, positions);
@@ -132,7 +128,7 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
     // kernel already wrote tokens-major (ATen's CPU flash kernel does).
     context = context.transpose(1, 2).reshape({B, T, d_out});
   }
-  return context;
+  return project_out(block, context, /*fast=*/cache != nullptr);
 }
 
 at::Tensor packed_attention_block_forward(AttentionBlock& block, const at::Tensor& x,
@@ -165,7 +161,7 @@ at::Tensor packed_attention_block_forward(AttentionBlock& block, const at::Tenso
   if (block.num_heads > 0) {
     context = context.transpose(1, 2).reshape({1, N, d_out});
   }
-  return context.squeeze(0);
+  return project_out(block, context.squeeze(0), /*fast=*/false);
 }
 
 at::Tensor paged_attention_block_forward(AttentionBlock& block, const at::Tensor& x, PagedKVCache& cache,
@@ -189,7 +185,7 @@ at::Tensor paged_attention_block_forward(AttentionBlock& block, const at::Tensor
   cache.write(layer, step, keys[0], values.reshape({N, Hkv, head_dim}));
   const at::Tensor context = paged_attend(queries[0], cache.keys(layer), cache.values(layer), step, block.window,
                                           config, block.alibi_slopes);
-  return context.reshape({N, H * head_dim});
+  return project_out(block, context.reshape({N, H * head_dim}), /*fast=*/true);
 }
 
 }  // namespace torchattn::detail

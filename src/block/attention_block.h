@@ -4,13 +4,11 @@
 
 #include <torchattn/attention_options.h>
 #include <torchattn/kv_cache.h>
-#include <torchattn/packed_linear.h>
+#include <torchattn/linear.h>
 #include <torchattn/paged_kv_cache.h>
 #include <torchattn/rms_norm.h>
 
 #include "block/rotary_cache.h"
-
-#include <torch/nn/modules/linear.h>
 
 #include <atomic>
 #include <cstdint>
@@ -20,11 +18,16 @@
 
 namespace torchattn::detail {
 
-// What a module attends: its projections and the description of its attention.
+// What a module attends: its projections and the description of its attention. Each
+// projection chooses its own kernel (torchattn::Linear: float32, packed, or frozen to
+// bfloat16/int8, which q, k and v then compute as one product: linear_group).
 struct AttentionBlock {
-  torch::nn::Linear W_query;
-  torch::nn::Linear W_key;
-  torch::nn::Linear W_value;
+  Linear W_query;
+  Linear W_key;
+  Linear W_value;
+  /// The output projection of the heads' context (MultiHeadAttention), or null: the
+  /// single-head modules return the context itself.
+  Linear out_proj{nullptr};
   /// 0: keep [B, T, d_out] (single-head modules); > 0: split queries into
   /// [B, H, T, head_dim].
   int64_t num_heads;
@@ -40,10 +43,6 @@ struct AttentionBlock {
   std::optional<int64_t> window = std::nullopt;
   /// Rotary embeddings of queries and keys, or null.
   const RotaryCache* rope = nullptr;
-  /// W_query, W_key and W_value as one packed product where `pack` takes the input and
-  /// it applies (see PackedLinear), or null.
-  PackedLinear* packed_qkv = nullptr;
-  PackPolicy pack = {};
   /// QK-norm (MultiHeadAttentionOptions::qk_norm): the queries' and keys' RMSNorm, or
   /// null; over each head's features (per_head) or all of a token's.
   RMSNormImpl* q_norm = nullptr;
@@ -82,7 +81,8 @@ inline uint64_t new_cache_owner() {
   return next.fetch_add(1, std::memory_order_relaxed);
 }
 
-// x: [B, T, d_in] -> context before out_proj: [B, T, num_heads * head_dim].
+// x: [B, T, d_in] -> the output [B, T, d_out]: the context [B, T, num_heads * head_dim]
+// through out_proj where the block has one (else the context itself).
 // Queries and keys are rotated (RoPE) at their tokens' positions before anything
 // else. With a cache, the new keys and values are appended first and the queries attend
 // over every cached position (a static-shape cache: over its whole storage, with
@@ -95,13 +95,13 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
                                    const at::Tensor& key_bias = {});
 
 // x: [N, d_in], the new tokens of a paged step's sequences packed one after another
-// (step.query_start) -> context before out_proj: [N, num_heads * head_dim]. Each token
+// (step.query_start) -> the output [N, d_out] (after out_proj, as above). Each token
 // is rotated at its position in its sequence, the new keys and values are written into
 // `layer` of the cache, and each sequence's rows attend over its own keys (see
 // paged_attend). For MultiHeadAttention (num_heads > 0), causal, in inference.
 // Documents packed end to end: x [N, d_in], document s its rows offsets[s] ..
 // offsets[s + 1] (host offsets from 0 to N, increasing: check_cu_seqlens) -> the
-// context [N, d_out]. Projections and QK-norm run over all rows at once, RoPE at
+// output [N, d_out] (after out_proj, as above). Projections and QK-norm run over all rows at once, RoPE at
 // positions restarting at 0 in each document, attention within each document alone
 // (causal or not as the block; window, ALiBi, grouped heads, softcap and sinks as for
 // that document alone), the documents one after another: with dropout, the masks

@@ -35,7 +35,8 @@ at::Tensor cross_attention_block_forward(AttentionBlock& block, const at::Tensor
   spec.causal = false;
   spec.key_padding = kv.padding;
   const at::Tensor context = attend(queries, kv.keys, kv.values, spec, config);  // [B, H, T, head_dim]
-  return context.transpose(1, 2).reshape({B, T, -1});
+  const at::Tensor merged = context.transpose(1, 2).reshape({B, T, -1});
+  return block.out_proj.is_empty() ? merged : block.out_proj->forward(merged);
 }
 
 }  // namespace torchattn::detail

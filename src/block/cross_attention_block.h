@@ -19,8 +19,9 @@ namespace torchattn::detail {
 CrossKV cross_project(AttentionBlock& block, const at::Tensor& context, const at::Tensor& value_context,
                       const at::Tensor& padding);
 
-/// x: [B, T, d_in], kv from cross_project over B sequences -> [B, T, num_heads *
-/// head_dim], each row attending over all of its sequence's real context tokens.
+/// x: [B, T, d_in], kv from cross_project over B sequences -> [B, T, d_out]: each row
+/// attending over all of its sequence's real context tokens, the heads' context
+/// [B, T, num_heads * head_dim] through out_proj where the block has one.
 at::Tensor cross_attention_block_forward(AttentionBlock& block, const at::Tensor& x, const CrossKV& kv,
                                          const functional::AttentionOptions& config);
 

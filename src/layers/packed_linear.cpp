@@ -281,8 +281,10 @@ void PackedLinear::freeze_from(at::ArrayRef<at::Tensor> weights, at::ArrayRef<at
     parts_b.push_back(b.defined() ? b.detach() : at::zeros({w.size(0)}, at::kFloat));
     any_bias = any_bias || b.defined();
   }
-  fresh->weight = parts_w.size() == 1 ? parts_w[0].clone() : at::cat(parts_w, 0);
-  if (int8) fresh->scale = parts_s.size() == 1 ? parts_s[0].clone() : at::cat(parts_s, 0);
+  // One weight is kept as it comes (a view of a mapped checkpoint stays one: nothing
+  // copied at load); several are joined into one product.
+  fresh->weight = parts_w.size() == 1 ? parts_w[0] : at::cat(parts_w, 0);
+  if (int8) fresh->scale = parts_s.size() == 1 ? parts_s[0] : at::cat(parts_s, 0);
   fresh->bias = any_bias ? (parts_b.size() == 1 ? parts_b[0].clone() : at::cat(parts_b, 0)) : at::Tensor();
   fresh->bytes = fresh->weight.numel() * static_cast<int64_t>(fresh->weight.element_size()) +
                  (int8 ? fresh->scale.numel() * static_cast<int64_t>(sizeof(float)) : 0) +

@@ -39,43 +39,31 @@ BertLayerImpl::BertLayerImpl(const BertConfig& c, bool pack_weights) {
                                                      .pack_weights(pack_weights)));
   const auto norm = torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps);
   attention_norm = register_module("attention_norm", torch::nn::LayerNorm(norm));
-  intermediate = register_module("intermediate", torch::nn::Linear(c.hidden_size, c.intermediate_size));
-  output = register_module("output", torch::nn::Linear(c.intermediate_size, c.hidden_size));
+  intermediate = register_module("intermediate", Linear(c.hidden_size, c.intermediate_size));
+  output = register_module("output", Linear(c.intermediate_size, c.hidden_size));
   output_norm = register_module("output_norm", torch::nn::LayerNorm(norm));
   dropout = register_module("dropout", torch::nn::Dropout(c.hidden_dropout));
-  if (pack_weights) {
-    packed_intermediate_ = std::make_shared<PackedLinear>();
-    packed_output_ = std::make_shared<PackedLinear>();
-  }
+  // Every call: min_rows 1, as the attention's own default (pack_min_rows).
+  for (auto* l : {&intermediate, &output}) (*l)->set_inference({.on = pack_weights, .min_rows = 1});
 }
 
 void BertLayerImpl::freeze_weights(WeightFormat format) {
   attention->options.weight_format(format);
   attention->freeze_weights();
-  packed_intermediate_ = std::make_shared<PackedLinear>(format);
-  packed_output_ = std::make_shared<PackedLinear>(format);
-  packed_intermediate_->freeze({intermediate->weight}, {intermediate->bias});
-  packed_output_->freeze({output->weight}, {output->bias});
-  PackedLinear::release(intermediate->weight);
-  PackedLinear::release(output->weight);
+  intermediate->freeze(format);
+  output->freeze(format);
 }
 
 at::Tensor BertLayerImpl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask) {
-  // at::linear, as PyTorch's nn.Linear (one addmm for the rows of every sequence;
-  // LibTorch's C++ Linear takes a matmul and a separate add for 3-d inputs).
-  // With pack_weights, where it applies (CPU float32 inference), oneDNN on a packed copy.
-  auto linear = [](const torch::nn::Linear& l, const at::Tensor& in, const std::shared_ptr<PackedLinear>& packed) {
-    if (packed && (packed->frozen() || packed->takes(in, {l->weight}, {l->bias}))) {
-      return packed->forward(in, {l->weight}, {l->bias});
-    }
-    return at::linear(in, l->weight, l->bias);
-  };
+  // torchattn::Linear: at::linear, as PyTorch's nn.Linear (one addmm for the rows of
+  // every sequence); with pack_weights, where it applies (CPU float32 inference),
+  // oneDNN on a packed copy; frozen, the kept format.
   // Without autograd, the sums and GELU are written in place: the same values.
   const bool in_place = !c10::GradMode::is_enabled();
   const at::Tensor a = dropout(attention(x, key_padding_mask));
   const at::Tensor h = attention_norm(in_place ? a.add_(x) : a + x);
-  at::Tensor m = linear(intermediate, h, packed_intermediate_);
-  m = dropout(linear(output, in_place ? at::gelu_(m) : at::gelu(m), packed_output_));
+  at::Tensor m = intermediate(h);
+  m = dropout(output(in_place ? at::gelu_(m) : at::gelu(m)));
   return output_norm(in_place ? m.add_(h) : m + h);
 }
 

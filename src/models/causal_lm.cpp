@@ -13,9 +13,6 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
-#if defined(__GLIBC__)
-#include <malloc.h>
-#endif
 #include <cmath>
 #include <map>
 #include <set>
@@ -24,20 +21,22 @@
 
 namespace torchattn::models {
 
-DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, int64_t context_length) {
+DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, int64_t context_length, Init init) {
   TORCH_CHECK(c.activation == "silu" || c.activation == "gelu_tanh",
               "DecoderLayer: expected the activation silu or "
               "gelu_tanh, got '",
               c.activation, "'");
   gelu_tanh_ = c.activation == "gelu_tanh";
   const bool gemma = c.gemma_norms;
+  const bool random = init == Init::Random;
   input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps, gemma));
   auto attn = torchattn::MultiHeadAttentionOptions(c.hidden_size, c.hidden_size, context_length, c.num_heads)
                   .num_kv_heads(c.num_kv_heads)
                   .rope(torchattn::RoPEOptions(c.rope_theta))
                   .qkv_bias(c.qkv_bias)
                   .out_bias(c.o_bias)
-                  .mask_buffer(false);
+                  .mask_buffer(false)
+                  .init(random);
   attn.window(c.windows.at(static_cast<size_t>(layer)));
   if (c.own_head_dim > 0) attn.head_dim(c.own_head_dim);
   if (c.qk_norm) attn.qk_norm(torchattn::QKNormOptions().eps(c.rms_norm_eps));
@@ -51,59 +50,52 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, int64_
     post_feedforward_layernorm = register_module("post_feedforward_layernorm",
                                                  RMSNorm(c.hidden_size, c.rms_norm_eps, true));
   }
-  const auto mlp = [&](int64_t in, int64_t out) { return torch::nn::LinearOptions(in, out).bias(c.mlp_bias); };
-  gate_proj = register_module("gate_proj", torch::nn::Linear(mlp(c.hidden_size, c.intermediate_size)));
-  up_proj = register_module("up_proj", torch::nn::Linear(mlp(c.hidden_size, c.intermediate_size)));
-  down_proj = register_module("down_proj", torch::nn::Linear(mlp(c.intermediate_size, c.hidden_size)));
-  packed_gate_up_ = std::make_shared<torchattn::PackedLinear>();
-  packed_down_ = std::make_shared<torchattn::PackedLinear>();
+  const auto mlp = [&](int64_t in, int64_t out) {
+    return torchattn::LinearOptions(in, out).bias(c.mlp_bias).init(random);
+  };
+  gate_proj = register_module("gate_proj", torchattn::Linear(mlp(c.hidden_size, c.intermediate_size)));
+  up_proj = register_module("up_proj", torchattn::Linear(mlp(c.hidden_size, c.intermediate_size)));
+  down_proj = register_module("down_proj", torchattn::Linear(mlp(c.intermediate_size, c.hidden_size)));
 }
 
 void DecoderLayerImpl::pack_weights(bool on, int64_t min_rows) {
   TORCH_CHECK(min_rows >= 1, "DecoderLayer: expected pack_weights' min_rows >= 1, got ", min_rows);
-  pack_ = {.on = on, .min_rows = min_rows};
   self_attn->options.pack_weights(on).pack_min_rows(min_rows);
-  if (!on) {
-    packed_gate_up_->clear();
-    packed_down_->clear();
-  }
+  for (auto* l : {&gate_proj, &up_proj, &down_proj}) (*l)->set_inference({.on = on, .min_rows = min_rows});
 }
 
 void DecoderLayerImpl::freeze_weights(torchattn::WeightFormat format) {
   self_attn->options.weight_format(format).int8_inputs(torchattn::Int8Inputs::Quantized);
   self_attn->freeze_weights();
-  packed_gate_up_ = std::make_shared<torchattn::PackedLinear>(format, torchattn::Int8Inputs::Quantized);
-  packed_down_ = std::make_shared<torchattn::PackedLinear>(format, torchattn::Int8Inputs::Quantized);
-  packed_gate_up_->freeze({gate_proj->weight, up_proj->weight}, {gate_proj->bias, up_proj->bias});
-  packed_down_->freeze({down_proj->weight}, {down_proj->bias});
-  for (const auto* l : {&gate_proj, &up_proj, &down_proj}) torchattn::PackedLinear::release((*l)->weight);
+  for (auto* l : {&gate_proj, &up_proj, &down_proj}) (*l)->freeze(format, torchattn::Int8Inputs::Quantized);
 }
 
 namespace {
 
-// The MLP's frozen weights, each PackedLinear's in freeze's order.
-const std::vector<std::string>& gate_up_names() {
-  static const std::vector<std::string> names{"gate_proj.weight", "up_proj.weight"};
-  return names;
-}
-const std::vector<std::string>& down_names() {
-  static const std::vector<std::string> names{"down_proj.weight"};
-  return names;
+// A layer's linear layers by their names under it, in frozen_state's order.
+constexpr const char* kLayerLinears[] = {"self_attn.W_query",  "self_attn.W_key", "self_attn.W_value",
+                                         "self_attn.out_proj", "gate_proj",       "up_proj",
+                                         "down_proj"};
+
+std::vector<torchattn::Linear> linears_of(const DecoderLayerImpl& l) {
+  const auto& a = l.self_attn;
+  return {a->W_query, a->W_key, a->W_value, a->out_proj, l.gate_proj, l.up_proj, l.down_proj};
 }
 
-// A layer's frozen linear weights, as (the prefix under the layer, their names).
-const std::vector<std::pair<std::string, std::vector<std::string>>>& layer_linears() {
-  static const std::vector<std::pair<std::string, std::vector<std::string>>> groups{
-      {"self_attn.", {"W_query.weight", "W_key.weight", "W_value.weight"}},
-      {"self_attn.", {"out_proj.weight"}},
-      {"", gate_up_names()},
-      {"", down_names()}};
-  return groups;
+// The frozen weights of `layer` under `name` ("<name>.weight", and its scale) into `out`.
+void append_linear(torchattn::NamedTensors& out, const std::string& name, const torchattn::Linear& layer) {
+  auto [data, scale] = layer->frozen_weight();
+  out.emplace_back(name + ".weight", data);
+  if (scale.defined()) out.emplace_back(name + ".weight" + torchattn::kFrozenScaleSuffix, scale);
 }
 
-// A weight freed by PackedLinear::release: a stride-0 view of one element.
-bool released(const at::Tensor& p) {
-  return p.numel() > 0 && std::ranges::all_of(p.strides(), [](int64_t s) { return s == 0; });
+// `layer` bound to the frozen weights under `name` in `weights` (checked before).
+void bind_linear(torchattn::Linear& layer, torchattn::WeightFormat format,
+                 const std::map<std::string, at::Tensor>& weights, const std::string& name) {
+  const std::string w = name + ".weight";
+  const auto scale = weights.find(w + torchattn::kFrozenScaleSuffix);
+  layer->bind(format, weights.at(w), scale != weights.end() ? scale->second : at::Tensor(),
+              torchattn::Int8Inputs::Quantized, w);
 }
 
 }  // namespace
@@ -111,49 +103,34 @@ bool released(const at::Tensor& p) {
 std::vector<std::string> DecoderLayerImpl::check_frozen(torchattn::WeightFormat format,
                                                         const std::map<std::string, at::Tensor>& weights,
                                                         const std::string& prefix) const {
-  const std::vector<std::vector<at::Tensor>> like{{self_attn->W_query->weight, self_attn->W_key->weight,
-                                                   self_attn->W_value->weight},
-                                                  {self_attn->out_proj->weight},
-                                                  {gate_proj->weight, up_proj->weight},
-                                                  {down_proj->weight}};
+  const auto linears = linears_of(*this);
   std::vector<std::string> names;
-  for (size_t g = 0; g < like.size(); ++g) {
-    const auto& [sub, group] = layer_linears()[g];
-    const std::string under = prefix + sub;
-    torchattn::check_frozen_weights(format, weights, under, group, like[g], "CausalLM");
-    for (const auto& n : group) {
-      std::string name = under;
-      name += n;
-      names.push_back(name);
-      if (format == torchattn::WeightFormat::Int8) names.push_back(name.append(torchattn::kFrozenScaleSuffix));
-    }
+  for (size_t i = 0; i < linears.size(); ++i) {
+    const std::string name = std::string(kLayerLinears[i]) + ".weight";
+    torchattn::check_frozen_weights(format, weights, prefix, {name}, {linears[i]->weight}, "CausalLM");
+    names.push_back(prefix + name);
+    if (format == torchattn::WeightFormat::Int8) names.push_back(prefix + name + torchattn::kFrozenScaleSuffix);
   }
   return names;
 }
 
 void DecoderLayerImpl::freeze_weights(torchattn::WeightFormat format, const std::map<std::string, at::Tensor>& weights,
                                       const std::string& prefix) {
-  self_attn->options.weight_format(format).int8_inputs(torchattn::Int8Inputs::Quantized);
-  self_attn->freeze_weights(weights, prefix + "self_attn.");
-  packed_gate_up_ = std::make_shared<torchattn::PackedLinear>(format, torchattn::Int8Inputs::Quantized);
-  packed_down_ = std::make_shared<torchattn::PackedLinear>(format, torchattn::Int8Inputs::Quantized);
-  torchattn::freeze_from_weights(*packed_gate_up_, weights, prefix, gate_up_names(),
-                                 {gate_proj->weight, up_proj->weight}, {gate_proj->bias, up_proj->bias}, "CausalLM");
-  torchattn::freeze_from_weights(*packed_down_, weights, prefix, down_names(), {down_proj->weight}, {down_proj->bias},
-                                 "CausalLM");
-  for (const auto* l : {&gate_proj, &up_proj, &down_proj}) torchattn::PackedLinear::release((*l)->weight);
+  self_attn->options.weight_format(format).int8_inputs(torchattn::Int8Inputs::Quantized).pack_weights(true);
+  auto linears = linears_of(*this);
+  for (size_t i = 0; i < linears.size(); ++i) bind_linear(linears[i], format, weights, prefix + kLayerLinears[i]);
 }
 
 void DecoderLayerImpl::append_frozen(torchattn::NamedTensors& out, const std::string& prefix) const {
-  const std::string attn = prefix + "self_attn.";
-  for (const auto& [name, t] : self_attn->frozen_state()) out.emplace_back(attn + name, t);
-  torchattn::append_frozen_weights(out, prefix, gate_up_names(), *packed_gate_up_);
-  torchattn::append_frozen_weights(out, prefix, down_names(), *packed_down_);
+  const auto linears = linears_of(*this);
+  for (size_t i = 0; i < linears.size(); ++i) append_linear(out, prefix + kLayerLinears[i], linears[i]);
 }
 
 int64_t DecoderLayerImpl::frozen_bytes() const {
-  if (!packed_down_->frozen()) return 0;
-  return self_attn->packed_bytes() + packed_gate_up_->packed_bytes() + packed_down_->packed_bytes();
+  if (!down_proj->frozen()) return 0;
+  int64_t bytes = 0;
+  for (const auto& l : linears_of(*this)) bytes += l->format_bytes();
+  return bytes;
 }
 
 at::Tensor DecoderLayerImpl::forward_paged(const at::Tensor& x, torchattn::PagedKVCache& cache,
@@ -188,25 +165,11 @@ at::Tensor DecoderLayerImpl::activate(at::Tensor gate, bool in_place) const {
 
 at::Tensor DecoderLayerImpl::mlp(const at::Tensor& m) {
   const bool in_place = !c10::GradMode::is_enabled();
-  at::Tensor gate;
-  if (pack_.routes(packed_gate_up_.get(), m, {gate_proj->weight, up_proj->weight}, {gate_proj->bias, up_proj->bias})) {
-    // gate_proj | up_proj in one product, then SiLU(gate) * up in place on its first half.
-    const at::Tensor both = packed_gate_up_->forward(m, {gate_proj->weight, up_proj->weight},
-                                                     {gate_proj->bias, up_proj->bias});
-    const int64_t I = gate_proj->weight.size(0);
-    gate = both.narrow(-1, 0, I);
-    activate(gate, true).mul_(both.narrow(-1, I, I));
-  } else {
-    auto linear = [](const torch::nn::Linear& l, const at::Tensor& in) {
-      return torchattn::functional::linear(in, l->weight, l->bias);
-    };
-    gate = linear(gate_proj, m);
-    gate = in_place ? activate(gate, true).mul_(linear(up_proj, m)) : activate(gate, false) * linear(up_proj, m);
-  }
-  if (pack_.routes(packed_down_.get(), gate, {down_proj->weight}, {down_proj->bias})) {
-    return packed_down_->forward(gate, {down_proj->weight}, {down_proj->bias});
-  }
-  return torchattn::functional::linear(gate, down_proj->weight, down_proj->bias);
+  // gate_proj and up_proj read m together (frozen: one product), then SiLU(gate) * up.
+  auto gate_up = torchattn::linear_group(m, {gate_proj.get(), up_proj.get()}, /*fast=*/true);
+  at::Tensor gate = std::move(gate_up[0]);
+  gate = in_place ? activate(gate, true).mul_(gate_up[1]) : activate(gate, false) * gate_up[1];
+  return down_proj->forward_fast(gate);
 }
 
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, torchattn::KVCache* cache,
@@ -218,57 +181,46 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, torchattn::KVCache* ca
 }
 
 CausalLMImpl::CausalLMImpl(const DecoderConfig& config, int64_t context_length)
-    : CausalLMImpl(config, context_length, torchattn::WeightFormat::Float32) {}
+    : CausalLMImpl(config, context_length, Init::Random) {}
 
 CausalLMImpl::CausalLMImpl(const DecoderConfig& config, int64_t context_length, torchattn::WeightFormat frozen)
-    : config_(config), context_length_(context_length) {
-  TORCH_CHECK(context_length > 0 && context_length <= config.max_position_embeddings,
-              "CausalLM: expected a context_length in [1, max_position_embeddings=", config.max_position_embeddings,
-              "], got ", context_length);
+    : CausalLMImpl(config, context_length, Init::ForLoading) {
   TORCH_CHECK(
       frozen != torchattn::WeightFormat::DynamicInt8,
       "CausalLM: a model built for frozen weights takes bfloat16 or int8 (load_frozen_state), got dynamic-int8 ",
       "(quantized from float32 weights: build a float32 model, load it, then freeze_weights)");
-  const bool release = frozen != torchattn::WeightFormat::Float32;
-  // A table to be frozen (tied) or loaded: left unwritten, so its pages never become
-  // resident before it is replaced.
+}
+
+CausalLMImpl::CausalLMImpl(const DecoderConfig& config, int64_t context_length, Init init)
+    : config_(config), context_length_(context_length) {
+  TORCH_CHECK(context_length > 0 && context_length <= config.max_position_embeddings,
+              "CausalLM: expected a context_length in [1, max_position_embeddings=", config.max_position_embeddings,
+              "], got ", context_length);
+  const bool random = init == Init::Random;
   auto table = torch::nn::EmbeddingOptions(config.vocab_size, config.hidden_size);
-  if (release) table._weight(at::empty({config.vocab_size, config.hidden_size}));
+  // Built for loading: a placeholder table of its shape (no memory, nothing drawn).
+  if (!random) table._weight(torchattn::placeholder({config.vocab_size, config.hidden_size}));
   embed_tokens = register_module("embed_tokens", torch::nn::Embedding(table));
   layers = register_module("layers", torch::nn::ModuleList());
-  if (release && config.tie_word_embeddings) torchattn::PackedLinear::release(embed_tokens->weight);
-  for (int64_t i = 0; i < config.num_layers; ++i) {
-    DecoderLayer layer(config, i, context_length);
-    if (release) {
-      const auto& a = layer->self_attn;
-      for (const auto& w : {a->W_query->weight, a->W_key->weight, a->W_value->weight, a->out_proj->weight,
-                            layer->gate_proj->weight, layer->up_proj->weight, layer->down_proj->weight}) {
-        torchattn::PackedLinear::release(w);
-      }
-#if defined(__GLIBC__)
-      // glibc keeps the freed weights in its free lists and, measured here, does not
-      // reuse them for the next layer's: a float32 model's worth of them stayed resident
-      // (SmolLM2-135M: 399 MiB after building, 110 once trimmed). Give them back now.
-      malloc_trim(0);
-#endif
-    }
-    layers->push_back(layer);
-  }
+  for (int64_t i = 0; i < config.num_layers; ++i) layers->push_back(DecoderLayer(config, i, context_length, init));
   norm = register_module("norm", RMSNorm(config.hidden_size, config.rms_norm_eps, config.gemma_norms));
+  auto head = torchattn::LinearOptions(config.hidden_size, config.vocab_size).bias(false);
   if (!config.tie_word_embeddings) {
-    lm_head = register_module("lm_head",
-                              torch::nn::Linear(
-                                  torch::nn::LinearOptions(config.hidden_size, config.vocab_size).bias(false)));
+    lm_head = register_module("lm_head", torchattn::Linear(torchattn::LinearOptions(head).init(random)));
+  } else {
+    // The tied head reads embed_tokens' own parameter (one tensor: loading, .to() and
+    // freezing reach both).
+    tied_head_ = torchattn::Linear(torchattn::LinearOptions(head).init(false));
+    tied_head_->weight = embed_tokens->weight;
   }
-  if (release && lm_head) torchattn::PackedLinear::release(lm_head->weight);
-  packed_head_ = std::make_shared<torchattn::PackedLinear>();
 }
 
 void CausalLMImpl::pack_weights(bool on, int64_t min_rows) {
   TORCH_CHECK(min_rows >= 1, "CausalLM: expected pack_weights' min_rows >= 1, got ", min_rows);
   pack_ = {.on = on, .min_rows = min_rows};
   for (const auto& layer : *layers) layer->as<DecoderLayerImpl>()->pack_weights(on, min_rows);
-  if (!on) packed_head_->clear();
+  // The packed head is faster even for one row (a vocabulary's worth of outputs).
+  output_head()->set_inference({.on = on, .min_rows = 1});
 }
 
 void CausalLMImpl::freeze_weights(torchattn::WeightFormat format) {
@@ -277,39 +229,40 @@ void CausalLMImpl::freeze_weights(torchattn::WeightFormat format) {
   TORCH_CHECK(weight_format() == torchattn::WeightFormat::Float32 || weight_format() == format,
               "CausalLM: freeze_weights: the weights are already ", torchattn::to_string(weight_format()),
               ", asked for ", torchattn::to_string(format));
-  if (packed_head_->frozen()) return;
-  const at::Tensor& weight = lm_head ? lm_head->weight : embed_tokens->weight;
+  if (output_head()->frozen()) return;
+  const at::Tensor& weight = output_head()->weight;
   TORCH_CHECK(weight.is_cpu() && weight.scalar_type() == at::kFloat,
               "CausalLM: freeze_weights needs a float32 model on "
               "the CPU, got weights of ",
               weight.scalar_type(), " on ", weight.device());
+  // Layer by layer: each layer's float32 weights go as soon as its own format is made.
   for (const auto& layer : *layers) layer->as<DecoderLayerImpl>()->freeze_weights(format);
-  packed_head_ = std::make_shared<torchattn::PackedLinear>(format, torchattn::Int8Inputs::Quantized);
-  packed_head_->freeze({weight});
-  // quantize_dynamic leaves nn.Embedding alone: a tied table stays float32 for the lookup.
-  if (lm_head || format != torchattn::WeightFormat::DynamicInt8) torchattn::PackedLinear::release(weight);
+  // quantize_dynamic leaves nn.Embedding alone: a tied table stays float32 for the
+  // lookup, and the head freezes a handle of its own to the same memory.
+  if (!lm_head && format == torchattn::WeightFormat::DynamicInt8) tied_head_->weight = embed_tokens->weight.detach();
+  output_head()->freeze(format, torchattn::Int8Inputs::Quantized);
 }
 
 torchattn::NamedTensors CausalLMImpl::frozen_state() const {
-  TORCH_CHECK(packed_head_->frozen(), "CausalLM: frozen_state needs freeze_weights first (the weights are float32)");
+  TORCH_CHECK(output_head()->frozen(), "CausalLM: frozen_state needs freeze_weights first (the weights are float32)");
   TORCH_CHECK(weight_format() != torchattn::WeightFormat::DynamicInt8, "CausalLM: frozen_state: dynamic-int8 weights ",
               "live in the quantized engine's packed form and are not saved (quantize at load, or freeze to int8)");
   torchattn::NamedTensors out;
   for (const auto& item : named_parameters()) {
-    if (!released(item.value())) out.emplace_back(item.key(), item.value().detach());
+    if (!torchattn::is_placeholder(item.value())) out.emplace_back(item.key(), item.value().detach());
   }
   for (size_t i = 0; i < layers->size(); ++i) {
     layers->at<DecoderLayerImpl>(i).append_frozen(out, "layers." + std::to_string(i) + ".");
   }
-  torchattn::append_frozen_weights(out, "", {lm_head ? "lm_head.weight" : "embed_tokens.weight"}, *packed_head_);
+  append_linear(out, lm_head ? "lm_head" : "embed_tokens", output_head());
   return out;
 }
 
 void CausalLMImpl::load_frozen_state(torchattn::NamedTensors tensors, torchattn::WeightFormat format) {
   TORCH_CHECK(format == torchattn::WeightFormat::BFloat16 || format == torchattn::WeightFormat::Int8,
               "CausalLM: load_frozen_state takes bfloat16 or int8 weights, got ", torchattn::to_string(format));
-  TORCH_CHECK(!packed_head_->frozen(), "CausalLM: load_frozen_state needs a model not yet frozen");
-  const at::Tensor& head = lm_head ? lm_head->weight : embed_tokens->weight;
+  TORCH_CHECK(!output_head()->frozen(), "CausalLM: load_frozen_state needs a model not yet frozen");
+  const at::Tensor& head = output_head()->weight;
   TORCH_CHECK(head.is_cpu() && head.scalar_type() == at::kFloat,
               "CausalLM: load_frozen_state needs a float32 model on the CPU, got weights of ", head.scalar_type(),
               " on ", head.device());
@@ -320,17 +273,16 @@ void CausalLMImpl::load_frozen_state(torchattn::NamedTensors tensors, torchattn:
   tensors.clear();  // by_name holds the only handles: each goes once used
   // Everything checked before anything changes.
   std::set<std::string> expected;
-  std::vector<std::vector<std::string>> layer_names;
   for (size_t i = 0; i < layers->size(); ++i) {
-    layer_names.push_back(
-        layers[i]->as<DecoderLayerImpl>()->check_frozen(format, by_name, "layers." + std::to_string(i) + "."));
-    expected.insert(layer_names.back().begin(), layer_names.back().end());
+    const auto names = layers[i]->as<DecoderLayerImpl>()->check_frozen(format, by_name,
+                                                                       "layers." + std::to_string(i) + ".");
+    expected.insert(names.begin(), names.end());
   }
-  const std::string head_name = lm_head ? "lm_head.weight" : "embed_tokens.weight";
-  torchattn::check_frozen_weights(format, by_name, "", {head_name}, {head}, "CausalLM");
-  expected.insert(head_name);
-  if (format == torchattn::WeightFormat::Int8) expected.insert(head_name + torchattn::kFrozenScaleSuffix);
-  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (parameter, its float32 tensor)
+  const std::string head_name = lm_head ? "lm_head" : "embed_tokens";
+  torchattn::check_frozen_weights(format, by_name, "", {head_name + ".weight"}, {head}, "CausalLM");
+  expected.insert(head_name + ".weight");
+  if (format == torchattn::WeightFormat::Int8) expected.insert(head_name + ".weight" + torchattn::kFrozenScaleSuffix);
+  std::vector<std::pair<at::Tensor, at::Tensor>> values;  // (parameter, its float32 tensor)
   for (const auto& item : named_parameters()) {
     if (expected.count(item.key()) > 0) continue;
     const auto it = by_name.find(item.key());
@@ -340,34 +292,31 @@ void CausalLMImpl::load_frozen_state(torchattn::NamedTensors tensors, torchattn:
                 "CausalLM: load_frozen_state: expected '", item.key(), "' float32 ", item.value().sizes(), ", got ",
                 it->second.scalar_type(), " ", it->second.sizes(), " (weights of another model?)");
     expected.insert(item.key());
-    copies.emplace_back(item.value(), it->second);
+    values.emplace_back(item.value(), it->second);
   }
   for (const auto& [name, t] : by_name) {
     TORCH_CHECK(expected.count(name) > 0, "CausalLM: load_frozen_state: unexpected '", name, "' ", t.sizes(),
                 " (weights of another model?)");
   }
   {
+    // The file's own tensors where they are dense (views of its mapping: nothing copied).
     torch::NoGradGuard no_grad;
-    for (auto& [param, t] : copies) param.copy_(t);
+    for (auto& [param, t] : values) param.set_data(t.is_contiguous() ? t : t.contiguous());
   }
-  copies.clear();
+  values.clear();
   for (size_t i = 0; i < layers->size(); ++i) {
     layers[i]->as<DecoderLayerImpl>()->freeze_weights(format, by_name, "layers." + std::to_string(i) + ".");
-    for (const auto& n : layer_names[i]) by_name.erase(n);
   }
-  auto frozen_head = std::make_shared<torchattn::PackedLinear>(format, torchattn::Int8Inputs::Quantized);
-  torchattn::freeze_from_weights(*frozen_head, by_name, "", {head_name}, {head}, {}, "CausalLM");
-  packed_head_ = std::move(frozen_head);
-  torchattn::PackedLinear::release(head);
+  bind_linear(lm_head ? lm_head : tied_head_, format, by_name, head_name);
 }
 
 int64_t CausalLMImpl::weight_bytes() const {
   int64_t bytes = 0;
   for (const auto& p : parameters()) {
-    bytes += released(p) ? 0 : p.numel() * static_cast<int64_t>(p.element_size());
+    bytes += torchattn::is_placeholder(p) ? 0 : p.numel() * static_cast<int64_t>(p.element_size());
   }
   for (const auto& layer : *layers) bytes += layer->as<DecoderLayerImpl>()->frozen_bytes();
-  return bytes + (packed_head_->frozen() ? packed_head_->packed_bytes() : 0);
+  return bytes + (output_head()->frozen() ? output_head()->format_bytes() : 0);
 }
 
 WeightsOptions CausalLMImpl::hf_weights() const {
@@ -384,7 +333,8 @@ WeightsOptions CausalLMImpl::hf_weights() const {
 }
 
 void CausalLMImpl::load_hf_weights(const std::string& path) {
-  TORCH_CHECK(!packed_head_->frozen(), "CausalLM: load_hf_weights needs float32 weights to load into; freeze_weights (",
+  TORCH_CHECK(!output_head()->frozen(),
+              "CausalLM: load_hf_weights needs float32 weights to load into; freeze_weights (",
               torchattn::to_string(weight_format()), ") freed them");
   load_weights(*this, path, hf_weights());
 }
@@ -464,19 +414,23 @@ at::Tensor packed_next_token_loss(const at::Tensor& logits, const at::Tensor& id
 }
 
 at::Tensor CausalLMImpl::embed(const at::Tensor& ids) {
-  // A tied head frozen to bfloat16/int8 holds the only copy of the table.
-  at::Tensor x = released(embed_tokens->weight) ? packed_head_->weight_rows(ids) : embed_tokens(ids);
+  at::Tensor x;
+  if (!torchattn::is_placeholder(embed_tokens->weight)) {
+    x = embed_tokens(ids);
+  } else {
+    // A tied head frozen to bfloat16/int8 holds the only copy of the table.
+    TORCH_CHECK(!lm_head && tied_head_->frozen(),
+                "CausalLM: forward before the weights were loaded (built with Init::ForLoading: load_hf_weights or "
+                "load_frozen_state first)");
+    x = tied_head_->weight_rows(ids);
+  }
   if (!config_.gemma_norms) return x;
   // Gemma 2: times sqrt(hidden_size) rounded to the embeddings' dtype, as transformers.
   return x * at::scalar_tensor(std::sqrt(static_cast<double>(config_.hidden_size)), x.options());
 }
 
 at::Tensor CausalLMImpl::head(const at::Tensor& x) {
-  const at::Tensor& weight = lm_head ? lm_head->weight : embed_tokens->weight;
-  // The packed head is faster even for one row (a vocabulary's worth of outputs).
-  at::Tensor logits = torchattn::PackPolicy{.on = pack_.on, .min_rows = 1}.routes(packed_head_.get(), x, {weight})
-                          ? packed_head_->forward(x, {weight})
-                          : torchattn::functional::linear(x, weight);
+  at::Tensor logits = output_head()->forward_fast(x);
   if (config_.final_softcap > 0.0) {  // Gemma 2: cap * tanh(logits / cap)
     logits = at::tanh(logits / config_.final_softcap) * config_.final_softcap;
   }

@@ -43,7 +43,7 @@ LanguageModel LanguageModel::from_pretrained(const std::string& folder, const Lo
   Tokenizer tokenizer((fs::path(folder) / "tokenizer.json").string());
   check_tokenizer(folder, config, tokenizer);
   const auto saved = saved_weight_format(folder);
-  CausalLM model = saved ? CausalLM(config, context, *saved) : CausalLM(config, context);
+  CausalLM model = saved ? CausalLM(config, context, *saved) : CausalLM(config, context, Init::ForLoading);
   model->pack_weights(options.pack_weights().value_or(false));
   if (saved) {
     // A folder of save_pretrained: its frozen weights as they are.

@@ -32,10 +32,10 @@ void CausalAttentionImpl::reset() {
   if (options.rope()) {
     detail::check_rope(kCausalAttention, *options.rope(), options.d_out());
   }
-  const auto linear = torch::nn::LinearOptions(options.d_in(), options.d_out()).bias(options.qkv_bias());
-  W_query = register_module("W_query", torch::nn::Linear(linear));
-  W_key = register_module("W_key", torch::nn::Linear(linear));
-  W_value = register_module("W_value", torch::nn::Linear(linear));
+  const auto linear = LinearOptions(options.d_in(), options.d_out()).bias(options.qkv_bias());
+  W_query = register_module("W_query", Linear(linear));
+  W_key = register_module("W_key", Linear(linear));
+  W_value = register_module("W_value", Linear(linear));
   dropout = register_module("dropout", torch::nn::Dropout(options.dropout()));
   cache_owner_ = detail::new_cache_owner();
   rotary_ = options.rope() ? std::make_shared<const detail::RotaryCache>(*options.rope(), options.d_out(),

@@ -58,15 +58,16 @@ void MultiHeadAttentionImpl::reset() {
   }
   if (options.kdim()) detail::check_positive(kMultiHeadAttention, "kdim", *options.kdim());
   if (options.vdim()) detail::check_positive(kMultiHeadAttention, "vdim", *options.vdim());
-  const auto qkv = [&](int64_t in, int64_t out) { return torch::nn::LinearOptions(in, out).bias(options.qkv_bias()); };
+  const auto qkv = [&](int64_t in, int64_t out) {
+    return LinearOptions(in, out).bias(options.qkv_bias()).init(options.init());
+  };
   const int64_t kv_features = num_kv_heads() * head_dim();
   const int64_t q_features = options.num_heads() * head_dim();  // d_out unless head_dim is set
-  W_query = register_module("W_query", torch::nn::Linear(qkv(options.d_in(), q_features)));
-  W_key = register_module("W_key", torch::nn::Linear(qkv(options.kdim().value_or(options.d_in()), kv_features)));
-  W_value = register_module("W_value", torch::nn::Linear(qkv(options.vdim().value_or(options.d_in()), kv_features)));
-  out_proj = register_module("out_proj",
-                             torch::nn::Linear(
-                                 torch::nn::LinearOptions(q_features, options.d_out()).bias(options.out_bias())));
+  W_query = register_module("W_query", Linear(qkv(options.d_in(), q_features)));
+  W_key = register_module("W_key", Linear(qkv(options.kdim().value_or(options.d_in()), kv_features)));
+  W_value = register_module("W_value", Linear(qkv(options.vdim().value_or(options.d_in()), kv_features)));
+  out_proj = register_module(
+      "out_proj", Linear(LinearOptions(q_features, options.d_out()).bias(options.out_bias()).init(options.init())));
   dropout = register_module("dropout", torch::nn::Dropout(options.dropout()));
   if (const auto& qk = options.qk_norm()) {
     TORCH_CHECK(qk->eps() > 0.0 && std::isfinite(qk->eps()), kMultiHeadAttention, ": expected qk_norm eps > 0, got ",
@@ -85,8 +86,6 @@ void MultiHeadAttentionImpl::reset() {
   TORCH_CHECK(!options.softcap() || (*options.softcap() > 0.0 && std::isfinite(*options.softcap())),
               kMultiHeadAttention, ": expected softcap > 0, got ", options.softcap().value_or(0.0));
   sinks = options.sinks() ? register_parameter("sinks", at::zeros({options.num_heads()})) : at::Tensor();
-  packed_qkv_ = std::make_shared<PackedLinear>(options.weight_format(), options.int8_inputs());
-  packed_out_ = std::make_shared<PackedLinear>(options.weight_format(), options.int8_inputs());
   if (options.causal() && options.mask_buffer()) {
     mask = register_buffer("mask", functional::causal_mask_buffer(options.context_length()));
   } else {
@@ -205,14 +204,9 @@ at::Tensor MultiHeadAttentionImpl::forward_packed(const at::Tensor& x, const at:
   TORCH_CHECK(x.dim() == 2, kMultiHeadAttention, ".forward_packed: expected x of shape [N, d_in], got ", x.sizes());
   const std::vector<int64_t> offsets = detail::check_cu_seqlens("MultiHeadAttention.forward_packed", cu_seqlens, x,
                                                                 options.context_length());
-  sync_packed();
+  sync_linears();
   detail::AttentionBlock block = this->block(/*cross=*/false);
-  const at::Tensor context = detail::packed_attention_block_forward(block, x, offsets,
-                                                                    attention_options(/*inference=*/false));
-  if (pack_policy().routes(packed_out_.get(), context, {out_proj->weight}, {out_proj->bias})) {
-    return packed_out_->forward(context, {out_proj->weight}, {out_proj->bias});
-  }
-  return out_proj->forward(context);
+  return detail::packed_attention_block_forward(block, x, offsets, attention_options(/*inference=*/false));
 }
 
 KVCache MultiHeadAttentionImpl::make_kv_cache(int64_t batch_size, bool static_shapes) const {
@@ -246,14 +240,9 @@ at::Tensor MultiHeadAttentionImpl::forward_paged(const at::Tensor& x, PagedKVCac
   detail::check_paged(kMultiHeadAttention, x, options.d_in(), options.context_length(), W_query->weight, cache, step,
                       layer, paged_layer(), is_training(), options.dropout());
   detail::check_causal_for_cache(kMultiHeadAttention, options.causal(), "forward_paged");
-  sync_packed();
+  sync_linears();
   detail::AttentionBlock block = this->block(/*cross=*/false);
-  const at::Tensor context = detail::paged_attention_block_forward(block, x, cache, step, layer,
-                                                                   attention_options(/*inference=*/true));
-  if (pack_policy().routes(packed_out_.get(), context, {out_proj->weight}, {out_proj->bias})) {
-    return packed_out_->forward(context, {out_proj->weight}, {out_proj->bias});
-  }
-  return functional::linear(context, out_proj->weight, out_proj->bias);
+  return detail::paged_attention_block_forward(block, x, cache, step, layer, attention_options(/*inference=*/true));
 }
 
 void MultiHeadAttentionImpl::check_not_frozen(const char* what) const {
@@ -267,23 +256,13 @@ void MultiHeadAttentionImpl::freeze_weights() {
   check_self_attention("freeze_weights");
   if (frozen()) return;
   options.pack_weights(true);
-  sync_packed();
-  packed_qkv_->freeze({W_query->weight, W_key->weight, W_value->weight}, {W_query->bias, W_key->bias, W_value->bias});
-  packed_out_->freeze({out_proj->weight}, {out_proj->bias});
-  for (const auto* l : {&W_query, &W_key, &W_value, &out_proj}) PackedLinear::release((*l)->weight);
+  for (auto* l : {&W_query, &W_key, &W_value, &out_proj}) (*l)->freeze(options.weight_format(), options.int8_inputs());
 }
 
 namespace {
 
-// The frozen projections' names, each PackedLinear's in freeze's order.
-const std::vector<std::string>& qkv_names() {
-  static const std::vector<std::string> names{"W_query.weight", "W_key.weight", "W_value.weight"};
-  return names;
-}
-const std::vector<std::string>& out_names() {
-  static const std::vector<std::string> names{"out_proj.weight"};
-  return names;
-}
+// The projections by their names under the module, in the order frozen_state gives them.
+constexpr const char* kProjections[] = {"W_query", "W_key", "W_value", "out_proj"};
 
 }  // namespace
 
@@ -293,34 +272,42 @@ void MultiHeadAttentionImpl::freeze_weights(const std::map<std::string, at::Tens
               ": freeze_weights keeps bfloat16, int8 or dynamic-int8 copies, got weight_format float32");
   check_self_attention("freeze_weights");
   TORCH_CHECK(!frozen(), kMultiHeadAttention, ": freeze_weights: already frozen");
-  // Both copies or neither: a tensor that fails leaves the module as it was.
-  auto qkv = std::make_shared<PackedLinear>(options.weight_format(), options.int8_inputs());
-  auto out = std::make_shared<PackedLinear>(options.weight_format(), options.int8_inputs());
-  freeze_from_weights(*qkv, weights, prefix, qkv_names(), {W_query->weight, W_key->weight, W_value->weight},
-                      {W_query->bias, W_key->bias, W_value->bias}, kMultiHeadAttention);
-  freeze_from_weights(*out, weights, prefix, out_names(), {out_proj->weight}, {out_proj->bias}, kMultiHeadAttention);
+  Linear layers[] = {W_query, W_key, W_value, out_proj};
+  // Every tensor checked before any is bound: one that fails leaves the module as it was.
+  for (size_t i = 0; i < 4; ++i) {
+    check_frozen_weights(options.weight_format(), weights, prefix, {std::string(kProjections[i]) + ".weight"},
+                         {layers[i]->weight}, kMultiHeadAttention);
+  }
   options.pack_weights(true);
-  packed_qkv_ = std::move(qkv);
-  packed_out_ = std::move(out);
-  for (const auto* l : {&W_query, &W_key, &W_value, &out_proj}) PackedLinear::release((*l)->weight);
+  for (size_t i = 0; i < 4; ++i) {
+    const std::string name = prefix + kProjections[i] + ".weight";
+    const auto scale = weights.find(name + kFrozenScaleSuffix);
+    layers[i]->bind(options.weight_format(), weights.at(name), scale != weights.end() ? scale->second : at::Tensor(),
+                    options.int8_inputs(), name);
+  }
 }
 
 NamedTensors MultiHeadAttentionImpl::frozen_state() const {
   TORCH_CHECK(frozen(), kMultiHeadAttention, ": frozen_state needs freeze_weights first");
   NamedTensors out;
-  append_frozen_weights(out, "", qkv_names(), *packed_qkv_);
-  append_frozen_weights(out, "", out_names(), *packed_out_);
+  const Linear layers[] = {W_query, W_key, W_value, out_proj};
+  for (size_t i = 0; i < 4; ++i) {
+    auto [data, scale] = layers[i]->frozen_weight();
+    const std::string name = std::string(kProjections[i]) + ".weight";
+    out.emplace_back(name, data);
+    if (scale.defined()) out.emplace_back(name + kFrozenScaleSuffix, scale);
+  }
   return out;
 }
 
-void MultiHeadAttentionImpl::sync_packed() {
+int64_t MultiHeadAttentionImpl::packed_bytes() const {
+  return W_query->format_bytes() + W_key->format_bytes() + W_value->format_bytes() + out_proj->format_bytes();
+}
+
+void MultiHeadAttentionImpl::sync_linears() {
   if (frozen()) return;
-  if (packed_qkv_->format() != options.weight_format()) {
-    packed_qkv_ = std::make_shared<PackedLinear>(options.weight_format(), options.int8_inputs());
-    packed_out_ = std::make_shared<PackedLinear>(options.weight_format(), options.int8_inputs());
-  } else if (!options.pack_weights() && packed_qkv_->packed_bytes() + packed_out_->packed_bytes() > 0) {
-    packed_qkv_->clear();  // pack_weights turned off: the copies go
-    packed_out_->clear();
+  for (auto* l : {&W_query, &W_key, &W_value, &out_proj}) {
+    (*l)->set_inference(pack_policy(), options.weight_format(), options.int8_inputs());
   }
 }
 
@@ -354,8 +341,7 @@ at::Tensor MultiHeadAttentionImpl::forward_cross(const at::Tensor& x, const Cros
   detail::check_cross_kv(kMultiHeadAttention, kv, x, num_kv_heads(), head_dim());
   detail::AttentionBlock block = this->block(/*cross=*/true);
   const at::Tensor xb = x.dim() == 3 ? x : x.unsqueeze(0);
-  const at::Tensor y = out_proj->forward(
-      detail::cross_attention_block_forward(block, xb, kv, attention_options(/*inference=*/false)));
+  const at::Tensor y = detail::cross_attention_block_forward(block, xb, kv, attention_options(/*inference=*/false));
   return x.dim() == 3 ? y : y[0];
 }
 
@@ -366,18 +352,13 @@ at::Tensor MultiHeadAttentionImpl::forward_cross(const at::Tensor& x, const at::
 
 at::Tensor MultiHeadAttentionImpl::attend(const at::Tensor& x, const at::Tensor& key_padding_mask,
                                           const at::Tensor& key_bias, KVCache* cache) {
-  sync_packed();
+  sync_linears();
   detail::AttentionBlock block = this->block(/*cross=*/false);
   const functional::AttentionOptions config = attention_options(/*inference=*/false);
-  return detail::with_batch_dim(
-      x, key_padding_mask, key_bias, [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {
-        const at::Tensor context = detail::attention_block_forward(block, xb, cache, config, mb, bb);
-        if (pack_policy().routes(packed_out_.get(), context, {out_proj->weight}, {out_proj->bias})) {
-          return packed_out_->forward(context, {out_proj->weight}, {out_proj->bias});
-        }
-        return cache != nullptr ? functional::linear(context, out_proj->weight, out_proj->bias)
-                                : out_proj->forward(context);
-      });
+  return detail::with_batch_dim(x, key_padding_mask, key_bias,
+                                [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {
+                                  return detail::attention_block_forward(block, xb, cache, config, mb, bb);
+                                });
 }
 
 detail::AttentionBlock MultiHeadAttentionImpl::block(bool cross) {
@@ -385,14 +366,13 @@ detail::AttentionBlock MultiHeadAttentionImpl::block(bool cross) {
       .W_query = W_query,
       .W_key = W_key,
       .W_value = W_value,
+      .out_proj = out_proj,
       .num_heads = options.num_heads(),
       .num_kv_heads = num_kv_heads(),
       .causal = !cross && options.causal(),
       .mask = mask,
       .window = cross ? std::nullopt : options.window(),
       .rope = cross ? nullptr : rotary_.get(),
-      .packed_qkv = !cross && (options.pack_weights() || frozen()) ? packed_qkv_.get() : nullptr,
-      .pack = pack_policy(),
       .q_norm = q_norm.is_empty() ? nullptr : q_norm.get(),
       .k_norm = k_norm.is_empty() ? nullptr : k_norm.get(),
       .qk_norm_per_head = !options.qk_norm() || options.qk_norm()->per_head(),

@@ -21,10 +21,10 @@ void SelfAttentionV2Impl::reset() {
   detail::check_positive(kSelfAttentionV2, "d_in", options.d_in());
   detail::check_positive(kSelfAttentionV2, "d_out", options.d_out());
   detail::check_scale(kSelfAttentionV2, options.scale());
-  const auto linear = torch::nn::LinearOptions(options.d_in(), options.d_out()).bias(options.qkv_bias());
-  W_query = register_module("W_query", torch::nn::Linear(linear));
-  W_key = register_module("W_key", torch::nn::Linear(linear));
-  W_value = register_module("W_value", torch::nn::Linear(linear));
+  const auto linear = LinearOptions(options.d_in(), options.d_out()).bias(options.qkv_bias());
+  W_query = register_module("W_query", Linear(linear));
+  W_key = register_module("W_key", Linear(linear));
+  W_value = register_module("W_value", Linear(linear));
 }
 
 void SelfAttentionV2Impl::save(torch::serialize::OutputArchive& archive) const {

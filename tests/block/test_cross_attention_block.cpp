@@ -34,7 +34,7 @@ TEST(ModernAttention, CrossAttentionIsTheMathOverItsContext) {
   const auto vc = torch::randn({B, S, vdim}, torch::kFloat64);
   auto pad = torch::zeros({B, S}, torch::kBool);
   pad[1].narrow(0, 4, 2).fill_(true);
-  auto lin = [](const torch::nn::Linear& l, const torch::Tensor& in) { return in.matmul(l->weight.t()) + l->bias; };
+  auto lin = [](const torchattn::Linear& l, const torch::Tensor& in) { return in.matmul(l->weight.t()) + l->bias; };
   auto rms = [](const torch::Tensor& t, const torchattn::RMSNorm& n) {
     const auto h = t.to(torch::kFloat32);
     return n->weight * (h * torch::rsqrt(h.pow(2).mean(-1, true) + n->eps)).to(torch::kFloat64);

@@ -181,7 +181,7 @@ torch::Tensor bloom_slopes(int64_t heads) {
 // The whole layer in float64 from the module's weights.
 torch::Tensor reference(const ModernConfig& c, torchattn::MultiHeadAttentionImpl& m, const torch::Tensor& x /*f64*/,
                         const torch::Tensor& pad /*[B,T] bool or undefined*/) {
-  auto w = [&](const torch::nn::Linear& l, const torch::Tensor& in) {
+  auto w = [&](const torchattn::Linear& l, const torch::Tensor& in) {
     auto y = in.matmul(l->weight.detach().cpu().to(torch::kFloat64).t());
     return l->bias.defined() ? y + l->bias.detach().cpu().to(torch::kFloat64) : y;
   };

@@ -12,13 +12,13 @@
 #include <torchattn/models/config.h>
 #include <torchattn/models/weights.h>
 #include <torchattn/multi_head_attention.h>
+#include <torchattn/linear.h>
 #include <torchattn/packed_linear.h>
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
@@ -43,8 +43,8 @@ TORCH_MODULE(BertEmbeddings);
 class BertLayerImpl : public torch::nn::Module {
  public:
   /// pack_weights: inference on the CPU in float32 runs every linear layer on a
-  /// oneDNN-packed copy of its weights (see torchattn::PackedLinear), the attention's
-  /// three projections as one product: faster, for a second copy of the weights.
+  /// oneDNN-packed copy of its weights (torchattn::Linear::set_inference): faster, for
+  /// a second copy of the weights.
   explicit BertLayerImpl(const BertConfig& config, bool pack_weights = false);
   /// x: [B, T, hidden_size]; key_padding_mask: [B, T] bool, true = padding, or undefined.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& key_padding_mask = {});
@@ -53,12 +53,9 @@ class BertLayerImpl : public torch::nn::Module {
 
   MultiHeadAttention attention{nullptr};  // causal(false), biases: W_query, W_key, W_value, out_proj
   torch::nn::LayerNorm attention_norm{nullptr};
-  torch::nn::Linear intermediate{nullptr}, output{nullptr};
+  Linear intermediate{nullptr}, output{nullptr};
   torch::nn::LayerNorm output_norm{nullptr};
   torch::nn::Dropout dropout{nullptr};
-
- private:
-  std::shared_ptr<PackedLinear> packed_intermediate_, packed_output_;  // null without pack_weights
 };
 TORCH_MODULE(BertLayer);
 

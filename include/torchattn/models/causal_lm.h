@@ -16,7 +16,6 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
@@ -27,9 +26,15 @@
 
 namespace torchattn::models {
 
+/// How a model's weights start: drawn at random as LibTorch's modules draw them (to
+/// train from scratch: the same draws, in the same order, as before this option), or
+/// built for loading: nothing drawn and no memory allocated, every weight a
+/// placeholder of its shape until a checkpoint replaces it (torchattn::LinearOptions::init).
+enum class Init { Random, ForLoading };
+
 class DecoderLayerImpl : public torch::nn::Module {
  public:
-  DecoderLayerImpl(const DecoderConfig& c, int64_t layer, int64_t context_length);
+  DecoderLayerImpl(const DecoderConfig& c, int64_t layer, int64_t context_length, Init init = Init::Random);
   /// x: [B, T, hidden] after the tokens in `cache` (null: none) -> [B, T, hidden].
   at::Tensor forward(const at::Tensor& x, torchattn::KVCache* cache, const at::Tensor& key_padding_mask);
   /// x: [N, hidden], documents packed end to end (cu_seqlens as
@@ -62,7 +67,7 @@ class DecoderLayerImpl : public torch::nn::Module {
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   RMSNorm pre_feedforward_layernorm{nullptr}, post_feedforward_layernorm{nullptr};  // Gemma 2 only
   torchattn::MultiHeadAttention self_attn{nullptr};
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  torchattn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 
  private:
   // attn: the attention's output for x -> the layer's output (residual sums and MLP).
@@ -71,8 +76,6 @@ class DecoderLayerImpl : public torch::nn::Module {
   at::Tensor activate(at::Tensor gate, bool in_place) const;
 
   bool gelu_tanh_ = false;
-  std::shared_ptr<torchattn::PackedLinear> packed_gate_up_, packed_down_;
-  torchattn::PackPolicy pack_{.on = false, .min_rows = 2};
 };
 TORCH_MODULE(DecoderLayer);
 
@@ -82,10 +85,13 @@ class CausalLMImpl : public torch::nn::Module {
   /// at most the config's max_position_embeddings): the KV caches' size.
   CausalLMImpl(const DecoderConfig& config, int64_t context_length);
   /// The same for frozen weights to come (load_frozen_state in `frozen`, bfloat16 or
-  /// int8): each linear layer's float32 weight, and a tied head's table, is freed as
-  /// soon as its layer is built (PackedLinear::release), so that building the model
-  /// never holds all its float32 weights at once.
+  /// int8): built for loading (Init::ForLoading), so that building the model holds no
+  /// float32 weights at all.
   CausalLMImpl(const DecoderConfig& config, int64_t context_length, torchattn::WeightFormat frozen);
+  /// With `init`: Init::ForLoading draws no random numbers and allocates no weights
+  /// (load_hf_weights or load_frozen_state then binds the checkpoint's own tensors;
+  /// a forward before is an error); Init::Random is the two-argument constructor.
+  CausalLMImpl(const DecoderConfig& config, int64_t context_length, Init init);
 
   /// on: on the CPU in float32 without gradients, every linear layer runs on a
   /// oneDNN-packed copy of its weights (torchattn::PackedLinear; the attention's three
@@ -127,7 +133,7 @@ class CausalLMImpl : public torch::nn::Module {
   int64_t weight_bytes() const;
   /// The format freeze_weights kept, Float32 before it.
   torchattn::WeightFormat weight_format() const {
-    return packed_head_ ? packed_head_->format() : torchattn::WeightFormat::Float32;
+    return output_head()->frozen() ? output_head()->weight_format() : torchattn::WeightFormat::Float32;
   }
   int64_t pack_min_rows() const { return pack_.min_rows; }
 
@@ -184,7 +190,7 @@ class CausalLMImpl : public torch::nn::Module {
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   RMSNorm norm{nullptr};
-  torch::nn::Linear lm_head{nullptr};  // null when tied to embed_tokens
+  torchattn::Linear lm_head{nullptr};  // null when tied to embed_tokens
 
  private:
   // The output head over final hidden states [..., hidden] -> logits.
@@ -192,9 +198,12 @@ class CausalLMImpl : public torch::nn::Module {
   // ids -> the embeddings the first layer takes (Gemma 2: scaled).
   at::Tensor embed(const at::Tensor& ids);
 
+  // The output head: lm_head, or (tied) a Linear of its own over embed_tokens' table.
+  torchattn::Linear output_head() const { return lm_head ? lm_head : tied_head_; }
+
   DecoderConfig config_;
   int64_t context_length_;
-  std::shared_ptr<torchattn::PackedLinear> packed_head_;
+  torchattn::Linear tied_head_{nullptr};  // not a submodule: its weight is embed_tokens'
   torchattn::PackPolicy pack_{.on = false, .min_rows = 2};
 };
 TORCH_MODULE(CausalLM);

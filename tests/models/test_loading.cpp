@@ -1,0 +1,210 @@
+// How a decoder loads (docs/models.md, loading): built for loading it draws no random
+// numbers and holds no weights; a checkpoint's tensors become its weights in place (the
+// data pointers lie inside the file's mapping: nothing copied), float32 and frozen int8
+// alike; and what a mapped file that changes under the model does to it.
+
+#include "common/expect_error.h"
+#include "common/temp_path.h"
+
+#include <torchattn/models.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <csignal>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <unistd.h>
+
+namespace {
+
+namespace models = torchattn::models;
+using torchattn::WeightFormat;
+
+models::DecoderConfig small_config(bool tied) {
+  models::DecoderConfig c;
+  c.model_type = "llama";
+  c.vocab_size = 96;
+  c.hidden_size = 64;
+  c.intermediate_size = 130;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.max_position_embeddings = 64;
+  c.rope_theta = 10000.0;
+  c.windows.assign(2, std::nullopt);
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+// The address ranges that map `path` in this process (/proc/self/maps).
+std::vector<std::pair<uintptr_t, uintptr_t>> mappings_of(const std::string& path) {
+  const std::string file = std::filesystem::canonical(path).string();
+  std::vector<std::pair<uintptr_t, uintptr_t>> out;
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    if (!line.ends_with(" " + file)) continue;
+    std::istringstream in(line);
+    std::string range;
+    in >> range;
+    const size_t dash = range.find('-');
+    out.emplace_back(std::stoull(range.substr(0, dash), nullptr, 16), std::stoull(range.substr(dash + 1), nullptr, 16));
+  }
+  return out;
+}
+
+bool inside(const std::vector<std::pair<uintptr_t, uintptr_t>>& ranges, const at::Tensor& t) {
+  const auto p = reinterpret_cast<uintptr_t>(t.const_data_ptr());
+  for (const auto& [begin, end] : ranges) {
+    if (p >= begin && p + t.numel() * t.element_size() <= end) return true;
+  }
+  return false;
+}
+
+at::Tensor generator_state() { return at::detail::getDefaultCPUGenerator().get_state(); }
+
+at::Tensor logits_of(models::CausalLM& model, const at::Tensor& ids) {
+  torch::NoGradGuard no_grad;
+  return model->forward(ids);
+}
+
+TEST(Loading, AModelBuiltForLoadingDrawsNoRandomNumbersAndHoldsNoWeights) {
+  for (const bool tied : {true, false}) {
+    torch::manual_seed(91);
+    const auto before = generator_state();
+    models::CausalLM model(small_config(tied), 64, models::Init::ForLoading);
+    EXPECT_TRUE(torch::equal(generator_state(), before)) << "random numbers were drawn";
+    int64_t placeholders = 0;
+    for (const auto& p : model->named_parameters()) {
+      const bool is_norm = p.key().find("norm") != std::string::npos;
+      EXPECT_EQ(torchattn::is_placeholder(p.value()), !is_norm) << p.key();
+      placeholders += torchattn::is_placeholder(p.value()) ? 1 : 0;
+    }
+    EXPECT_EQ(placeholders, 2 * 7 + 1 + (tied ? 0 : 1));
+    EXPECT_EQ(model->weight_bytes(), 5 * 64 * 4) << "only the norms' weights";
+    expect_error([&] { logits_of(model, torch::zeros({1, 3}, torch::kLong)); }, "before");
+    // Init::Random draws as before: the two-argument constructor's weights.
+    torch::manual_seed(91);
+    models::CausalLM a(small_config(tied), 64);
+    torch::manual_seed(91);
+    models::CausalLM b(small_config(tied), 64, models::Init::Random);
+    for (size_t i = 0; i < a->parameters().size(); ++i) {
+      EXPECT_TRUE(torch::equal(a->parameters()[i], b->parameters()[i]));
+    }
+  }
+}
+
+// float32 weights from a safetensors file, and a saved frozen int8 model: every weight
+// is the file's own memory.
+TEST(Loading, MappedWeightsAreNotCopied) {
+  for (const bool tied : {true, false}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    torch::manual_seed(92);
+    models::CausalLM source(small_config(tied), 64);
+    source->eval();
+    const auto ids = torch::randint(0, 96, {2, 9}, torch::kLong);
+    const std::string path = temp_path(std::string("loading_") + (tied ? "tied" : "untied") + ".safetensors");
+    torchattn::NamedTensors state;
+    for (const auto& p : source->named_parameters()) state.emplace_back(p.key(), p.value().detach());
+    torchattn::save_safetensors(path, state);
+
+    models::CausalLM loaded(small_config(tied), 64, models::Init::ForLoading);
+    models::load_weights(*loaded, path);
+    loaded->eval();
+    const auto ranges = mappings_of(path);
+    ASSERT_FALSE(ranges.empty()) << path << " is not mapped";
+    for (const auto& p : loaded->named_parameters()) EXPECT_TRUE(inside(ranges, p.value())) << p.key() << " copied";
+    EXPECT_TRUE(torch::equal(logits_of(loaded, ids), logits_of(source, ids)));
+
+    // A frozen int8 model saved and loaded again: its int8 weights and scales are views.
+    source->freeze_weights(WeightFormat::Int8);
+    const std::string frozen_path = temp_path(std::string("loading_int8_") + (tied ? "tied" : "untied") + ".st");
+    torchattn::save_safetensors(frozen_path, source->frozen_state());
+    models::CausalLM frozen(small_config(tied), 64, WeightFormat::Int8);
+    frozen->load_frozen_state(torchattn::load_safetensors(frozen_path), WeightFormat::Int8);
+    frozen->eval();
+    const auto frozen_ranges = mappings_of(frozen_path);
+    int64_t viewed = 0;
+    for (const auto& layer : *frozen->layers) {
+      const auto& l = layer->as<models::DecoderLayerImpl>();
+      for (const auto& linear : {l->self_attn->W_query, l->self_attn->W_key, l->self_attn->W_value,
+                                 l->self_attn->out_proj, l->gate_proj, l->up_proj, l->down_proj}) {
+        auto [data, scale] = linear->frozen_weight();
+        EXPECT_TRUE(inside(frozen_ranges, data) && inside(frozen_ranges, scale)) << "a frozen weight was copied";
+        viewed += 2;
+      }
+    }
+    EXPECT_EQ(viewed, 2 * 7 * 2);
+    EXPECT_TRUE(torch::equal(logits_of(frozen, ids), logits_of(source, ids)));
+    std::filesystem::remove(path);
+    std::filesystem::remove(frozen_path);
+  }
+}
+
+// save_safetensors writes a new file and renames it over the old: a model that maps the
+// old one keeps its weights (the old inode lives on until the model lets it go).
+TEST(Loading, ASaveOverTheMappedFileLeavesTheModelAsItWas) {
+  torch::manual_seed(93);
+  models::CausalLM source(small_config(true), 64);
+  const auto ids = torch::randint(0, 96, {1, 7}, torch::kLong);
+  const std::string path = temp_path("loading_replaced.safetensors");
+  torchattn::NamedTensors state;
+  for (const auto& p : source->named_parameters()) state.emplace_back(p.key(), p.value().detach());
+  torchattn::save_safetensors(path, state);
+  models::CausalLM loaded(small_config(true), 64, models::Init::ForLoading);
+  models::load_weights(*loaded, path);
+  const auto before = logits_of(loaded, ids);
+  torchattn::NamedTensors other;
+  for (const auto& [name, t] : state) other.emplace_back(name, t * 2 + 1);
+  torchattn::save_safetensors(path, other);
+  EXPECT_TRUE(torch::equal(logits_of(loaded, ids), before)) << "the replaced file reached the model";
+  std::filesystem::remove(path);
+}
+
+// A file written in place under the model: the mapping is the file's pages, so the model
+// sees the new bytes (docs/models.md: replace files, never write into one in use). A file
+// truncated under it: the next read of a page past the new end raises SIGBUS, as for any
+// mapped file, which kills the process (a death test: in a child).
+TEST(Loading, AFileChangedInPlaceReachesTheModelAndOneTruncatedKillsItWithSigbus) {
+  torch::manual_seed(94);
+  models::CausalLM source(small_config(true), 64);
+  const std::string path = temp_path("loading_in_place.safetensors");
+  torchattn::NamedTensors state;
+  for (const auto& p : source->named_parameters()) state.emplace_back(p.key(), p.value().detach());
+  torchattn::save_safetensors(path, state);
+  models::CausalLM loaded(small_config(true), 64, models::Init::ForLoading);
+  models::load_weights(*loaded, path);
+  const at::Tensor norm = loaded->norm->weight;
+  ASSERT_TRUE(inside(mappings_of(path), norm));
+  {
+    // The final norm's weights rewritten in place at their offset in the file.
+    const auto base = reinterpret_cast<uintptr_t>(mappings_of(path).front().first);
+    const auto offset = static_cast<std::streamoff>(reinterpret_cast<uintptr_t>(norm.const_data_ptr()) - base);
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(offset);
+    const std::vector<float> twos(static_cast<size_t>(norm.numel()), 2.0f);
+    file.write(reinterpret_cast<const char*>(twos.data()), static_cast<std::streamsize>(twos.size() * sizeof(float)));
+  }
+  EXPECT_TRUE(torch::equal(norm, torch::full_like(norm, 2.0f))) << "an in-place write did not reach the mapping";
+
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        models::CausalLM model(small_config(true), 64, models::Init::ForLoading);
+        models::load_weights(*model, path);
+        std::filesystem::resize_file(path, 0);
+        logits_of(model, torch::zeros({1, 3}, torch::kLong));
+      },
+      ::testing::KilledBySignal(SIGBUS), "");
+  std::filesystem::remove(path);
+}
+
+}  // namespace
