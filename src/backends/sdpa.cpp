@@ -122,9 +122,29 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k_in, const at
   return at::scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa);
 }
 
+int64_t prefill_kernel_max_keys(kernels::cpu::Isa isa) {
+  // Where the kernel measured faster than ATen's flash kernel, by instruction set
+  // (kernel / ATen time, interleaved medians, 2 threads, q [B, H, T, 64] over T keys):
+  // - AVX2, AMD EPYC Zen 3 (no AVX-512): T 128 0.43, 512 0.96-1.02 (9 and 32 heads),
+  //   1024 1.24, 2048 1.53, 4096 2.01: the kernel reads every visible key once per
+  //   block of 4 rows, which outgrows the caches where ATen's blocked GEMMs do not.
+  // - AVX-512, AMD EPYC Zen 5 and Intel Xeon: faster at 512 (SmolLM2's prefill, 9
+  //   heads: 26% of a prefill's samples for ATen's kernel), not measured beyond.
+  // So up to 512 keys on both; ATen's kernel past that (and without AVX2 at all).
+  switch (isa) {
+    case kernels::cpu::Isa::Avx512:
+    case kernels::cpu::Isa::Avx2:
+      return 512;
+    case kernels::cpu::Isa::Scalar:
+      break;
+  }
+  return 0;
+}
+
 at::Tensor causal_prefill_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const functional::AttentionOptions& config) {
   if (config.backend != Backend::Auto || dropout_p(config) != 0.0 ||
+      k.size(-2) > prefill_kernel_max_keys(kernels::cpu::best_isa()) ||
       !kernels::cpu::prefill_attention_applies(q, k, v)) {
     return {};
   }

@@ -12,6 +12,8 @@
 
 #include <torchattn/attention_options.h>
 
+#include "kernels/cpu/cpu_features.h"
+
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 
@@ -64,9 +66,15 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::T
                            const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                            std::optional<double> scale, bool allow_cudnn, bool enable_gqa = false);
 
+/// The most keys for which Backend::Auto takes the causal prefill kernel on a CPU with
+/// `isa` (where it measured faster than ATen's; the figures in sdpa.cpp): 512 with AVX2
+/// or AVX-512, 0 without.
+int64_t prefill_kernel_max_keys(kernels::cpu::Isa isa);
+
 /// A causal prefill by torchattn's CPU kernel (kernels/cpu/prefill_attention.h), which
-/// computes only the keys each row sees, where it applies: Backend::Auto, no dropout,
-/// float32 without a gradient, AVX2 or wider. Row t sees keys 0 .. t + Tk - Tq (aligned
+/// computes only the keys each row sees, where it applies and pays: Backend::Auto, no
+/// dropout, float32 without a gradient, AVX2 or wider, at most
+/// prefill_kernel_max_keys(best_isa()) keys. Row t sees keys 0 .. t + Tk - Tq (aligned
 /// bottom-right). q: [B, H, Tq, d], k: [B, Hkv, Tk, d], v: [B, Hkv, Tk, dv].
 /// Returns [B, H, Tq, dv], or an undefined tensor where the kernel does not apply.
 at::Tensor causal_prefill_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -157,6 +157,23 @@ TEST(CausalPrefillKernel, TakesOnlyAutoWithoutDropout) {
   EXPECT_FALSE(torchattn::detail::causal_prefill_kernel(q, k, v, config).defined());
 }
 
+// Auto takes the kernel only up to the keys where it measured faster (per instruction
+// set, backends/sdpa.cpp): ATen's kernel past them.
+TEST(CausalPrefillKernel, TakesAtMostTheKeysWhereItPays) {
+  namespace kc = torchattn::kernels::cpu;
+  EXPECT_EQ(torchattn::detail::prefill_kernel_max_keys(kc::Isa::Scalar), 0);
+  EXPECT_EQ(torchattn::detail::prefill_kernel_max_keys(kc::Isa::Avx2), 512);
+  EXPECT_EQ(torchattn::detail::prefill_kernel_max_keys(kc::Isa::Avx512), 512);
+  const int64_t most = torchattn::detail::prefill_kernel_max_keys(kc::best_isa());
+  torch::manual_seed(10);
+  const torchattn::functional::AttentionOptions config;
+  for (const int64_t T : {int64_t{8}, most, most + 1}) {
+    if (T < 1) continue;
+    const auto q = torch::randn({1, 2, T, 16}), k = torch::randn({1, 1, T, 16}), v = torch::randn({1, 1, T, 16});
+    EXPECT_EQ(torchattn::detail::causal_prefill_kernel(q, k, v, config).defined(), T <= most) << T << " keys";
+  }
+}
+
 // sdpa_attention's is_causal is ATen's, aligned top-left, also with more keys than
 // queries: the bottom-right kernel stands aside there.
 TEST(CausalPrefillKernel, SdpaIsCausalStaysTopLeft) {
