@@ -8,19 +8,13 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
-#include <ATen/ops/abs.h>
-#include <ATen/ops/amax.h>
-#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/isfinite.h>
 #include <ATen/ops/linear.h>
-#include <ATen/ops/nonzero.h>
-#include <ATen/ops/ones_like.h>
-#include <ATen/ops/round.h>
-#include <ATen/ops/where.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <vector>
 
 TORCHATTN_SIMD_KERNELS_BEGIN
@@ -256,6 +250,48 @@ void fused_rows(const Weights& w, int64_t begin, int64_t end, const float* xs, i
   }
 }
 
+// One row of weights quantized per group of kInt8Group: scale[g] = max |w| over the
+// group / 127, q = round(w / divisor) to nearest (ties to even), divisor the scale or 1
+// where it is 0, clamped to [-127, 127]: the float32 divisions and roundings of
+// PyTorch's own ops for the scheme (tests/golden/weights.txt). false where the row
+// holds a NaN or an infinity (w * 0 is NaN then).
+struct QuantizeRow {
+  static constexpr Isa kWidest = Isa::Avx512;
+  template <class S>
+  static bool run(const float* w, int64_t in, int8_t* q, float* scale) {
+    using V = typename S::V;
+    float rounded[kInt8Group];
+    V bad = S::zero();
+    float bad_tail = 0.0f;
+    for (int64_t g0 = 0, g = 0; g0 < in; g0 += kInt8Group, ++g) {
+      const int64_t n = std::min(kInt8Group, in - g0);
+      const float* wg = w + g0;
+      V m = S::zero();
+      int64_t i = 0;
+      for (; i + S::W <= n; i += S::W) {
+        const V v = S::load(wg + i);
+        bad = S::add(bad, S::mul(v, S::zero()));
+        m = S::max(m, S::abs(v));
+      }
+      float amax = S::reduce_max(m);
+      for (; i < n; ++i) {
+        bad_tail += wg[i] * 0.0f;
+        amax = std::max(amax, std::fabs(wg[i]));
+      }
+      const float s = amax / 127.0f;
+      const float divisor = s > 0.0f ? s : 1.0f;
+      const V dv = S::set1(divisor);
+      i = 0;
+      for (; i + S::W <= n; i += S::W) S::store(rounded + i, S::round(S::div(S::load(wg + i), dv)));
+      for (; i < n; ++i) rounded[i] = std::nearbyint(wg[i] / divisor);
+      for (i = 0; i < n; ++i) q[g0 + i] = static_cast<int8_t>(std::clamp(rounded[i], -127.0f, 127.0f));
+      scale[g] = s;
+    }
+    const float sum = S::reduce_add(bad) + bad_tail;
+    return sum == sum;  // NaN from a NaN or infinity
+  }
+};
+
 bool dense_cpu(const at::Tensor& t, int64_t dim) {
   return t.is_cpu() && t.layout() == at::kStrided && !t.is_nested() && t.dim() == dim && t.is_contiguous();
 }
@@ -351,33 +387,32 @@ bool int8_products_auto() {
   return best_int8_kernel() != Int8Kernel::Portable;
 }
 
-std::pair<at::Tensor, at::Tensor> quantize_int8_groups(const at::Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat,
-              "quantize_int8_groups: expected a float32 weight [out, in], got ", weight.sizes(), " of ",
-              weight.scalar_type());
-  const at::Tensor finite = at::isfinite(weight).all(1);
-  if (!finite.all().item<bool>()) {
-    const int64_t row = at::nonzero(finite.logical_not())[0][0].item<int64_t>();
-    TORCH_CHECK(false, "quantize_int8_groups: expected finite weights, got a NaN or infinity in row ", row);
-  }
+std::pair<at::Tensor, at::Tensor> quantize_int8_groups(const at::Tensor& weight_in) {
+  TORCH_CHECK(weight_in.dim() == 2 && weight_in.scalar_type() == at::kFloat,
+              "quantize_int8_groups: expected a float32 weight [out, in], got ", weight_in.sizes(), " of ",
+              weight_in.scalar_type());
+  const at::Tensor weight = weight_in.contiguous();
   const int64_t out = weight.size(0), in = weight.size(1), groups = int8_groups(in);
   at::Tensor q = at::empty({out, in}, weight.options().dtype(at::kChar));
   at::Tensor scale = at::empty({out, groups}, weight.options());
-  // A few thousand rows at a time: the float temporaries stay a few MB, not copies of
-  // a whole embedding table.
-  const int64_t chunk = std::max<int64_t>(1, (int64_t{4} << 20) / std::max<int64_t>(in, 1));
-  for (int64_t r0 = 0; r0 < out; r0 += chunk) {
-    const int64_t n = std::min(chunk, out - r0);
-    // Padded with zeros to whole groups (a zero changes no group's max).
-    const at::Tensor padded =
-        at::constant_pad_nd(weight.narrow(0, r0, n), {0, groups * kInt8Group - in}).reshape({n, groups, kInt8Group});
-    const at::Tensor s = at::amax(at::abs(padded), {2}) / 127.0f;
-    const at::Tensor divisor = at::where(s > 0, s, at::ones_like(s)).unsqueeze(2);
-    const at::Tensor part =
-        at::round(padded / divisor).clamp_(-127, 127).to(at::kChar).reshape({n, groups * kInt8Group});
-    q.narrow(0, r0, n).copy_(part.narrow(1, 0, in));
-    scale.narrow(0, r0, n).copy_(s);
-  }
+  if (out == 0 || in == 0) return {q, scale};
+  const float* w = weight.const_data_ptr<float>();
+  int8_t* qp = q.mutable_data_ptr<int8_t>();
+  float* sp = scale.mutable_data_ptr<float>();
+  // One pass over each row, its groups on the stack: no temporaries the size of the
+  // weight (a 1B model quantized at load keeps only its int8 weights and one layer).
+  std::atomic<int64_t> first_bad{out};
+  const Isa isa = best_isa();
+  at::parallel_for(0, out, std::max<int64_t>(1, 65536 / in), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      if (!simd::run_on<QuantizeRow>(isa, w + r * in, in, qp + r * in, sp + r * groups)) {
+        int64_t seen = first_bad.load();
+        while (r < seen && !first_bad.compare_exchange_weak(seen, r)) {}
+      }
+    }
+  });
+  TORCH_CHECK(first_bad.load() == out, "quantize_int8_groups: expected finite weights, got a NaN or infinity in row ",
+              first_bad.load());
   return {q, scale};
 }
 
