@@ -19,7 +19,8 @@ namespace torchattn {
 
 /// Linear layers for CPU inference on a oneDNN-packed copy of their weights: x W^T + b,
 /// one or more layers that read the same x side by side in one product. When it pays:
-/// docs/modules.md (packed weights).
+/// docs/modules.md (packed weights). Each torchattn::Linear (linear.h) holds one for its
+/// own weight; use this class directly for a product of several layers.
 ///
 ///   torchattn::PackedLinear qkv;
 ///   if (torchattn::PackedLinear::applies(x, {Wq->weight, Wk->weight, Wv->weight})) {
@@ -36,8 +37,8 @@ namespace torchattn {
 /// With a WeightFormat other than Float32 the copy is bfloat16 or int8 (see
 /// weight_format.h; kernels/cpu/quantized_linear.h): x and y stay float32, and a row's
 /// sums depend on how many rows share its call (16 or fewer: a matrix-vector kernel;
-/// more: a GEMM on widened tiles), except with Int8Inputs::Quantized on an AVX-512 VNNI
-/// CPU: int8 products of x quantized per group of 64, each row's own. Such a copy may stand alone
+/// more: a GEMM on widened tiles), except with Int8Inputs::Quantized on an x86 CPU with
+/// AVX2 or AVX-512 VNNI: int8 products of x quantized per group of 64, each row's own. Such a copy may stand alone
 /// (freeze): a model that keeps only its 8-bit weights frees the float32 ones. With
 /// DynamicInt8 each layer is LibTorch's quantized engine's own (PyTorch's quantize_dynamic:
 /// kernels/cpu/dynamic_int8_linear.h), run apart and its outputs side by side.
@@ -83,7 +84,9 @@ class PackedLinear {
   /// The same from weights already in format(), as frozen_weight gives them (a saved
   /// frozen model; BFloat16 and Int8, whose copies are tensors): weights [out_i, in] bfloat16 or int8; for Int8
   /// `scales` one per weight, float32 [out_i, groups of 64 inputs], finite and >= 0 (BFloat16: none). Anything else is
-  /// an error naming the weight and what it expected.
+  /// an error naming the weight and what it expected. One weight (and its scales) is kept
+  /// as it comes, not copied (a mapped checkpoint's tensors stay views of the file);
+  /// several are joined into one tensor.
   void freeze_from(at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Tensor> scales,
                    at::ArrayRef<at::Tensor> biases = {});
   /// How many weights the frozen copy holds (0 before freeze).

@@ -2,9 +2,6 @@
 
 #include "kernels/cpu/quantized_linear.h"
 
-#include <ATen/ops/all.h>
-#include <ATen/ops/ge.h>
-#include <ATen/ops/isfinite.h>
 #include <c10/util/Exception.h>
 
 namespace torchattn {
@@ -43,7 +40,7 @@ void check_frozen_weights(WeightFormat format, const std::map<std::string, at::T
                 ": expected '", name, kFrozenScaleSuffix, "' float32 [", w.size(0), ", ", groups,
                 "] (a scale per group of ", kernels::cpu::kInt8Group, " inputs), got ", s.sizes(), " of ",
                 s.scalar_type());
-    TORCH_CHECK(s.isfinite().all().item<bool>() && s.ge(0).all().item<bool>(), what, ": expected '", name,
+    TORCH_CHECK(kernels::cpu::all_finite_nonnegative(s), what, ": expected '", name,
                 kFrozenScaleSuffix, "' finite and >= 0, got a NaN, an infinity or a negative scale (a damaged file?)");
   }
 }

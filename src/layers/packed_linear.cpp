@@ -6,10 +6,7 @@
 #include "kernels/cpu/onednn_linear.h"
 #include "kernels/cpu/quantized_linear.h"
 
-#include <ATen/ops/all.h>
 #include <ATen/ops/cat.h>
-#include <ATen/ops/ge.h>
-#include <ATen/ops/isfinite.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/TensorImpl.h>
@@ -265,7 +262,7 @@ void PackedLinear::freeze_from(at::ArrayRef<at::Tensor> weights, at::ArrayRef<at
                   "PackedLinear: freeze_from expected the scales of weight ", i, " float32 CPU [", w.size(0), ", ",
                   groups, "] (one per group of ", kernels::cpu::kInt8Group, " inputs), got ",
                   s.defined() ? s.sizes() : at::IntArrayRef{}, " of ", s.defined() ? s.scalar_type() : at::kFloat);
-      TORCH_CHECK(s.isfinite().all().item<bool>() && s.ge(0).all().item<bool>(),
+      TORCH_CHECK(kernels::cpu::all_finite_nonnegative(s),
                   "PackedLinear: freeze_from expected the scales of weight ", i,
                   " finite and >= 0, got a NaN, an infinity or a negative scale");
       parts_s.push_back(s.contiguous());

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 TORCHATTN_SIMD_KERNELS_BEGIN
@@ -414,6 +415,21 @@ std::pair<at::Tensor, at::Tensor> quantize_int8_groups(const at::Tensor& weight_
   TORCH_CHECK(first_bad.load() == out, "quantize_int8_groups: expected finite weights, got a NaN or infinity in row ",
               first_bad.load());
   return {q, scale};
+}
+
+bool all_finite_nonnegative(const at::Tensor& t_in) {
+  TORCH_CHECK(t_in.scalar_type() == at::kFloat && t_in.is_cpu(), "all_finite_nonnegative: expected a float32 CPU ",
+              "tensor, got ", t_in.scalar_type(), " on ", t_in.device());
+  const at::Tensor t = t_in.contiguous();
+  const float* p = t.const_data_ptr<float>();
+  std::atomic<bool> ok{true};
+  at::parallel_for(0, t.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
+    bool good = true;
+    // NaN fails the first comparison, +inf the second; no early exit: one stream.
+    for (int64_t i = begin; i < end; ++i) good &= p[i] >= 0.0f && p[i] <= std::numeric_limits<float>::max();
+    if (!good) ok.store(false, std::memory_order_relaxed);
+  });
+  return ok.load();
 }
 
 bool quantized_linear_applies(const at::Tensor& x, const at::Tensor& data, const at::Tensor& scale,

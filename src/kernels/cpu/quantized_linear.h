@@ -86,6 +86,10 @@ bool quantized_linear_applies(const at::Tensor& x, at::ArrayRef<QuantizedWeight>
 at::Tensor quantized_linear(const at::Tensor& x, at::ArrayRef<QuantizedWeight> parts,
                             Int8Products products = Int8Products::Auto);
 
+/// Whether every value of a float32 CPU tensor is finite and >= 0 (int8 scales as a
+/// file holds them): one pass over the intra-op threads, no temporaries.
+bool all_finite_nonnegative(const at::Tensor& t);
+
 /// The rows `ids` (int64, any shape [...]) of data [out, in] as float32 [..., in],
 /// dequantized: an embedding table stored like a linear layer's weight. An id outside
 /// [0, out) is an error naming it.
