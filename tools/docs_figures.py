@@ -103,6 +103,8 @@ FIGURES = {
     "weights.table": Table("weights.md", "runtime, weights"),
     "weights.perplexity": Table("weights.md", "weights", "Perplexity"),
     "weights.targets": Table("weights.md", "target", "Targets"),
+    "scale.table": Table("scale.md", "runtime, weights"),
+    "scale.targets": Table("scale.md", "target", "Targets"),
     "weights.bandwidth": Text("weights.md", r"^The memory read bandwidth measured by the best int8 run \(2 threads\), "
                                             r"([\d.]+) GB/s"),
     "weights.bound_share": Text("weights.md", r"int8 decodes at (\d+)% of it\.$"),

@@ -89,12 +89,16 @@ def main():
     ap.add_argument("--out", default="apps/bench/results")
     a = ap.parse_args()
     ours, ct2, llama, ppl = load(a.ours), load(a.ct2), load(a.llama), json.load(open(a.ppl))
+    # Decoding with the kernels capped to a narrower instruction set (TORCHATTN_ISA):
+    # rows of their own, out of the ratios.
+    capped = {k: r for k, r in ours.items() if "@" in k[0]}
+    ours = {k: r for k, r in ours.items() if "@" not in k[0]}
     rounds = min(r["rounds"] for r in list(ours.values()) + list(ct2.values()) + list(llama.values()))
     md = ["# Weight formats: SmolLM2-135M-Instruct on the CPU", "",
           "Made by `bash apps/bench/run.sh --weights-only` (part of `make bench`): torchattn_generate_bench "
           "`--dtype float32|bfloat16|int8|dynamic-int8` (bfloat16 or int8 weights, float32 activations; int8 on an "
-          "AVX-512 VNNI CPU quantizes its inputs per group of 64 too, in prefill and decoding, and sums int8 "
-          "products; "
+          "x86 CPU with AVX2 or AVX-512 VNNI quantizes its inputs per group of 64 too, in prefill and decoding, and "
+          "sums int8 products; "
           "dynamic-int8: PyTorch's quantize_dynamic scheme, int8 inputs too; docs/models.md) and CTranslate2 (`bench_ctranslate2.py`, the folder converted with its own "
           "converter) one after the other, each at 1 and at 2 intra-op threads, in "
           f"{rounds} round{'s' if rounds > 1 else ''}: every runtime, format and thread count runs once a round, "
@@ -124,6 +128,14 @@ def main():
     for (d, t), r in sorted(llama.items()):
         md.append(f"| llama.cpp {d.upper()} | {t} | {r['decode_tokens_per_s']:.1f} | {r['prefill_s']:.3f} | "
                   f"{r['peak_rss_mib']:.0f} | | {r['gguf_bytes'] / 1e6:.0f} |")
+    if capped:
+        md += ["", "The kernels capped to a narrower instruction set than this CPU's (`TORCHATTN_ISA`, with ATen's "
+               "`ATEN_CPU_CAPABILITY` and oneDNN's `ONEDNN_MAX_CPU_ISA` alike), as a CPU without the wider one runs "
+               "them: decoding, 2 threads, one run.", "",
+               "| weights, instruction set | decode, tokens/s |", "|---|---|"]
+        for (d, t), r in sorted(capped.items()):
+            fmt_d, isa = d.split("@")
+            md.append(f"| torchattn {fmt_d}, TORCHATTN_ISA={isa} | {r['decode_tokens_per_s']:.1f} |")
     i8 = best(ours, "int8", "decode_tokens_per_s")
     # The bound of the best int8 run: the bandwidth it measured on its own threads.
     i8_run = ours[("int8", i8[1])]

@@ -4,9 +4,10 @@
 # generation with torchattn against transformers, apps/bench/results/generate.md.
 # all-MiniLM-L6-v2 sentence embeddings with torchattn against sentence-transformers,
 # apps/bench/results/embed.md. Serving: torchattn_serve with 1, 4 and 16 clients against
-# transformers' batched generate, apps/bench/results/serve.md. Pass --quick for a smoke
-# run, --generate-only, --embed-only, --serve-only, --weights-only or --packed-only for
-# one part alone. Packed documents (forward_packed against a padded batch and one long
+# transformers' batched generate, apps/bench/results/serve.md. A Llama-3.2-1B-shaped
+# model beside transformers, CTranslate2 and llama.cpp: apps/bench/results/scale.md. Pass
+# --quick for a smoke run, --generate-only, --embed-only, --serve-only, --weights-only,
+# --packed-only or --scale-only for one part alone. Packed documents (forward_packed against a padded batch and one long
 # sequence, train_gpt --pack/--pad/--checkpoint-activations): apps/bench/results/packed.md.
 #
 #   bash apps/bench/run.sh [--device cpu|cuda] [--quick]
@@ -30,6 +31,7 @@ embed_only=0
 serve_only=0
 weights_only=0
 packed_only=0
+scale_only=0
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -41,6 +43,7 @@ while [ $# -gt 0 ]; do
     --serve-only) serve_only=1; shift ;;
     --weights-only) weights_only=1; shift ;;
     --packed-only) packed_only=1; shift ;;
+    --scale-only) scale_only=1; shift ;;
     *) args+=("$1"); shift ;;
   esac
 done
@@ -109,6 +112,19 @@ case "$device" in
           done
         done
       done
+      # The narrower instruction sets' kernels on this CPU (TORCHATTN_ISA; ATen's and
+      # oneDNN's caps alike): decoding at 2 threads, in the last round's place.
+      for isa in $(narrower_isas); do
+        for d in int8 float32; do
+          local folder="$smollm2"
+          [ "$d" = int8 ] && folder="$out/smollm2-int8"
+          TORCHATTN_ISA=$isa ATEN_CPU_CAPABILITY=$([ "$isa" = scalar ] && echo default || echo "$isa") \
+            ONEDNN_MAX_CPU_ISA=$([ "$isa" = scalar ] && echo SSE41 || echo AVX2) OMP_NUM_THREADS=2 \
+            ./build/apps/generate/torchattn_generate_bench --model "$folder" --threads 2 --dtype "$d" --decode-only \
+            --json "$out/weights-$d@$isa-2.json" ${args[@]+"${args[@]}"}
+          ours+=("$d@$isa:2:$out/weights-$d@$isa-2.json")
+        done
+      done
       .venv/bin/python tests/reference/check_perplexity.py --cli ./build/apps/perplexity/torchattn_perplexity \
         --model "$smollm2" --work "$out/perplexity" --json "$out/perplexity.json"
       pyargs=()
@@ -122,6 +138,93 @@ case "$device" in
         --out "$docs" >/dev/null
       echo "bench: wrote $docs/weights.md"
     }
+    # A Llama-3.2-1B-shaped model (tools/make_scale_model.py: random weights from a config)
+    # in every runtime and format: loads, peak RSS, prefills, decoding
+    # (apps/bench/results/scale.md). SCALE_ROUNDS rounds (default 2; 1 with --quick); the
+    # model and the converted weights are kept in SCALE_MODEL (default .cache/scale-1b)
+    # and beside it.
+    # The instruction sets narrower than this CPU's widest, for TORCHATTN_ISA.
+    narrower_isas() {
+      local flags
+      flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
+      if [[ " $flags " == *" avx512f "* ]]; then echo avx2 scalar
+      elif [[ " $flags " == *" avx2 "* ]]; then echo scalar
+      fi
+    }
+    scale() {
+      local model=${SCALE_MODEL:-.cache/scale-1b} work="$out/scale" gen=./build/apps/generate/torchattn_generate
+      .venv/bin/python tools/convert_smollm2.py "$smollm2"
+      .venv/bin/python tools/make_scale_model.py --tokenizer "$smollm2" "$model"
+      .venv/bin/python -c "import llama_cpp" 2>/dev/null ||
+        .venv/bin/pip install --quiet llama-cpp-python==0.3.36 diskcache==5.6.3 sentencepiece==0.2.1
+      mkdir -p "$work"
+      local d
+      for d in bfloat16 int8; do
+        [ -f "$model-$d/model.safetensors" ] || "$gen" --model "$model" --dtype "$d" --save "$model-$d"
+      done
+      local rounds=${SCALE_ROUNDS:-2} tokens=32 prompts=512,2048 runs=() r t cfg json mode
+      [ "$quick" = 1 ] && { rounds=1; tokens=8; prompts=128; }
+      for r in $(seq 1 "$rounds"); do
+        for t in 2 1; do
+          for cfg in ours-float32 ours-bfloat16 ours-int8 ours-int8-at-load transformers-float32 ct2-int8 llama-f32 \
+            llama-q8_0; do
+            # 2 threads: cold and warm loads, decoding, prefills; 1 thread: decoding only.
+            mode=(--cold-load --long-prompts "$prompts")
+            [ "$t" = 1 ] && mode=(--decode-only)
+            if [ "$cfg" = ours-int8-at-load ]; then
+              [ "$t" = 1 ] && continue
+              mode=(--cold-load --decode-only)
+            fi
+            json="$work/$cfg-$t-r$r.json"
+            case "$cfg" in
+              ours-float32 | ours-int8-at-load)
+                d=float32
+                [ "$cfg" = ours-int8-at-load ] && d=int8
+                OMP_NUM_THREADS=$t ./build/apps/generate/torchattn_generate_bench --model "$model" --threads "$t" \
+                  --dtype "$d" --new-tokens "$tokens" "${mode[@]}" --json "$json" ;;
+              ours-bfloat16 | ours-int8)
+                OMP_NUM_THREADS=$t ./build/apps/generate/torchattn_generate_bench --model "$model-${cfg#ours-}" \
+                  --threads "$t" --dtype "${cfg#ours-}" --new-tokens "$tokens" "${mode[@]}" --json "$json" ;;
+              transformers-float32)
+                OMP_NUM_THREADS=$t .venv/bin/python apps/generate/bench_transformers.py --model "$model" --threads "$t" \
+                  --new-tokens "$tokens" "${mode[@]}" --json "$json" ;;
+              ct2-int8)
+                OMP_NUM_THREADS=$t .venv/bin/python apps/generate/bench_ctranslate2.py --model "$model" --threads "$t" \
+                  --compute-type int8 --work "$work" --name scale --new-tokens "$tokens" "${mode[@]}" --json "$json" ;;
+              llama-*)
+                OMP_NUM_THREADS=$t .venv/bin/python apps/generate/bench_llama_cpp.py --model "$model" --threads "$t" \
+                  --type "${cfg#llama-}" --work "$work/llama.cpp" --name scale --new-tokens "$tokens" "${mode[@]}" \
+                  --json "$json" ;;
+            esac
+            runs+=("$cfg:$t:$json")
+          done
+        done
+        # The narrower instruction sets' kernels on this CPU (TORCHATTN_ISA, and ATen's
+        # and oneDNN's own caps alike): decoding, 2 threads.
+        for isa in $(narrower_isas); do
+          for d in int8 float32; do
+            json="$work/ours-$d@$isa-2-r$r.json"
+            local folder="$model"
+            [ "$d" = int8 ] && folder="$model-int8"
+            TORCHATTN_ISA=$isa ATEN_CPU_CAPABILITY=$([ "$isa" = scalar ] && echo default || echo "$isa") \
+              ONEDNN_MAX_CPU_ISA=$([ "$isa" = scalar ] && echo SSE41 || echo AVX2) OMP_NUM_THREADS=2 \
+              ./build/apps/generate/torchattn_generate_bench --model "$folder" --threads 2 --dtype "$d" \
+              --new-tokens 8 --decode-only --json "$json"
+            runs+=("ours-$d@$isa:2:$json")
+          done
+        done
+      done
+      .venv/bin/python apps/bench/report_scale.py --runs "${runs[@]}" --out "$docs" \
+        --folders "ours-float32:$model" "ours-bfloat16:$model-bfloat16" "ours-int8:$model-int8" \
+        "transformers-float32:$model" "ct2-int8:$work/scale-int8" "llama-f32:$work/llama.cpp/scale-f32.gguf" \
+        "llama-q8_0:$work/llama.cpp/scale-q8_0.gguf" >/dev/null
+      echo "bench: wrote $docs/scale.md"
+    }
+    if [ "$scale_only" = 1 ]; then
+      scale
+      figures
+      exit 0
+    fi
     if [ "$serve_only" = 1 ]; then
       serve
       figures
@@ -204,6 +307,7 @@ case "$device" in
     [ "$generate_only" = 1 ] || serve
     [ "$generate_only" = 1 ] || weights
     [ "$generate_only" = 1 ] || packed
+    [ "$generate_only" = 1 ] || scale
     ;;
   cuda)
     BUILD=${BUILD:-build-gpu}

@@ -7,18 +7,23 @@ the median of 5 after a warm-up) and the peak RSS, at the given intra-op threads
 
 Usage: .venv/bin/python apps/generate/bench_ctranslate2.py --model DIR --compute-type int8 --threads 1
            --work DIR [--json out.json] [--quick]
+           [--name NAME] [--new-tokens N] [--long-prompts 512,2048] [--cold-load] [--decode-only]
+
+The options after --quick as bench_llama_cpp.py's (--name: the converted folder's prefix
+in --work, default ct2).
 """
 
 import argparse
 import json
 import os
 import random
-import resource
 import statistics
 import time
 
 import ctranslate2
 from transformers import AutoTokenizer
+
+from bench_common import evict, lengths, peak_rss_mib, reset_peak_rss
 
 
 def main():
@@ -29,18 +34,34 @@ def main():
     ap.add_argument("--work", required=True, help="where the converted models are kept")
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--name", default="ct2")
+    ap.add_argument("--new-tokens", type=int)
+    ap.add_argument("--long-prompts")
+    ap.add_argument("--cold-load", action="store_true")
+    ap.add_argument("--decode-only", action="store_true")
     a = ap.parse_args()
-    out = os.path.join(a.work, f"ct2-{a.compute_type}")
+    out = os.path.join(a.work, f"{a.name}-{a.compute_type}")
     if not os.path.exists(os.path.join(out, "model.bin")):
         ctranslate2.converters.TransformersConverter(a.model).convert(out, quantization=a.compute_type, force=True)
     tok = AutoTokenizer.from_pretrained(a.model)
-    t0 = time.perf_counter()
-    gen = ctranslate2.Generator(out, device="cpu", compute_type=a.compute_type, intra_threads=a.threads,
-                                inter_threads=1)
-    load_s = time.perf_counter() - t0
+
+    def load():
+        t0 = time.perf_counter()
+        g = ctranslate2.Generator(out, device="cpu", compute_type=a.compute_type, intra_threads=a.threads,
+                                  inter_threads=1)
+        return g, time.perf_counter() - t0
+
+    load_cold_s = None
+    if a.cold_load:
+        evict(out)
+        gen, load_cold_s = load()
+        del gen
+        reset_peak_rss()
+    gen, load_s = load()
     rng = random.Random(0)
     vocab = len(tok)
-    new_tokens, long_prompt = (16, 128) if a.quick else (128, 512)
+    new_tokens = a.new_tokens or (16 if a.quick else 128)
+    long_prompts = [] if a.decode_only else lengths(a.long_prompts or ("128" if a.quick else "512"))
     prompt = tok.convert_ids_to_tokens([rng.randrange(100, vocab - 100) for _ in range(32)])
     decode = []
     for _ in range(1 if a.quick else 3):
@@ -54,20 +75,27 @@ def main():
         total = time.perf_counter() - t
         n = len(r[0].sequences_ids[0])
         decode.append((n - 1) / max(total - first, 1e-9))
-    long_ids = tok.convert_ids_to_tokens([rng.randrange(100, vocab - 100) for _ in range(long_prompt)])
-    prefill = []
-    for i in range(2 if a.quick else 6):
-        t = time.perf_counter()
-        gen.generate_batch([long_ids], max_length=1, min_length=1, sampling_topk=1, include_prompt_in_result=False)
-        if i > 0:
-            prefill.append(time.perf_counter() - t)
+    peak_rss = peak_rss_mib()
+    prefills = {}
+    for n in long_prompts:
+        long_ids = tok.convert_ids_to_tokens([rng.randrange(100, vocab - 100) for _ in range(n)])
+        runs = []
+        for i in range(2 if a.quick or n > 1024 else 6):  # the first is the warm-up
+            t = time.perf_counter()
+            gen.generate_batch([long_ids], max_length=1, min_length=1, sampling_topk=1,
+                               include_prompt_in_result=False)
+            if i > 0:
+                runs.append(time.perf_counter() - t)
+        prefills[str(n)] = statistics.median(runs)
+    long_prompt = long_prompts[0] if long_prompts else 0
     res = {"tool": "ctranslate2", "version": ctranslate2.__version__, "compute_type": a.compute_type,
-           "threads": a.threads, "load_s": load_s, "new_tokens": new_tokens,
+           "threads": a.threads, "load_s": load_s, "load_cold_s": load_cold_s, "new_tokens": new_tokens,
            "decode_tokens_per_s": statistics.median(decode), "runs": decode, "long_prompt": long_prompt,
-           "prefill_s": statistics.median(prefill),
-           "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
-    print(f"bench_ctranslate2: {a.compute_type}, {a.threads} threads: decode {res['decode_tokens_per_s']:.1f} "
-          f"tokens/s, prefill {long_prompt} tokens {res['prefill_s']:.3f} s")
+           "prefill_s": prefills.get(str(long_prompt)), "prefill": prefills, "peak_rss_mib": peak_rss}
+    print(f"bench_ctranslate2: {a.compute_type}, {a.threads} threads: load {load_s:.2f} s"
+          + (f" (cold {load_cold_s:.2f} s)" if load_cold_s is not None else "")
+          + f", decode {res['decode_tokens_per_s']:.1f} tokens/s, peak RSS {peak_rss:.0f} MiB"
+          + "".join(f", prefill {n} tokens {t:.3f} s" for n, t in prefills.items()))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f)

@@ -8,12 +8,17 @@
 //                            [--json out.json] [--quick]
 //   torchattn_generate_bench --model DIR --decode-only [--threads N] [--dtype ...] [--json out.json]
 //   torchattn_generate_bench --model DIR --prefill-only [--threads N] [--dtype ...]
+//   ... [--new-tokens N] [--long-prompts 512,2048] [--cold-load]
 //
 // --dtype: the weights' format (torchattn::WeightFormat; float32 activations).
 //
 // --decode-only measures decoding tokens/s alone (apps/bench/run.sh runs it on an idle
 // machine and with one core kept busy by another process, at 2 threads and at 1).
 // --prefill-only measures the long prompt's prefill alone, 10 warm runs (for profiling it).
+// --long-prompts: the prefills measured (default 512; each the median of its warm runs).
+// --cold-load: the folder's files evicted from the page cache (posix_fadvise DONTNEED)
+// and the model loaded once first (load_cold_s); then the peak RSS starts again and the
+// measured load is warm (the scale page, apps/bench/results/scale.md).
 
 #include "fmt.h"
 #include "reuse_memory.h"
@@ -28,12 +33,17 @@
 #include <ATen/ops/ones.h>
 #include <ATen/ops/randint.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/util/Exception.h>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -51,7 +61,35 @@ int64_t status_kb(const char* key) {
 
 double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// Drops the page-cache pages of every file in `dir` (the next read comes from the disk).
+void evict(const std::filesystem::path& dir) {
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (!entry.is_regular_file()) continue;
+    const int fd = ::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
+// The peak RSS (VmHWM) starts again from the current RSS (Linux).
+void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+std::vector<int64_t> lengths_of(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    TORCH_CHECK(!item.empty() && item.find_first_not_of("0123456789") == std::string::npos && std::stoll(item) >= 1,
+                "torchattn_generate_bench: --long-prompts expected lengths like 512,2048, got '", text, "'");
+    out.push_back(std::stoll(item));
+  }
+  TORCH_CHECK(!out.empty(), "torchattn_generate_bench: --long-prompts expected lengths like 512,2048, got '", text,
+              "'");
+  return out;
+}
+
 double median(std::vector<double> v) {
+  TORCH_CHECK(!v.empty(), "torchattn_generate_bench: no runs to take the median of");
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
@@ -60,9 +98,10 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   CLI::App app{"SmolLM2 on torchattn: peak RSS, prefill, decoding and the memory bound"};
-  std::string model_dir, json_path, dtype_name = "float32";
+  std::string model_dir, json_path, dtype_name = "float32", long_prompts_text;
   int threads = 2;
-  bool quick = false, decode_only = false, prefill_only = false;
+  int64_t new_tokens_option = 0;
+  bool quick = false, decode_only = false, prefill_only = false, cold_load = false;
   app.add_option("--model", model_dir, "a Hugging Face model folder")->required()->check(CLI::ExistingDirectory);
   app.add_option("--threads", threads, "intra-op threads");
   app.add_option("--dtype", dtype_name, "the weights' format: float32, bfloat16, int8 or dynamic-int8")
@@ -71,21 +110,39 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", quick, "a smoke run");
   app.add_flag("--decode-only", decode_only, "measure decoding tokens/s only");
   app.add_flag("--prefill-only", prefill_only, "measure the long prompt's prefill only")->excludes("--decode-only");
+  app.add_option("--new-tokens", new_tokens_option, "tokens decoded per run (default 128; 16 with --quick)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--long-prompts", long_prompts_text, "the prefills measured, e.g. 512,2048 (default 512)");
+  app.add_flag("--cold-load", cold_load, "evict the folder's files from the page cache and load once first");
   CLI11_PARSE(app, argc, argv);
   at::set_num_threads(threads);
   const auto dir = std::filesystem::path(model_dir);
-  const int64_t prompt_len = 32, new_tokens = quick ? 16 : 128, long_prompt = quick ? 128 : 512;
+  const int64_t prompt_len = 32, new_tokens = new_tokens_option > 0 ? new_tokens_option : quick ? 16 : 128;
+  const std::vector<int64_t> long_prompts = lengths_of(long_prompts_text.empty() ? (quick ? "128" : "512")
+                                                                                 : long_prompts_text);
+  const auto config = torchattn::models::read_decoder_config((dir / "config.json").string());
+  const auto load = [&](int64_t context) {
+    // As torchattn_generate loads: from the file, mapped; a folder of frozen weights
+    // (torchattn_generate --save) as it is.
+    return torchattn::models::load_causal_lm(config, context, model_dir,
+                                             torchattn::weight_format_from_string(dtype_name));
+  };
+
+  // 0. A cold load: the files from the disk.
+  double load_cold_s = -1.0;
+  if (cold_load) {
+    evict(dir);
+    const auto t = Clock::now();
+    { torchattn::models::CausalLM cold = load(prompt_len + new_tokens); }
+    load_cold_s = seconds(t);
+    reset_peak_rss();
+  }
 
   // 1. Load and generate, as torchattn_generate does; the process's peak RSS then.
-  auto t0 = Clock::now();
-  const auto config = torchattn::models::read_decoder_config((dir / "config.json").string());
   // Sized as torchattn_generate sizes it: the prompt plus the new tokens (the KV caches
   // hold that many).
-  // As torchattn_generate loads: from the file, whose map goes once no weight uses it;
-  // a folder of frozen weights (torchattn_generate --save) as it is.
-  torchattn::models::CausalLM model = torchattn::models::load_causal_lm(config, prompt_len + new_tokens, model_dir,
-                                                                        torchattn::weight_format_from_string(
-                                                                            dtype_name));
+  auto t0 = Clock::now();
+  torchattn::models::CausalLM model = load(prompt_len + new_tokens);
   const auto format = model->weight_format();
   dtype_name = std::string(torchattn::to_string(format));
   keep_freed_memory_for_reuse();
@@ -100,7 +157,8 @@ int main(int argc, char** argv) {
   auto ids = at::randint(100, config.vocab_size - 100, {prompt_len}, at::kLong);
   std::vector<int64_t> prompt(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + prompt_len);
   std::vector<double> decode_tps, first_prefill;
-  for (int r = 0; r < (quick || prefill_only ? 0 : 3); ++r) {
+  // Decoding: 3 runs, 1 with --quick (a smoke run still measures it), none with --prefill-only.
+  for (int r = 0; r < (prefill_only ? 0 : quick ? 1 : 3); ++r) {
     // No stop token: always new_tokens tokens.
     const auto options = torchattn::models::GenerationOptions().max_new_tokens(new_tokens).stop_at_eos(false);
     const auto result = torchattn::models::generate(*model, {prompt}, options)[0];
@@ -113,9 +171,12 @@ int main(int argc, char** argv) {
     if (!json_path.empty()) {
       std::string runs;
       for (const double r : decode_tps) runs += fmt::format("{}{:.3f}", runs.empty() ? "" : ", ", r);
-      std::ofstream(json_path) << fmt::format("{{\"threads\": {}, \"dtype\": \"{}\", \"new_tokens\": {}, "
-                                              "\"decode_tokens_per_s\": {:.3f}, \"runs\": [{}]}}\n",
-                                              at::get_num_threads(), dtype_name, new_tokens, median(decode_tps), runs);
+      std::ofstream(json_path) << fmt::format(
+          "{{\"threads\": {}, \"dtype\": \"{}\", \"new_tokens\": {}, \"decode_tokens_per_s\": {:.3f}, "
+          "\"runs\": [{}], \"load_s\": {:.4f}, \"load_cold_s\": {}, \"peak_rss_mib\": {:.1f}, "
+          "\"weight_bytes\": {}}}\n",
+          at::get_num_threads(), dtype_name, new_tokens, median(decode_tps), runs, load_s,
+          load_cold_s >= 0 ? fmt::format("{:.4f}", load_cold_s) : "null", status_kb("VmHWM:") / 1024.0, weight_bytes);
     }
     return 0;
   }
@@ -124,29 +185,41 @@ int main(int argc, char** argv) {
              weight_bytes / 1e6, dtype_name, at::get_num_threads());
   if (!prefill_only) {
     fmt::print(
-        "  load {:.2f} s; peak RSS after loading and generating {:.0f} MiB ({:.2f}x the weights), RSS then {:.0f} "
+        "  load {:.2f} s{}; peak RSS after loading and generating {:.0f} MiB ({:.2f}x the weights), RSS then {:.0f} "
         "MiB\n",
-        load_s, peak_rss_mib, peak_rss_mib * (1 << 20) / weight_bytes, rss_mib);
+        load_s, load_cold_s >= 0 ? fmt::format(" (cold {:.2f} s)", load_cold_s) : "", peak_rss_mib,
+        peak_rss_mib * (1 << 20) / weight_bytes, rss_mib);
     fmt::print("  decode: {} tokens after a {}-token prompt: {:.1f} tokens/s (median of {})\n", new_tokens, prompt_len,
                median(decode_tps), decode_tps.size());
   }
 
-  // 2. Prefill of a long prompt: the logits of its last token, warm, in a model sized
-  // for it (the file mapped again).
-  std::vector<double> prefill;
+  // 2. Prefills of long prompts: the logits of the last token, warm, in a model sized for
+  // the longest (the file mapped again); the first run of each length is its warm-up.
+  std::vector<double> prefills;
   {
-    torchattn::models::CausalLM model = torchattn::models::load_causal_lm(config, long_prompt, model_dir, format);
+    model = torchattn::models::CausalLM(nullptr);  // one model at a time
+    torchattn::models::CausalLM long_model = load(*std::max_element(long_prompts.begin(), long_prompts.end()));
     c10::InferenceMode inference;
-    const auto long_ids = at::randint(100, config.vocab_size - 100, {1, long_prompt}, at::kLong);
-    for (int r = 0; r < (quick ? 2 : prefill_only ? 11 : 6); ++r) {
-      auto caches = model->make_kv_caches(1);
-      const auto t = Clock::now();
-      model->forward(long_ids, &caches, {}, /*last_only=*/true);
-      if (r > 0) prefill.push_back(seconds(t));  // the first is the warm-up
+    for (const int64_t n : long_prompts) {
+      const auto long_ids = at::randint(100, config.vocab_size - 100, {1, n}, at::kLong);
+      std::vector<double> runs;
+      const int reps = quick || n > 1024 ? 2 : prefill_only ? 11 : 6;
+      for (int r = 0; r < reps; ++r) {
+        auto caches = long_model->make_kv_caches(1);
+        const auto t = Clock::now();
+        long_model->forward(long_ids, &caches, {}, /*last_only=*/true);
+        if (r > 0) runs.push_back(seconds(t));
+      }
+      prefills.push_back(median(runs));
+      fmt::print("  prefill {} tokens: {:.3f} s (median of {})\n", n, prefills.back(), runs.size());
     }
   }
-  fmt::print("  prefill {} tokens: {:.3f} s (median of {})\n", long_prompt, median(prefill), prefill.size());
   if (prefill_only) return 0;
+  const int64_t long_prompt = long_prompts.front();
+  std::string prefill_json;
+  for (size_t i = 0; i < long_prompts.size(); ++i) {
+    prefill_json += fmt::format("{}\"{}\": {:.4f}", i ? ", " : "", long_prompts[i], prefills[i]);
+  }
 
   // 3. Memory read bandwidth: a sum over 512 MiB, on the same threads.
   std::vector<double> bandwidth;
@@ -168,12 +241,13 @@ int main(int argc, char** argv) {
   if (!json_path.empty()) {
     std::ofstream(json_path) << fmt::format(
         "{{\"tool\": \"torchattn_generate_bench\", \"model\": \"{}\", \"threads\": {}, \"dtype\": \"{}\", "
-        "\"weight_bytes\": {}, \"step_bytes\": {}, \"load_s\": {:.4f}, \"peak_rss_mib\": {:.1f}, \"rss_mib\": {:.1f}, \"prompt\": {}, \"new_tokens\": {}, \"decode_tokens_per_s\": {:.3f}, "
-        "\"first_prefill_s\": {:.4f}, \"long_prompt\": {}, \"prefill_s\": {:.4f}, \"bandwidth_gbps\": {:.2f}, "
-        "\"decode_bound_tokens_per_s\": {:.2f}}}\n",
-        dir.filename().string(), at::get_num_threads(), dtype_name, weight_bytes, step_bytes, load_s, peak_rss_mib,
-        rss_mib, prompt_len, new_tokens, median(decode_tps), median(first_prefill), long_prompt, median(prefill), gbps,
-        bound);
+        "\"weight_bytes\": {}, \"step_bytes\": {}, \"load_s\": {:.4f}, \"load_cold_s\": {}, \"peak_rss_mib\": {:.1f}, "
+        "\"rss_mib\": {:.1f}, \"prompt\": {}, \"new_tokens\": {}, \"decode_tokens_per_s\": {:.3f}, "
+        "\"first_prefill_s\": {:.4f}, \"long_prompt\": {}, \"prefill_s\": {:.4f}, \"prefill\": {{{}}}, "
+        "\"bandwidth_gbps\": {:.2f}, \"decode_bound_tokens_per_s\": {:.2f}}}\n",
+        dir.filename().string(), at::get_num_threads(), dtype_name, weight_bytes, step_bytes, load_s,
+        load_cold_s >= 0 ? fmt::format("{:.4f}", load_cold_s) : "null", peak_rss_mib, rss_mib, prompt_len, new_tokens,
+        median(decode_tps), median(first_prefill), long_prompt, prefills.front(), prefill_json, gbps, bound);
     fmt::print("wrote {}\n", json_path);
   }
   return 0;

@@ -9,6 +9,12 @@ first token, the median of 5 after a warm-up) and the peak RSS, at the given thr
 
 Usage: .venv/bin/python apps/generate/bench_llama_cpp.py --model DIR --type q8_0 --threads 2
            --work DIR [--json out.json] [--quick]
+           [--name NAME] [--new-tokens N] [--long-prompts 512,2048] [--cold-load] [--decode-only]
+
+--name: the GGUF files' name in --work (default smollm2). --long-prompts: the warm
+prefills measured (each the median of its runs after a warm-up). --cold-load: the GGUF
+evicted from the page cache and loaded once first (load_cold_s), then the peak RSS starts
+again and the measured load is warm. --decode-only: no prefills.
 """
 
 import argparse
@@ -16,7 +22,6 @@ import glob
 import json
 import os
 import random
-import resource
 import statistics
 import subprocess
 import sys
@@ -25,6 +30,8 @@ import time
 
 import llama_cpp
 import numpy as np
+
+from bench_common import evict, lengths, peak_rss_mib, reset_peak_rss
 
 
 def converter(work):
@@ -68,22 +75,39 @@ def main():
     ap.add_argument("--work", required=True, help="where the converter and the GGUF files are kept")
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--name", default="smollm2")
+    ap.add_argument("--new-tokens", type=int)
+    ap.add_argument("--long-prompts")
+    ap.add_argument("--cold-load", action="store_true")
+    ap.add_argument("--decode-only", action="store_true")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
-    gguf = os.path.join(a.work, f"smollm2-{a.type}.gguf")
+    gguf = os.path.join(a.work, f"{a.name}-{a.type}.gguf")
     if not os.path.exists(gguf):
         r = subprocess.run([sys.executable, converter(a.work), staged(a.model, a.work), "--outtype", a.type,
                             "--outfile", gguf + ".part"], capture_output=True, text=True)
         if r.returncode != 0:
             sys.exit(f"bench_llama_cpp: convert_hf_to_gguf.py failed ({r.returncode}):\n{r.stderr[-3000:]}")
         os.replace(gguf + ".part", gguf)
-    t0 = time.perf_counter()
-    llm = llama_cpp.Llama(model_path=gguf, n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=a.threads,
-                          n_threads_batch=a.threads, verbose=False)
-    load_s = time.perf_counter() - t0
+    new_tokens = a.new_tokens or (16 if a.quick else 128)
+    long_prompts = [] if a.decode_only else lengths(a.long_prompts or ("128" if a.quick else "512"))
+    n_ctx = max([1024, 32 + new_tokens] + [n + 8 for n in long_prompts])
+
+    def load():
+        t0 = time.perf_counter()
+        model = llama_cpp.Llama(model_path=gguf, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=a.threads,
+                                n_threads_batch=a.threads, verbose=False)
+        return model, time.perf_counter() - t0
+
+    load_cold_s = None
+    if a.cold_load:
+        evict(gguf)
+        llm, load_cold_s = load()
+        del llm
+        reset_peak_rss()
+    llm, load_s = load()
     rng = random.Random(0)
     vocab = llm.n_vocab()
-    new_tokens, long_prompt = (16, 128) if a.quick else (128, 512)
     prompt = [rng.randrange(100, vocab - 100) for _ in range(32)]
 
     def last_logits_argmax():
@@ -99,22 +123,29 @@ def main():
             llm.eval([token])
             token = last_logits_argmax()
         decode.append((new_tokens - 1) / (time.perf_counter() - t))
-    long_ids = [rng.randrange(100, vocab - 100) for _ in range(long_prompt)]
-    prefill = []
-    for i in range(2 if a.quick else 6):
-        llm.reset()
-        t = time.perf_counter()
-        llm.eval(long_ids)
-        last_logits_argmax()
-        if i > 0:
-            prefill.append(time.perf_counter() - t)
+    peak_rss = peak_rss_mib()
+    prefills = {}
+    for n in long_prompts:
+        long_ids = [rng.randrange(100, vocab - 100) for _ in range(n)]
+        runs = []
+        for i in range(2 if a.quick or n > 1024 else 6):  # the first is the warm-up
+            llm.reset()
+            t = time.perf_counter()
+            llm.eval(long_ids)
+            last_logits_argmax()
+            if i > 0:
+                runs.append(time.perf_counter() - t)
+        prefills[str(n)] = statistics.median(runs)
+    long_prompt = long_prompts[0] if long_prompts else 0
     res = {"tool": "llama.cpp", "version": f"llama-cpp-python {llama_cpp.__version__}", "type": a.type,
-           "threads": a.threads, "load_s": load_s, "new_tokens": new_tokens,
+           "threads": a.threads, "load_s": load_s, "load_cold_s": load_cold_s, "new_tokens": new_tokens,
            "decode_tokens_per_s": statistics.median(decode), "runs": decode, "long_prompt": long_prompt,
-           "prefill_s": statistics.median(prefill), "gguf_bytes": os.path.getsize(gguf),
-           "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
-    print(f"bench_llama_cpp: {a.type}, {a.threads} threads: decode {res['decode_tokens_per_s']:.1f} tokens/s, "
-          f"prefill {long_prompt} tokens {res['prefill_s']:.3f} s")
+           "prefill_s": prefills.get(str(long_prompt)), "prefill": prefills, "gguf_bytes": os.path.getsize(gguf),
+           "peak_rss_mib": peak_rss}
+    print(f"bench_llama_cpp: {a.type}, {a.threads} threads: load {load_s:.2f} s"
+          + (f" (cold {load_cold_s:.2f} s)" if load_cold_s is not None else "")
+          + f", decode {res['decode_tokens_per_s']:.1f} tokens/s, peak RSS {peak_rss:.0f} MiB"
+          + "".join(f", prefill {n} tokens {t:.3f} s" for n, t in prefills.items()))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f)

@@ -5,11 +5,13 @@ decoding tokens/s after a 32-token prompt, a warm 512-token prefill, and the mem
 read bandwidth), with transformers' own generate and forward, float32 on the CPU.
 
 Usage: .venv/bin/python apps/generate/bench_transformers.py --model DIR [--threads 2] [--json out.json] [--quick]
+           [--new-tokens N] [--long-prompts 512,2048] [--cold-load] [--decode-only]
+
+The options after --quick as bench_llama_cpp.py's.
 """
 
 import argparse
 import json
-import resource
 import statistics
 import time
 
@@ -17,6 +19,8 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM
 from transformers.generation.streamers import BaseStreamer
+
+from bench_common import evict, lengths, peak_rss_mib, reset_peak_rss
 
 
 class Clock(BaseStreamer):
@@ -38,13 +42,27 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--new-tokens", type=int)
+    ap.add_argument("--long-prompts")
+    ap.add_argument("--cold-load", action="store_true")
+    ap.add_argument("--decode-only", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    prompt_len, new_tokens, long_prompt = 32, 16 if a.quick else 128, 128 if a.quick else 512
+    prompt_len, new_tokens = 32, a.new_tokens or (16 if a.quick else 128)
+    long_prompts = [] if a.decode_only else lengths(a.long_prompts or ("128" if a.quick else "512"))
 
-    t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
-    load_s = time.perf_counter() - t0
+    def load():
+        t0 = time.perf_counter()
+        m = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
+        return m, time.perf_counter() - t0
+
+    load_cold_s = None
+    if a.cold_load:
+        evict(a.model)
+        model, load_cold_s = load()
+        del model
+        reset_peak_rss()
+    model, load_s = load()
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(100, vocab - 100, (1, prompt_len), generator=g)
@@ -58,16 +76,20 @@ def main():
             # times[0]: the prompt; times[1]: the first new token; then one per token.
             first.append(clock.times[1] - start)
             decode.append((len(clock.times) - 2) / (clock.times[-1] - clock.times[1]))
-    peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    peak_rss = peak_rss_mib()
 
-    long_ids = torch.randint(100, vocab - 100, (1, long_prompt), generator=g)
-    prefill = []
+    prefills = {}
     with torch.no_grad():
-        for r in range(2 if a.quick else 6):
-            t = time.perf_counter()
-            model(long_ids, logits_to_keep=1)
-            if r > 0:
-                prefill.append(time.perf_counter() - t)
+        for n in long_prompts:
+            long_ids = torch.randint(100, vocab - 100, (1, n), generator=g)
+            runs = []
+            for r in range(2 if a.quick or n > 1024 else 6):  # the first is the warm-up
+                t = time.perf_counter()
+                model(long_ids, logits_to_keep=1)
+                if r > 0:
+                    runs.append(time.perf_counter() - t)
+            prefills[str(n)] = statistics.median(runs)
+    long_prompt = long_prompts[0] if long_prompts else 0
 
     big = torch.ones(128 << 20)
     bandwidth = []
@@ -79,13 +101,15 @@ def main():
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     out = {"tool": "bench_transformers.py", "transformers": transformers.__version__, "torch": str(torch.__version__),
            "threads": torch.get_num_threads(), "weight_bytes": weight_bytes, "load_s": load_s,
-           "peak_rss_mib": peak_rss_mib, "prompt": prompt_len, "new_tokens": new_tokens,
+           "load_cold_s": load_cold_s, "peak_rss_mib": peak_rss, "prompt": prompt_len, "new_tokens": new_tokens,
            "decode_tokens_per_s": statistics.median(decode), "first_prefill_s": statistics.median(first),
-           "long_prompt": long_prompt, "prefill_s": statistics.median(prefill),
+           "long_prompt": long_prompt, "prefill_s": prefills.get(str(long_prompt)), "prefill": prefills,
            "bandwidth_gbps": statistics.median(bandwidth)}
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, {out['threads']} threads: "
-          f"decode {out['decode_tokens_per_s']:.1f} tokens/s, prefill {long_prompt} tokens {out['prefill_s']:.3f} s, "
-          f"peak RSS {peak_rss_mib:.0f} MiB, bandwidth {out['bandwidth_gbps']:.1f} GB/s")
+          f"load {load_s:.2f} s" + (f" (cold {load_cold_s:.2f} s)" if load_cold_s is not None else "")
+          + f", decode {out['decode_tokens_per_s']:.1f} tokens/s, peak RSS {peak_rss:.0f} MiB"
+          + "".join(f", prefill {n} tokens {t:.3f} s" for n, t in prefills.items())
+          + f", bandwidth {out['bandwidth_gbps']:.1f} GB/s")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -1,0 +1,50 @@
+"""What the generation benchmarks' peers share (bench_llama_cpp.py, bench_ctranslate2.py,
+bench_transformers.py; torchattn_generate_bench does the same in C++): a cold load (the
+model's files evicted from the page cache first), the peak RSS of what follows it, and
+the prompt lengths they prefill."""
+
+import os
+import resource
+
+
+def evict(path):
+    """Drops the page-cache pages of `path` (a file, or every file of a folder, links
+    followed) with posix_fadvise(DONTNEED): the next read comes from the disk. Pages
+    that a process maps stay; returns the bytes asked to go."""
+    files = [path] if os.path.isfile(path) else [os.path.join(path, n) for n in sorted(os.listdir(path))]
+    total = 0
+    for f in files:
+        f = os.path.realpath(f)
+        if not os.path.isfile(f):
+            continue
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd) if os.access(f, os.W_OK) else None
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            total += os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+    return total
+
+
+def reset_peak_rss():
+    """Starts the peak RSS (VmHWM) again from the current RSS (Linux: clear_refs 5)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_rss_mib():
+    """The peak RSS since the start or the last reset_peak_rss, in MiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def lengths(text):
+    """'512,2048' -> [512, 2048]."""
+    out = [int(t) for t in text.split(",") if t]
+    if not out or min(out) < 1:
+        raise SystemExit(f"expected prompt lengths like 512,2048, got '{text}'")
+    return out
