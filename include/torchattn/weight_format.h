@@ -27,11 +27,12 @@ enum class WeightFormat { Float32, BFloat16, Int8, DynamicInt8 };
 
 /// What `Int8` weights multiply:
 /// - `Float` (default): the float32 inputs, each weight widened to float exactly.
-/// - `Quantized`: on a CPU with AVX-512 VNNI, each row's inputs quantized as the
-///   weights are (a symmetric scale per 64, max |x| / 127) and int8 products summed
-///   in int32, each group then scaled in float32 (`vpdpbusd`, four times the products
-///   of a float32 FMA), in decoding (up to 16 rows: the weights read in place) as in
-///   a prefill (more rows: panels of repacked weights); on other CPUs, `Float`. A
+/// - `Quantized`: on an x86 CPU with AVX2 (and AVX-512 VNNI where present), each row's
+///   inputs quantized as the weights are (a symmetric scale per 64, max |x| / 127) and
+///   int8 products summed in int32, each group then scaled in float32 (`vpdpbusd`:
+///   four times the products of a float32 FMA; AVX2's `vpmaddubsw`: twice), in
+///   decoding (up to 16 rows: the weights read in place) as in a prefill (more rows:
+///   panels of repacked weights); on other CPUs, `Float`. A
 ///   row's outputs stay its own (the same bits in a prefill, a decoding step or any
 ///   batch) and a NaN or infinity in a row makes its outputs NaN.
 /// models::CausalLM takes `Quantized` (SmolLM2-135M's perplexity +0.6% over float32

@@ -40,8 +40,8 @@ void check_frozen_weights(WeightFormat format, const std::map<std::string, at::T
                 ": expected '", name, kFrozenScaleSuffix, "' float32 [", w.size(0), ", ", groups,
                 "] (a scale per group of ", kernels::cpu::kInt8Group, " inputs), got ", s.sizes(), " of ",
                 s.scalar_type());
-    TORCH_CHECK(kernels::cpu::all_finite_nonnegative(s), what, ": expected '", name,
-                kFrozenScaleSuffix, "' finite and >= 0, got a NaN, an infinity or a negative scale (a damaged file?)");
+    TORCH_CHECK(kernels::cpu::all_finite_nonnegative(s), what, ": expected '", name, kFrozenScaleSuffix,
+                "' finite and >= 0, got a NaN, an infinity or a negative scale (a damaged file?)");
   }
 }
 

@@ -262,9 +262,8 @@ void PackedLinear::freeze_from(at::ArrayRef<at::Tensor> weights, at::ArrayRef<at
                   "PackedLinear: freeze_from expected the scales of weight ", i, " float32 CPU [", w.size(0), ", ",
                   groups, "] (one per group of ", kernels::cpu::kInt8Group, " inputs), got ",
                   s.defined() ? s.sizes() : at::IntArrayRef{}, " of ", s.defined() ? s.scalar_type() : at::kFloat);
-      TORCH_CHECK(kernels::cpu::all_finite_nonnegative(s),
-                  "PackedLinear: freeze_from expected the scales of weight ", i,
-                  " finite and >= 0, got a NaN, an infinity or a negative scale");
+      TORCH_CHECK(kernels::cpu::all_finite_nonnegative(s), "PackedLinear: freeze_from expected the scales of weight ",
+                  i, " finite and >= 0, got a NaN, an infinity or a negative scale");
       parts_s.push_back(s.contiguous());
     }
     const at::Tensor& b = bias_at(biases, i);
