@@ -1,5 +1,6 @@
 #include <torchattn/linear.h>
 
+#include "kernels/cpu/linear.h"
 #include "kernels/cpu/quantized_linear.h"
 #include "layers/linear.h"
 
@@ -88,18 +89,17 @@ at::Tensor LinearImpl::forward_fast(const at::Tensor& x) { return run(x, /*fast=
 
 void LinearImpl::set_inference(const PackPolicy& pack, WeightFormat format, Int8Inputs int8_inputs) {
   TORCH_CHECK(pack.min_rows >= 1, "Linear: expected a pack policy's min_rows >= 1, got ", pack.min_rows);
+  // Only what changes is written: modules call this at every forward, which may run on
+  // many threads at once with the same settings.
   if (engine_->frozen()) {
     TORCH_CHECK(format == engine_->format() || format == WeightFormat::Float32, "Linear: the weights are kept in ",
                 to_string(engine_->format()), " (frozen); asked for ", to_string(format));
-    pack_ = pack;
-    return;
-  }
-  if (engine_->format() != format || engine_->int8_inputs() != int8_inputs) {
+  } else if (engine_->format() != format || engine_->int8_inputs() != int8_inputs) {
     engine_ = std::make_shared<PackedLinear>(format, int8_inputs);
-  } else if (!pack.on) {
+  } else if (!pack.on && engine_->packed_bytes() > 0) {
     engine_->clear();  // packing turned off: the copy goes
   }
-  pack_ = pack;
+  if (pack_.on != pack.on || pack_.min_rows != pack.min_rows) pack_ = pack;
 }
 
 void LinearImpl::freeze(WeightFormat format, Int8Inputs int8_inputs) {
@@ -163,6 +163,28 @@ std::vector<at::Tensor> linear_group(const at::Tensor& x, std::initializer_list<
       }
       return out;
     }
+  }
+  // Float32 layers that decoding's matrix-vector kernel takes (a few rows, no gradient,
+  // neither packed nor frozen): one parallel region over all their outputs, each layer's
+  // columns the bits of its forward_fast.
+  bool small = fast && layers.size() > 1;
+  std::vector<at::Tensor> weights, biases;
+  for (const LinearImpl* l : layers) {
+    small = small && !l->frozen() && !l->pack_.routes(l->engine_.get(), x, {l->weight}, {l->bias}) &&
+            !is_placeholder(l->weight) && !is_placeholder(l->bias) &&
+            kernels::cpu::small_linear_applies(x, l->weight, l->bias);
+    if (!small) break;
+    weights.push_back(l->weight);
+    biases.push_back(l->bias);
+  }
+  if (small) {
+    const at::Tensor y = kernels::cpu::small_linear(x, weights, biases);
+    int64_t col = 0;
+    for (const auto& w : weights) {
+      out.push_back(y.narrow(-1, col, w.size(0)));
+      col += w.size(0);
+    }
+    return out;
   }
   for (LinearImpl* l : layers) out.push_back(l->run(x, fast));
   return out;

@@ -146,6 +146,15 @@ TEST(LinearLayer, AGroupGivesEachLayersOwnBits) {
           Linear l = i == 0 ? q : i == 1 ? k : v;
           EXPECT_TRUE(torch::equal(group[i], l(x)));
         }
+        // Decoding's few rows in float32: one product too, each the bits of forward_fast.
+        for (const auto& in : {x.narrow(1, 0, 1), x.narrow(0, 0, 1)}) {
+          const auto fast = torchattn::linear_group(in, {q.get(), k.get(), v.get()}, /*fast=*/true);
+          for (size_t i = 0; i < 3; ++i) {
+            Linear l = i == 0 ? q : i == 1 ? k : v;
+            EXPECT_TRUE(torch::equal(fast[i], l->forward_fast(in))) << in.sizes() << ", layer " << i;
+          }
+          EXPECT_EQ(fast[0].data_ptr<float>() + 48, fast[1].data_ptr<float>()) << "not one product";
+        }
       }
       for (auto* l : {&q, &k, &v}) (*l)->freeze(format, inputs);
       torch::NoGradGuard no_grad;

@@ -35,29 +35,38 @@ bool small_linear_applies(const at::Tensor& x, const at::Tensor& weight, const a
 }
 
 at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& weight, const at::Tensor& bias) {
-  TORCH_CHECK(small_linear_applies(x_in, weight, bias),
-              "small_linear: expected a few float32 CPU rows and no gradient");
+  const at::Tensor weights[] = {weight}, biases[] = {bias};
+  return small_linear(x_in, weights, biases);
+}
+
+at::Tensor small_linear(const at::Tensor& x_in, at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Tensor> biases) {
+  TORCH_CHECK(!weights.empty() && biases.size() == weights.size(),
+              "small_linear: expected one bias (or an undefined tensor) per weight, got ", weights.size(),
+              " weights and ", biases.size(), " biases");
+  for (size_t i = 0; i < weights.size(); ++i) {
+    TORCH_CHECK(small_linear_applies(x_in, weights[i], biases[i]),
+                "small_linear: expected a few float32 CPU rows and no gradient");
+  }
   const at::Tensor x = x_in.contiguous();
-  const int64_t in = weight.size(1), out = weight.size(0), rows = x.numel() / in;
+  const int64_t in = weights[0].size(1), rows = x.numel() / in;
+  int64_t out = 0;
+  for (const auto& w : weights) out += w.size(0);
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = out;
   at::Tensor y = at::empty(shape, x.options());
-  const float* w = weight.const_data_ptr<float>();
   const float* xs = x.const_data_ptr<float>();
-  const float* b = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
   float* ys = y.mutable_data_ptr<float>();
-  // Output features split over the threads; each weight row is read once and
-  // dotted with every row of x (which stays in cache).
-  const int64_t grain = std::max<int64_t>(16, 16384 / std::max<int64_t>(in, 1));
-  // While the intra-op threads are not getting the cores (another process), on the
-  // calling thread alone: the same results (see stall_aware.h).
-  parallel_for_unless_stalled(out, grain, [&](int64_t begin, int64_t end) {
+  // Output features [begin, end) of one layer, written at its columns (col0 on).
+  const auto layer = [&](size_t i, int64_t col0, int64_t begin, int64_t end) {
+    const float* w = weights[i].const_data_ptr<float>();
+    const float* b = biases[i].defined() ? biases[i].const_data_ptr<float>() : nullptr;
     if (rows == 1) {
       // A decoding step's one row: every dot product of the chunk in one dispatch
       // (dots: the same bits as dot), then the bias.
-      dots(xs, w + begin * in, in, end - begin, in, ys + begin);
+      float* yo = ys + col0;
+      dots(xs, w + begin * in, in, end - begin, in, yo + begin);
       if (b != nullptr) {
-        for (int64_t o = begin; o < end; ++o) ys[o] += b[o];
+        for (int64_t o = begin; o < end; ++o) yo[o] += b[o];
       }
       return;
     }
@@ -65,8 +74,21 @@ at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& weight, const 
       const float* wo = w + o * in;
       for (int64_t r = 0; r < rows; ++r) {
         const float d = dot(wo, xs + r * in, in);
-        ys[r * out + o] = b != nullptr ? d + b[o] : d;
+        ys[r * out + col0 + o] = b != nullptr ? d + b[o] : d;
       }
+    }
+  };
+  // Every layer's output features split over the threads at once; each weight row is
+  // read once and dotted with every row of x (which stays in cache). While the
+  // intra-op threads are not getting the cores (another process), on the calling
+  // thread alone: the same results (see stall_aware.h).
+  const int64_t grain = std::max<int64_t>(16, 16384 / std::max<int64_t>(in, 1));
+  parallel_for_unless_stalled(out, grain, [&](int64_t begin, int64_t end) {
+    int64_t first = 0;
+    for (size_t i = 0; i < weights.size(); ++i) {
+      const int64_t n = weights[i].size(0), b = std::max(begin, first), e = std::min(end, first + n);
+      if (b < e) layer(i, first, b - first, e - first);
+      first += n;
     }
   });
   return y;

@@ -6,6 +6,7 @@
 // intra-op threads, reading each weight row once for every row of x.
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
 
 #include <cstdint>
 
@@ -29,5 +30,11 @@ bool small_linear_applies(const at::Tensor& x, const at::Tensor& weight, const a
 /// small_linear_applies. Sums in a different order than BLAS: equal to at::linear
 /// within float32 rounding, not bit for bit.
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+
+/// The same for several layers that read x (an attention's q, k and v; an MLP's gate and
+/// up; each small_linear_applies) -> [..., sum of out_i], each layer's outputs side by
+/// side in order, the same bits as small_linear of that layer alone: one parallel region
+/// over every layer's outputs. weights and biases one per layer (a bias may be undefined).
+at::Tensor small_linear(const at::Tensor& x, at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Tensor> biases);
 
 }  // namespace torchattn::kernels::cpu
