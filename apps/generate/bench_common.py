@@ -5,6 +5,8 @@ the prompt lengths they prefill."""
 
 import os
 import resource
+import statistics
+import time
 
 
 def evict(path):
@@ -47,4 +49,20 @@ def lengths(text):
     out = [int(t) for t in text.split(",") if t]
     if not out or min(out) < 1:
         raise SystemExit(f"expected prompt lengths like 512,2048, got '{text}'")
+    return out
+
+
+def prefills(lengths_, make_ids, run_once, quick):
+    """Warm prefills: {"n": median seconds} of run_once(make_ids(n)) for each length n, the
+    first run of each a warm-up (2 runs with --quick or past 1024 tokens, else 6)."""
+    out = {}
+    for n in lengths_:
+        ids = make_ids(n)
+        runs = []
+        for i in range(2 if quick or n > 1024 else 6):
+            t = time.perf_counter()
+            run_once(ids)
+            if i > 0:
+                runs.append(time.perf_counter() - t)
+        out[str(n)] = statistics.median(runs)
     return out

@@ -23,7 +23,7 @@ import time
 import ctranslate2
 from transformers import AutoTokenizer
 
-from bench_common import evict, lengths, peak_rss_mib, reset_peak_rss
+from bench_common import evict, lengths, peak_rss_mib, prefills, reset_peak_rss
 
 
 def main():
@@ -76,26 +76,19 @@ def main():
         n = len(r[0].sequences_ids[0])
         decode.append((n - 1) / max(total - first, 1e-9))
     peak_rss = peak_rss_mib()
-    prefills = {}
-    for n in long_prompts:
-        long_ids = tok.convert_ids_to_tokens([rng.randrange(100, vocab - 100) for _ in range(n)])
-        runs = []
-        for i in range(2 if a.quick or n > 1024 else 6):  # the first is the warm-up
-            t = time.perf_counter()
-            gen.generate_batch([long_ids], max_length=1, min_length=1, sampling_topk=1,
-                               include_prompt_in_result=False)
-            if i > 0:
-                runs.append(time.perf_counter() - t)
-        prefills[str(n)] = statistics.median(runs)
+    prefill_s = prefills(
+        long_prompts, lambda n: tok.convert_ids_to_tokens([rng.randrange(100, vocab - 100) for _ in range(n)]),
+        lambda ids: gen.generate_batch([ids], max_length=1, min_length=1, sampling_topk=1,
+                                       include_prompt_in_result=False), a.quick)
     long_prompt = long_prompts[0] if long_prompts else 0
     res = {"tool": "ctranslate2", "version": ctranslate2.__version__, "compute_type": a.compute_type,
            "threads": a.threads, "load_s": load_s, "load_cold_s": load_cold_s, "new_tokens": new_tokens,
            "decode_tokens_per_s": statistics.median(decode), "runs": decode, "long_prompt": long_prompt,
-           "prefill_s": prefills.get(str(long_prompt)), "prefill": prefills, "peak_rss_mib": peak_rss}
+           "prefill_s": prefill_s.get(str(long_prompt)), "prefill": prefill_s, "peak_rss_mib": peak_rss}
     print(f"bench_ctranslate2: {a.compute_type}, {a.threads} threads: load {load_s:.2f} s"
           + (f" (cold {load_cold_s:.2f} s)" if load_cold_s is not None else "")
           + f", decode {res['decode_tokens_per_s']:.1f} tokens/s, peak RSS {peak_rss:.0f} MiB"
-          + "".join(f", prefill {n} tokens {t:.3f} s" for n, t in prefills.items()))
+          + "".join(f", prefill {n} tokens {t:.3f} s" for n, t in prefill_s.items()))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f)

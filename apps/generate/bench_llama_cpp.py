@@ -31,7 +31,7 @@ import time
 import llama_cpp
 import numpy as np
 
-from bench_common import evict, lengths, peak_rss_mib, reset_peak_rss
+from bench_common import evict, lengths, peak_rss_mib, prefills, reset_peak_rss
 
 
 def converter(work):
@@ -124,28 +124,23 @@ def main():
             token = last_logits_argmax()
         decode.append((new_tokens - 1) / (time.perf_counter() - t))
     peak_rss = peak_rss_mib()
-    prefills = {}
-    for n in long_prompts:
-        long_ids = [rng.randrange(100, vocab - 100) for _ in range(n)]
-        runs = []
-        for i in range(2 if a.quick or n > 1024 else 6):  # the first is the warm-up
-            llm.reset()
-            t = time.perf_counter()
-            llm.eval(long_ids)
-            last_logits_argmax()
-            if i > 0:
-                runs.append(time.perf_counter() - t)
-        prefills[str(n)] = statistics.median(runs)
+
+    def prefill(ids):
+        llm.reset()
+        llm.eval(ids)
+        last_logits_argmax()
+
+    prefill_s = prefills(long_prompts, lambda n: [rng.randrange(100, vocab - 100) for _ in range(n)], prefill, a.quick)
     long_prompt = long_prompts[0] if long_prompts else 0
     res = {"tool": "llama.cpp", "version": f"llama-cpp-python {llama_cpp.__version__}", "type": a.type,
            "threads": a.threads, "load_s": load_s, "load_cold_s": load_cold_s, "new_tokens": new_tokens,
            "decode_tokens_per_s": statistics.median(decode), "runs": decode, "long_prompt": long_prompt,
-           "prefill_s": prefills.get(str(long_prompt)), "prefill": prefills, "gguf_bytes": os.path.getsize(gguf),
+           "prefill_s": prefill_s.get(str(long_prompt)), "prefill": prefill_s, "gguf_bytes": os.path.getsize(gguf),
            "peak_rss_mib": peak_rss}
     print(f"bench_llama_cpp: {a.type}, {a.threads} threads: load {load_s:.2f} s"
           + (f" (cold {load_cold_s:.2f} s)" if load_cold_s is not None else "")
           + f", decode {res['decode_tokens_per_s']:.1f} tokens/s, peak RSS {peak_rss:.0f} MiB"
-          + "".join(f", prefill {n} tokens {t:.3f} s" for n, t in prefills.items()))
+          + "".join(f", prefill {n} tokens {t:.3f} s" for n, t in prefill_s.items()))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f)

@@ -20,7 +20,7 @@ import transformers
 from transformers import AutoModelForCausalLM
 from transformers.generation.streamers import BaseStreamer
 
-from bench_common import evict, lengths, peak_rss_mib, reset_peak_rss
+from bench_common import evict, lengths, peak_rss_mib, prefills, reset_peak_rss
 
 
 class Clock(BaseStreamer):
@@ -78,17 +78,9 @@ def main():
             decode.append((len(clock.times) - 2) / (clock.times[-1] - clock.times[1]))
     peak_rss = peak_rss_mib()
 
-    prefills = {}
     with torch.no_grad():
-        for n in long_prompts:
-            long_ids = torch.randint(100, vocab - 100, (1, n), generator=g)
-            runs = []
-            for r in range(2 if a.quick or n > 1024 else 6):  # the first is the warm-up
-                t = time.perf_counter()
-                model(long_ids, logits_to_keep=1)
-                if r > 0:
-                    runs.append(time.perf_counter() - t)
-            prefills[str(n)] = statistics.median(runs)
+        prefill_s = prefills(long_prompts, lambda n: torch.randint(100, vocab - 100, (1, n), generator=g),
+                             lambda ids: model(ids, logits_to_keep=1), a.quick)
     long_prompt = long_prompts[0] if long_prompts else 0
 
     big = torch.ones(128 << 20)
@@ -103,12 +95,12 @@ def main():
            "threads": torch.get_num_threads(), "weight_bytes": weight_bytes, "load_s": load_s,
            "load_cold_s": load_cold_s, "peak_rss_mib": peak_rss, "prompt": prompt_len, "new_tokens": new_tokens,
            "decode_tokens_per_s": statistics.median(decode), "first_prefill_s": statistics.median(first),
-           "long_prompt": long_prompt, "prefill_s": prefills.get(str(long_prompt)), "prefill": prefills,
+           "long_prompt": long_prompt, "prefill_s": prefill_s.get(str(long_prompt)), "prefill": prefill_s,
            "bandwidth_gbps": statistics.median(bandwidth)}
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, {out['threads']} threads: "
           f"load {load_s:.2f} s" + (f" (cold {load_cold_s:.2f} s)" if load_cold_s is not None else "")
           + f", decode {out['decode_tokens_per_s']:.1f} tokens/s, peak RSS {peak_rss:.0f} MiB"
-          + "".join(f", prefill {n} tokens {t:.3f} s" for n, t in prefills.items())
+          + "".join(f", prefill {n} tokens {t:.3f} s" for n, t in prefill_s.items())
           + f", bandwidth {out['bandwidth_gbps']:.1f} GB/s")
     if a.json:
         with open(a.json, "w") as f:

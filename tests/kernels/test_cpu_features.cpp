@@ -24,7 +24,9 @@ TEST(IsaCap, TheKernelsUseTheNarrowerOfTheCpuAndTheCap) {
   EXPECT_EQ(isas.front(), kc::Isa::Scalar);
   EXPECT_EQ(isas.back(), kc::best_isa());
   // VNNI only under an AVX-512 cap; the int8 kernels follow.
-  if (kc::best_isa() < kc::Isa::Avx512) EXPECT_FALSE(kc::avx512_vnni());
+  if (kc::best_isa() < kc::Isa::Avx512) {
+    EXPECT_FALSE(kc::avx512_vnni());
+  }
   const kc::Int8Kernel want = kc::avx512_vnni()                 ? kc::Int8Kernel::Vnni
                               : kc::best_isa() >= kc::Isa::Avx2 ? kc::Int8Kernel::Avx2
                                                                 : kc::Int8Kernel::Portable;

@@ -39,7 +39,9 @@ TEST(LinearLayer, DrawsAsNnLinearAndComputesAsPyTorchsLinear) {
     EXPECT_TRUE(torch::equal(generator_state(), after_theirs)) << "a different number of draws";
     EXPECT_TRUE(torch::equal(ours->weight, theirs->weight));
     EXPECT_EQ(ours->bias.defined(), bias);
-    if (bias) EXPECT_TRUE(torch::equal(ours->bias, theirs->bias));
+    if (bias) {
+      EXPECT_TRUE(torch::equal(ours->bias, theirs->bias));
+    }
     // The same names and order in the state dict.
     std::vector<std::string> names, their_names;
     for (const auto& p : ours->named_parameters()) names.push_back(p.key());

@@ -8,6 +8,7 @@
 // limit and bad requests are errors naming the cause. And the models' deprecated cache
 // factory names.
 
+#include "models/tiny_decoder.h"
 #include "common/expect_error.h"
 
 #include <torchattn/models/engine.h>
@@ -28,19 +29,8 @@ namespace {
 namespace models = torchattn::models;
 
 models::DecoderConfig tiny_config(bool window) {
-  models::DecoderConfig c;
-  c.model_type = window ? "mistral" : "llama";
-  c.vocab_size = 96;
-  c.hidden_size = 48;
-  c.intermediate_size = 64;
-  c.num_layers = 2;
-  c.num_heads = 6;
-  c.num_kv_heads = 2;
-  c.max_position_embeddings = 512;
-  c.rope_theta = 10000.0;
-  c.windows.assign(2, window ? std::optional<int64_t>(24) : std::nullopt);
-  c.eos_token_ids = {};
-  return c;
+  return tiny_decoder_config(
+      {.model_type = window ? "mistral" : "llama", .window = window ? std::optional<int64_t>(24) : std::nullopt});
 }
 
 // A random model whose logits are far from uniform (larger embeddings), so that greedy

@@ -5,6 +5,7 @@
 
 #include "common/expect_error.h"
 #include "common/temp_path.h"
+#include "models/tiny_decoder.h"
 
 #include <torchattn/models.h>
 
@@ -30,19 +31,7 @@ namespace models = torchattn::models;
 using torchattn::WeightFormat;
 
 models::DecoderConfig small_config(bool tied) {
-  models::DecoderConfig c;
-  c.model_type = "llama";
-  c.vocab_size = 96;
-  c.hidden_size = 64;
-  c.intermediate_size = 130;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.max_position_embeddings = 64;
-  c.rope_theta = 10000.0;
-  c.windows.assign(2, std::nullopt);
-  c.tie_word_embeddings = tied;
-  return c;
+  return tiny_decoder_config({.hidden = 64, .heads = 4, .intermediate = 130, .positions = 64, .tied = tied});
 }
 
 // The address ranges that map `path` in this process (/proc/self/maps).
@@ -67,6 +56,22 @@ bool inside(const std::vector<std::pair<uintptr_t, uintptr_t>>& ranges, const at
     if (p >= begin && p + t.numel() * t.element_size() <= end) return true;
   }
   return false;
+}
+
+// The model's parameters as a safetensors file at `path` (their names as they are);
+// returns them.
+torchattn::NamedTensors save_state(const models::CausalLM& model, const std::string& path) {
+  torchattn::NamedTensors state;
+  for (const auto& p : model->named_parameters()) state.emplace_back(p.key(), p.value().detach());
+  torchattn::save_safetensors(path, state);
+  return state;
+}
+
+// A model built for loading with the parameters of the file at `path`.
+models::CausalLM loaded_from(const std::string& path, bool tied) {
+  models::CausalLM model(small_config(tied), 64, models::Init::ForLoading);
+  models::load_weights(*model, path);
+  return model;
 }
 
 at::Tensor generator_state() { return at::detail::getDefaultCPUGenerator().get_state(); }
@@ -112,12 +117,8 @@ TEST(Loading, MappedWeightsAreNotCopied) {
     source->eval();
     const auto ids = torch::randint(0, 96, {2, 9}, torch::kLong);
     const std::string path = temp_path(std::string("loading_") + (tied ? "tied" : "untied") + ".safetensors");
-    torchattn::NamedTensors state;
-    for (const auto& p : source->named_parameters()) state.emplace_back(p.key(), p.value().detach());
-    torchattn::save_safetensors(path, state);
-
-    models::CausalLM loaded(small_config(tied), 64, models::Init::ForLoading);
-    models::load_weights(*loaded, path);
+    save_state(source, path);
+    models::CausalLM loaded = loaded_from(path, tied);
     loaded->eval();
     const auto ranges = mappings_of(path);
     ASSERT_FALSE(ranges.empty()) << path << " is not mapped";
@@ -156,11 +157,8 @@ TEST(Loading, ASaveOverTheMappedFileLeavesTheModelAsItWas) {
   models::CausalLM source(small_config(true), 64);
   const auto ids = torch::randint(0, 96, {1, 7}, torch::kLong);
   const std::string path = temp_path("loading_replaced.safetensors");
-  torchattn::NamedTensors state;
-  for (const auto& p : source->named_parameters()) state.emplace_back(p.key(), p.value().detach());
-  torchattn::save_safetensors(path, state);
-  models::CausalLM loaded(small_config(true), 64, models::Init::ForLoading);
-  models::load_weights(*loaded, path);
+  const torchattn::NamedTensors state = save_state(source, path);
+  models::CausalLM loaded = loaded_from(path, true);
   const auto before = logits_of(loaded, ids);
   torchattn::NamedTensors other;
   for (const auto& [name, t] : state) other.emplace_back(name, t * 2 + 1);
@@ -177,11 +175,8 @@ TEST(Loading, AFileChangedInPlaceReachesTheModelAndOneTruncatedKillsItWithSigbus
   torch::manual_seed(94);
   models::CausalLM source(small_config(true), 64);
   const std::string path = temp_path("loading_in_place.safetensors");
-  torchattn::NamedTensors state;
-  for (const auto& p : source->named_parameters()) state.emplace_back(p.key(), p.value().detach());
-  torchattn::save_safetensors(path, state);
-  models::CausalLM loaded(small_config(true), 64, models::Init::ForLoading);
-  models::load_weights(*loaded, path);
+  save_state(source, path);
+  models::CausalLM loaded = loaded_from(path, true);
   const at::Tensor norm = loaded->norm->weight;
   ASSERT_TRUE(inside(mappings_of(path), norm));
   {
@@ -198,8 +193,7 @@ TEST(Loading, AFileChangedInPlaceReachesTheModelAndOneTruncatedKillsItWithSigbus
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {
-        models::CausalLM model(small_config(true), 64, models::Init::ForLoading);
-        models::load_weights(*model, path);
+        models::CausalLM model = loaded_from(path, true);
         std::filesystem::resize_file(path, 0);
         logits_of(model, torch::zeros({1, 3}, torch::kLong));
       },

@@ -4,6 +4,7 @@
 // scale), greedy decoding included; its memory shrinks; and what it refuses.
 
 #include "common/expect_error.h"
+#include "models/tiny_decoder.h"
 #include "common/temp_path.h"
 
 #include "kernels/cpu/quantized_linear.h"
@@ -25,19 +26,8 @@ namespace models = torchattn::models;
 using torchattn::WeightFormat;
 
 models::CausalLM small_model(bool tied) {
-  models::DecoderConfig c;
-  c.model_type = "llama";
-  c.vocab_size = 96;
-  c.hidden_size = 48;
-  c.intermediate_size = 130;  // down_proj: three groups of 64 inputs, the last short
-  c.num_layers = 2;
-  c.num_heads = 6;
-  c.num_kv_heads = 2;
-  c.max_position_embeddings = 128;
-  c.rope_theta = 10000.0;
-  c.windows.assign(2, std::nullopt);
-  c.tie_word_embeddings = tied;
-  c.eos_token_ids = {};
+  // down_proj: three groups of 64 inputs, the last short.
+  const auto c = tiny_decoder_config({.intermediate = 130, .positions = 128, .tied = tied});
   torch::manual_seed(61);
   models::CausalLM model(c, 128);
   {

@@ -225,23 +225,9 @@ __attribute__((target("avx2,fma"))) void panel_rows(const QuantizedRows& xr, con
 }
 
 void panels(const QuantizedRows& xr, int64_t rows, const Int8Call& c) {
-  const int64_t count = (c.out + kPanel - 1) / kPanel;
-  at::parallel_for(0, count, 1, [&](int64_t b, int64_t e) {
-    Panel p;
-    alignas(32) float tile[kTileRows * kPanel];
-    for (int64_t pi = b; pi < e; ++pi) {
-      const int64_t o0 = pi * kPanel, n = std::min(kPanel, c.out - o0);
-      repack(c, xr.groups, o0, p);
-      for (int64_t m0 = 0; m0 < rows; m0 += kTileRows) {
-        panel_rows(xr, p, m0, tile);
-        for (int64_t r = 0; r < std::min(kTileRows, rows - m0); ++r) {
-          float* dst = c.y + (m0 + r) * c.ldy + o0;
-          const float* t = tile + r * kPanel;
-          for (int64_t j = 0; j < n; ++j) dst[j] = c.bias != nullptr ? t[j] + c.bias[o0 + j] : t[j];
-        }
-      }
-    }
-  });
+  run_panels<kPanel, kTileRows, Panel>(
+      c, rows, [&](int64_t o0, Panel& p) { repack(c, xr.groups, o0, p); },
+      [&](const Panel& p, int64_t m0, float* acc) { panel_rows(xr, p, m0, acc); });
 }
 
 }  // namespace

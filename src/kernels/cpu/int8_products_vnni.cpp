@@ -236,25 +236,10 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,fma"))) void vnni_few_rows(co
   }
 }
 
-void vnni(const QuantizedRows& xr, int64_t rows, const int8_t* q, const float* scale, int64_t in, int64_t out,
-          int64_t ldy, const float* bias, float* y) {
-  const int64_t panels = (out + kPanel - 1) / kPanel;
-  at::parallel_for(0, panels, 1, [&](int64_t b, int64_t e) {
-    Panel p;
-    alignas(64) float tile[kRowTile * kPanel];
-    for (int64_t pi = b; pi < e; ++pi) {
-      const int64_t o0 = pi * kPanel, n = std::min(kPanel, out - o0);
-      repack(q, scale, in, out, xr.groups, o0, p);
-      for (int64_t m0 = 0; m0 < rows; m0 += kRowTile) {
-        panel_rows(xr, p, m0, tile);
-        for (int64_t r = 0; r < std::min(kRowTile, rows - m0); ++r) {
-          float* dst = y + (m0 + r) * ldy + o0;
-          const float* t = tile + r * kPanel;
-          for (int64_t j = 0; j < n; ++j) dst[j] = bias != nullptr ? t[j] + bias[o0 + j] : t[j];
-        }
-      }
-    }
-  });
+void vnni(const QuantizedRows& xr, int64_t rows, const Int8Call& c) {
+  run_panels<kPanel, kRowTile, Panel>(
+      c, rows, [&](int64_t o0, Panel& p) { repack(c.q, c.scale, c.in, c.out, xr.groups, o0, p); },
+      [&](const Panel& p, int64_t m0, float* acc) { panel_rows(xr, p, m0, acc); });
 }
 }  // namespace
 }  // namespace vnni_kernels
@@ -267,9 +252,7 @@ void vnni_rows(const QuantizedRows& xr, int64_t rows, const Int8Call& c, int64_t
   }
 }
 
-void vnni_panels(const QuantizedRows& xr, int64_t rows, const Int8Call& c) {
-  vnni_kernels::vnni(xr, rows, c.q, c.scale, c.in, c.out, c.ldy, c.bias, c.y);
-}
+void vnni_panels(const QuantizedRows& xr, int64_t rows, const Int8Call& c) { vnni_kernels::vnni(xr, rows, c); }
 
 }  // namespace torchattn::kernels::cpu::int8
 

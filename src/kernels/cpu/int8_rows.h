@@ -7,6 +7,9 @@
 
 #include "kernels/cpu/quantized_linear.h"
 
+#include <ATen/Parallel.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -37,6 +40,31 @@ struct Int8Call {
   float* y;
   int64_t ldy;
 };
+
+// Every output of part c for `rows` rows of x, a panel of kPanel outputs at a time over
+// the intra-op threads (the *_panels kernels' driver): each thread repacks a panel
+// (repack(o0, panel)), runs the row tiles of kTile over it (tile(panel, m0, acc): acc
+// [kTile, kPanel] floats) and writes each tile's rows with the bias.
+template <int64_t kPanel, int64_t kTile, class Panel, class Repack, class Tile>
+void run_panels(const Int8Call& c, int64_t rows, const Repack& repack, const Tile& tile) {
+  const int64_t count = (c.out + kPanel - 1) / kPanel;
+  at::parallel_for(0, count, 1, [&](int64_t b, int64_t e) {
+    Panel p;
+    alignas(64) float acc[kTile * kPanel];
+    for (int64_t pi = b; pi < e; ++pi) {
+      const int64_t o0 = pi * kPanel, n = std::min(kPanel, c.out - o0);
+      repack(o0, p);
+      for (int64_t m0 = 0; m0 < rows; m0 += kTile) {
+        tile(p, m0, acc);
+        for (int64_t r = 0; r < std::min(kTile, rows - m0); ++r) {
+          float* dst = c.y + (m0 + r) * c.ldy + o0;
+          const float* t = acc + r * kPanel;
+          for (int64_t j = 0; j < n; ++j) dst[j] = c.bias != nullptr ? t[j] + c.bias[o0 + j] : t[j];
+        }
+      }
+    }
+  });
+}
 
 // Each instruction set's kernels, the numbers of int8_products.h:
 // - *_rows: at most kFewRows rows of x, outputs [begin, end) of the part, on the
