@@ -110,8 +110,11 @@ def main():
     vocab = llm.n_vocab()
     prompt = [rng.randrange(100, vocab - 100) for _ in range(32)]
 
+    # The last evaluated token's logits, from the context (Llama.scores holds them only
+    # with logits_all, and has n_batch rows without it).
     def last_logits_argmax():
-        return int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(vocab,))
+        return int(np.argmax(logits))
 
     decode = []
     for _ in range(1 if a.quick else 3):
