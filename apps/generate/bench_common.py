@@ -44,6 +44,26 @@ def peak_rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def timed_loads(load, path, cold):
+    """(model, warm seconds, cold seconds or None) of load(), which returns a model: with
+    `cold`, a first load after evicting `path`'s pages, dropped, and the peak RSS started
+    again after it; then the warm load that the benchmark keeps."""
+
+    def timed():
+        t0 = time.perf_counter()
+        m = load()
+        return m, time.perf_counter() - t0
+
+    cold_s = None
+    if cold:
+        evict(path)
+        m, cold_s = timed()
+        del m
+        reset_peak_rss()
+    m, warm_s = timed()
+    return m, warm_s, cold_s
+
+
 def lengths(text):
     """'512,2048' -> [512, 2048]."""
     out = [int(t) for t in text.split(",") if t]

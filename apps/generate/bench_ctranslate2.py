@@ -23,7 +23,7 @@ import time
 import ctranslate2
 from transformers import AutoTokenizer
 
-from bench_common import evict, lengths, peak_rss_mib, prefills, reset_peak_rss
+from bench_common import lengths, peak_rss_mib, prefills, timed_loads
 
 
 def main():
@@ -45,19 +45,9 @@ def main():
         ctranslate2.converters.TransformersConverter(a.model).convert(out, quantization=a.compute_type, force=True)
     tok = AutoTokenizer.from_pretrained(a.model)
 
-    def load():
-        t0 = time.perf_counter()
-        g = ctranslate2.Generator(out, device="cpu", compute_type=a.compute_type, intra_threads=a.threads,
-                                  inter_threads=1)
-        return g, time.perf_counter() - t0
-
-    load_cold_s = None
-    if a.cold_load:
-        evict(out)
-        gen, load_cold_s = load()
-        del gen
-        reset_peak_rss()
-    gen, load_s = load()
+    gen, load_s, load_cold_s = timed_loads(
+        lambda: ctranslate2.Generator(out, device="cpu", compute_type=a.compute_type, intra_threads=a.threads,
+                                      inter_threads=1), out, a.cold_load)
     rng = random.Random(0)
     vocab = len(tok)
     new_tokens = a.new_tokens or (16 if a.quick else 128)
@@ -74,7 +64,10 @@ def main():
                                include_prompt_in_result=False)
         total = time.perf_counter() - t
         n = len(r[0].sequences_ids[0])
-        decode.append((n - 1) / max(total - first, 1e-9))
+        if total <= first:  # a few tokens, timed as less than the first alone
+            raise SystemExit(f"bench_ctranslate2: {n} tokens took {total:.4f} s, the first alone {first:.4f} s: "
+                             "too few to time decoding; ask for more --new-tokens")
+        decode.append((n - 1) / (total - first))
     peak_rss = peak_rss_mib()
     prefill_s = prefills(
         long_prompts, lambda n: tok.convert_ids_to_tokens([rng.randrange(100, vocab - 100) for _ in range(n)]),

@@ -31,7 +31,7 @@ import time
 import llama_cpp
 import numpy as np
 
-from bench_common import evict, lengths, peak_rss_mib, prefills, reset_peak_rss
+from bench_common import lengths, peak_rss_mib, prefills, timed_loads
 
 
 def converter(work):
@@ -93,19 +93,9 @@ def main():
     long_prompts = [] if a.decode_only else lengths(a.long_prompts or ("128" if a.quick else "512"))
     n_ctx = max([1024, 32 + new_tokens] + [n + 8 for n in long_prompts])
 
-    def load():
-        t0 = time.perf_counter()
-        model = llama_cpp.Llama(model_path=gguf, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=a.threads,
-                                n_threads_batch=a.threads, verbose=False)
-        return model, time.perf_counter() - t0
-
-    load_cold_s = None
-    if a.cold_load:
-        evict(gguf)
-        llm, load_cold_s = load()
-        del llm
-        reset_peak_rss()
-    llm, load_s = load()
+    llm, load_s, load_cold_s = timed_loads(
+        lambda: llama_cpp.Llama(model_path=gguf, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=a.threads,
+                                n_threads_batch=a.threads, verbose=False), gguf, a.cold_load)
     rng = random.Random(0)
     vocab = llm.n_vocab()
     prompt = [rng.randrange(100, vocab - 100) for _ in range(32)]

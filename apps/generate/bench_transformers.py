@@ -20,7 +20,7 @@ import transformers
 from transformers import AutoModelForCausalLM
 from transformers.generation.streamers import BaseStreamer
 
-from bench_common import evict, lengths, peak_rss_mib, prefills, reset_peak_rss
+from bench_common import lengths, peak_rss_mib, prefills, timed_loads
 
 
 class Clock(BaseStreamer):
@@ -51,18 +51,7 @@ def main():
     prompt_len, new_tokens = 32, a.new_tokens or (16 if a.quick else 128)
     long_prompts = [] if a.decode_only else lengths(a.long_prompts or ("128" if a.quick else "512"))
 
-    def load():
-        t0 = time.perf_counter()
-        m = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
-        return m, time.perf_counter() - t0
-
-    load_cold_s = None
-    if a.cold_load:
-        evict(a.model)
-        model, load_cold_s = load()
-        del model
-        reset_peak_rss()
-    model, load_s = load()
+    model, load_s, load_cold_s = timed_loads(lambda: AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval(), a.model, a.cold_load)
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(100, vocab - 100, (1, prompt_len), generator=g)
