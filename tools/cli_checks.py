@@ -43,6 +43,16 @@ def main():
     a = ap.parse_args()
     app = lambda sub, name: os.path.join(a.bin, sub, name)
     empty = tempfile.mkdtemp(prefix="cli_checks_")
+    # Bytes that are not text (0x80 is a stray continuation byte).
+    binary = os.path.join(empty, "bytes.bin")
+    with open(binary, "wb") as f:
+        f.write(bytes(range(256)) * 64)
+    # A decoder's config of 8 positions (no weights: the flags are checked first).
+    short = tempfile.mkdtemp(prefix="cli_checks_short_")
+    with open(os.path.join(short, "config.json"), "w") as f:
+        f.write('{"model_type": "llama", "vocab_size": 96, "hidden_size": 48, "intermediate_size": 64, '
+                '"num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 2, '
+                '"max_position_embeddings": 8, "rope_theta": 10000.0, "rms_norm_eps": 1e-5}')
     cases = {
         app("demo", "torchattn_demo"): [
             (["--device", "tpu"], "--device"), (["--seed", "x"], "--seed"), (["--bogus"], "--bogus")],
@@ -57,7 +67,13 @@ def main():
             (["--sample-tokens", "-1"], "--sample-tokens"), (["--temperature", "0"], "--temperature"),
             (["--top-k", "-1"], "--top-k"), (["--timeout", "0"], "--timeout"), (["--master-port", "0"], "--master-port"),
             (["--world-size", "0"], "--world-size"), (["--rank", "2", "--world-size", "2"], "--rank"),
-            (["--precision", "fp8"], "--precision"), (["--data", os.path.join(empty, "none.txt")], "--data")],
+            (["--precision", "fp8"], "--precision"), (["--data", os.path.join(empty, "none.txt")], "--data"),
+            (["--context", "1"], "--context: expected at least 2, got 1"),
+            (["--pack", "--context", "1"], "--context: expected at least 2, got 1"),
+            (["--d-model", "10", "--heads", "4"], "train_gpt: expected --d-model divisible by --heads (4), got --d-model 10"),
+            (["--prompt", "abcdefgh", "--context", "4"], "expected a --prompt of 1 to 3 bytes (below --context 4), got 8"),
+            (["--data", binary], "train_gpt: --data '" + binary + "': expected UTF-8 text, got the byte 0x80 at offset 128"),
+            (["--data", empty], "train_gpt: --data '" + empty + "' is a folder")],
         app("generate", "torchattn_generate"): [
             ([], "--model"), (["--model", os.path.join(empty, "none")], "--model"),
             (["--model", empty, "--max-new-tokens", "0"], "--max-new-tokens"),
@@ -75,13 +91,18 @@ def main():
             (["--model", empty, "--file", "x", "--context", "1"], "--context"),
             (["--model", empty, "--file", "x", "--dtype", "int4"], "--dtype"),
             (["--model", empty, "--file", "x", "--threads", "0"], "--threads"),
-            (["--model", os.path.join(empty, "none"), "--file", __file__], "--model: ")],
+            (["--model", os.path.join(empty, "none"), "--file", __file__], "--model: "),
+            (["--model", empty, "--file", empty], "--file: '" + empty + "' is a folder; expected a text file"),
+            (["--model", short, "--file", __file__, "--context", "9"],
+             "--context: expected at most 8 tokens (the max_position_embeddings of '")],
         app("embed", "torchattn_embed"): [
             ([], "--model"), (["--model", empty, "--batch-size", "0"], "--batch-size"),
             (["--model", empty, "--format", "csv"], "--format"), (["--model", empty, "--dtype", "int4"], "--dtype"),
             (["--model", empty, "--device", "cuda", "--dtype", "int8"], "--dtype int8: bfloat16 and int8 weights run")],
         app("serve", "torchattn_serve"): [
             ([], "model"), ([os.path.join(empty, "none")], "none"), ([empty, "--port", "70000"], "--port"),
+            ([empty, "--model", empty], "model: the model folder was given twice ('" + empty + "' and --model '" +
+             empty + "'); give it once, as the argument or as --model"),
             ([empty, "--kv-tokens", "0"], "--kv-tokens"), ([empty, "--dtype", "int4"], "--dtype"), ([empty, "--max-running", "0"], "--max-running"),
             ([empty, "--max-body-bytes", "0"], "--max-body-bytes"), ([empty, "--context-length", "0"], "--context-length"),
             ([empty, "--http-threads", "0"], "--http-threads"), ([empty, "--block-size", "0"], "--block-size")],

@@ -15,8 +15,11 @@ show:
     auto y = mha(x, pad);
     ```
 
-`<!-- example: skip -->` leaves a block out (say why in the text). The generated
-program's main() prints how many examples it holds and exits 1 if there are none.
+`<!-- example: skip -->` leaves a block out (say why in the text). The blocks of
+README.md are also run, as written, by the generated program's main() (a whole program,
+`int main(`, is not: it needs model folders; tests/consumer_models runs it). main()
+prints how many examples it holds and ran, and exits 1 if there are none or one of
+those it runs throws, naming its Markdown line.
 
 Usage: doc_examples.py OUT.cpp FILE.md [FILE.md ...]
 """
@@ -65,6 +68,7 @@ def main():
     out, docs = sys.argv[1], sys.argv[2:]
     includes = ["#include <torch/torch.h>", "#include <torchattn/torchattn.h>"]
     bodies = []
+    runs = []  # (function name, "README.md:line") of the blocks main() runs
     count = 0
     for doc in docs:
         shown = os.path.abspath(doc)
@@ -86,6 +90,8 @@ def main():
                 text = re.sub(r"\bint\s+main\s*\(", f"[[maybe_unused]] int {name}_main(", text)
                 bodies.append(f'#line {line} "{shown}"\n{text}\n')
             else:
+                if os.path.basename(doc) == "README.md":
+                    runs.append((name, f"{os.path.basename(doc)}:{line}"))
                 bodies.append(f"[[maybe_unused]] static void {name}() {{\n"
                               + (f"{prelude}\n" if prelude else "")
                               + f'#line {line} "{shown}"\n{text}\n}}\n')
@@ -102,8 +108,13 @@ def main():
         for b in bodies:
             f.write(b + "\n")
         f.write("} // namespace\n\n")
-        f.write(f'int main() {{\n  std::printf("doc_examples: {count} C++ examples compiled\\n");\n'
-                f"  return {0 if count else 1};\n}}\n")
+        f.write("int main() {\n")
+        for name, where in runs:
+            f.write(f"  try {{\n    {name}();\n  }} catch (const std::exception& e) {{\n"
+                    f'    std::fprintf(stderr, "doc_examples: the block at {where} failed: %s\\n", e.what());\n'
+                    "    return 1;\n  }\n")
+        f.write(f'  std::printf("doc_examples: {count} C++ examples compiled, {len(runs)} run\\n");\n'
+                f"  return {0 if count and runs else 1};\n}}\n")
     os.replace(out + ".tmp", out)
 
 

@@ -8,7 +8,7 @@ Q8_0 (bench_llama_cpp.py): warm and cold load, peak RSS, prefills of 512 and 204
 decoding tokens/s, each at 1 and 2 threads for decoding, with the issue's targets.
 
 Usage: report_scale.py --runs NAME:THREADS:FILE ... [--folders NAME:DIR ...] [--out DIR]
-NAME: ours-float32, ours-bfloat16, ours-int8, ours-int8-at-load, transformers-float32,
+NAME: ours-float32, ours-bfloat16, ours-int8, ours-int8-unverified, ours-int8-at-load, transformers-float32,
 ct2-int8, llama-f32, llama-q8_0. A NAME:THREADS named with several files (the rounds)
 gets each number's median over them. --folders: the weights each NAME loads (their size).
 """
@@ -20,9 +20,10 @@ import os
 from report import machine  # apps/bench/report.py
 from report_weights import best, cpu_flags, load, paired
 
-ORDER = ["ours-float32", "ours-bfloat16", "ours-int8", "ours-int8-at-load", "transformers-float32", "ct2-int8",
-         "llama-f32", "llama-q8_0"]
+ORDER = ["ours-float32", "ours-bfloat16", "ours-int8", "ours-int8-unverified", "ours-int8-at-load",
+         "transformers-float32", "ct2-int8", "llama-f32", "llama-q8_0"]
 LABEL = {"ours-float32": "torchattn float32", "ours-bfloat16": "torchattn bfloat16", "ours-int8": "torchattn int8",
+         "ours-int8-unverified": "torchattn int8, checksums not checked (--no-verify-weights)",
          "ours-int8-at-load": "torchattn int8, quantized at load", "transformers-float32": "transformers float32",
          "ct2-int8": "CTranslate2 int8", "llama-f32": "llama.cpp F32", "llama-q8_0": "llama.cpp Q8_0"}
 
@@ -149,6 +150,12 @@ def main():
             md += ["", f"The memory read bandwidth measured by the int8 run (2 threads), {r['bandwidth_gbps']:.1f} GB/s, "
                        f"bounds int8 decoding at {bound:.1f} tokens/s ({r['step_bytes'] / 1e6:.0f} MB read per token); "
                        f"int8 decodes at {100 * i8[0] / bound:.0f}% of it at its best ({i8[1]} threads)."]
+    if ("ours-int8", 2) in runs and ("ours-int8-unverified", 2) in runs:
+        checked, unchecked = runs[("ours-int8", 2)]["load_s"], runs[("ours-int8-unverified", 2)]["load_s"]
+        md += ["", f"Checking the int8 folder's checksums at load (the default; docs/models.md) costs "
+                   f"{checked - unchecked:.2f} s of its warm load: {checked:.2f} s checked, {unchecked:.2f} s with "
+                   "`--no-verify-weights` (`LoadOptions::verify_weights(false)`). The check reads every byte of the "
+                   "weights, which an unchecked load leaves to the first forward."]
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "scale.md")
     with open(path, "w") as f:

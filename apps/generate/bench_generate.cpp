@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
   std::string model_dir, json_path, dtype_name = "float32", long_prompts_text;
   int threads = 2;
   int64_t new_tokens_option = 0;
-  bool quick = false, decode_only = false, prefill_only = false, cold_load = false;
+  bool quick = false, decode_only = false, prefill_only = false, cold_load = false, no_verify = false;
   app.add_option("--model", model_dir, "a Hugging Face model folder")->required()->check(CLI::ExistingDirectory);
   app.add_option("--threads", threads, "intra-op threads");
   app.add_option("--dtype", dtype_name, "the weights' format: float32, bfloat16, int8 or dynamic-int8")
@@ -114,6 +114,9 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--long-prompts", long_prompts_text, "the prefills measured, e.g. 512,2048 (default 512)");
   app.add_flag("--cold-load", cold_load, "evict the folder's files from the page cache and load once first");
+  app.add_flag(
+      "--no-verify-weights", no_verify,
+      "skip the check of a saved folder's weights against their recorded checksums (LoadOptions::verify_weights)");
   CLI11_PARSE(app, argc, argv);
   at::set_num_threads(threads);
   const auto dir = std::filesystem::path(model_dir);
@@ -125,7 +128,7 @@ int main(int argc, char** argv) {
     // As torchattn_generate loads: from the file, mapped; a folder of frozen weights
     // (torchattn_generate --save) as it is.
     return torchattn::models::load_causal_lm(config, context, model_dir,
-                                             torchattn::weight_format_from_string(dtype_name));
+                                             torchattn::weight_format_from_string(dtype_name), !no_verify);
   };
 
   // 0. A cold load: the files from the disk.

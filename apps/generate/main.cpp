@@ -74,6 +74,10 @@ int main(int argc, char** argv) {
                  "model's dtype (float32 or bfloat16)")
       ->check(CLI::IsMember({"float32", "bfloat16", "int8", "dynamic-int8"}));
   app.add_flag("--print-ids", print_ids, "print the generated ids on a line after the text");
+  bool no_verify = false;
+  app.add_flag(
+      "--no-verify-weights", no_verify,
+      "skip the check of a saved folder's weights against their recorded checksums (LoadOptions::verify_weights)");
   std::string save_dir;
   app.add_option("--save", save_dir,
                  "write the model with its --dtype bfloat16 or int8 weights to this folder (a folder that "
@@ -118,7 +122,7 @@ int main(int argc, char** argv) {
       models::CausalLM model{nullptr};
       try {
         model = models::load_causal_lm(config, std::min<int64_t>(config.max_position_embeddings, 16), model_dir,
-                                       torchattn::weight_format_from_string(dtype_name));
+                                       torchattn::weight_format_from_string(dtype_name), !no_verify);
         models::save_frozen_folder(model, model_dir, save_dir);
       } catch (const c10::Error& e) {
         throw std::runtime_error(std::string("--save: ") + e.what_without_backtrace());
@@ -181,7 +185,8 @@ int main(int argc, char** argv) {
         model->load_hf_weights(models::checkpoint_file(model_dir));
       } else {
         // A folder of --save loads its frozen weights as they are.
-        model = models::load_causal_lm(config, context, model_dir, torchattn::weight_format_from_string(dtype_name));
+        model = models::load_causal_lm(config, context, model_dir, torchattn::weight_format_from_string(dtype_name),
+                                       !no_verify);
         dtype_name = std::string(torchattn::to_string(model->weight_format()));
       }
     } catch (const c10::Error& e) {

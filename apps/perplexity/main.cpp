@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -40,18 +41,43 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--context", context, "tokens per window")->check(apps::at_least(2))->capture_default_str();
   app.add_option("--threads", threads, "intra-op threads (default: LibTorch's)")->check(apps::at_least(1));
+  bool no_verify = false;
+  app.add_flag(
+      "--no-verify-weights", no_verify,
+      "skip the check of a saved folder's weights against their recorded checksums (LoadOptions::verify_weights)");
   CLI11_PARSE(app, argc, argv);
   try {
     if (threads > 0) at::set_num_threads(threads);
+    if (std::filesystem::is_directory(file)) {
+      throw std::runtime_error("--file: '" + file + "' is a folder; expected a text file (UTF-8)");
+    }
     std::ifstream in(file, std::ios::binary);
     if (!in) throw std::runtime_error("--file: cannot read '" + file + "'");
+    // --context against the model's positions, named as the flag (LoadOptions would
+    // name its own option).
+    const auto config_path = std::filesystem::path(model_dir) / "config.json";
+    if (std::filesystem::is_regular_file(config_path)) {
+      int64_t positions = 0;
+      try {
+        positions = torchattn::models::read_decoder_config(config_path.string()).max_position_embeddings;
+      } catch (const c10::Error& e) {
+        throw std::runtime_error(std::string("--model: ") + e.what_without_backtrace());
+      }
+      if (context > positions) {
+        throw std::runtime_error(fmt::format("--context: expected at most {} tokens (the max_position_embeddings of "
+                                             "'{}'), got {}",
+                                             positions, config_path.string(), context));
+      }
+    }
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     const auto t0 = std::chrono::steady_clock::now();
     torchattn::models::LanguageModel lm = [&] {
       try {
         return torchattn::models::LanguageModel::from_pretrained(
-            model_dir, torchattn::models::LoadOptions().context_length(context).weight_format(
-                           torchattn::weight_format_from_string(dtype_name)));
+            model_dir, torchattn::models::LoadOptions()
+                           .context_length(context)
+                           .weight_format(torchattn::weight_format_from_string(dtype_name))
+                           .verify_weights(!no_verify));
       } catch (const c10::Error& e) {
         throw std::runtime_error(std::string("--model: ") + e.what_without_backtrace());
       }

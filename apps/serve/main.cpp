@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <thread>
+#include <vector>
 
 #include <pthread.h>
 #include <signal.h>
@@ -36,12 +37,15 @@ int main(int argc, char** argv) {
   namespace models = torchattn::models;
   // The flags write into the options themselves (TORCH_ARG's accessors return references).
   std::string model_dir;
+  std::string model_argument, model_flag;  // the argument or --model: one of them
   serve::ServerOptions server;
   models::LoadOptions load;
   models::EngineOptions engine_options;
   int threads = 0;
-  app.add_option("model,--model", model_dir, "a Hugging Face model folder (llama, qwen2, qwen3, mistral, gemma2)")
-      ->required()
+  app.add_option("model", model_argument,
+                 "a Hugging Face model folder (llama, qwen2, qwen3, mistral, gemma2); or give it as --model")
+      ->check(CLI::ExistingDirectory);
+  app.add_option("--model", model_flag, "the model folder, as the other programs take it (instead of the argument)")
       ->check(CLI::ExistingDirectory);
   app.add_option("--host", server.host(), "the address to listen on")->capture_default_str();
   app.add_option("--port", server.port(), "the port to listen on; 0: a free one")
@@ -54,6 +58,9 @@ int main(int argc, char** argv) {
          "the weights' format: float32, bfloat16, int8 or dynamic-int8 (float32 activations; docs/models.md)")
       ->check(CLI::IsMember({"float32", "bfloat16", "int8", "dynamic-int8"}))
       ->default_str("float32");
+  app.add_flag_callback(
+      "--no-verify-weights", [&] { load.verify_weights(false); },
+      "skip the check of a saved folder's weights against their recorded checksums (LoadOptions::verify_weights)");
   app.add_option("--context-length", load.context_length(),
                  "the most tokens of a request, prompt and answer "
                  "(default: the config's max_position_embeddings, at most 4096)")
@@ -110,6 +117,18 @@ int main(int argc, char** argv) {
       "full (default: reuse the KV blocks of earlier requests' identical prefixes)");
   app.add_flag_callback("--quiet", [&] { server.log(false); }, "no line per request on stderr");
   CLI11_PARSE(app, argc, argv);
+  if (model_argument.empty() == model_flag.empty()) {
+    if (model_argument.empty()) {
+      fmt::print(stderr, "torchattn_serve: model: a model folder is required, as the argument or as --model\n");
+    } else {
+      fmt::print(stderr,
+                 "torchattn_serve: model: the model folder was given twice ('{}' and --model '{}'); give it once, as "
+                 "the argument or as --model\n",
+                 model_argument, model_flag);
+    }
+    return 2;
+  }
+  model_dir = model_argument.empty() ? model_flag : model_argument;
   if (threads > 0) at::set_num_threads(threads);
   auto& name = server.model_name();
   if (name.empty()) name = std::filesystem::path(model_dir).lexically_normal().filename().string();

@@ -246,6 +246,16 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
   if (given(body, "max_completion_tokens")) {
     r.max_tokens = get_int(body, "max_completion_tokens", 1, kIntMax);
     r.max_tokens_field = "max_completion_tokens";
+    // The same limit under its older name: given both, they must agree.
+    if (given(body, "max_tokens")) {
+      const int64_t older = get_int(body, "max_tokens", 1, kIntMax);
+      if (older != *r.max_tokens) {
+        throw bad_request("'max_tokens' and 'max_completion_tokens' are the same limit ('max_tokens' its older "
+                          "name): give one, got " +
+                              std::to_string(older) + " and " + std::to_string(*r.max_tokens),
+                          "max_completion_tokens");
+      }
+    }
   } else if (given(body, "max_tokens")) {
     r.max_tokens = get_int(body, "max_tokens", 1, kIntMax);
   }
@@ -253,9 +263,19 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
   if (given(body, "top_p")) r.top_p = get_number(body, "top_p", 0.0, 1.0, true);
   if (given(body, "top_k")) r.top_k = get_int(body, "top_k", 0, kIntMax);
   if (given(body, "seed")) {
+    // OpenAI's range, a signed 64-bit integer; a negative seed is a seed like any other
+    // (its 64 bits seed the sampler). JSON integers past 64 bits arrive as floats.
     const json& v = body["seed"];
-    if (!v.is_number_integer()) throw wrong_type("seed", "an integer", v);
-    r.seed = v.is_number_unsigned() ? v.get<uint64_t>() : static_cast<uint64_t>(v.get<int64_t>());
+    const char* range = "an integer in [-9223372036854775808, 9223372036854775807] (64 bits)";
+    if (v.is_number_float() && std::isfinite(v.get<double>()) && std::trunc(v.get<double>()) == v.get<double>() &&
+        std::fabs(v.get<double>()) >= 9.2e18) {
+      throw bad_request(std::string("'seed' must be ") + range + ", got " + v.dump(), "seed");
+    }
+    if (!v.is_number_integer()) throw wrong_type("seed", range, v);
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      throw bad_request(std::string("'seed' must be ") + range + ", got " + v.dump(), "seed");
+    }
+    r.seed = static_cast<uint64_t>(v.get<int64_t>());
   }
   if (given(body, "n") && get_int(body, "n", 1, kIntMax) != 1) {
     throw bad_request("'n' must be 1: this server returns one choice per request", "n");

@@ -83,13 +83,44 @@ std::vector<std::string> default_data() {
   return files;
 }
 
+// The offset of the first byte of `bytes` [begin, end) that is not valid UTF-8 (a bad
+// lead byte, a missing or stray continuation byte, an overlong form, a surrogate or a
+// code point past U+10FFFF), or `end` when all of it is.
+size_t first_invalid_utf8(const std::vector<uint8_t>& bytes, size_t begin, size_t end) {
+  size_t i = begin;
+  while (i < end) {
+    const uint8_t c = bytes[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    const size_t n = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
+    if (n == 0 || c >= 0xF5 || c == 0xC0 || c == 0xC1 || i + n > end) return i;
+    uint32_t cp = c & (0xFF >> (n + 1));
+    for (size_t k = 1; k < n; ++k) {
+      if ((bytes[i + k] & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (bytes[i + k] & 0x3F);
+    }
+    const uint32_t least = n == 2 ? 0x80 : n == 3 ? 0x800 : 0x10000;
+    if (cp < least || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+    i += n;
+  }
+  return end;
+}
+
 Text load_text(const std::vector<std::string>& files) {
   TORCH_CHECK(!files.empty(), "train_gpt: no text: pass --data FILE, or install Debian's `fortunes` package");
   std::vector<uint8_t> all;
   for (const auto& f : files) {
+    TORCH_CHECK(!fs::is_directory(f), "train_gpt: --data '", f, "' is a folder; expected UTF-8 text files");
     std::ifstream in(f, std::ios::binary);
     TORCH_CHECK(in, "train_gpt: cannot read --data '", f, "'");
+    const size_t begin = all.size();
     all.insert(all.end(), std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    const size_t bad = first_invalid_utf8(all, begin, all.size());
+    TORCH_CHECK(bad == all.size(), "train_gpt: --data '", f, "': expected UTF-8 text, got the byte ",
+                fmt::format("0x{:02X}", all[std::min(bad, all.size() - 1)]), " at offset ", bad - begin,
+                ", which is not valid UTF-8 (a binary file?)");
   }
   TORCH_CHECK(all.size() > 10000, "train_gpt: expected at least 10000 bytes of text, got ", all.size());
   const size_t cut = all.size() * 9 / 10;
@@ -192,7 +223,8 @@ int main(int argc, char** argv) {
   app.add_option("--data", data, "UTF-8 text file(s) (default: the fortunes of Debian's fortunes package)");
   app.add_option("--steps", steps, "optimizer steps")->check(apps::at_least(1));
   app.add_option("--batch-size", batch_size, "sequences per step and rank")->check(apps::at_least(1));
-  app.add_option("--context", cfg.context_length, "tokens per sequence")->check(apps::at_least(1));
+  app.add_option("--context", cfg.context_length, "tokens per sequence (at least 2: the sample's prompt and a token)")
+      ->check(apps::at_least(2));
   app.add_option("--d-model", cfg.d_model, "model width")->check(apps::at_least(1));
   app.add_option("--layers", cfg.n_layer, "blocks")->check(apps::at_least(1));
   app.add_option("--heads", cfg.n_head, "attention heads")->check(apps::at_least(1));
@@ -282,8 +314,15 @@ int main(int argc, char** argv) {
   }
 
   try {
+    // The default prompt is cut to fit a short --context; one the user gave must fit.
+    if (app.count("--prompt") == 0 && static_cast<int64_t>(prompt.size()) >= cfg.context_length) {
+      prompt.resize(static_cast<size_t>(cfg.context_length - 1));
+    }
     TORCH_CHECK(!prompt.empty() && static_cast<int64_t>(prompt.size()) < cfg.context_length,
-                "train_gpt: expected a --prompt of 1 to ", cfg.context_length - 1, " bytes, got ", prompt.size());
+                "train_gpt: expected a --prompt of 1 to ", cfg.context_length - 1, " bytes (below --context ",
+                cfg.context_length, "), got ", prompt.size());
+    TORCH_CHECK(cfg.d_model % cfg.n_head == 0, "train_gpt: expected --d-model divisible by --heads (", cfg.n_head,
+                "), got --d-model ", cfg.d_model);
     if (threads > 0) at::set_num_threads(threads);
     train_gpt::Distributed ddp(dist);
     const bool lead = ddp.rank() == 0;

@@ -25,6 +25,7 @@
 #include <torchattn/qk_norm.h>
 #include <torchattn/rms_norm.h>
 #include <torchattn/rope.h>
+#include <torchattn/checksum.h>
 #include <torchattn/safetensors.h>
 #include <torchattn/self_attention_v2.h>
 #include <torchattn/torch_mha_interop.h>

@@ -52,4 +52,9 @@ WeightFormat weight_format_from_string(std::string_view name);
 
 std::ostream& operator<<(std::ostream& os, WeightFormat format);
 
+/// An error naming `what` (the option or argument it came through, e.g.
+/// "LoadOptions::weight_format") unless `format` is one of the enum's four values (an
+/// integer cast to WeightFormat is not).
+void check_weight_format(WeightFormat format, std::string_view what);
+
 }  // namespace torchattn

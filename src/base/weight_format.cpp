@@ -31,4 +31,11 @@ WeightFormat weight_format_from_string(std::string_view name) {
 
 std::ostream& operator<<(std::ostream& os, WeightFormat format) { return os << to_string(format); }
 
+void check_weight_format(WeightFormat format, std::string_view what) {
+  const auto v = static_cast<int>(format);
+  TORCH_CHECK(v >= static_cast<int>(WeightFormat::Float32) && v <= static_cast<int>(WeightFormat::DynamicInt8), what,
+              ": expected WeightFormat::Float32, BFloat16, Int8 or DynamicInt8, got the value ", v,
+              " (an integer cast to WeightFormat?)");
+}
+
 }  // namespace torchattn

@@ -40,8 +40,10 @@ void check_frozen_weights(WeightFormat format, const std::map<std::string, at::T
                 ": expected '", name, kFrozenScaleSuffix, "' float32 [", w.size(0), ", ", groups,
                 "] (a scale per group of ", kernels::cpu::kInt8Group, " inputs), got ", s.sizes(), " of ",
                 s.scalar_type());
-    TORCH_CHECK(kernels::cpu::all_finite_nonnegative(s), what, ": expected '", name, kFrozenScaleSuffix,
-                "' finite and >= 0, got a NaN, an infinity or a negative scale (a damaged file?)");
+    const int64_t bad = kernels::cpu::first_unproducible_scale(w, s);
+    TORCH_CHECK(bad < 0, what, ": expected '", name, kFrozenScaleSuffix, "' as int8 quantization makes them (",
+                kernels::cpu::kProducibleScales, "), got ", bad < 0 ? 0.0f : s.reshape(-1)[bad].item<float>(),
+                " at row ", bad / groups, ", group ", bad % groups, " (a damaged file?)");
   }
 }
 

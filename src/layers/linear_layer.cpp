@@ -89,6 +89,7 @@ at::Tensor LinearImpl::forward_fast(const at::Tensor& x) { return run(x, /*fast=
 
 void LinearImpl::set_inference(const PackPolicy& pack, WeightFormat format, Int8Inputs int8_inputs) {
   TORCH_CHECK(pack.min_rows >= 1, "Linear: expected a pack policy's min_rows >= 1, got ", pack.min_rows);
+  check_weight_format(format, "Linear: set_inference");
   // Only what changes is written: modules call this at every forward, which may run on
   // many threads at once with the same settings.
   if (engine_->frozen()) {
@@ -103,6 +104,7 @@ void LinearImpl::set_inference(const PackPolicy& pack, WeightFormat format, Int8
 }
 
 void LinearImpl::freeze(WeightFormat format, Int8Inputs int8_inputs) {
+  check_weight_format(format, "Linear: freeze");
   TORCH_CHECK(format != WeightFormat::Float32,
               "Linear: freeze keeps bfloat16, int8 or dynamic-int8 weights, got float32");
   if (engine_->frozen()) {
@@ -119,6 +121,7 @@ void LinearImpl::freeze(WeightFormat format, Int8Inputs int8_inputs) {
 
 void LinearImpl::bind(WeightFormat format, const at::Tensor& data, const at::Tensor& scale, Int8Inputs int8_inputs,
                       const std::string& name) {
+  check_weight_format(format, "Linear: bind");
   TORCH_CHECK(!engine_->frozen(), "Linear: bind: '", name, "' is already frozen (", to_string(engine_->format()), ")");
   TORCH_CHECK(!bias.defined() || !is_placeholder(bias), "Linear: bind '", name,
               "': load the bias before binding the weights (it is still a placeholder)");

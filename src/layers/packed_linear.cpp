@@ -71,7 +71,9 @@ struct PackedLinear::Packed {
   }
 };
 
-PackedLinear::PackedLinear(WeightFormat format, Int8Inputs int8_inputs) : format_(format), int8_inputs_(int8_inputs) {}
+PackedLinear::PackedLinear(WeightFormat format, Int8Inputs int8_inputs) : format_(format), int8_inputs_(int8_inputs) {
+  check_weight_format(format, "PackedLinear");
+}
 PackedLinear::~PackedLinear() = default;
 
 bool PackedLinear::applies(const at::Tensor& x, at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Tensor> biases) {
@@ -262,8 +264,11 @@ void PackedLinear::freeze_from(at::ArrayRef<at::Tensor> weights, at::ArrayRef<at
                   "PackedLinear: freeze_from expected the scales of weight ", i, " float32 CPU [", w.size(0), ", ",
                   groups, "] (one per group of ", kernels::cpu::kInt8Group, " inputs), got ",
                   s.defined() ? s.sizes() : at::IntArrayRef{}, " of ", s.defined() ? s.scalar_type() : at::kFloat);
-      TORCH_CHECK(kernels::cpu::all_finite_nonnegative(s), "PackedLinear: freeze_from expected the scales of weight ",
-                  i, " finite and >= 0, got a NaN, an infinity or a negative scale");
+      const int64_t bad = kernels::cpu::first_unproducible_scale(w, s);
+      TORCH_CHECK(bad < 0, "PackedLinear: freeze_from expected the scales of weight ", i,
+                  " as int8 quantization makes them (", kernels::cpu::kProducibleScales, "), got ",
+                  bad < 0 ? 0.0f : s.reshape(-1)[bad].item<float>(), " at row ", bad / groups, ", group ",
+                  bad % groups);
       parts_s.push_back(s.contiguous());
     }
     const at::Tensor& b = bias_at(biases, i);

@@ -74,6 +74,7 @@ BertModelImpl::BertModelImpl(const BertConfig& config, bool pack_weights) : conf
 }
 
 void BertModelImpl::freeze_weights(WeightFormat format) {
+  check_weight_format(format, "BertModel: freeze_weights");
   TORCH_CHECK(format != WeightFormat::Float32, "BertModel: freeze_weights keeps bfloat16 or int8 weights, got float32");
   const at::Tensor& w = embeddings->word_embeddings->weight;
   TORCH_CHECK(w.is_cpu() && w.scalar_type() == at::kFloat,

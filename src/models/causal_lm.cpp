@@ -1,6 +1,7 @@
 #include <torchattn/models/causal_lm.h>
 
 
+#include <ATen/ops/aminmax.h>
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
@@ -15,7 +16,9 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -223,7 +226,40 @@ void CausalLMImpl::pack_weights(bool on, int64_t min_rows) {
   output_head()->set_inference({.on = on, .min_rows = 1});
 }
 
+namespace {
+
+void check_frozen_move(const CausalLMImpl& model, const std::optional<torch::Device>& device,
+                       const std::optional<torch::Dtype>& dtype) {
+  const torchattn::WeightFormat format = model.weight_format();
+  if (format == torchattn::WeightFormat::Float32) return;
+  const bool stays = (!device || device->is_cpu()) && (!dtype || *dtype == at::kFloat);
+  std::string asked;
+  if (device) asked += device->str();
+  if (dtype) asked += (asked.empty() ? "" : ", ") + std::string(c10::toString(*dtype));
+  TORCH_CHECK(stays, "CausalLM: to(", asked, "): the model's weights are frozen in ", torchattn::to_string(format),
+              " (freeze_weights), which runs on the CPU with float32 activations; load the model again without "
+              "LoadOptions::weight_format to move it");
+}
+
+}  // namespace
+
+void CausalLMImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  check_frozen_move(*this, device, dtype);
+  torch::nn::Module::to(device, dtype, non_blocking);
+}
+
+void CausalLMImpl::to(torch::Dtype dtype, bool non_blocking) {
+  check_frozen_move(*this, std::nullopt, dtype);
+  torch::nn::Module::to(dtype, non_blocking);
+}
+
+void CausalLMImpl::to(torch::Device device, bool non_blocking) {
+  check_frozen_move(*this, device, std::nullopt);
+  torch::nn::Module::to(device, non_blocking);
+}
+
 void CausalLMImpl::freeze_weights(torchattn::WeightFormat format) {
+  torchattn::check_weight_format(format, "CausalLM: freeze_weights");
   TORCH_CHECK(format != torchattn::WeightFormat::Float32,
               "CausalLM: freeze_weights keeps bfloat16, int8 or dynamic-int8 weights, got float32");
   TORCH_CHECK(weight_format() == torchattn::WeightFormat::Float32 || weight_format() == format,
@@ -386,6 +422,18 @@ at::Tensor CausalLMImpl::forward_packed(const at::Tensor& ids, const at::Tensor&
   return head(norm(x));
 }
 
+namespace {
+
+// cu_seqlens as "[0, 3, 7]" for a message (the first 16 values, then how many more).
+std::string offsets_text(const int64_t* c, int64_t n) {
+  std::string out = "[";
+  for (int64_t i = 0; i < std::min<int64_t>(n, 16); ++i) out += (i ? ", " : "") + std::to_string(c[i]);
+  if (n > 16) out += ", ... (" + std::to_string(n) + " values)";
+  return out + "]";
+}
+
+}  // namespace
+
 at::Tensor packed_next_token_loss(const at::Tensor& logits, const at::Tensor& ids, const at::Tensor& cu_seqlens) {
   TORCH_CHECK(logits.dim() == 2 && ids.dim() == 1 && logits.size(0) == ids.size(0),
               "packed_next_token_loss: expected logits [N, vocab] and ids [N], got ", logits.sizes(), " and ",
@@ -397,15 +445,18 @@ at::Tensor packed_next_token_loss(const at::Tensor& logits, const at::Tensor& id
   const int64_t* c = cu.const_data_ptr<int64_t>();
   const int64_t N = ids.size(0);
   TORCH_CHECK(cu.numel() >= 2 && c[0] == 0 && c[cu.numel() - 1] == N,
-              "packed_next_token_loss: expected cu_seqlens from 0 to the ", N, " tokens, got ", cu_seqlens);
+              "packed_next_token_loss: expected cu_seqlens from 0 to the ", N, " tokens, got ",
+              offsets_text(c, cu.numel()));
   // Rows that predict a token of their own document: all but each document's last.
   std::vector<int64_t> rows;
   rows.reserve(static_cast<size_t>(N));
   for (int64_t s = 0; s + 1 < cu.numel(); ++s) {
-    TORCH_CHECK(c[s + 1] > c[s], "packed_next_token_loss: expected cu_seqlens increasing, got ", cu_seqlens);
+    TORCH_CHECK(c[s + 1] > c[s], "packed_next_token_loss: expected cu_seqlens increasing, got ",
+                offsets_text(c, cu.numel()));
     for (int64_t i = c[s]; i + 1 < c[s + 1]; ++i) rows.push_back(i);
   }
-  TORCH_CHECK(!rows.empty(), "packed_next_token_loss: expected a document of two tokens or more, got ", cu_seqlens);
+  TORCH_CHECK(!rows.empty(), "packed_next_token_loss: expected a document of two tokens or more, got cu_seqlens ",
+              offsets_text(c, cu.numel()));
   const at::Tensor from = at::tensor(rows, at::kLong).to(logits.device());
   // Half-precision logits summed in float32, as transformers' loss upcasts them.
   at::Tensor picked = logits.index_select(0, from);
@@ -414,6 +465,22 @@ at::Tensor packed_next_token_loss(const at::Tensor& logits, const at::Tensor& id
 }
 
 at::Tensor CausalLMImpl::embed(const at::Tensor& ids) {
+  // CPU ids are checked here (a reduction over a few ids), not left to the embedding's
+  // "index out of range in self"; on CUDA that check would wait for the device at every
+  // step.
+  if (ids.is_cpu() && ids.numel() > 0) {
+    const auto [low, high] = at::aminmax(ids);
+    const int64_t lo = low.item<int64_t>(), hi = high.item<int64_t>();
+    if (lo < 0 || hi >= config_.vocab_size) {
+      const int64_t bad = lo < 0 ? lo : hi;
+      const at::Tensor where = ids.eq(bad).nonzero()[0];
+      std::string at_index;
+      for (int64_t d = 0; d < where.numel(); ++d)
+        at_index += (d ? ", " : "") + std::to_string(where[d].item<int64_t>());
+      TORCH_CHECK(false, "CausalLM: expected token ids in [0, ", config_.vocab_size,
+                  ") (the config's vocab_size), got ", bad, " at [", at_index, "] of the ids ", ids.sizes());
+    }
+  }
   at::Tensor x;
   if (!torchattn::is_placeholder(embed_tokens->weight)) {
     x = embed_tokens(ids);

@@ -55,7 +55,7 @@ LanguageModel LanguageModel::from_pretrained(const std::string& folder, const Lo
                 "' holds ", torchattn::to_string(*saved),
                 " weights, which run on the CPU with float32 activations; got LoadOptions device ", options.device(),
                 " and dtype ", options.dtype());
-    model->load_frozen_state(load_safetensors((fs::path(folder) / "model.safetensors").string()), *saved);
+    model->load_frozen_state(load_saved_weights(folder, options.verify_weights()), *saved);
     model->eval();
   } else {
     model->load_hf_weights(folder);

@@ -16,6 +16,7 @@ inline void check_load_options(const LoadOptions& options) {
               "LoadOptions::dtype: expected float32, bfloat16 or float16 (the floating-point type of the weights and "
               "of the computations), got ",
               dtype);
+  torchattn::check_weight_format(options.weight_format(), "LoadOptions::weight_format");
   const c10::Device device = options.device();
   TORCH_CHECK(device.is_cpu() || device.is_cuda(), "LoadOptions::device: expected cpu or cuda, got ", device);
   if (device.is_cuda()) {

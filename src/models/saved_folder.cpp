@@ -1,5 +1,6 @@
 #include <torchattn/models/saved_folder.h>
 
+#include <torchattn/checksum.h>
 #include <torchattn/safetensors.h>
 
 #include "json_file.h"
@@ -30,13 +31,53 @@ std::optional<torchattn::WeightFormat> saved_weight_format(const std::string& fo
   return f;
 }
 
-torchattn::WeightFormat load_folder_weights(CausalLM& model, const std::string& folder,
-                                            torchattn::WeightFormat format) {
+NamedTensors load_saved_weights(const std::string& folder, bool verify) {
+  namespace fs = std::filesystem;
+  const std::string weights_path = (fs::path(folder) / "model.safetensors").string();
+  NamedTensors tensors = load_safetensors(weights_path);
+  if (!verify) return tensors;
+  const std::string note_path = (fs::path(folder) / kSavedWeightsFile).string();
+  const nlohmann::json note = detail::read_json_file(note_path, "LanguageModel::from_pretrained");
+  const auto recorded = note.find("checksums");
+  if (recorded == note.end()) return tensors;  // written before checksums were recorded
+  const std::string where = "LanguageModel::from_pretrained: '" + note_path + "'";
+  const auto algorithm = recorded->is_object() ? recorded->find("algorithm") : recorded->end();
+  const auto listed = recorded->is_object() ? recorded->find("tensors") : recorded->end();
+  TORCH_CHECK(algorithm != recorded->end() && *algorithm == "xxh64" && listed != recorded->end() && listed->is_object(),
+              where, ": expected \"checksums\": {\"algorithm\": \"xxh64\", \"tensors\": {name: hex, ...}}, got ",
+              recorded->dump().substr(0, 200));
+  const nlohmann::json& sums = *listed;
+  std::vector<at::Tensor> values;
+  for (const auto& [name, t] : tensors) {
+    TORCH_CHECK(sums.contains(name), where, " records no checksum for '", name, "' of '", weights_path,
+                "': the weights are not the ones save_pretrained wrote there");
+    values.push_back(t);
+  }
+  TORCH_CHECK(sums.size() == tensors.size(), where, " records ", sums.size(), " checksums, '", weights_path, "' holds ",
+              tensors.size(), " tensors: the weights are not the ones save_pretrained wrote there");
+  const std::vector<uint64_t> got = tensor_xxh64(values);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::string& name = tensors[i].first;
+    const nlohmann::json& want = *sums.find(name);
+    std::string what = where;
+    what.append("'s checksum of '").append(name).append("'");
+    const uint64_t expected = checksum_from_hex(want.is_string() ? want.get<std::string>() : want.dump(), what);
+    TORCH_CHECK(got[i] == expected, "LanguageModel::from_pretrained: tensor '", name, "' of '", weights_path,
+                "' does not match its checksum in ", kSavedWeightsFile, " (xxh64 ", checksum_hex(expected),
+                ", the file's ", checksum_hex(got[i]),
+                "): the file was damaged or changed after save_pretrained wrote it. Save the folder again; "
+                "LoadOptions::verify_weights(false) (--no-verify-weights) loads it unchecked");
+  }
+  return tensors;
+}
+
+torchattn::WeightFormat load_folder_weights(CausalLM& model, const std::string& folder, torchattn::WeightFormat format,
+                                            bool verify) {
   if (const auto saved = saved_weight_format(folder)) {
     TORCH_CHECK(format == torchattn::WeightFormat::Float32 || format == *saved, "'", folder, "' holds ",
                 torchattn::to_string(*saved), " weights (", kSavedWeightsFile, "), asked for ",
                 torchattn::to_string(format));
-    model->load_frozen_state(load_safetensors((std::filesystem::path(folder) / "model.safetensors").string()), *saved);
+    model->load_frozen_state(load_saved_weights(folder, verify), *saved);
     return *saved;
   }
   model->load_hf_weights(folder);
@@ -45,11 +86,11 @@ torchattn::WeightFormat load_folder_weights(CausalLM& model, const std::string& 
 }
 
 CausalLM load_causal_lm(const DecoderConfig& config, int64_t context_length, const std::string& folder,
-                        torchattn::WeightFormat format) {
+                        torchattn::WeightFormat format, bool verify) {
   const auto saved = saved_weight_format(folder);
   CausalLM model = saved ? CausalLM(config, context_length, *saved)
                          : CausalLM(config, context_length, Init::ForLoading);
-  load_folder_weights(model, folder, format);
+  load_folder_weights(model, folder, format, verify);
   return model;
 }
 
@@ -71,10 +112,19 @@ void save_frozen_folder(const CausalLM& model, const std::string& source, const 
     const fs::path from = fs::path(source) / name;
     if (fs::exists(from)) fs::copy_file(from, fs::path(folder) / name, fs::copy_options::overwrite_existing);
   }
-  save_safetensors((fs::path(folder) / "model.safetensors").string(), model->frozen_state(),
+  const NamedTensors state = model->frozen_state();
+  save_safetensors((fs::path(folder) / "model.safetensors").string(), state,
                    {{"format", "pt"}, {"torchattn.weight_format", std::string(torchattn::to_string(format))}});
   nlohmann::json note{{"weight_format", std::string(torchattn::to_string(format))},
                       {"tensor_names", "torchattn CausalLM parameters (CausalLMImpl::frozen_state)"}};
+  // One checksum per tensor, of the bytes as the file holds them: loading finds a
+  // damaged or changed file (load_saved_weights).
+  std::vector<at::Tensor> values;
+  for (const auto& [name, t] : state) values.push_back(t.cpu());
+  const std::vector<uint64_t> sums = tensor_xxh64(values);
+  nlohmann::json by_name = nlohmann::json::object();
+  for (size_t i = 0; i < state.size(); ++i) by_name[state[i].first] = checksum_hex(sums[i]);
+  note["checksums"] = {{"algorithm", "xxh64"}, {"tensors", std::move(by_name)}};
   if (format == torchattn::WeightFormat::Int8) note["int8_group"] = kInt8GroupSize;
   const std::string path = (fs::path(folder) / kSavedWeightsFile).string();
   std::ofstream out(path);

@@ -46,6 +46,7 @@ void MultiHeadAttentionImpl::reset() {
               ": expected num_kv_heads >= 1 dividing num_heads=", options.num_heads(),
               ", got num_kv_heads=", num_kv_heads());
   detail::check_positive(kMultiHeadAttention, "pack_min_rows", options.pack_min_rows());
+  check_weight_format(options.weight_format(), "MultiHeadAttention: weight_format");
   detail::check_dropout(kMultiHeadAttention, options.dropout());
   detail::check_scale(kMultiHeadAttention, options.scale());
   detail::check_window(kMultiHeadAttention, options.window(), options.causal());

@@ -119,13 +119,19 @@ TEST(LinearLayer, BindKeepsTheGivenWeightsAndFreezeQuantizesItsOwn) {
 TEST(LinearLayer, BindRefusesWhatItCannotKeepAndChangesNothing) {
   Linear l(LinearOptions(64, 8).bias(false));
   const auto w = l->weight.detach().clone();
+  const auto cast = static_cast<WeightFormat>(-1);
+  expect_error([&] { l->freeze(cast); }, "Linear: freeze: expected WeightFormat::Float32, BFloat16, Int8 or "
+                                         "DynamicInt8, got the value -1 (an integer cast to WeightFormat?)");
+  expect_error([&] { l->set_inference({.on = true}, cast); }, "Linear: set_inference: expected WeightFormat::");
+  expect_error([&] { torchattn::PackedLinear engine(static_cast<WeightFormat>(4)); },
+               "PackedLinear: expected WeightFormat::");
   auto [q, scale] = kc::quantize_int8_groups(w);
   expect_error([&] { l->bind(WeightFormat::Int8, q.to(torch::kFloat), scale, Int8Inputs::Float, "layers.3.up"); },
                "expected the frozen 'layers.3.up' int8, got Float");
   expect_error([&] { l->bind(WeightFormat::Int8, q.narrow(0, 0, 4), scale, Int8Inputs::Float, "up"); },
                "expected the frozen 'up' [8, 64] (the model's shape), got [4, 64]");
   expect_error([&] { l->bind(WeightFormat::Int8, q, -scale - 1, Int8Inputs::Float, "up"); },
-               "expected 'up_scale' finite and >= 0");
+               "expected 'up_scale' as int8 quantization makes them (finite, in [0, 2.68e36]");
   EXPECT_FALSE(l->frozen());
   EXPECT_TRUE(torch::equal(l->weight, w)) << "a refused bind changed the weights";
   Linear unloaded(LinearOptions(64, 8).init(false));

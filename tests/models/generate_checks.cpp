@@ -572,6 +572,9 @@ TEST(GenerateFolders, LoadOptionsAreCheckedWithTheirNames) {
   EXPECT_HAS(load(LoadOptions().dtype(torch::kInt)),
              "LoadOptions::dtype: expected float32, bfloat16 or float16 (the floating-point type of the weights and of "
              "the computations), got Int");
+  EXPECT_HAS(load(LoadOptions().weight_format(static_cast<torchattn::WeightFormat>(7))),
+             "LoadOptions::weight_format: expected WeightFormat::Float32, BFloat16, Int8 or DynamicInt8, got the value "
+             "7 (an integer cast to WeightFormat?)");
   EXPECT_HAS(load(LoadOptions().context_length(-1)),
              "LoadOptions::context_length: expected at least 1 token (or unset, for the config's "
              "max_position_embeddings), got -1");

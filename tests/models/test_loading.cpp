@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -199,6 +200,95 @@ TEST(Loading, AFileChangedInPlaceReachesTheModelAndOneTruncatedKillsItWithSigbus
       },
       ::testing::KilledBySignal(SIGBUS), "");
   std::filesystem::remove(path);
+}
+
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_text(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+}
+
+// A saved folder (save_frozen_folder) records an xxh64 checksum of each tensor: a byte
+// changed in any tensor's data is an error naming that tensor, unless the check is
+// skipped; a note from before checksums loads unchecked; a note that names other
+// tensors is an error.
+TEST(Loading, ASavedFolderFindsADamagedTensorByItsChecksum) {
+  namespace fs = std::filesystem;
+  torch::manual_seed(95);
+  models::CausalLM source(small_config(false), 64);
+  source->eval();
+  source->freeze_weights(WeightFormat::Int8);
+  const fs::path empty = temp_path("checksum_source"), dir = temp_path("checksum_int8");
+  fs::remove_all(empty);
+  fs::remove_all(dir);
+  fs::create_directories(empty);
+  models::save_frozen_folder(source, empty.string(), dir.string());
+  const std::string note = read_text(dir / models::kSavedWeightsFile);
+  EXPECT_NE(note.find("\"algorithm\": \"xxh64\""), std::string::npos) << note;
+  const auto ids = torch::randint(0, 96, {1, 9}, torch::kLong);
+  auto load = [&](bool verify) {
+    return models::load_causal_lm(small_config(false), 64, dir.string(), WeightFormat::Int8, verify);
+  };
+  {
+    models::CausalLM loaded = load(true);
+    loaded->eval();
+    EXPECT_TRUE(torch::equal(logits_of(loaded, ids), logits_of(source, ids)));
+  }
+  const std::string weights = (dir / "model.safetensors").string();
+  const std::string pristine = read_text(weights);
+  // One bit flipped in the middle of each tensor in turn (the file rewritten, not the
+  // mapped one changed under a model).
+  std::vector<std::pair<std::string, size_t>> middles;  // each tensor's middle byte in the file
+  {
+    const auto tensors = torchattn::load_safetensors(weights);
+    const auto ranges = mappings_of(weights);
+    ASSERT_FALSE(ranges.empty());
+    for (const auto& [name, t] : tensors) {
+      middles.emplace_back(name,
+                           reinterpret_cast<uintptr_t>(t.const_data_ptr()) - ranges.front().first + t.nbytes() / 2);
+    }
+  }
+  int64_t damaged = 0;
+  for (const auto& [name, offset] : middles) {
+    std::string bytes = pristine;
+    bytes[offset] = static_cast<char>(bytes[offset] ^ 0x10);
+    write_text(weights + ".damaged", bytes);
+    fs::rename(weights + ".damaged", weights);
+    const std::string error = error_of([&] { load(true); });
+    EXPECT_HAS(error, "LanguageModel::from_pretrained: tensor '" + name + "' of '" + weights +
+                          "' does not match its checksum in torchattn_weights.json (xxh64 ");
+    EXPECT_HAS(error, "): the file was damaged or changed after save_pretrained wrote it. Save the folder again; "
+                      "LoadOptions::verify_weights(false) (--no-verify-weights) loads it unchecked");
+    if (name == "layers.0.up_proj.weight") {
+      EXPECT_EQ(error_of([&] { load(false); }), "(no error)") << "unchecked, a changed int8 weight loads";
+    }
+    ++damaged;
+  }
+  EXPECT_EQ(damaged, static_cast<int64_t>(source->frozen_state().size()));
+  EXPECT_GE(damaged, 2 * 7 * 2) << "each layer's 7 weights and their scales, at least";
+  write_text(weights, pristine);
+  // A note from before checksums: loads unchecked.
+  write_text(dir / models::kSavedWeightsFile, R"({"weight_format": "int8", "int8_group": 64})");
+  EXPECT_EQ(error_of([&] { load(true); }), "(no error)");
+  // A note that names another tensor, or another algorithm.
+  std::string other = note;
+  other.replace(other.find("\"norm.weight\""), 13, "\"norm.weihgt\"");
+  write_text(dir / models::kSavedWeightsFile, other);
+  EXPECT_HAS(error_of([&] { load(true); }), "torchattn_weights.json' records no checksum for 'norm.weight' of '" +
+                                                weights +
+                                                "': the weights are not the ones save_pretrained wrote there");
+  other = note;
+  other.replace(other.find("xxh64"), 5, "crc32");
+  write_text(dir / models::kSavedWeightsFile, other);
+  EXPECT_HAS(error_of([&] { load(true); }),
+             "torchattn_weights.json': expected \"checksums\": {\"algorithm\": \"xxh64\", \"tensors\": {name: hex, "
+             "...}}, got {\"algorithm\":\"crc32\"");
+  EXPECT_EQ(error_of([&] { load(false); }), "(no error)") << "unchecked, the note's checksums are not read";
+  fs::remove_all(dir);
+  fs::remove_all(empty);
 }
 
 }  // namespace

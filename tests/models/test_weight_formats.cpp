@@ -179,10 +179,28 @@ TEST(FrozenDecoder, ABadFrozenStateIsAnErrorNamingTheTensor) {
   };
   auto nan_scale = get(scale).clone();
   nan_scale[3][1] = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_HAS(load(with(scale, nan_scale)), "CausalLM: expected '" + scale +
-                                               "' finite and >= 0, got a NaN, an infinity or a negative scale "
-                                               "(a damaged file?)");
-  EXPECT_HAS(load(with(scale, -get(scale))), "finite and >= 0, got a NaN, an infinity or a negative scale");
+  EXPECT_HAS(load(with(scale, nan_scale)),
+             "CausalLM: expected '" + scale +
+                 "' as int8 quantization makes them (finite, in [0, 2.68e36] (the largest float32 / 127), and 0 "
+                 "only over a group of zero weights), got nan at row 3, group 1 (a damaged file?)");
+  EXPECT_HAS(load(with(scale, -get(scale))), "got -");
+  EXPECT_HAS(load(with(scale, -get(scale))), " at row 0, group 0 (a damaged file?)");
+  // Finite but out of quantization's reach: past the largest float32 / 127, or 0 over
+  // weights that are not all 0.
+  auto huge_scale = get(scale).clone();
+  huge_scale[5][2] = 1e37f;
+  EXPECT_HAS(load(with(scale, huge_scale)), "got 1e+37 at row 5, group 2 (a damaged file?)");
+  auto zero_scale = get(scale).clone();
+  zero_scale[7][0] = 0.0f;
+  EXPECT_HAS(load(with(scale, zero_scale)), "got 0 at row 7, group 0 (a damaged file?)");
+  // A zero scale over a group of zeros is what quantization makes of zero weights.
+  auto zero_group = get("layers.1.down_proj.weight").clone();
+  zero_group[7].narrow(0, 0, 64).zero_();
+  auto both = with("layers.1.down_proj.weight", zero_group);
+  for (auto& [n, v] : both) {
+    if (n == scale) v = zero_scale;
+  }
+  EXPECT_EQ(error_of([&] { small_model(false)->load_frozen_state(both, WeightFormat::Int8); }), "(no error)");
   EXPECT_HAS(load(with(scale, get(scale).narrow(1, 0, 2))),
              "CausalLM: expected '" + scale +
                  "' float32 [48, 3] (a scale per group of 64 inputs), got [48, 2] of Float");
@@ -224,6 +242,22 @@ TEST(FrozenDecoder, RefusesWhatNeedsTheFloatWeights) {
                "CausalLM: freeze_weights: the weights are already int8, asked for bfloat16");
   expect_error([&] { model->load_hf_weights("model.safetensors"); },
                "CausalLM: load_hf_weights needs float32 weights to load into; freeze_weights (int8) freed them");
+  expect_error(
+      [&] { model->freeze_weights(static_cast<WeightFormat>(5)); },
+      "CausalLM: freeze_weights: expected WeightFormat::Float32, BFloat16, Int8 or DynamicInt8, got the value 5");
+  // A frozen model stays on the CPU in float32: a move elsewhere changes nothing.
+  {
+    torch::NoGradGuard no_grad;
+    const auto ids = torch::tensor({{1, 2, 3}}, torch::kLong);
+    const auto before = model->forward(ids);
+    expect_error([&] { model->to(torch::kDouble); },
+                 "CausalLM: to(Double): the model's weights are frozen in int8 (freeze_weights), which runs on the CPU "
+                 "with float32 activations; load the model again without LoadOptions::weight_format to move it");
+    expect_error([&] { model->to(torch::Device("cuda:0")); }, "CausalLM: to(cuda:0): the model's weights are frozen");
+    expect_error([&] { model->to(torch::kCPU, torch::kHalf); }, "CausalLM: to(cpu, Half): the model's");
+    model->to(torch::kCPU, torch::kFloat);  // where it is: fine
+    EXPECT_TRUE(torch::equal(model->forward(ids), before)) << "a refused move changed the model";
+  }
   // Training: the embeddings need a gradient, the frozen layers refuse it.
   expect_error([&] { model->forward(torch::tensor({{1, 2, 3}}, torch::kLong)); },
                "the layer keeps only its int8 weights, for inference: no gradient flows through them");

@@ -255,6 +255,22 @@ def dynamic_int8_linear(weight, bias, x):
     return y, torch.tensor([scale], dtype=torch.float64)
 
 
+def checksum_cases(w):
+    """XXH64 (torchattn::xxh64) as the xxhash package computes it, over byte strings of
+    every length class the specification treats apart (under 4, 4-7, 8-31 bytes, whole
+    and partial 32-byte stripes), with three seeds."""
+    import xxhash
+
+    g = torch.Generator().manual_seed(34)
+    for n in (0, 1, 3, 4, 7, 8, 9, 12, 31, 32, 33, 63, 64, 100, 1000, 4099):
+        data = torch.randint(0, 256, (n,), generator=g, dtype=torch.int64)
+        raw = bytes(data.to(torch.uint8).tolist())
+        params = {"length": n}
+        for seed in (0, 1, 2**64 - 1):
+            params[f"xxh64_seed{seed}"] = xxhash.xxh64(raw, seed=seed).hexdigest()
+        w.case(f"xxh64_{n}", params, {"bytes": data})
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=OUT)
@@ -270,7 +286,10 @@ def main():
     w = Writer(os.path.join(args.out, "weights.txt"), "PyTorch's rounding and quantize_per_channel")
     weight_format_cases(w)
     w.close()
-    print(f"wrote {args.out}/notebooks.txt, modules.txt and weights.txt with torch {torch.__version__}")
+    w = Writer(os.path.join(args.out, "checksums.txt"), "the xxhash package")
+    checksum_cases(w)
+    w.close()
+    print(f"wrote {args.out}/notebooks.txt, modules.txt, weights.txt and checksums.txt with torch {torch.__version__}")
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ TEST(ServeApi, ParsesRequestsWithTheApisDefaults) {
   const auto c = parse({{"model", "m"},
                         {"prompt", json::array({"once"})},
                         {"max_completion_tokens", 5},
-                        {"max_tokens", 9},
+                        {"max_tokens", 5},
                         {"temperature", 0},
                         {"top_p", 0.5},
                         {"top_k", 7},
@@ -68,10 +68,13 @@ TEST(ServeApi, ParsesRequestsWithTheApisDefaults) {
                         {"ignore_eos", true}},
                        false);
   EXPECT_EQ(c.prompt, "once");
-  EXPECT_EQ(*c.max_tokens, 5);  // max_completion_tokens wins
+  EXPECT_EQ(*c.max_tokens, 5);  // both given, equal
   EXPECT_EQ(c.max_tokens_field, "max_completion_tokens");
   EXPECT_EQ(c.top_k, 7);
   EXPECT_EQ(*c.seed, 3u);
+  // A negative seed is one of OpenAI's: its 64 bits seed the sampler (docs/serving.md).
+  const auto negative = parse({{"model", "m"}, {"messages", msgs}, {"seed", -1}});
+  EXPECT_EQ(*negative.seed, ~uint64_t{0});
   EXPECT_TRUE(c.stream && c.include_usage && c.return_token_ids && c.ignore_eos);
   EXPECT_EQ(c.stop, (std::vector<std::string>{"END"}));
 }
@@ -96,7 +99,19 @@ TEST(ServeApi, EveryBadFieldIsAnErrorNamingIt) {
   expect_bad("{" + m + R"(, "temperature": "hot"})", true, 400, "'temperature' must be a number, got a string");
   expect_bad("{" + m + R"(, "top_p": 0})", true, 400, "'top_p' must be in (0.0, 1.0], got 0");
   expect_bad("{" + m + R"(, "top_k": -1})", true, 400, "'top_k' must be in [0");
-  expect_bad("{" + m + R"(, "seed": "x"})", true, 400, "'seed' must be an integer, got a string");
+  expect_bad("{" + m + R"(, "seed": "x"})", true, 400,
+             "'seed' must be an integer in [-9223372036854775808, "
+             "9223372036854775807] (64 bits), got a string");
+  // Past 64 bits, unsigned past the signed range, or a JSON number too large for an integer.
+  expect_bad("{" + m + R"(, "seed": 18446744073709551615})", true, 400,
+             "'seed' must be an integer in [-9223372036854775808, 9223372036854775807] (64 bits), got "
+             "18446744073709551615");
+  expect_bad(
+      "{" + m + R"(, "seed": 123456789012345678901234567890})", true, 400,
+      "'seed' must be an integer in [-9223372036854775808, 9223372036854775807] (64 bits), got 1.2345678901234568e+29");
+  expect_bad("{" + m + R"(, "max_tokens": 9, "max_completion_tokens": 5})", true, 400,
+             "'max_tokens' and 'max_completion_tokens' are the same limit ('max_tokens' its older name): give one, "
+             "got 9 and 5");
   expect_bad("{" + m + R"(, "n": 3})", true, 400, "'n' must be 1");
   expect_bad("{" + m + R"(, "stream": "yes"})", true, 400, "'stream' must be a boolean, got a string");
   expect_bad("{" + m + R"(, "stream_options": {"include_usage": true}})", true, 400, "only allowed with stream: true");

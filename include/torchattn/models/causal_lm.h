@@ -124,10 +124,16 @@ class CausalLMImpl : public torch::nn::Module {
   /// loads the float32 parameters and keeps the frozen copies as they come, nothing
   /// rounded again (a float32 model on the CPU, as built, not yet frozen). Strict and
   /// checked before anything changes: a missing, extra, misshapen or mistyped tensor,
-  /// or a scale that is not finite and >= 0, is an error naming it.
+  /// or a scale that int8 quantization cannot make, is an error naming it.
   /// Each layer's tensors are let go as soon as it is frozen (a file's mapped pages
   /// then go back: peak memory of about one copy of the weights).
   void load_frozen_state(torchattn::NamedTensors tensors, torchattn::WeightFormat format);
+  /// torch::nn::Module's moves; a frozen model (weight_format() not Float32) stays on
+  /// the CPU in float32, its formats' only home: a move elsewhere is an error that
+  /// changes nothing (it used to be taken, and the next call failed inside a kernel).
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override;
   /// Bytes the weights take: the parameters' own memory (freed ones: none) and the
   /// frozen copies of freeze_weights.
   int64_t weight_bytes() const;

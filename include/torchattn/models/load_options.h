@@ -41,6 +41,12 @@ struct LoadOptions {
   /// inference then: needs the CPU and dtype float32 (the activations' type).
   /// Default: Float32.
   TORCH_ARG(torchattn::WeightFormat, weight_format) = torchattn::WeightFormat::Float32;
+  /// A folder that save_pretrained wrote: check each tensor against the checksum
+  /// recorded beside it (torchattn_weights.json), so that a damaged or changed file is
+  /// an error naming the tensor, not a model that generates garbage. It reads every
+  /// byte of the weights once at load (docs/models.md gives the cost); false skips it.
+  /// Other folders have no checksums. Default: true.
+  TORCH_ARG(bool, verify_weights) = true;
 };
 
 }  // namespace torchattn::models

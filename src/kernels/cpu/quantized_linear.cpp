@@ -417,19 +417,41 @@ std::pair<at::Tensor, at::Tensor> quantize_int8_groups(const at::Tensor& weight_
   return {q, scale};
 }
 
-bool all_finite_nonnegative(const at::Tensor& t_in) {
-  TORCH_CHECK(t_in.scalar_type() == at::kFloat && t_in.is_cpu(), "all_finite_nonnegative: expected a float32 CPU ",
-              "tensor, got ", t_in.scalar_type(), " on ", t_in.device());
-  const at::Tensor t = t_in.contiguous();
-  const float* p = t.const_data_ptr<float>();
-  std::atomic<bool> ok{true};
-  at::parallel_for(0, t.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
-    bool good = true;
-    // NaN fails the first comparison, +inf the second; no early exit: one stream.
-    for (int64_t i = begin; i < end; ++i) good &= p[i] >= 0.0f && p[i] <= std::numeric_limits<float>::max();
-    if (!good) ok.store(false, std::memory_order_relaxed);
+int64_t first_unproducible_scale(const at::Tensor& data_in, const at::Tensor& scale_in) {
+  TORCH_CHECK(data_in.scalar_type() == at::kChar && data_in.is_cpu() && data_in.dim() == 2 &&
+                  scale_in.scalar_type() == at::kFloat && scale_in.is_cpu() && scale_in.dim() == 2 &&
+                  scale_in.size(0) == data_in.size(0) && scale_in.size(1) == int8_groups(data_in.size(1)),
+              "first_unproducible_scale: expected int8 [out, in] and float32 [out, groups] CPU tensors, got ",
+              data_in.sizes(), " ", data_in.scalar_type(), " and ", scale_in.sizes(), " ", scale_in.scalar_type());
+  const at::Tensor data = data_in.contiguous(), scale = scale_in.contiguous();
+  const int64_t out = data.size(0), in = data.size(1), groups = scale.size(1);
+  const int8_t* q = data.const_data_ptr<int8_t>();
+  const float* s = scale.const_data_ptr<float>();
+  // The largest scale quantize_int8_groups makes: the largest float32 over 127.
+  const float largest = std::numeric_limits<float>::max() / 127.0f;
+  const int64_t none = out * groups;
+  std::atomic<int64_t> first_bad{none};
+  at::parallel_for(0, out, std::max<int64_t>(1, 65536 / std::max<int64_t>(groups, 1)), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end && r * groups < first_bad.load(std::memory_order_relaxed); ++r) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const float v = s[r * groups + g];
+        // NaN fails both comparisons; a zero scale only over a group of zeros (the
+        // weights' scan is paid only there).
+        bool good = v >= 0.0f && v <= largest;
+        if (good && v == 0.0f) {
+          const int64_t lo = g * kInt8Group, hi = std::min(in, lo + kInt8Group);
+          for (int64_t i = lo; i < hi; ++i) good &= q[r * in + i] == 0;
+        }
+        if (!good) {
+          int64_t seen = first_bad.load();
+          const int64_t at = r * groups + g;
+          while (at < seen && !first_bad.compare_exchange_weak(seen, at)) {}
+          break;
+        }
+      }
+    }
   });
-  return ok.load();
+  return first_bad.load() == none ? -1 : first_bad.load();
 }
 
 bool quantized_linear_applies(const at::Tensor& x, const at::Tensor& data, const at::Tensor& scale,

@@ -86,9 +86,15 @@ bool quantized_linear_applies(const at::Tensor& x, at::ArrayRef<QuantizedWeight>
 at::Tensor quantized_linear(const at::Tensor& x, at::ArrayRef<QuantizedWeight> parts,
                             Int8Products products = Int8Products::Auto);
 
-/// Whether every value of a float32 CPU tensor is finite and >= 0 (int8 scales as a
-/// file holds them): one pass over the intra-op threads, no temporaries.
-bool all_finite_nonnegative(const at::Tensor& t);
+/// data: int8 [out, in], scale: float32 [out, int8_groups(in)] (CPU), as a file holds
+/// them -> the flat index (row * groups + group) of the first scale that
+/// quantize_int8_groups cannot make, or -1 when there is none. It makes scales that are
+/// finite, in [0, the largest float32 / 127], and 0 only over a group whose int8 values
+/// are all 0. One pass over the scales (and over the values of zero-scale groups).
+int64_t first_unproducible_scale(const at::Tensor& data, const at::Tensor& scale);
+/// Those scales in words, for errors.
+inline constexpr const char* kProducibleScales =
+    "finite, in [0, 2.68e36] (the largest float32 / 127), and 0 only over a group of zero weights";
 
 /// The rows `ids` (int64, any shape [...]) of data [out, in] as float32 [..., in],
 /// dequantized: an embedding table stored like a linear layer's weight. An id outside
