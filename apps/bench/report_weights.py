@@ -7,10 +7,11 @@ perplexity each format gives (check_perplexity.py --json), and the issue's targe
 
 With --serve FILE (bench_serve.py --server-args "--dtype int8"), torchattn_serve's 16
 clients in int8 against transformers' batch-16 generate (float32) from that run; with
---divergence FILE (greedy_divergence.py), where greedy tokens first differ from float32's.
+--serve-formats FILE (bench_serve_formats.py), the int8 server against our float32 server in
+interleaved rounds; with --divergence FILE (greedy_divergence.py), where greedy tokens first differ from float32's.
 
 Usage: report_weights.py --ours D:T:FILE ... --ct2 D:T:FILE ... [--llama D:T:FILE ...] --ppl FILE
-       [--serve FILE] [--divergence FILE] [--out DIR]
+       [--serve FILE] [--serve-formats FILE] [--divergence FILE] [--out DIR]
 """
 
 import argparse
@@ -85,6 +86,7 @@ def main():
     ap.add_argument("--llama", nargs="+", default=[], help="bench_llama_cpp.py's JSON files as TYPE:THREADS:FILE")
     ap.add_argument("--ppl", required=True)
     ap.add_argument("--serve", help="bench_serve.py's JSON of an int8 server")
+    ap.add_argument("--serve-formats", help="bench_serve_formats.py's JSON: int8 and float32 servers in rounds")
     ap.add_argument("--divergence", help="greedy_divergence.py's JSON")
     ap.add_argument("--out", default="apps/bench/results")
     a = ap.parse_args()
@@ -206,6 +208,26 @@ def main():
         after_rss = next(i for i, c in enumerate(checks) if c[0].startswith("(not a target) int8 RSS"))
         checks.insert(after_rss, ("torchattn_serve int8, 16 clients >= 2x transformers' batch-16 generate (float32)",
                           runs[16]["tokens_per_s"] / hf[16]["tokens_per_s"], ">=", 2.0))
+    if a.serve_formats:
+        j = json.load(open(a.serve_formats))
+        by = {(r["round"], r["dtype"]): r for r in j["runs"]}
+        md += ["", "## The int8 server against our float32 server", "",
+               f"`apps/serve/bench_serve_formats.py`: {j['clients']} clients, each streaming two chat completions "
+               f"of {j['new_tokens']} tokens back to back, against `torchattn_serve --dtype float32` and then "
+               f"`--dtype int8`, {j['rounds']} interleaved rounds, {j['threads']} server threads and the clients on "
+               "the same cores. A step is one forward of the engine over every running request's rows (decoding "
+               "rows and prompt chunks together); its time is the run's wall time over its steps.", "",
+               "| round | float32 tokens/s | float32 steps, ms a step | int8 tokens/s | int8 steps, ms a step | "
+               "int8 / float32 |", "|---|---|---|---|---|---|"]
+        ratios = []
+        for r in range(1, j["rounds"] + 1):
+            f, q = by[(r, "float32")], by[(r, "int8")]
+            ratios.append(q["tokens_per_s"] / f["tokens_per_s"])
+            md.append(f"| {r} | {f['tokens_per_s']:.1f} | {f['steps']}, {f['step_ms']:.1f} | {q['tokens_per_s']:.1f} | "
+                      f"{q['steps']}, {q['step_ms']:.1f} | {ratios[-1]:.2f}x |")
+        checks.insert(next((i + 1 for i, c in enumerate(checks) if c[0].startswith("torchattn_serve int8")), len(checks)),
+                      ("torchattn_serve int8, 16 clients >= our float32 server (median of the rounds' ratios)",
+                       statistics.median(ratios), ">=", 1.0))
     if a.divergence:
         div = json.load(open(a.divergence))
         rows = div["prompts"]
@@ -227,7 +249,9 @@ def main():
     for name, val, op, lim in checks:
         ok = val >= lim if op == ">=" else val <= lim
         md.append(f"| {name} | {val:.4g} | {'yes' if ok else '**no**'} |")
-    missing = ([] if a.serve else ["`torchattn_serve` in int8 (no --serve)"]) + ([] if llama else ["llama.cpp (no --llama)"])
+    missing = (([] if a.serve else ["`torchattn_serve` in int8 (no --serve)"])
+               + ([] if a.serve_formats else ["the int8 server against the float32 server (no --serve-formats)"])
+               + ([] if llama else ["llama.cpp (no --llama)"]))
     if missing:
         md += ["", "Not measured here: " + ", ".join(missing) + "."]
     os.makedirs(a.out, exist_ok=True)

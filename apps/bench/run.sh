@@ -131,10 +131,14 @@ case "$device" in
       [ "$quick" = 1 ] && pyargs=(--quick)
       .venv/bin/python apps/serve/bench_serve.py --server ./build/apps/serve/torchattn_serve --model "$smollm2" \
         --threads 2 --server-args "--dtype int8" --json "$out/serve-int8.json" ${pyargs[@]+"${pyargs[@]}"}
+      # The int8 server against our float32 server, in interleaved rounds.
+      .venv/bin/python apps/serve/bench_serve_formats.py --server ./build/apps/serve/torchattn_serve \
+        --model "$smollm2" --threads 2 --json "$out/serve-formats.json" ${pyargs[@]+"${pyargs[@]}"}
       .venv/bin/python apps/bench/greedy_divergence.py --cli ./build/apps/generate/torchattn_generate \
         --model "$smollm2" --json "$out/divergence.json"
       .venv/bin/python apps/bench/report_weights.py --ours "${ours[@]}" --ct2 "${ct2[@]}" --llama "${llama[@]}" \
-        --ppl "$out/perplexity.json" --serve "$out/serve-int8.json" --divergence "$out/divergence.json" \
+        --ppl "$out/perplexity.json" --serve "$out/serve-int8.json" \
+        --serve-formats "$out/serve-formats.json" --divergence "$out/divergence.json" \
         --out "$docs" >/dev/null
       echo "bench: wrote $docs/weights.md"
     }
