@@ -98,6 +98,13 @@ struct Recompute : torch::CustomClassHolder {
   std::vector<at::Tensor> params;
   RngStates rng;
   AutocastState autocast;
+  // Each output of the forward, which the recomputation must give again.
+  struct Output {
+    at::ScalarType dtype;
+    at::Device device;
+    std::vector<int64_t> sizes;
+  };
+  std::vector<Output> outputs;
 };
 
 std::vector<at::Tensor> run_checked(const CheckpointFunction& fn, const std::vector<at::Tensor>& inputs) {
@@ -133,6 +140,7 @@ struct CheckpointNode : public torch::autograd::Function<CheckpointNode> {
         }
       }
     }
+    for (const at::Tensor& o : outputs) r->outputs.push_back({o.scalar_type(), o.device(), o.sizes().vec()});
     ctx->save_for_backward(inputs.vec());
     ctx->saved_data["recompute"] = c10::IValue::make_capsule(std::move(r));
     return outputs;
@@ -164,7 +172,17 @@ struct CheckpointNode : public torch::autograd::Function<CheckpointNode> {
     outer.apply();
     after.restore();
     TORCH_CHECK(outputs.size() == grad_outputs.size(), kFn, ": fn returned ", grad_outputs.size(),
-                " tensors in the forward and ", outputs.size(), " when recomputed");
+                " tensors in the forward and ", outputs.size(),
+                " when recomputed: fn runs again in the backward and must compute the same thing");
+    for (size_t k = 0; k < outputs.size(); ++k) {
+      const at::Tensor& o = outputs[k];
+      const Recompute::Output& f = r->outputs[k];
+      TORCH_CHECK(o.sizes().vec() == f.sizes && o.scalar_type() == f.dtype && o.device() == f.device, kFn,
+                  ": fn's output ", k, " was ", f.dtype, " ", at::IntArrayRef(f.sizes), " on ", f.device,
+                  " in the forward and ", o.scalar_type(), " ", o.sizes(), " on ", o.device(),
+                  " when recomputed: fn runs again in the backward and must compute the same thing (a function "
+                  "of its inputs, params and the random state alone)");
+    }
 
     std::vector<at::Tensor> outs, grads_in;
     for (size_t k = 0; k < outputs.size(); ++k) {

@@ -241,4 +241,34 @@ TEST(ActivationCheckpointErrors, NameWhatCame) {
                "checkpoint: expected params defined, got an undefined tensor at 0");
 }
 
+// fn runs again in the backward: one that computes something else then is named, with
+// what it gave each time, not left to autograd's words about shapes.
+TEST(ActivationCheckpointErrors, AFunctionThatChangesWhenRecomputed) {
+  const auto x = torch::randn({2, 3}).requires_grad_(true);
+  for (const bool shape : {true, false}) {
+    int calls = 0;
+    auto out = torchattn::checkpoint(
+        [&calls, shape](const std::vector<torch::Tensor>& in) {
+          const bool again = calls++ > 0;
+          if (!again) return std::vector<torch::Tensor>{in[0] * 2};
+          return std::vector<torch::Tensor>{shape ? in[0].sum(0) * 2 : (in[0] * 2).to(torch::kDouble)};
+        },
+        {x}, {});
+    expect_error([&] { out[0].sum().backward(); },
+                 shape ? "checkpoint: fn's output 0 was Float [2, 3] on cpu in the forward and Float [3] on cpu when "
+                         "recomputed: fn runs again in the backward and must compute the same thing"
+                       : "checkpoint: fn's output 0 was Float [2, 3] on cpu in the forward and Double [2, 3] on cpu "
+                         "when recomputed");
+  }
+  int calls = 0;
+  auto out = torchattn::checkpoint(
+      [&calls](const std::vector<torch::Tensor>& in) {
+        if (calls++ == 0) return std::vector<torch::Tensor>{in[0] * 2};
+        return std::vector<torch::Tensor>{in[0] * 2, in[0] * 3};
+      },
+      {x}, {});
+  expect_error([&] { out[0].sum().backward(); },
+               "checkpoint: fn returned 1 tensors in the forward and 2 when recomputed: fn runs again in the backward");
+}
+
 }  // namespace
