@@ -1,4 +1,5 @@
 #include <torchattn/models/causal_lm.h>
+#include <torchattn/models/saved_folder.h>
 
 
 #include <ATen/ops/aminmax.h>
@@ -15,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
@@ -372,6 +374,18 @@ void CausalLMImpl::load_hf_weights(const std::string& path) {
   TORCH_CHECK(!output_head()->frozen(),
               "CausalLM: load_hf_weights needs float32 weights to load into; freeze_weights (",
               torchattn::to_string(weight_format()), ") freed them");
+  // A folder of frozen weights (its model.safetensors, or the folder) holds int8 or
+  // bfloat16 tensors under the checkpoint's names: named here, not as a dtype the
+  // generic loader meets in its first tensor.
+  namespace fs = std::filesystem;
+  const fs::path given(path);
+  const fs::path folder = fs::is_directory(given) ? given : given.parent_path();
+  const bool saved = fs::exists(folder / kSavedWeightsFile) &&
+                     (fs::is_directory(given) || given.filename() == "model.safetensors");
+  TORCH_CHECK(!saved, "CausalLM: load_hf_weights: '", path, "' is a folder of frozen weights that torchattn saved (",
+              (folder / kSavedWeightsFile).string(),
+              "), not a Hugging Face checkpoint of float32 weights; load it with LanguageModel::from_pretrained or "
+              "models::load_causal_lm (include/torchattn/models/saved_folder.h)");
   load_weights(*this, path, hf_weights());
 }
 

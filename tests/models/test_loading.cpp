@@ -211,6 +211,31 @@ void write_text(const std::filesystem::path& path, const std::string& text) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
 }
 
+// A saved folder of int8 weights handed to load_hf_weights (which loads float32
+// checkpoints) is named as such, the folder or its model.safetensors alike, not left to
+// the loader's words about its first tensor's dtype.
+TEST(Loading, ASavedFolderGivenAsAHuggingFaceCheckpointIsNamed) {
+  namespace fs = std::filesystem;
+  torch::manual_seed(96);
+  models::CausalLM source(small_config(false), 64);
+  source->freeze_weights(WeightFormat::Int8);
+  const fs::path empty = temp_path("saved_as_hf_source"), dir = temp_path("saved_as_hf_int8");
+  fs::remove_all(empty);
+  fs::remove_all(dir);
+  fs::create_directories(empty);
+  models::save_frozen_folder(source, empty.string(), dir.string());
+  for (const fs::path& given : {dir, dir / "model.safetensors"}) {
+    models::CausalLM model(small_config(false), 64, models::Init::ForLoading);
+    expect_error([&] { model->load_hf_weights(given.string()); },
+                 "CausalLM: load_hf_weights: '" + given.string() +
+                     "' is a folder of frozen weights that torchattn "
+                     "saved (" +
+                     (dir / models::kSavedWeightsFile).string() +
+                     "), not a Hugging Face checkpoint of float32 weights; load it with "
+                     "LanguageModel::from_pretrained or models::load_causal_lm");
+  }
+}
+
 // A saved folder (save_frozen_folder) records an xxh64 checksum of each tensor: a byte
 // changed in any tensor's data is an error naming that tensor, unless the check is
 // skipped; a note from before checksums loads unchecked; a note that names other
