@@ -151,7 +151,7 @@ struct Server::Impl {
   std::atomic<bool> stopping{false};
   std::atomic<bool> failed{false};
   std::string failure;
-  std::thread stepper;
+  std::thread listener;
   std::atomic<bool> stop_stepping{false};
   // run()'s listening has ended (or will not start): shutdown() waits for no loop.
   std::atomic<bool> run_ended{false};
@@ -516,7 +516,7 @@ Server::Server(models::LanguageModel& model, models::Engine& engine, ServerOptio
 Server::~Server() {
   impl_->stop_stepping = true;
   impl_->engine.stop_waiting();
-  if (impl_->stepper.joinable()) impl_->stepper.join();
+  if (impl_->listener.joinable()) impl_->listener.join();
 }
 
 int Server::bind() {
@@ -529,12 +529,14 @@ int Server::bind() {
 }
 
 void Server::run() {
-  impl_->stepper = std::thread([this] { impl_->step_loop(); });
-  impl_->http.listen_after_bind();
-  impl_->run_ended = true;
-  impl_->stop_stepping = true;
-  impl_->engine.stop_waiting();
-  impl_->stepper.join();
+  impl_->listener = std::thread([this] {
+    impl_->http.listen_after_bind();
+    impl_->run_ended = true;
+    impl_->stop_stepping = true;
+    impl_->engine.stop_waiting();
+  });
+  impl_->step_loop();  // returns once the listening ends, or early when the engine fails
+  impl_->listener.join();
 }
 
 void Server::shutdown() {

@@ -2,9 +2,9 @@
 
 // torchattn_serve's HTTP side: OpenAI's API (POST /v1/chat/completions and
 // /v1/completions, streamed as server-sent events or not; GET /v1/models), GET /health
-// and GET /stats, over a models::Engine that a thread of its own steps. cpp-httplib
-// serves each connection on a thread of its pool; a request's tokens come from the
-// engine's thread through a channel of its own.
+// and GET /stats, over a models::Engine that run()'s calling thread steps. cpp-httplib
+// listens on a thread of its own and serves each connection on a thread of its pool; a
+// request's tokens come from the engine's thread through a channel of its own.
 
 #include <torchattn/models/engine.h>
 #include <torchattn/models/language_model.h>
@@ -44,7 +44,12 @@ class Server {
   /// std::runtime_error naming the address when it cannot.
   int bind();
 
-  /// Serves until shutdown(), stepping the engine on a thread of its own.
+  /// Serves until shutdown(), stepping the engine on the calling thread (listening on
+  /// another). Call it from the thread that loaded the model: OpenMP keeps a pool of
+  /// worker threads for each thread that starts parallel regions, and once the pools
+  /// hold more threads than there are CPUs, libgomp's workers sleep right after each
+  /// region instead of spinning for the next, so each of a step's hundreds of regions
+  /// would wait for a worker to wake (docs/serving.md).
   void run();
 
   /// From any thread (a signal watcher): new requests get 503, running ones are
