@@ -11,8 +11,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace torchattn {
@@ -196,10 +200,64 @@ NamedTensors state_dict_of(const MultiHeadAttentionImpl& mha, const char* fn) {
   return out;
 }
 
+// The options nn.MultiheadAttention's state dict lacks, of `mha`, in the options
+// file's order.
+std::vector<std::pair<std::string, std::string>> recorded_options(const MultiHeadAttentionImpl& mha) {
+  return {{"embed_dim", std::to_string(embed_dim(mha))},
+          {"num_heads", std::to_string(mha.options.num_heads())},
+          {"bias", mha.options.qkv_bias() ? "true" : "false"},
+          {"kdim", std::to_string(kdim(mha))},
+          {"vdim", std::to_string(vdim(mha))}};
+}
+
+constexpr std::streamoff kMostOptionsBytes = 4096;
+
+// The options file beside a state dict (when there is one) against `mha`: each option
+// it names must be `mha`'s.
+void check_recorded_options(const MultiHeadAttentionImpl& mha, const std::string& path) {
+  const std::string file = torch_multihead_attention_options_path(path);
+  if (!std::filesystem::exists(file)) return;
+  std::ifstream in(file, std::ios::binary | std::ios::ate);
+  TORCH_CHECK(in, kLoad, ": cannot open '", file, "'");
+  const std::streamoff size = in.tellg();
+  TORCH_CHECK(size >= 0 && size <= kMostOptionsBytes, kLoad, ": '", file, "' holds ", size,
+              " bytes; an options file is one line of at most ", kMostOptionsBytes, " bytes");
+  std::string text(static_cast<size_t>(size), '\0');
+  in.seekg(0);
+  in.read(text.data(), size);
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  const auto mine = recorded_options(mha);
+  std::map<std::string, std::string> seen;
+  std::istringstream pairs(text);
+  for (std::string pair; std::getline(pairs, pair, ';');) {
+    const size_t eq = pair.find('=');
+    const std::string name = pair.substr(0, eq);
+    const auto it = std::find_if(mine.begin(), mine.end(), [&](const auto& o) { return o.first == name; });
+    const std::string value = eq == std::string::npos ? "" : pair.substr(eq + 1);
+    const bool readable = name == "bias" ? value == "true" || value == "false"
+                                         : !value.empty() && value.size() <= 18 &&
+                                               std::all_of(value.begin(), value.end(),
+                                                           [](char c) { return c >= '0' && c <= '9'; });
+    TORCH_CHECK(eq != std::string::npos && it != mine.end() && readable, kLoad, ": '", file,
+                "': expected name=value pairs joined by ';' with names embed_dim, num_heads, bias, kdim, vdim (bias "
+                "true or false, the others whole numbers), got '",
+                pair.size() > 64 ? pair.substr(0, 64) + "..." : pair, "'");
+    TORCH_CHECK(seen.emplace(name, value).second, kLoad, ": '", file, "' names ", name, " twice");
+    TORCH_CHECK(value == it->second, kLoad, ": '", file, "' records ", name, "=", value,
+                " (the module the weights were saved from); this MultiHeadAttention has ", name, "=", it->second,
+                name == "num_heads"
+                    ? ": build it with the recorded value (the weights alone do not tell the head count)"
+                    : ": build it with the recorded value");
+  }
+}
+
 }  // namespace
 }  // namespace torch_mha
 
+std::string torch_multihead_attention_options_path(const std::string& path) { return path + ".options"; }
+
 void load_torch_multihead_attention(MultiHeadAttentionImpl& mha, const std::string& path) {
+  torch_mha::check_recorded_options(mha, path);
   const std::vector<char> bytes = detail::read_file(path, torch_mha::kLoad);
   torch_mha::load(mha, detail::unpickle_tensors(bytes, path, torch_mha::kLoad), "'" + path + "'");
 }
@@ -217,6 +275,15 @@ void save_torch_multihead_attention(const MultiHeadAttentionImpl& mha, const std
   NamedTensors tensors = torch_mha::state_dict_of(mha, kSave);
   for (auto& [key, tensor] : tensors) tensor = tensor.cpu();
   detail::pickle_tensors(tensors, path, kSave);
+  std::string line;
+  for (const auto& [name, value] : torch_mha::recorded_options(mha)) {
+    line += (line.empty() ? "" : ";") + name + "=" + value;
+  }
+  const std::string file = torch_multihead_attention_options_path(path);
+  std::ofstream out(file, std::ios::binary | std::ios::trunc);
+  TORCH_CHECK(out, kSave, ": cannot write '", file, "'");
+  out << line << "\n";
+  TORCH_CHECK(out.flush(), kSave, ": cannot write '", file, "'");
 }
 
 }  // namespace torchattn

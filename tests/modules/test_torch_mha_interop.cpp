@@ -12,6 +12,8 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 namespace {
@@ -51,6 +53,66 @@ TEST(TorchMultiheadAttention, StateDictHasPyTorchsKeysAndRoundTripsExactly) {
   EXPECT_EQ(cross_sd[1].second.sizes(), (std::vector<int64_t>{6, 4}));
   EXPECT_EQ(cross_sd[2].first, "v_proj_weight");
   EXPECT_EQ(cross_sd[3].first, "out_proj.weight");
+}
+
+// The state dict holds no head count: save records it (and the other options it
+// lacks) beside the file, and loading checks what that file names; without the file
+// the head count is the caller's, as the header says.
+TEST(TorchMultiheadAttention, TheRecordedHeadCountIsChecked) {
+  namespace fs = std::filesystem;
+  torch::manual_seed(51);
+  torchattn::MultiHeadAttention four(torch_mha_options(8, 4, true));
+  const auto path = temp_path("torch_mha_heads.pt");
+  const std::string options = torchattn::torch_multihead_attention_options_path(path);
+  EXPECT_EQ(options, path + ".options");
+  torchattn::save_torch_multihead_attention(*four, path);
+  auto read = [](const std::string& p) {
+    std::ifstream in(p);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  auto write = [](const std::string& p, const std::string& text) { std::ofstream(p, std::ios::trunc) << text; };
+  EXPECT_EQ(read(options), "embed_dim=8;num_heads=4;bias=true;kdim=8;vdim=8\n");
+
+  torchattn::MultiHeadAttention again(torch_mha_options(8, 4, true));
+  torchattn::load_torch_multihead_attention(*again, path);
+  const auto x = torch::randn({2, 3, 8});
+  EXPECT_TRUE(torch::equal(again(x), four(x)));
+
+  torchattn::MultiHeadAttention two(torch_mha_options(8, 2, true));
+  const auto before = snapshot(*two);
+  const std::string no_two = "load_torch_multihead_attention: '" + options +
+                             "' records num_heads=4 (the module the weights were saved from); this MultiHeadAttention "
+                             "has num_heads=2: build it with the recorded value (the weights alone do not tell the "
+                             "head count)";
+  EXPECT_HAS(error_of([&] { torchattn::load_torch_multihead_attention(*two, path); }), no_two);
+  expect_unchanged(*two, before);
+  // A line written by hand (a Python script): any of the names, in any order.
+  write(options, "num_heads=4");
+  EXPECT_HAS(error_of([&] { torchattn::load_torch_multihead_attention(*two, path); }), no_two);
+  torchattn::load_torch_multihead_attention(*again, path);
+  // A file that is not one is named.
+  const std::string bad = "load_torch_multihead_attention: '" + options + "': expected name=value pairs joined by ';'";
+  for (const std::string text :
+       {"num_heads", "heads=4", "num_heads=4;;", "num_heads=4,bias=true", "num_heads=", "bias=yes", "kdim=-8"}) {
+    write(options, text);
+    EXPECT_HAS(error_of([&] { torchattn::load_torch_multihead_attention(*again, path); }), bad) << text;
+  }
+  write(options, "num_heads=4;num_heads=4");
+  EXPECT_HAS(error_of([&] { torchattn::load_torch_multihead_attention(*again, path); }),
+             "load_torch_multihead_attention: '" + options + "' names num_heads twice");
+  write(options, "bias=false");
+  EXPECT_HAS(error_of([&] { torchattn::load_torch_multihead_attention(*again, path); }),
+             "records bias=false (the module the weights were saved from); this MultiHeadAttention has bias=true");
+  write(options, std::string(5000, 'x'));
+  EXPECT_HAS(error_of([&] { torchattn::load_torch_multihead_attention(*again, path); }),
+             "load_torch_multihead_attention: '" + options +
+                 "' holds 5000 bytes; an options file is one line of at most 4096 bytes");
+  // Without the file, the head count is the caller's: a 4-head file loads into 2 heads.
+  fs::remove(options);
+  torchattn::load_torch_multihead_attention(*two, path);
+  EXPECT_TRUE(torch::equal(two->W_query->weight, four->W_query->weight));
+  EXPECT_FALSE(torch::allclose(two(x), four(x)));
+  fs::remove(path);
 }
 
 TEST(TorchMultiheadAttention, MisuseIsNamedAndLeavesTheModuleUnchanged) {
