@@ -211,6 +211,19 @@ void write_text(const std::filesystem::path& path, const std::string& text) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
 }
 
+// `source` frozen in int8 and saved as a folder (save_frozen_folder, from an empty
+// source folder) in a fresh temporary folder named after `tag`; returns it.
+std::filesystem::path saved_int8_folder(models::CausalLM& source, const std::string& tag) {
+  namespace fs = std::filesystem;
+  source->freeze_weights(WeightFormat::Int8);
+  const fs::path empty = temp_path(tag + "_source"), dir = temp_path(tag + "_int8");
+  fs::remove_all(empty);
+  fs::remove_all(dir);
+  fs::create_directories(empty);
+  models::save_frozen_folder(source, empty.string(), dir.string());
+  return dir;
+}
+
 // A saved folder of int8 weights handed to load_hf_weights (which loads float32
 // checkpoints) is named as such, the folder or its model.safetensors alike, not left to
 // the loader's words about its first tensor's dtype.
@@ -218,12 +231,7 @@ TEST(Loading, ASavedFolderGivenAsAHuggingFaceCheckpointIsNamed) {
   namespace fs = std::filesystem;
   torch::manual_seed(96);
   models::CausalLM source(small_config(false), 64);
-  source->freeze_weights(WeightFormat::Int8);
-  const fs::path empty = temp_path("saved_as_hf_source"), dir = temp_path("saved_as_hf_int8");
-  fs::remove_all(empty);
-  fs::remove_all(dir);
-  fs::create_directories(empty);
-  models::save_frozen_folder(source, empty.string(), dir.string());
+  const fs::path dir = saved_int8_folder(source, "saved_as_hf");
   for (const fs::path& given : {dir, dir / "model.safetensors"}) {
     models::CausalLM model(small_config(false), 64, models::Init::ForLoading);
     expect_error([&] { model->load_hf_weights(given.string()); },
@@ -234,6 +242,8 @@ TEST(Loading, ASavedFolderGivenAsAHuggingFaceCheckpointIsNamed) {
                      "), not a Hugging Face checkpoint of float32 weights; load it with "
                      "LanguageModel::from_pretrained or models::load_causal_lm");
   }
+  fs::remove_all(dir);
+  fs::remove_all(temp_path("saved_as_hf_source"));
 }
 
 // A saved folder (save_frozen_folder) records an xxh64 checksum of each tensor: a byte
@@ -245,12 +255,7 @@ TEST(Loading, ASavedFolderFindsADamagedTensorByItsChecksum) {
   torch::manual_seed(95);
   models::CausalLM source(small_config(false), 64);
   source->eval();
-  source->freeze_weights(WeightFormat::Int8);
-  const fs::path empty = temp_path("checksum_source"), dir = temp_path("checksum_int8");
-  fs::remove_all(empty);
-  fs::remove_all(dir);
-  fs::create_directories(empty);
-  models::save_frozen_folder(source, empty.string(), dir.string());
+  const fs::path dir = saved_int8_folder(source, "checksum");
   const std::string note = read_text(dir / models::kSavedWeightsFile);
   EXPECT_NE(note.find("\"algorithm\": \"xxh64\""), std::string::npos) << note;
   const auto ids = torch::randint(0, 96, {1, 9}, torch::kLong);
@@ -313,7 +318,7 @@ TEST(Loading, ASavedFolderFindsADamagedTensorByItsChecksum) {
              "...}}, got {\"algorithm\":\"crc32\"");
   EXPECT_EQ(error_of([&] { load(false); }), "(no error)") << "unchecked, the note's checksums are not read";
   fs::remove_all(dir);
-  fs::remove_all(empty);
+  fs::remove_all(temp_path("checksum_source"));
 }
 
 }  // namespace
