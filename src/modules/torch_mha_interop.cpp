@@ -277,7 +277,8 @@ void save_torch_multihead_attention(const MultiHeadAttentionImpl& mha, const std
   detail::pickle_tensors(tensors, path, kSave);
   std::string line;
   for (const auto& [name, value] : torch_mha::recorded_options(mha)) {
-    line += (line.empty() ? "" : ";") + name + "=" + value;
+    if (!line.empty()) line += ';';
+    line.append(name).append("=").append(value);
   }
   const std::string file = torch_multihead_attention_options_path(path);
   std::ofstream out(file, std::ios::binary | std::ios::trunc);
