@@ -105,7 +105,8 @@ def main():
              empty + "'); give it once, as the argument or as --model"),
             ([empty, "--kv-tokens", "0"], "--kv-tokens"), ([empty, "--dtype", "int4"], "--dtype"), ([empty, "--max-running", "0"], "--max-running"),
             ([empty, "--max-body-bytes", "0"], "--max-body-bytes"), ([empty, "--context-length", "0"], "--context-length"),
-            ([empty, "--http-threads", "0"], "--http-threads"), ([empty, "--block-size", "0"], "--block-size")],
+            ([empty, "--max-connections", "0"], "--max-connections"), ([empty, "--timeout", "0"], "--timeout"),
+            ([empty, "--block-size", "0"], "--block-size")],
     }
     for exe, items in cases.items():
         if not os.path.exists(exe):

@@ -12,9 +12,9 @@ cd "$(dirname "$0")/.."
 # libgloo-dev: the Gloo headers that LibTorch's c10d headers include (train_gpt);
 # fortunes: train_gpt's default text; nlohmann-json3-dev: the safetensors reader's JSON
 # parser (header-only); libicu-dev: Unicode classes for torchattn_generate's tokenizer;
-# libcpp-httplib-dev (and pkg-config, which finds it): torchattn_serve's HTTP server.
+# libboost1.81-dev: Boost.Beast and Asio (header-only), torchattn_serve's HTTP server.
 packages=(g++ cmake ninja-build make python3-venv libgtest-dev libcli11-dev libgloo-dev fortunes nlohmann-json3-dev
-          libicu-dev libcpp-httplib-dev pkg-config)
+          libicu-dev libboost1.81-dev)
 # `setup.sh fuzz`: clang and its libFuzzer runtime as well.
 if [ "${1:-}" = "fuzz" ]; then packages+=(clang-16 libclang-rt-16-dev); fi
 missing=()

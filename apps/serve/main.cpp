@@ -107,7 +107,14 @@ int main(int argc, char** argv) {
   app.add_option("--max-body-bytes", server.max_body_bytes(), "larger request bodies get 413")
       ->check(apps::at_least(1))
       ->capture_default_str();
-  app.add_option("--http-threads", server.http_threads(), "connections served at once")
+  app.add_option("--max-connections", server.max_connections(),
+                 "connections held at once; past it a new one closes the oldest idle one, and when each is busy "
+                 "only /health and /stats are answered on a few more")
+      ->check(apps::at_least(1))
+      ->capture_default_str();
+  app.add_option("--timeout", server.timeout_seconds(),
+                 "seconds for a request's line and headers; its body gets 3 times it, and a connection idle "
+                 "between requests closes after 3 times it")
       ->check(apps::at_least(1))
       ->capture_default_str();
   app.add_option("--threads", threads, "intra-op threads (default: LibTorch's)")->check(apps::at_least(1));

@@ -2,15 +2,20 @@
 
 #include "channel.h"
 #include "completion_run.h"
-#include "connection.h"
+#include "front_door.h"
 #include "openai_api.h"
 
-#include <httplib.h>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <nlohmann/json.hpp>
 
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -40,33 +45,14 @@ std::string random_id(const char* prefix) {
   return id;
 }
 
-void respond_error(httplib::Response& res, const ApiError& e) {
-  res.status = e.status;
-  res.set_content(error_json(e), "application/json");
-}
+Reply error_reply(const ApiError& e) { return Reply{e.status, "application/json", error_json(e)}; }
 
-bool is_completion_path(const std::string& path) { return path == "/v1/chat/completions" || path == "/v1/completions"; }
+bool is_completion_path(std::string_view path) { return path == "/v1/chat/completions" || path == "/v1/completions"; }
 
-// Set by a handler that left the request's body unread (or half read): the logger,
-// which runs on the connection's thread once the response is written, then ends the
-// connection. `pre_routed`: the request reached the pre-routing handler (httplib's own
-// errors, a request line or header it could not read, come before it).
-thread_local bool close_after_response = false;
-thread_local bool pre_routed = false;
-
-// Whether a body may follow the headers (HTTP/1.1: a request with neither header has none).
-bool may_have_body(const httplib::Request& req) {
-  return req.has_header("Transfer-Encoding") ||
-         (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
-}
-
-// The error, and the end of the connection when a body may be left unread.
-void respond_and_close(const httplib::Request& req, httplib::Response& res, const ApiError& e) {
-  respond_error(res, e);
-  if (may_have_body(req)) {
-    res.set_header("Connection", "close");
-    close_after_response = true;
-  }
+// The target's path: what comes before a query.
+std::string path_of(const Request& req) {
+  const std::string_view target = req.target();
+  return std::string(target.substr(0, target.find('?')));
 }
 
 ApiError too_large(size_t limit) {
@@ -74,43 +60,17 @@ ApiError too_large(size_t limit) {
                   "", "request_too_large");
 }
 
-// A body, read through `reader`, at most `limit` bytes, counted as it comes whatever
-// its transfer encoding (a Content-Length over the limit is refused before: see
-// Impl::early_error). Throws ApiError 413 past the limit, 400 when it cannot be read;
-// then the connection must close.
-std::string read_body(const httplib::Request& req, const httplib::ContentReader& reader, size_t limit) {
-  if (!may_have_body(req)) return {};
-  std::string body;
-  bool over = false;
-  bool read = false;
-  try {
-    read = reader([&](const char* data, size_t n) {
-      if (n > limit - body.size()) {
-        over = true;
-        return false;
-      }
-      body.append(data, n);
-      return true;
-    });
-  } catch (const std::exception& e) {
-    throw bad_request(std::string("the request body could not be read: ") + e.what());
-  }
-  if (over) throw too_large(limit);
-  if (!read) throw bad_request("the request body could not be read (malformed chunked encoding, or the client left)");
-  return body;
-}
-
-// Writes an SSE event; false when the client is gone.
-bool send(httplib::DataSink& sink, const std::string& event) { return sink.write(event.data(), event.size()); }
-
 // The error of a request whose channel was aborted: 503 at shutdown, else 500 (the engine failed).
 ApiError abort_error(const Channel& channel) {
   const int status = channel.abort_status();
   return ApiError(status, status == 503 ? "unavailable_error" : "server_error", channel.abort_message());
 }
 
-// "ADDR METHOD PATH": how a log line names a request.
-std::string request_name(const httplib::Request& req) { return req.remote_addr + " " + req.method + " " + req.path; }
+// "ADDR:PORT METHOD PATH": how a log line names a request ("-" for what is unknown).
+std::string request_name(const std::string& remote, const Request& req) {
+  const std::string method(req.method_string());
+  return remote + " " + (method.empty() ? "-" : method) + " " + (req.target().empty() ? "-" : path_of(req));
+}
 
 // A completion request's log line: the request, its status, and once submitted its
 // tokens and finish reason ("disconnected" unless `finished`), then the time it took.
@@ -140,21 +100,32 @@ struct Submitted {
 
 }  // namespace
 
-struct Server::Impl {
-  Impl(models::LanguageModel& m, models::Engine& e, ServerOptions o) : model(m), engine(e), options(std::move(o)) {}
+
+struct Server::Impl final : Service {
+  Impl(models::LanguageModel& m, models::Engine& e, ServerOptions o)
+      : model(m), engine(e), options(std::move(o)), door(*this, door_options(options)) {}
+
+  static DoorOptions door_options(const ServerOptions& o) {
+    DoorOptions d;
+    d.max_body_bytes = o.max_body_bytes();
+    d.max_connections = o.max_connections();
+    d.header_timeout = std::chrono::seconds(o.timeout_seconds());
+    d.body_timeout = d.idle_timeout = d.write_timeout = 3 * d.header_timeout;
+    return d;
+  }
 
   models::LanguageModel& model;
   models::Engine& engine;
   ServerOptions options;
-  httplib::Server http;
+  FrontDoor door;
+  // Reads and tokenizes prompts, off the door's thread.
+  net::thread_pool workers{1};
   int64_t created = unix_time();
   std::atomic<bool> stopping{false};
   std::atomic<bool> failed{false};
   std::string failure;
   std::thread listener;
   std::atomic<bool> stop_stepping{false};
-  // run()'s listening has ended (or will not start): shutdown() waits for no loop.
-  std::atomic<bool> run_ended{false};
   std::atomic<int64_t> served{0};
   // The requests in flight: engine id -> their channel (to end them at shutdown).
   std::mutex mutex;
@@ -192,9 +163,31 @@ struct Server::Impl {
     }
   }
 
+  // Service: what the door asks.
+  std::optional<Reply> early(const Request& head) override;
+  bool light(const Request& head) const override {
+    const std::string path = path_of(head);
+    return (head.method() == http::verb::get || head.method() == http::verb::head) &&
+           (path == "/health" || path == "/stats");
+  }
+  net::awaitable<void> serve(Exchange& exchange) override;
+  Reply refusal(int status, const std::string& message, const std::string& code) const override {
+    return error_reply(
+        ApiError(status, status == 503 ? "unavailable_error" : "invalid_request_error", message, "", code));
+  }
+  void answered(const std::string& remote, const Request& request, int status, bool closed) override {
+    const std::string path = path_of(request);
+    if (!is_completion_path(path) || status == 401 || status == 404 || status == 405 || status == 413 || closed) {
+      log(request_name(remote, request) + " " + std::to_string(status) + (closed ? " (connection closed)" : ""));
+    }
+  }
+
+  Reply health() const;
+  Reply stats();
+
   // POST /v1/chat/completions and /v1/completions, in steps: accept, submit, then
   // answer_whole or answer_stream.
-  void completions(const httplib::Request& req, httplib::Response& res, const std::string& body, bool chat);
+  net::awaitable<void> completions(Exchange& exchange, bool chat);
   // The server serves, `body` is a request for this model, and the engine can be asked
   // for it: the request and what the engine is asked for. Throws ApiError.
   std::pair<CompletionRequest, EngineRequest> accept(const std::string& body, bool chat) const;
@@ -202,38 +195,121 @@ struct Server::Impl {
   // (503 when the queue is full, 400 when the engine refuses it).
   int64_t submit(const EngineRequest& request, const std::shared_ptr<Channel>& channel);
   // Waits for the whole answer and writes it as one JSON body.
-  void answer_whole(const std::string& who, httplib::Response& res, const Submitted& s, Clock::time_point start);
+  net::awaitable<void> answer_whole(Exchange& exchange, const std::string& who, const Submitted& s,
+                                    Clock::time_point start);
   // Streams the answer as server-sent events; the log line once the stream ends.
-  void answer_stream(const std::string& who, httplib::Response& res, const Submitted& s, Clock::time_point start);
+  net::awaitable<void> answer_stream(Exchange& exchange, const std::string& who, const Submitted& s,
+                                     Clock::time_point start);
   // The events of a stream until its end; false when the client left.
-  bool stream_events(httplib::DataSink& sink, const Submitted& s);
-  std::optional<ApiError> early_error(const httplib::Request& req) const;
-  void routes();
+  net::awaitable<bool> stream_events(Exchange& exchange, const Submitted& s);
 };
 
-void Server::Impl::completions(const httplib::Request& req, httplib::Response& res, const std::string& body,
-                               bool chat) {
+net::awaitable<void> Server::Impl::serve(Exchange& exchange) {
+  const Request& req = exchange.request();
+  // HEAD as GET (the door writes its head only).
+  const std::string method = req.method() == http::verb::head ? "GET" : std::string(req.method_string());
+  Route route{};
+  std::optional<ApiError> error;
+  try {
+    route = route_of(method, path_of(req));
+  } catch (const ApiError& e) {
+    error = e;
+  }
+  // Each co_await below takes named values, never temporaries: GCC 12 may destroy a
+  // temporary of a co_await's full expression twice.
+  Reply reply;
+  if (error) {
+    reply = error_reply(*error);
+    co_await exchange.reply(reply);
+    co_return;
+  }
+  switch (route) {
+    case Route::ChatCompletions:
+    case Route::Completions:
+      co_await completions(exchange, route == Route::ChatCompletions);
+      break;
+    case Route::Models:
+      reply = Reply{200, "application/json", models_json(options.model_name(), created, model.model()->context_length())};
+      co_await exchange.reply(reply);
+      break;
+    case Route::Health:
+      reply = health();
+      co_await exchange.reply(reply);
+      break;
+    case Route::Stats:
+      reply = stats();
+      co_await exchange.reply(reply);
+      break;
+  }
+}
+
+Reply Server::Impl::health() const {
+  if (failed) return Reply{500, "application/json", nlohmann::json{{"status", "error"}, {"error", failure}}.dump()};
+  if (stopping) return Reply{503, "application/json", R"({"status": "shutting down"})"};
+  return Reply{200, "application/json", R"({"status": "ok"})"};
+}
+
+Reply Server::Impl::stats() {
+  const auto s = engine.stats();
+  int64_t in_flight = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    in_flight = static_cast<int64_t>(active.size());
+  }
+  return Reply{200, "application/json",
+               nlohmann::json{{"requests_in_flight", in_flight},
+                              {"requests_served", served.load()},
+                              {"running", s.running},
+                              {"waiting", s.waiting},
+                              {"kv_blocks", s.kv_blocks},
+                              {"kv_blocks_used", s.kv_blocks_used},
+                              {"kv_bytes_used", s.kv_bytes_used},
+                              {"kv_block_size", engine.cache().block_size()},
+                              {"tokens_held", s.tokens_held},
+                              {"steps", s.steps},
+                              {"finished", s.finished},
+                              {"preempted", s.preempted},
+                              {"kv_blocks_reusable", s.kv_blocks_reusable},
+                              {"prefix_reused_tokens", s.prefix_reused_tokens}}
+                   .dump()};
+}
+
+net::awaitable<void> Server::Impl::completions(Exchange& exchange, bool chat) {
   const auto start = Clock::now();
-  const std::string who = request_name(req);
+  const std::string who = request_name(exchange.remote(), exchange.request());
   Submitted s;
   s.channel = std::make_shared<Channel>();
+  net::steady_timer timer(co_await net::this_coro::executor);
+  const Channel::Waiting waiting(*s.channel, timer);
   EngineRequest engine_request;
+  std::optional<ApiError> error;
   try {
-    std::tie(s.request, engine_request) = accept(body, chat);
+    // The body parsed and the prompt tokenized on a worker: the door's thread serves on.
+    const auto on_worker = [this, &body = exchange.request().body(),
+                            chat]() -> net::awaitable<std::pair<CompletionRequest, EngineRequest>> {
+      co_return accept(body, chat);
+    };
+    auto accepted = co_await net::co_spawn(workers, on_worker, net::use_awaitable);
+    s.request = std::move(accepted.first);
+    engine_request = std::move(accepted.second);
     s.id = submit(engine_request, s.channel);
   } catch (const ApiError& e) {
-    respond_error(res, e);
-    log(completion_line(who, e.status, false, start));
-    return;
+    error = e;
+  }
+  if (error) {
+    const Reply reply = error_reply(*error);
+    co_await exchange.reply(reply);
+    log(completion_line(who, error->status, false, start));
+    co_return;
   }
   ++served;
   s.run = std::make_shared<CompletionRun>(s.request, model, static_cast<int64_t>(engine_request.prompt.size()));
   s.completion_id = random_id(chat ? "chatcmpl-" : "cmpl-");
   s.created = unix_time();
   if (s.request.stream) {
-    answer_stream(who, res, s, start);
+    co_await answer_stream(exchange, who, s, start);
   } else {
-    answer_whole(who, res, s, start);
+    co_await answer_whole(exchange, who, s, start);
   }
 }
 
@@ -270,66 +346,66 @@ int64_t Server::Impl::submit(const EngineRequest& request, const std::shared_ptr
   }
 }
 
-void Server::Impl::answer_whole(const std::string& who, httplib::Response& res, const Submitted& s,
-                                Clock::time_point start) {
+net::awaitable<void> Server::Impl::answer_whole(Exchange& exchange, const std::string& who, const Submitted& s,
+                                                Clock::time_point start) {
   CompletionRun& run = *s.run;
   models::TokenEvent event;
   while (!run.done()) {
-    const auto got = s.channel->pop(event, std::chrono::milliseconds(500));
+    const auto got = co_await s.channel->pop(event, std::chrono::milliseconds(500));
     if (got == Channel::Pop::Aborted) {
-      respond_error(res, abort_error(*s.channel));
+      const ApiError e = abort_error(*s.channel);
+      const Reply reply = error_reply(e);
+      co_await exchange.reply(reply);
       unregister(s.id);
-      log(completion_line(who, res.status, false, start, &run, run.done()));
-      return;
+      log(completion_line(who, e.status, false, start, &run, run.done()));
+      co_return;
     }
     if (got == Channel::Pop::Event) run.apply(event);
   }
   if (run.cancel_engine()) engine.cancel(s.id);
-  res.set_content(completion_json(s.request, s.completion_id, s.created, options.model_name(), run.text(),
-                                  run.finish_reason(), run.usage(), run.ids(), run.logprobs()),
-                  "application/json");
   unregister(s.id);
+  const Reply reply{200, "application/json",
+                    completion_json(s.request, s.completion_id, s.created, options.model_name(), run.text(),
+                                    run.finish_reason(), run.usage(), run.ids(), run.logprobs())};
+  co_await exchange.reply(reply);
   log(completion_line(who, 200, false, start, &run, run.done()));
 }
 
-void Server::Impl::answer_stream(const std::string& who, httplib::Response& res, const Submitted& s,
-                                 Clock::time_point start) {
-  res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider(
-      "text/event-stream", [this, s](size_t, httplib::DataSink& sink) { return stream_events(sink, s); },
-      [this, who, run = s.run, id = s.id, start](bool success) {
-        if (!run->done() || !success) engine.cancel(id);  // the client left: its blocks go back
-        unregister(id);
-        log(completion_line(who, 200, true, start, run.get(), run->done() && success));
-      });
+net::awaitable<void> Server::Impl::answer_stream(Exchange& exchange, const std::string& who, const Submitted& s,
+                                                 Clock::time_point start) {
+  const std::vector<std::pair<std::string, std::string>> headers{{"Cache-Control", "no-cache"}};
+  bool ok = co_await exchange.begin_stream("text/event-stream", headers);
+  if (ok) ok = co_await stream_events(exchange, s);
+  if (!s.run->done() || !ok) engine.cancel(s.id);  // the client left: its blocks go back
+  unregister(s.id);
+  log(completion_line(who, 200, true, start, s.run.get(), s.run->done() && ok));
 }
 
-bool Server::Impl::stream_events(httplib::DataSink& sink, const Submitted& s) {
+net::awaitable<bool> Server::Impl::stream_events(Exchange& exchange, const Submitted& s) {
   const CompletionRequest& request = s.request;
   CompletionRun& run = *s.run;
   const std::string& name = options.model_name();
-  if (request.chat && !send(sink, chunk_event(request, s.completion_id, s.created, name, "", "", true, {}))) {
-    engine.cancel(s.id);
-    return false;
+  std::string event_text;  // each event named before it is sent (see serve())
+  if (request.chat) {
+    event_text = chunk_event(request, s.completion_id, s.created, name, "", "", true, {});
+    if (!co_await exchange.send(event_text)) co_return false;
   }
   models::TokenEvent event;
   auto quiet_since = Clock::now();
   while (!run.done()) {
-    const auto got = s.channel->pop(event, std::chrono::milliseconds(500));
+    const auto got = co_await s.channel->pop(event, std::chrono::milliseconds(500));
     if (got == Channel::Pop::Aborted) {
-      send(sink, error_event(abort_error(*s.channel)));
-      send(sink, "data: [DONE]\n\n");
-      sink.done();
-      return true;
+      event_text = error_event(abort_error(*s.channel));
+      co_await exchange.send(event_text);
+      co_await exchange.send("data: [DONE]\n\n");
+      co_await exchange.end_stream();
+      co_return true;
     }
     if (got == Channel::Pop::Timeout) {
       // A comment every few seconds while nothing comes (a long prompt): a client
       // that left is noticed by the failed write.
       if (Clock::now() - quiet_since > std::chrono::seconds(2)) {
-        if (!send(sink, ": waiting\n\n")) {
-          engine.cancel(s.id);
-          return false;
-        }
+        if (!co_await exchange.send(": waiting\n\n")) co_return false;
         quiet_since = Clock::now();
       }
       continue;
@@ -339,215 +415,93 @@ bool Server::Impl::stream_events(httplib::DataSink& sink, const Submitted& s) {
     if (run.cancel_engine()) engine.cancel(s.id);
     const bool show = !delta.text.empty() || !delta.logprobs.empty() ||
                       (request.return_token_ids && !delta.ids.empty());
-    if (show && !send(sink, chunk_event(request, s.completion_id, s.created, name, delta.text, "", false, delta.ids,
-                                        delta.logprobs))) {
-      engine.cancel(s.id);
-      return false;
+    if (show) {
+      event_text = chunk_event(request, s.completion_id, s.created, name, delta.text, "", false, delta.ids,
+                               delta.logprobs);
+      if (!co_await exchange.send(event_text)) co_return false;
     }
   }
-  bool ok = send(sink, chunk_event(request, s.completion_id, s.created, name, "", run.finish_reason(), false, {}));
-  if (ok && request.include_usage) ok = send(sink, usage_event(request, s.completion_id, s.created, name, run.usage()));
-  ok = ok && send(sink, "data: [DONE]\n\n");
-  if (!ok) return false;
-  sink.done();
-  return true;
+  event_text = chunk_event(request, s.completion_id, s.created, name, "", run.finish_reason(), false, {});
+  bool ok = co_await exchange.send(event_text);
+  if (ok && request.include_usage) {
+    event_text = usage_event(request, s.completion_id, s.created, name, run.usage());
+    ok = co_await exchange.send(event_text);
+  }
+  if (ok) ok = co_await exchange.send("data: [DONE]\n\n");
+  if (ok) ok = co_await exchange.end_stream();
+  co_return ok;
 }
 
-std::optional<ApiError> Server::Impl::early_error(const httplib::Request& req) const {
-  if (req.method != "GET" && req.method != "HEAD" && req.method != "POST") {
+std::optional<Reply> Server::Impl::early(const Request& head) {
+  const std::string method(head.method_string());
+  const std::string path = path_of(head);
+  const auto error = [](const ApiError& e) { return std::optional<Reply>(error_reply(e)); };
+  const bool get = head.method() == http::verb::get || head.method() == http::verb::head;
+  const bool post = head.method() == http::verb::post;
+  if (!get && !post) {
     try {
-      route_of(req.method, req.path);
+      route_of(method, path);
     } catch (const ApiError& e) {
-      return e;
+      return error(e);
     }
-    return ApiError(405, "invalid_request_error", req.method + " is not allowed");
+    return error(ApiError(405, "invalid_request_error", method + " is not allowed"));
   }
-  if (req.method != "POST" && may_have_body(req)) {
-    return bad_request(req.method + " " + req.path + " takes no request body");
+  if (!post && may_have_body(head)) return error(bad_request(method + " " + path + " takes no request body"));
+  if (!options.api_key().empty() && path != "/health" &&
+      head[http::field::authorization] != "Bearer " + options.api_key()) {
+    return error(ApiError(401, "authentication_error",
+                          "Invalid or missing API key: send the header 'Authorization: Bearer <key>'", "",
+                          "invalid_api_key"));
   }
-  if (!options.api_key().empty() && req.path != "/health" &&
-      req.get_header_value("Authorization") != "Bearer " + options.api_key()) {
-    return ApiError(401, "authentication_error",
-                    "Invalid or missing API key: send the header 'Authorization: Bearer <key>'", "", "invalid_api_key");
-  }
-  if (req.method == "POST") {
+  if (post) {
     try {
-      route_of(req.method, req.path);
+      route_of(method, path);
     } catch (const ApiError& e) {
-      return e;
+      return error(e);
     }
-    if (req.has_header("Content-Length")) {
-      const std::string length = req.get_header_value("Content-Length");
-      if (length.empty() || length.size() > 19 || length.find_first_not_of("0123456789") != std::string::npos) {
-        return bad_request("the Content-Length header is not a number: '" + length + "'");
-      }
-      if (std::stoull(length) > options.max_body_bytes()) return too_large(options.max_body_bytes());
+    // The door's parser has checked that a Content-Length is a number.
+    if (const auto length = head.find(http::field::content_length); length != head.end()) {
+      const std::string_view digits = length->value();
+      uint64_t bytes = 0;
+      const auto [end, failed] = std::from_chars(digits.data(), digits.data() + digits.size(), bytes);
+      if (failed != std::errc() || bytes > options.max_body_bytes()) return error(too_large(options.max_body_bytes()));
     }
-    if (req.is_multipart_form_data()) {
-      return ApiError(415, "invalid_request_error",
-                      "the request body must be JSON (Content-Type: application/json), "
-                      "got multipart/form-data");
+    const std::string_view type = head[http::field::content_type];
+    if (type.substr(0, 19) == "multipart/form-data") {
+      return error(ApiError(415, "invalid_request_error",
+                            "the request body must be JSON (Content-Type: application/json), "
+                            "got multipart/form-data"));
     }
   }
   return std::nullopt;
 }
 
-void Server::Impl::routes() {
-  http.new_task_queue = [n = options.http_threads()] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
-  http.set_socket_options(exclusive_bind_options);
-  http.set_payload_max_length(options.max_body_bytes());
-  // Before any body is read (and before 100 Continue invites one): the requests that
-  // can be answered from their headers alone, their connection ended.
-  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    close_after_response = false;
-    pre_routed = true;
-    if (const auto e = early_error(req)) {
-      respond_and_close(req, res, *e);
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
-  http.set_expect_100_continue_handler([this](const httplib::Request& req, httplib::Response& res) {
-    close_after_response = false;
-    pre_routed = true;
-    if (const auto e = early_error(req)) {
-      respond_and_close(req, res, *e);
-      return e->status;
-    }
-    return 100;
-  });
-  // Every POST: its body read here, counted against the limit, then its route.
-  http.Post(".*", [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
-    std::string body;
-    Route route{};
-    try {
-      route = route_of(req.method, req.path);
-      body = read_body(req, reader, options.max_body_bytes());
-    } catch (const ApiError& e) {
-      respond_and_close(req, res, e);
-      return;
-    }
-    completions(req, res, body, route == Route::ChatCompletions);
-  });
-  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(models_json(options.model_name(), created, model.model()->context_length()), "application/json");
-  });
-  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    if (failed) {
-      res.status = 500;
-      res.set_content(nlohmann::json{{"status", "error"}, {"error", failure}}.dump(), "application/json");
-    } else if (stopping) {
-      res.status = 503;
-      res.set_content(R"({"status": "shutting down"})", "application/json");
-    } else {
-      res.set_content(R"({"status": "ok"})", "application/json");
-    }
-  });
-  http.Get("/stats", [this](const httplib::Request&, httplib::Response& res) {
-    const auto s = engine.stats();
-    int64_t in_flight = 0;
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      in_flight = static_cast<int64_t>(active.size());
-    }
-    res.set_content(nlohmann::json{{"requests_in_flight", in_flight},
-                                   {"requests_served", served.load()},
-                                   {"running", s.running},
-                                   {"waiting", s.waiting},
-                                   {"kv_blocks", s.kv_blocks},
-                                   {"kv_blocks_used", s.kv_blocks_used},
-                                   {"kv_bytes_used", s.kv_bytes_used},
-                                   {"kv_block_size", engine.cache().block_size()},
-                                   {"tokens_held", s.tokens_held},
-                                   {"steps", s.steps},
-                                   {"finished", s.finished},
-                                   {"preempted", s.preempted},
-                                   {"kv_blocks_reusable", s.kv_blocks_reusable},
-                                   {"prefix_reused_tokens", s.prefix_reused_tokens}}
-                        .dump(),
-                    "application/json");
-  });
-  // Errors that no handler wrote a body for: an unknown route (404, 405), a request
-  // httplib could not read (400, 414, ...).
-  http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (!pre_routed) close_after_response = true;  // httplib's own error: what follows is unknown
-    if (!res.body.empty()) return;
-    if (res.status == 404) {
-      try {
-        route_of(req.method, req.path);
-        respond_error(res, ApiError(404, "not_found_error", "no route " + req.method + " " + req.path));
-      } catch (const ApiError& e) {
-        respond_error(res, e);
-      }
-    } else {
-      respond_error(res, ApiError(res.status, "invalid_request_error", "the request could not be read"));
-    }
-  });
-  http.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown error";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {}
-    log("internal error: " + what);
-    respond_error(res, ApiError(500, "server_error", "internal error: " + what));
-  });
-  // Runs on the connection's thread once the response is written.
-  http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    if (!is_completion_path(req.path) || res.status == 401 || res.status == 404 || res.status == 405 ||
-        res.status == 413 || close_after_response) {
-      log(req.remote_addr + " " + req.method + " " + req.path + " " + std::to_string(res.status) +
-          (close_after_response ? " (connection closed)" : ""));
-    }
-    pre_routed = false;
-    if (close_after_response) {
-      close_after_response = false;
-      if (!end_connection(req)) log("could not find the connection of " + req.remote_addr + " to close it");
-    }
-  });
-}
-
 Server::Server(models::LanguageModel& model, models::Engine& engine, ServerOptions options)
-    : impl_(std::make_unique<Impl>(model, engine, std::move(options))) {
-  impl_->routes();
-}
+    : impl_(std::make_unique<Impl>(model, engine, std::move(options))) {}
 
 Server::~Server() {
   impl_->stop_stepping = true;
   impl_->engine.stop_waiting();
   if (impl_->listener.joinable()) impl_->listener.join();
+  impl_->workers.join();
 }
 
-int Server::bind() {
-  const auto& o = impl_->options;
-  const int port = o.port() == 0 ? impl_->http.bind_to_any_port(o.host()) : o.port();
-  if (port < 0 || (o.port() != 0 && !impl_->http.bind_to_port(o.host(), o.port()))) {
-    throw std::runtime_error(why_not_listen(o.host(), o.port()));
-  }
-  return port;
-}
+int Server::bind() { return impl_->door.bind(impl_->options.host(), impl_->options.port()); }
 
 void Server::run() {
   impl_->listener = std::thread([this] {
-    impl_->http.listen_after_bind();
-    impl_->run_ended = true;
+    impl_->door.run();
     impl_->stop_stepping = true;
     impl_->engine.stop_waiting();
   });
-  impl_->step_loop();  // returns once the listening ends, or early when the engine fails
+  impl_->step_loop();  // returns once the door closes, or early when the engine fails
   impl_->listener.join();
 }
 
 void Server::shutdown() {
   impl_->stopping = true;
   impl_->end_all(503, "the server is shutting down");
-  // httplib's stop() does nothing before its listening loop runs: a signal right after
-  // "listening" was printed waits for the loop (run() is on its way to it), at most 10 s.
-  for (int i = 0; i < 10000 && !impl_->http.is_running() && !impl_->run_ended; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  impl_->http.stop();
+  impl_->door.stop();
 }
 
 }  // namespace serve

@@ -2,9 +2,11 @@
 
 // torchattn_serve's HTTP side: OpenAI's API (POST /v1/chat/completions and
 // /v1/completions, streamed as server-sent events or not; GET /v1/models), GET /health
-// and GET /stats, over a models::Engine that run()'s calling thread steps. cpp-httplib
-// listens on a thread of its own and serves each connection on a thread of its pool; a
-// request's tokens come from the engine's thread through a channel of its own.
+// and GET /stats, over a models::Engine that run()'s calling thread steps. The front
+// door (front_door.h: Boost.Beast, every connection a coroutine on one thread of its
+// own) bounds what each client may hold; a request's tokens come from the engine's
+// thread through a channel of its own, and its prompt is read and tokenized on a
+// worker thread, so that the door's thread never waits.
 
 #include <torchattn/models/engine.h>
 #include <torchattn/models/language_model.h>
@@ -27,8 +29,14 @@ struct ServerOptions {
   TORCH_ARG(std::string, model_name) = "";
   /// Larger bodies get 413.
   TORCH_ARG(size_t, max_body_bytes) = 1 << 20;
-  /// Connections served at once (a streaming request holds one).
-  TORCH_ARG(int, http_threads) = 64;
+  /// Connections held at once. Past it a new connection closes the oldest one that
+  /// waits for a request; when each is busy, a few more are let in for /health and
+  /// /stats, and other requests on them get 503.
+  TORCH_ARG(int, max_connections) = 256;
+  /// Seconds: a request's line and headers must come within it of their first byte,
+  /// its body within 3 times it, and a connection idle between requests is closed
+  /// after 3 times it.
+  TORCH_ARG(int, timeout_seconds) = 10;
   /// A line per request on stderr.
   TORCH_ARG(bool, log) = true;
 };
@@ -54,7 +62,7 @@ class Server {
 
   /// From any thread (a signal watcher): new requests get 503, running ones are
   /// cancelled (a stream ends with an error event), and run() returns once every
-  /// connection is done.
+  /// connection is done. Before run(): run() returns at once.
   void shutdown();
 
  private:

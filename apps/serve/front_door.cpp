@@ -1,0 +1,397 @@
+#include "front_door.h"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http/chunk_encode.hpp>
+#include <boost/beast/http/empty_body.hpp>
+#include <boost/beast/http/error.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/serializer.hpp>
+#include <boost/beast/http/write.hpp>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <stdexcept>
+#include <tuple>
+
+namespace serve {
+
+namespace beast = boost::beast;
+using tcp = net::ip::tcp;
+using beast::error_code;
+
+namespace {
+
+constexpr auto tuple_awaitable = net::as_tuple(net::use_awaitable);
+
+// Why `host`:`port` cannot be listened on, in words.
+std::string why_not_listen(const std::string& host, int port, const error_code& ec, bool resolving) {
+  std::string why = "cannot listen on " + host + ":" + std::to_string(port);
+  if (resolving) return why + ": '" + host + "' is not an address or a name that resolves (" + ec.message() + ")";
+  if (ec == net::error::address_in_use) return why + ": the port is in use (another program listens there)";
+  if (ec.value() == EADDRNOTAVAIL) return why + ": '" + host + "' is not an address of this machine";
+  if (ec == net::error::access_denied) return why + ": permission denied (ports below 1024 need privileges)";
+  return why + ": " + ec.message();
+}
+
+// A connection's end closed by the client, the timeout, or the door: nothing to answer.
+bool is_gone(const error_code& ec) {
+  return ec == net::error::eof || ec == http::error::end_of_stream || ec == http::error::partial_message ||
+         ec == beast::error::timeout || ec == net::error::operation_aborted || ec == net::error::connection_reset ||
+         ec == net::error::broken_pipe || ec == net::error::bad_descriptor;
+}
+
+bool expects_continue(const Request& head) {
+  const auto expect = head[http::field::expect];
+  return expect.size() == 12 && beast::iequals(expect, "100-continue");
+}
+
+}  // namespace
+
+bool may_have_body(const Request& head) {
+  if (head.find(http::field::transfer_encoding) != head.end()) return true;
+  const auto length = head.find(http::field::content_length);
+  return length != head.end() && length->value() != "0";
+}
+
+// ---- Exchange ----
+
+bool Exchange::write_done(bool ok) {
+  stream_.expires_never();
+  if (!ok) ok_ = false;
+  return ok;
+}
+
+net::awaitable<bool> Exchange::reply(const Reply& reply) {
+  http::response<http::string_body> res{static_cast<http::status>(reply.status), 11};
+  res.set(http::field::content_type, reply.content_type);
+  res.body() = reply.body;
+  res.keep_alive(keep_alive());
+  res.prepare_payload();
+  status_ = reply.status;
+  http::response_serializer<http::string_body> writer{res};
+  stream_.expires_after(write_timeout_);
+  error_code ec;
+  if (request_.method() == http::verb::head) {
+    std::tie(ec, std::ignore) = co_await http::async_write_header(stream_, writer, tuple_awaitable);
+  } else {
+    std::tie(ec, std::ignore) = co_await http::async_write(stream_, writer, tuple_awaitable);
+  }
+  co_return write_done(!ec);
+}
+
+net::awaitable<bool> Exchange::begin_stream(const std::string& content_type,
+                                            const std::vector<std::pair<std::string, std::string>>& headers) {
+  http::response<http::empty_body> res{http::status::ok, 11};
+  res.set(http::field::content_type, content_type);
+  for (const auto& [name, value] : headers) res.set(name, value);
+  res.chunked(true);
+  res.keep_alive(keep_alive());
+  status_ = 200;
+  http::response_serializer<http::empty_body> writer{res};
+  stream_.expires_after(write_timeout_);
+  const auto [ec, n] = co_await http::async_write_header(stream_, writer, tuple_awaitable);
+  co_return write_done(!ec);
+}
+
+net::awaitable<bool> Exchange::send(std::string_view data) {
+  if (!ok_) co_return false;
+  stream_.expires_after(write_timeout_);
+  const auto chunk = http::make_chunk(net::buffer(data.data(), data.size()));
+  const auto [ec, n] = co_await net::async_write(stream_, chunk, tuple_awaitable);
+  co_return write_done(!ec);
+}
+
+net::awaitable<bool> Exchange::end_stream() {
+  if (!ok_) co_return false;
+  stream_.expires_after(write_timeout_);
+  const auto last = http::make_chunk_last();
+  const auto [ec, n] = co_await net::async_write(stream_, last, tuple_awaitable);
+  co_return write_done(!ec);
+}
+
+// ---- the door ----
+
+namespace {
+
+struct Connection {
+  explicit Connection(tcp::socket socket) : stream(std::move(socket)) {}
+  beast::tcp_stream stream;
+  bool waiting = true;  // for a request (idle, or its head still coming): may be closed for a new one
+  bool spare = false;   // let in past the cap, for the light routes
+  bool evicted = false;
+  std::list<std::shared_ptr<Connection>>::iterator at;
+};
+
+}  // namespace
+
+struct FrontDoor::Impl {
+  Impl(Service& s, DoorOptions o) : service(s), options(o) {}
+
+  Service& service;
+  DoorOptions options;
+  net::io_context io;
+  tcp::acceptor acceptor{io};
+  std::list<std::shared_ptr<Connection>> connections;  // oldest first
+  int spares = 0;
+  bool stopping = false;  // on the door's thread
+  std::atomic<bool> serving{false};
+
+  net::awaitable<void> accept_loop();
+  net::awaitable<void> session(std::shared_ptr<Connection> c);
+  // The refusal of a request, written, then the connection closed (its unread rest
+  // read and dropped for at most 2 s, so that the client reads the answer, not a reset).
+  net::awaitable<void> refuse(Connection& c, const std::string& remote, const Request& request, const Reply& reply);
+  // Whether a connection over the cap may come in: the oldest waiting one closed for
+  // it, else a spare (`spare` set), else none.
+  bool make_room(bool& spare);
+
+  static void close(Connection& c) {
+    error_code ignored;
+    c.stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    c.stream.close();
+  }
+};
+
+bool FrontDoor::Impl::make_room(bool& spare) {
+  spare = false;
+  if (static_cast<int>(connections.size()) - spares < options.max_connections) return true;
+  for (auto it = connections.begin(); it != connections.end(); ++it) {
+    Connection& c = **it;
+    if (!c.waiting) continue;
+    c.evicted = true;
+    if (c.spare) --spares;
+    close(c);
+    connections.erase(it);
+    return true;
+  }
+  if (spares >= options.spare_connections) return false;
+  spare = true;
+  return true;
+}
+
+net::awaitable<void> FrontDoor::Impl::accept_loop() {
+  net::steady_timer pause(io);
+  while (!stopping) {
+    auto [ec, socket] = co_await acceptor.async_accept(tuple_awaitable);
+    if (stopping) break;
+    if (ec) {
+      if (ec == net::error::no_descriptors || ec == net::error::no_buffer_space) {
+        pause.expires_after(std::chrono::milliseconds(50));  // out of descriptors: let some close
+        co_await pause.async_wait(tuple_awaitable);
+      }
+      continue;
+    }
+    bool spare = false;
+    if (!make_room(spare)) continue;  // the socket closes here
+    error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    auto c = std::make_shared<Connection>(std::move(socket));
+    c->spare = spare;
+    if (spare) ++spares;
+    connections.push_back(c);
+    c->at = std::prev(connections.end());
+    net::co_spawn(io, session(std::move(c)), net::detached);
+  }
+}
+
+net::awaitable<void> FrontDoor::Impl::refuse(Connection& c, const std::string& remote, const Request& request,
+                                             const Reply& reply) {
+  Exchange exchange(c.stream, request, remote, /*closing=*/true, options.write_timeout);
+  co_await exchange.reply(reply);
+  service.answered(remote, request, reply.status, true);
+  error_code ignored;
+  c.stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+  std::array<char, 1 << 16> sink;
+  c.stream.expires_after(std::chrono::seconds(2));
+  for (;;) {
+    const auto [ec, n] = co_await c.stream.async_read_some(net::buffer(sink), tuple_awaitable);
+    if (ec) break;
+  }
+}
+
+net::awaitable<void> FrontDoor::Impl::session(std::shared_ptr<Connection> c) {
+  struct Leave {
+    Impl& door;
+    Connection& c;
+    ~Leave() {
+      if (c.evicted) return;
+      if (c.spare) --door.spares;
+      door.connections.erase(c.at);
+      close(c);
+    }
+  } leave{*this, *c};
+  auto& stream = c->stream;
+  std::string remote;
+  {
+    error_code ec;
+    const auto peer = stream.socket().remote_endpoint(ec);
+    if (ec) co_return;
+    remote = peer.address().to_string() + ":" + std::to_string(peer.port());
+  }
+  const size_t head_limit = options.max_line_bytes + options.max_header_bytes;
+  beast::flat_buffer buffer(head_limit + (64 << 10));
+  const Request none;
+  for (bool first = true; !stopping; first = false) {
+    c->waiting = true;
+    if (buffer.size() == 0) {  // the idle time before a request
+      stream.expires_after(first || c->spare ? options.header_timeout : options.idle_timeout);
+      const auto [ec, n] = co_await stream.async_read_some(buffer.prepare(4096), tuple_awaitable);
+      if (ec) break;
+      buffer.commit(n);
+    }
+    http::request_parser<http::string_body> parser;
+    parser.header_limit(static_cast<std::uint32_t>(head_limit));
+    parser.body_limit(boost::none);  // a Content-Length is for early() to judge, after the key
+    stream.expires_after(options.header_timeout);
+    if (const auto [ec, n] = co_await http::async_read_header(stream, buffer, parser, tuple_awaitable); ec) {
+      if (is_gone(ec)) break;
+      Reply refusal;
+      if (ec == http::error::header_limit || ec == http::error::buffer_overflow) {
+        const std::string_view data(static_cast<const char*>(buffer.data().data()), buffer.size());
+        // The parser may have taken the request line from the buffer already.
+        const bool long_line = parser.get().target().empty() &&
+                               data.substr(0, options.max_line_bytes + 2).find("\r\n") == std::string_view::npos;
+        refusal = long_line ? service.refusal(414,
+                                              "the request line is longer than " +
+                                                  std::to_string(options.max_line_bytes) + " bytes",
+                                              "request_line_too_long")
+                            : service.refusal(431,
+                                              "the request's headers are larger than " +
+                                                  std::to_string(options.max_header_bytes) + " bytes",
+                                              "headers_too_large");
+      } else if (ec == http::error::bad_content_length) {
+        refusal = service.refusal(400, "the Content-Length header is not a number", "invalid_request");
+      } else {
+        refusal = service.refusal(400, "the request could not be read: " + ec.message(), "invalid_request");
+      }
+      co_await refuse(*c, remote, none, refusal);
+      break;
+    }
+    c->waiting = false;
+    const Request& head = parser.get();
+    if (head.method_string().size() + head.target().size() + 11 > options.max_line_bytes) {
+      const Reply refusal = service.refusal(
+          414, "the request line is longer than " + std::to_string(options.max_line_bytes) + " bytes",
+          "request_line_too_long");
+      co_await refuse(*c, remote, head, refusal);
+      break;
+    }
+    size_t header_bytes = 2;
+    for (const auto& field : head) header_bytes += field.name_string().size() + field.value().size() + 4;
+    if (header_bytes > options.max_header_bytes) {
+      const Reply refusal = service.refusal(
+          431, "the request's headers are larger than " + std::to_string(options.max_header_bytes) + " bytes",
+          "headers_too_large");
+      co_await refuse(*c, remote, head, refusal);
+      break;
+    }
+    if (c->spare && !service.light(head)) {
+      const Reply refusal = service.refusal(503,
+                                            "the server holds its most connections (" +
+                                                std::to_string(options.max_connections) + "), each busy; try again",
+                                            "too_many_connections");
+      co_await refuse(*c, remote, head, refusal);
+      break;
+    }
+    if (auto early = service.early(head)) {
+      if (may_have_body(head)) {
+        co_await refuse(*c, remote, head, *early);
+        break;
+      }
+      Exchange exchange(stream, head, remote, c->spare, options.write_timeout);
+      co_await exchange.reply(*early);
+      service.answered(remote, head, early->status, !exchange.keep_alive());
+      if (!exchange.keep_alive()) break;
+      continue;
+    }
+    if (!parser.is_done()) {
+      if (expects_continue(head)) {
+        static constexpr std::string_view go_on = "HTTP/1.1 100 Continue\r\n\r\n";
+        stream.expires_after(options.write_timeout);
+        if (const auto [ec, n] = co_await net::async_write(stream, net::buffer(go_on), tuple_awaitable); ec) break;
+      }
+      parser.body_limit(options.max_body_bytes);
+      stream.expires_after(options.body_timeout);
+      if (const auto [ec, n] = co_await http::async_read(stream, buffer, parser, tuple_awaitable); ec) {
+        Reply refusal;
+        if (ec == http::error::body_limit) {
+          refusal = service.refusal(
+              413, "the request body is larger than " + std::to_string(options.max_body_bytes) + " bytes",
+              "request_too_large");
+        } else if (ec != beast::error::timeout && ec != net::error::operation_aborted) {
+          refusal = service.refusal(400,
+                                    "the request body could not be read (malformed chunked encoding, or the client "
+                                    "left): " +
+                                        ec.message(),
+                                    "invalid_request");
+        }
+        if (refusal.status != 200) co_await refuse(*c, remote, head, refusal);
+        break;
+      }
+    }
+    stream.expires_never();
+    const Request request = parser.release();
+    Exchange exchange(stream, request, remote, c->spare, options.write_timeout);
+    co_await service.serve(exchange);
+    service.answered(remote, request, exchange.status(), !exchange.keep_alive() || stopping);
+    if (!exchange.keep_alive()) break;
+  }
+  error_code ignored;
+  stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+}
+
+FrontDoor::FrontDoor(Service& service, DoorOptions options) : impl_(std::make_unique<Impl>(service, options)) {}
+
+FrontDoor::~FrontDoor() = default;
+
+int FrontDoor::bind(const std::string& host, int port) {
+  tcp::resolver resolver(impl_->io);
+  error_code ec;
+  const auto found = resolver.resolve(host, std::to_string(port), tcp::resolver::passive, ec);
+  if (ec || found.empty()) throw std::runtime_error(why_not_listen(host, port, ec, true));
+  const tcp::endpoint at = found.begin()->endpoint();
+  auto& acceptor = impl_->acceptor;
+  acceptor.open(at.protocol(), ec);
+  if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor.bind(at, ec);
+  if (!ec) acceptor.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) {
+    acceptor.close();
+    throw std::runtime_error(why_not_listen(host, port, ec, false));
+  }
+  return acceptor.local_endpoint().port();
+}
+
+void FrontDoor::run() {
+  net::co_spawn(impl_->io, impl_->accept_loop(), net::detached);
+  impl_->serving = true;
+  impl_->io.run();
+  impl_->serving = false;
+}
+
+void FrontDoor::stop() {
+  net::post(impl_->io, [impl = impl_.get()] {
+    impl->stopping = true;
+    error_code ignored;
+    impl->acceptor.close(ignored);
+    for (auto& c : impl->connections) {
+      if (c->waiting) Impl::close(*c);
+    }
+  });
+}
+
+bool FrontDoor::running() const { return impl_->serving; }
+
+net::any_io_executor FrontDoor::executor() { return impl_->io.get_executor(); }
+
+}  // namespace serve
