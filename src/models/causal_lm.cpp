@@ -108,6 +108,7 @@ void bind_linear(torchattn::Linear& layer, torchattn::WeightFormat format,
 std::vector<std::string> DecoderLayerImpl::check_frozen(torchattn::WeightFormat format,
                                                         const std::map<std::string, at::Tensor>& weights,
                                                         const std::string& prefix) const {
+  torchattn::check_weight_format(format, "DecoderLayer: check_frozen: format");
   const auto linears = linears_of(*this);
   std::vector<std::string> names;
   for (size_t i = 0; i < linears.size(); ++i) {
@@ -190,6 +191,7 @@ CausalLMImpl::CausalLMImpl(const DecoderConfig& config, int64_t context_length)
 
 CausalLMImpl::CausalLMImpl(const DecoderConfig& config, int64_t context_length, torchattn::WeightFormat frozen)
     : CausalLMImpl(config, context_length, Init::ForLoading) {
+  torchattn::check_weight_format(frozen, "CausalLM(config, context_length, frozen): frozen");
   TORCH_CHECK(
       frozen != torchattn::WeightFormat::DynamicInt8,
       "CausalLM: a model built for frozen weights takes bfloat16 or int8 (load_frozen_state), got dynamic-int8 ",
@@ -297,6 +299,7 @@ torchattn::NamedTensors CausalLMImpl::frozen_state() const {
 }
 
 void CausalLMImpl::load_frozen_state(torchattn::NamedTensors tensors, torchattn::WeightFormat format) {
+  torchattn::check_weight_format(format, "CausalLM: load_frozen_state: format");
   TORCH_CHECK(format == torchattn::WeightFormat::BFloat16 || format == torchattn::WeightFormat::Int8,
               "CausalLM: load_frozen_state takes bfloat16 or int8 weights, got ", torchattn::to_string(format));
   TORCH_CHECK(!output_head()->frozen(), "CausalLM: load_frozen_state needs a model not yet frozen");
@@ -446,15 +449,39 @@ std::string offsets_text(const int64_t* c, int64_t n) {
   return out + "]";
 }
 
+// The first id of CPU `ids` outside [0, limit), and its index ("i, j" for 2-D ids);
+// none when all are inside, or when the ids are on a device (checking there would wait
+// for it).
+std::optional<std::pair<int64_t, std::string>> id_out_of_range(const at::Tensor& ids, int64_t limit) {
+  if (!ids.is_cpu() || ids.numel() == 0) return std::nullopt;
+  const auto [low, high] = at::aminmax(ids);
+  const int64_t lo = low.item<int64_t>(), hi = high.item<int64_t>();
+  if (lo >= 0 && hi < limit) return std::nullopt;
+  const int64_t bad = lo < 0 ? lo : hi;
+  const at::Tensor where = ids.eq(bad).nonzero()[0];
+  std::string at_index;
+  for (int64_t d = 0; d < where.numel(); ++d) at_index += (d ? ", " : "") + std::to_string(where[d].item<int64_t>());
+  return std::make_pair(bad, at_index);
+}
+
 }  // namespace
 
 at::Tensor packed_next_token_loss(const at::Tensor& logits, const at::Tensor& ids, const at::Tensor& cu_seqlens) {
   TORCH_CHECK(logits.dim() == 2 && ids.dim() == 1 && logits.size(0) == ids.size(0),
               "packed_next_token_loss: expected logits [N, vocab] and ids [N], got ", logits.sizes(), " and ",
               ids.sizes());
-  TORCH_CHECK(cu_seqlens.defined() && cu_seqlens.dim() == 1 &&
-                  (cu_seqlens.scalar_type() == at::kInt || cu_seqlens.scalar_type() == at::kLong),
-              "packed_next_token_loss: expected cu_seqlens [S + 1] int32 or int64");
+  TORCH_CHECK(cu_seqlens.defined(), "packed_next_token_loss: expected cu_seqlens [S + 1] int32 or int64, got an "
+              "undefined tensor");
+  TORCH_CHECK(cu_seqlens.dim() == 1 && (cu_seqlens.scalar_type() == at::kInt || cu_seqlens.scalar_type() == at::kLong),
+              "packed_next_token_loss: expected cu_seqlens [S + 1] int32 or int64, got ", cu_seqlens.scalar_type(), " ",
+              cu_seqlens.sizes());
+  TORCH_CHECK(ids.scalar_type() == at::kLong || ids.scalar_type() == at::kInt,
+              "packed_next_token_loss: expected ids int64 or int32 (token ids), got ", ids.scalar_type());
+  // Not left to cross_entropy's "Target ... is out of bounds".
+  if (const auto bad = id_out_of_range(ids, logits.size(1))) {
+    TORCH_CHECK(false, "packed_next_token_loss: expected ids in [0, ", logits.size(1), ") (the logits' vocabulary), got ",
+                bad->first, " at [", bad->second, "] of the ids ", ids.sizes());
+  }
   const at::Tensor cu = cu_seqlens.to(at::kCPU, at::kLong).contiguous();
   const int64_t* c = cu.const_data_ptr<int64_t>();
   const int64_t N = ids.size(0);
@@ -475,25 +502,16 @@ at::Tensor packed_next_token_loss(const at::Tensor& logits, const at::Tensor& id
   // Half-precision logits summed in float32, as transformers' loss upcasts them.
   at::Tensor picked = logits.index_select(0, from);
   if (picked.scalar_type() == at::kHalf || picked.scalar_type() == at::kBFloat16) picked = picked.to(at::kFloat);
-  return at::cross_entropy_loss(picked, ids.index_select(0, from + 1));
+  return at::cross_entropy_loss(picked, ids.index_select(0, from + 1).to(at::kLong));
 }
 
 at::Tensor CausalLMImpl::embed(const at::Tensor& ids) {
   // CPU ids are checked here (a reduction over a few ids), not left to the embedding's
   // "index out of range in self"; on CUDA that check would wait for the device at every
   // step.
-  if (ids.is_cpu() && ids.numel() > 0) {
-    const auto [low, high] = at::aminmax(ids);
-    const int64_t lo = low.item<int64_t>(), hi = high.item<int64_t>();
-    if (lo < 0 || hi >= config_.vocab_size) {
-      const int64_t bad = lo < 0 ? lo : hi;
-      const at::Tensor where = ids.eq(bad).nonzero()[0];
-      std::string at_index;
-      for (int64_t d = 0; d < where.numel(); ++d)
-        at_index += (d ? ", " : "") + std::to_string(where[d].item<int64_t>());
-      TORCH_CHECK(false, "CausalLM: expected token ids in [0, ", config_.vocab_size,
-                  ") (the config's vocab_size), got ", bad, " at [", at_index, "] of the ids ", ids.sizes());
-    }
+  if (const auto bad = id_out_of_range(ids, config_.vocab_size)) {
+    TORCH_CHECK(false, "CausalLM: expected token ids in [0, ", config_.vocab_size, ") (the config's vocab_size), got ",
+                bad->first, " at [", bad->second, "] of the ids ", ids.sizes());
   }
   at::Tensor x;
   if (!torchattn::is_placeholder(embed_tokens->weight)) {

@@ -87,6 +87,7 @@ torchattn::WeightFormat load_folder_weights(CausalLM& model, const std::string& 
 
 CausalLM load_causal_lm(const DecoderConfig& config, int64_t context_length, const std::string& folder,
                         torchattn::WeightFormat format, bool verify) {
+  torchattn::check_weight_format(format, "models::load_causal_lm: format");
   const auto saved = saved_weight_format(folder);
   CausalLM model = saved ? CausalLM(config, context_length, *saved)
                          : CausalLM(config, context_length, Init::ForLoading);

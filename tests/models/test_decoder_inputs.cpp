@@ -1,6 +1,7 @@
 // What a decoder says of inputs it cannot take, on the user's surface: token ids outside
 // the vocabulary (every entry: forward, forward_packed, perplexity) and
-// packed_next_token_loss's offsets, named as values, never as a printed tensor.
+// packed_next_token_loss's ids and offsets, named as values, never as a printed tensor;
+// a WeightFormat outside the enum.
 
 #include "common/expect_error.h"
 #include "models/tiny_decoder.h"
@@ -55,6 +56,34 @@ TEST(DecoderInputs, PackedLossNamesTheOffsetsAsValues) {
   EXPECT_HAS(error, ", ... (41 values)]");
   EXPECT_EQ(error.find("Long{"), std::string::npos) << error;
   EXPECT_EQ(error.find("[ CPULongType"), std::string::npos) << error;
+}
+
+TEST(DecoderInputs, PackedLossNamesItsIdsAndOffsets) {
+  const auto logits = torch::randn({5, 96});
+  const auto cu = torch::tensor({0, 5});
+  expect_error([&] { models::packed_next_token_loss(logits, torch::tensor({1, 2, 96, 4, 5}, torch::kLong), cu); },
+               "packed_next_token_loss: expected ids in [0, 96) (the logits' vocabulary), got 96 at [2] of the ids [5]");
+  expect_error([&] { models::packed_next_token_loss(logits, torch::tensor({1, -5, 3, 4, 5}, torch::kLong), cu); },
+               "got -5 at [1]");
+  expect_error([&] { models::packed_next_token_loss(logits, torch::tensor({1.0, 2.0, 3.0, 4.0, 5.0}), cu); },
+               "packed_next_token_loss: expected ids int64 or int32 (token ids), got Float");
+  const auto ids = torch::tensor({1, 2, 3, 4, 5}, torch::kLong);
+  expect_error([&] { models::packed_next_token_loss(logits, ids, torch::tensor({0.0, 5.0})); },
+               "packed_next_token_loss: expected cu_seqlens [S + 1] int32 or int64, got Float [2]");
+  expect_error([&] { models::packed_next_token_loss(logits, ids, torch::tensor({{0, 5}})); }, "got Long [1, 2]");
+  EXPECT_TRUE(torch::isfinite(models::packed_next_token_loss(logits, ids.to(torch::kInt), cu)).item<bool>());
+}
+
+// A WeightFormat outside the enum, named by the argument that took it.
+TEST(DecoderInputs, WeightFormatOutsideTheEnumIsNamed) {
+  const auto format = static_cast<torchattn::WeightFormat>(42);
+  expect_error([&] { models::CausalLM(tiny_decoder_config({}), 64, format); },
+               "CausalLM(config, context_length, frozen): frozen: expected WeightFormat::Float32, BFloat16, Int8 or "
+               "DynamicInt8, got the value 42");
+  models::CausalLM model = tiny();
+  expect_error([&] { model->load_frozen_state({}, format); }, "CausalLM: load_frozen_state: format: expected");
+  expect_error([&] { models::load_causal_lm(tiny_decoder_config({}), 64, "no-such-folder", format); },
+               "models::load_causal_lm: format: expected WeightFormat::Float32");
 }
 
 }  // namespace

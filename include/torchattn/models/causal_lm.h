@@ -218,7 +218,8 @@ TORCH_MODULE(CausalLM);
 /// (forward_packed's) against ids [N] over the pairs (i, i + 1) inside one document
 /// (cu_seqlens as forward_packed; a document's last token predicts nothing), as
 /// transformers' loss with labels -100 at each document's first token. Needs at least
-/// one document of two tokens or more.
+/// one document of two tokens or more; ids int64 or int32, in [0, vocab) (checked on
+/// the CPU).
 at::Tensor packed_next_token_loss(const at::Tensor& logits, const at::Tensor& ids, const at::Tensor& cu_seqlens);
 
 }  // namespace torchattn::models
