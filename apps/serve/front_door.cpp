@@ -254,6 +254,7 @@ net::awaitable<void> FrontDoor::Impl::session(std::shared_ptr<Connection> c) {
     parser.body_limit(boost::none);  // a Content-Length is for early() to judge, after the key
     stream.expires_after(options.header_timeout);
     if (const auto [ec, n] = co_await http::async_read_header(stream, buffer, parser, tuple_awaitable); ec) {
+      if (ec == beast::error::timeout) service.answered(remote, none, 408, true);  // logged; the socket is closed
       if (is_gone(ec)) break;
       Reply refusal;
       if (ec == http::error::header_limit || ec == http::error::buffer_overflow) {
@@ -280,18 +281,20 @@ net::awaitable<void> FrontDoor::Impl::session(std::shared_ptr<Connection> c) {
     c->waiting = false;
     const Request& head = parser.get();
     if (head.method_string().size() + head.target().size() + 11 > options.max_line_bytes) {
-      const Reply refusal = service.refusal(
-          414, "the request line is longer than " + std::to_string(options.max_line_bytes) + " bytes",
-          "request_line_too_long");
+      const Reply refusal = service.refusal(414,
+                                            "the request line is longer than " +
+                                                std::to_string(options.max_line_bytes) + " bytes",
+                                            "request_line_too_long");
       co_await refuse(*c, remote, head, refusal);
       break;
     }
     size_t header_bytes = 2;
     for (const auto& field : head) header_bytes += field.name_string().size() + field.value().size() + 4;
     if (header_bytes > options.max_header_bytes) {
-      const Reply refusal = service.refusal(
-          431, "the request's headers are larger than " + std::to_string(options.max_header_bytes) + " bytes",
-          "headers_too_large");
+      const Reply refusal = service.refusal(431,
+                                            "the request's headers are larger than " +
+                                                std::to_string(options.max_header_bytes) + " bytes",
+                                            "headers_too_large");
       co_await refuse(*c, remote, head, refusal);
       break;
     }
@@ -325,9 +328,10 @@ net::awaitable<void> FrontDoor::Impl::session(std::shared_ptr<Connection> c) {
       if (const auto [ec, n] = co_await http::async_read(stream, buffer, parser, tuple_awaitable); ec) {
         Reply refusal;
         if (ec == http::error::body_limit) {
-          refusal = service.refusal(
-              413, "the request body is larger than " + std::to_string(options.max_body_bytes) + " bytes",
-              "request_too_large");
+          refusal = service.refusal(413,
+                                    "the request body is larger than " + std::to_string(options.max_body_bytes) +
+                                        " bytes",
+                                    "request_too_large");
         } else if (ec != beast::error::timeout && ec != net::error::operation_aborted) {
           refusal = service.refusal(400,
                                     "the request body could not be read (malformed chunked encoding, or the client "
@@ -336,13 +340,29 @@ net::awaitable<void> FrontDoor::Impl::session(std::shared_ptr<Connection> c) {
                                     "invalid_request");
         }
         if (refusal.status != 200) co_await refuse(*c, remote, head, refusal);
+        if (ec == beast::error::timeout) service.answered(remote, head, 408, true);
         break;
       }
     }
     stream.expires_never();
     const Request request = parser.release();
     Exchange exchange(stream, request, remote, c->spare, options.write_timeout);
-    co_await service.serve(exchange);
+    std::string failure;  // what the service threw: a 500 if nothing was written yet, and the end
+    try {
+      co_await service.serve(exchange);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    } catch (...) {
+      failure = "unknown error";
+    }
+    if (!failure.empty()) {
+      service.internal_error(request, failure);
+      if (exchange.status() == 0) {
+        const Reply reply = service.refusal(500, "internal error: " + failure, "");
+        co_await refuse(*c, remote, request, reply);
+      }
+      break;
+    }
     service.answered(remote, request, exchange.status(), !exchange.keep_alive() || stopping);
     if (!exchange.keep_alive()) break;
   }

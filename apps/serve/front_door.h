@@ -71,7 +71,8 @@ class Exchange {
  public:
   Exchange(boost::beast::tcp_stream& stream, const Request& request, std::string remote, bool closing,
            std::chrono::milliseconds write_timeout)
-      : stream_(stream), request_(request), remote_(std::move(remote)), closing_(closing), write_timeout_(write_timeout) {}
+      : stream_(stream), request_(request), remote_(std::move(remote)), closing_(closing),
+        write_timeout_(write_timeout) {}
 
   const Request& request() const { return request_; }
   /// "ADDR:PORT" of the client.
@@ -117,8 +118,13 @@ class Service {
   virtual net::awaitable<void> serve(Exchange& exchange) = 0;
   /// The reply to a request the door refuses: `status`, the message, OpenAI's error code.
   virtual Reply refusal(int status, const std::string& message, const std::string& code) const = 0;
+  /// What serve() threw for `request` (the door then answers 500 if nothing was
+  /// written, and closes the connection).
+  virtual void internal_error(const Request& request, const std::string& what) = 0;
   /// After each answer the door or the service wrote: `request` (empty when the head
-  /// could not be read), its status, and whether the connection was then closed.
+  /// could not be read), its status, and whether the connection was then closed. A
+  /// head or body that did not come in time comes as 408, closed (nothing is written:
+  /// the socket is closed at the deadline).
   virtual void answered(const std::string& remote, const Request& request, int status, bool closed) = 0;
 };
 

@@ -172,8 +172,11 @@ struct Server::Impl final : Service {
   }
   net::awaitable<void> serve(Exchange& exchange) override;
   Reply refusal(int status, const std::string& message, const std::string& code) const override {
-    return error_reply(
-        ApiError(status, status == 503 ? "unavailable_error" : "invalid_request_error", message, "", code));
+    const char* type = status == 503 ? "unavailable_error" : status >= 500 ? "server_error" : "invalid_request_error";
+    return error_reply(ApiError(status, type, message, "", code));
+  }
+  void internal_error(const Request& request, const std::string& what) override {
+    log("internal error on " + std::string(request.method_string()) + " " + path_of(request) + ": " + what);
   }
   void answered(const std::string& remote, const Request& request, int status, bool closed) override {
     const std::string path = path_of(request);
@@ -229,7 +232,8 @@ net::awaitable<void> Server::Impl::serve(Exchange& exchange) {
       co_await completions(exchange, route == Route::ChatCompletions);
       break;
     case Route::Models:
-      reply = Reply{200, "application/json", models_json(options.model_name(), created, model.model()->context_length())};
+      reply = Reply{200, "application/json",
+                    models_json(options.model_name(), created, model.model()->context_length())};
       co_await exchange.reply(reply);
       break;
     case Route::Health:
@@ -302,6 +306,16 @@ net::awaitable<void> Server::Impl::completions(Exchange& exchange, bool chat) {
     log(completion_line(who, error->status, false, start));
     co_return;
   }
+  // However the answer ends (written, the client gone, an exception): the engine's
+  // request ended (ignored when it finished) and forgotten.
+  struct Release {
+    Impl& impl;
+    int64_t id;
+    ~Release() {
+      impl.engine.cancel(id);
+      impl.unregister(id);
+    }
+  } release{*this, s.id};
   ++served;
   s.run = std::make_shared<CompletionRun>(s.request, model, static_cast<int64_t>(engine_request.prompt.size()));
   s.completion_id = random_id(chat ? "chatcmpl-" : "cmpl-");
@@ -356,14 +370,11 @@ net::awaitable<void> Server::Impl::answer_whole(Exchange& exchange, const std::s
       const ApiError e = abort_error(*s.channel);
       const Reply reply = error_reply(e);
       co_await exchange.reply(reply);
-      unregister(s.id);
       log(completion_line(who, e.status, false, start, &run, run.done()));
       co_return;
     }
     if (got == Channel::Pop::Event) run.apply(event);
   }
-  if (run.cancel_engine()) engine.cancel(s.id);
-  unregister(s.id);
   const Reply reply{200, "application/json",
                     completion_json(s.request, s.completion_id, s.created, options.model_name(), run.text(),
                                     run.finish_reason(), run.usage(), run.ids(), run.logprobs())};
@@ -376,8 +387,6 @@ net::awaitable<void> Server::Impl::answer_stream(Exchange& exchange, const std::
   const std::vector<std::pair<std::string, std::string>> headers{{"Cache-Control", "no-cache"}};
   bool ok = co_await exchange.begin_stream("text/event-stream", headers);
   if (ok) ok = co_await stream_events(exchange, s);
-  if (!s.run->done() || !ok) engine.cancel(s.id);  // the client left: its blocks go back
-  unregister(s.id);
   log(completion_line(who, 200, true, start, s.run.get(), s.run->done() && ok));
 }
 
