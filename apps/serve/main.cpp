@@ -25,12 +25,12 @@
 
 #include <csignal>
 #include <cstdio>
+#include <csignal>
 #include <filesystem>
 #include <thread>
 #include <vector>
 
 #include <pthread.h>
-#include <signal.h>
 
 int main(int argc, char** argv) {
   CLI::App app{"Serves a Hugging Face decoder folder over OpenAI's API (chat and text completions, streamed or not)"};

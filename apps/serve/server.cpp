@@ -476,7 +476,7 @@ std::optional<Reply> Server::Impl::early(const Request& head) {
       if (failed != std::errc() || bytes > options.max_body_bytes()) return error(too_large(options.max_body_bytes()));
     }
     const std::string_view type = head[http::field::content_type];
-    if (type.substr(0, 19) == "multipart/form-data") {
+    if (type.starts_with("multipart/form-data")) {
       return error(ApiError(415, "invalid_request_error",
                             "the request body must be JSON (Content-Type: application/json), "
                             "got multipart/form-data"));

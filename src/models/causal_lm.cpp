@@ -471,7 +471,7 @@ at::Tensor packed_next_token_loss(const at::Tensor& logits, const at::Tensor& id
               "packed_next_token_loss: expected logits [N, vocab] and ids [N], got ", logits.sizes(), " and ",
               ids.sizes());
   TORCH_CHECK(cu_seqlens.defined(), "packed_next_token_loss: expected cu_seqlens [S + 1] int32 or int64, got an "
-              "undefined tensor");
+                                    "undefined tensor");
   TORCH_CHECK(cu_seqlens.dim() == 1 && (cu_seqlens.scalar_type() == at::kInt || cu_seqlens.scalar_type() == at::kLong),
               "packed_next_token_loss: expected cu_seqlens [S + 1] int32 or int64, got ", cu_seqlens.scalar_type(), " ",
               cu_seqlens.sizes());
@@ -479,8 +479,8 @@ at::Tensor packed_next_token_loss(const at::Tensor& logits, const at::Tensor& id
               "packed_next_token_loss: expected ids int64 or int32 (token ids), got ", ids.scalar_type());
   // Not left to cross_entropy's "Target ... is out of bounds".
   if (const auto bad = id_out_of_range(ids, logits.size(1))) {
-    TORCH_CHECK(false, "packed_next_token_loss: expected ids in [0, ", logits.size(1), ") (the logits' vocabulary), got ",
-                bad->first, " at [", bad->second, "] of the ids ", ids.sizes());
+    TORCH_CHECK(false, "packed_next_token_loss: expected ids in [0, ", logits.size(1),
+                ") (the logits' vocabulary), got ", bad->first, " at [", bad->second, "] of the ids ", ids.sizes());
   }
   const at::Tensor cu = cu_seqlens.to(at::kCPU, at::kLong).contiguous();
   const int64_t* c = cu.const_data_ptr<int64_t>();

@@ -4,6 +4,10 @@
 
 int main(int argc, char** argv) {
   namespace models = torchattn::models;
+  if (argc != 3) {
+    std::cerr << "usage: " << argv[0] << " DECODER_FOLDER ENCODER_FOLDER\n";
+    return 2;
+  }
   // A decoder folder (llama, qwen2, mistral): text in, text out.
   auto lm = models::LanguageModel::from_pretrained(argv[1]);
   auto answers = lm.generate({lm.chat_prompt("What is the capital of France?")},

@@ -61,8 +61,9 @@ TEST(DecoderInputs, PackedLossNamesTheOffsetsAsValues) {
 TEST(DecoderInputs, PackedLossNamesItsIdsAndOffsets) {
   const auto logits = torch::randn({5, 96});
   const auto cu = torch::tensor({0, 5});
-  expect_error([&] { models::packed_next_token_loss(logits, torch::tensor({1, 2, 96, 4, 5}, torch::kLong), cu); },
-               "packed_next_token_loss: expected ids in [0, 96) (the logits' vocabulary), got 96 at [2] of the ids [5]");
+  expect_error(
+      [&] { models::packed_next_token_loss(logits, torch::tensor({1, 2, 96, 4, 5}, torch::kLong), cu); },
+      "packed_next_token_loss: expected ids in [0, 96) (the logits' vocabulary), got 96 at [2] of the ids [5]");
   expect_error([&] { models::packed_next_token_loss(logits, torch::tensor({1, -5, 3, 4, 5}, torch::kLong), cu); },
                "got -5 at [1]");
   expect_error([&] { models::packed_next_token_loss(logits, torch::tensor({1.0, 2.0, 3.0, 4.0, 5.0}), cu); },
