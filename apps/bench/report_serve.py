@@ -3,7 +3,9 @@
 1, 4 and 16 concurrent clients, transformers' batched generate on the same prompts, the
 KV memory in use, a long prompt arriving, and the targets checked.
 
-Usage: report_serve.py --json serve.json [--out DIR]
+With --soak (soak_serve.py's JSON): the server's resident memory over 5,000 requests.
+
+Usage: report_serve.py --json serve.json [--soak soak.json] [--out DIR]
 """
 
 import argparse
@@ -18,9 +20,34 @@ def ms(s):
     return f"{s * 1e3:.1f}"
 
 
+def soak_section(k):
+    """The server's resident memory over a long mixed run (apps/serve/soak_serve.py)."""
+    growth = k["growth_last_4000_mib"]
+    first, last = k["samples"][0]["rss_mib"], k["samples"][-1]["rss_mib"]
+    md = ["## Memory over time", "",
+          f"Made by apps/serve/soak_serve.py in the same `make bench` run: a server with a KV pool of "
+          f"{k['kv_tokens']} tokens, the pool made warm first ({k['warm_requests']} prompts of about 1,900 distinct "
+          "tokens at once: the pool's blocks are taken lowest first, so its memory is touched up to the most "
+          "blocks ever held at once, and these hold more at once than the requests after), then {k['requests']} mixed requests from 8 clients at once (chat and text completions, "
+          "streamed or not, prompts of 100 to 1,500 characters, 4 to 15 tokens each, sampled; one stream in ten "
+          "dropped by its client after its first chunk). The server's resident memory (VmRSS) after each "
+          f"{k['every']} requests, MiB; {k['errors']} requests failed, {k['kv_blocks_used_after']} KV blocks were "
+          f"in use after, {k['wall_s']:.0f} s in all.", "",
+          "| requests | " + " | ".join(str(x["requests"]) for x in k["samples"]) + " |",
+          "|---" * (len(k["samples"]) + 1) + "|",
+          "| resident MiB | " + " | ".join(f"{x['rss_mib']:.1f}" for x in k["samples"]) + " |", "",
+          f"From the warm pool to the end: {last - first:+.1f} MiB; over the last {min(4000, k['requests'])} "
+          f"requests: {growth:+.1f} MiB.", "",
+          "| target | measured | met |", "|---|---|---|",
+          f"| resident memory grows <= 32 MiB over the last 4,000 of 5,000 requests | {growth:.1f} MiB | "
+          f"{'yes' if growth <= 32 and k['requests'] >= 5000 else '**no**'} |", ""]
+    return md
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
+    ap.add_argument("--soak", help="soak_serve.py's JSON")
     ap.add_argument("--out", default="apps/bench/results")
     a = ap.parse_args()
     j = json.load(open(a.json))
@@ -111,6 +138,8 @@ def main():
                f"{sixteen['tpot_median_s'] / floor['median_s']:.2f}x that. transformers' batch 16 makes "
                f"{hf[16]['tokens_per_s']:.1f} tokens/s; twice that means 16 tokens every {ms(need)} ms for "
                f"everything, prefill included: {need / floor['median_s']:.2f}x those plain linear layers.", ""]
+    if a.soak:
+        md += soak_section(json.load(open(a.soak)))
     if j.get("notes"):
         md += j["notes"]
     os.makedirs(a.out, exist_ok=True)

@@ -66,7 +66,13 @@ case "$device" in
       [ "$quick" = 1 ] && pyargs=(--quick)
       .venv/bin/python apps/serve/bench_serve.py --server ./build/apps/serve/torchattn_serve --model "$smollm2" \
         --threads 2 --json "$out/serve.json" ${pyargs[@]+"${pyargs[@]}"}
-      .venv/bin/python apps/bench/report_serve.py --json "$out/serve.json" --out "$docs" >/dev/null
+      # The server's memory over 5,000 mixed requests (500 with --quick).
+      soak_requests=5000
+      [ "$quick" = 1 ] && soak_requests=500
+      .venv/bin/python apps/serve/soak_serve.py --server ./build/apps/serve/torchattn_serve --model "$smollm2" \
+        --threads 2 --requests "$soak_requests" --json "$out/serve-soak.json"
+      .venv/bin/python apps/bench/report_serve.py --json "$out/serve.json" --soak "$out/serve-soak.json" \
+        --out "$docs" >/dev/null
       echo "bench: wrote $docs/serve.md"
     }
     # Weight formats: ours in float32, bfloat16, int8 and dynamic-int8 beside CTranslate2 and
