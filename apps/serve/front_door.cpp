@@ -154,6 +154,17 @@ struct FrontDoor::Impl {
   // Whether a connection over the cap may come in: the oldest waiting one closed for
   // it, else a spare (`spare` set), else none.
   bool make_room(bool& spare);
+  // The refusals of a head past the limits: 414 and 431.
+  Reply line_too_long() const {
+    return service.refusal(414, "the request line is longer than " + std::to_string(options.max_line_bytes) + " bytes",
+                           "request_line_too_long");
+  }
+  Reply headers_too_large() const {
+    return service.refusal(431,
+                           "the request's headers are larger than " + std::to_string(options.max_header_bytes) +
+                               " bytes",
+                           "headers_too_large");
+  }
 
   static void close(Connection& c) {
     error_code ignored;
@@ -262,14 +273,7 @@ net::awaitable<void> FrontDoor::Impl::session(std::shared_ptr<Connection> c) {
         // The parser may have taken the request line from the buffer already.
         const bool long_line = parser.get().target().empty() &&
                                data.substr(0, options.max_line_bytes + 2).find("\r\n") == std::string_view::npos;
-        refusal = long_line ? service.refusal(414,
-                                              "the request line is longer than " +
-                                                  std::to_string(options.max_line_bytes) + " bytes",
-                                              "request_line_too_long")
-                            : service.refusal(431,
-                                              "the request's headers are larger than " +
-                                                  std::to_string(options.max_header_bytes) + " bytes",
-                                              "headers_too_large");
+        refusal = long_line ? line_too_long() : headers_too_large();
       } else if (ec == http::error::bad_content_length) {
         refusal = service.refusal(400, "the Content-Length header is not a number", "invalid_request");
       } else {
@@ -280,21 +284,12 @@ net::awaitable<void> FrontDoor::Impl::session(std::shared_ptr<Connection> c) {
     }
     c->waiting = false;
     const Request& head = parser.get();
-    if (head.method_string().size() + head.target().size() + 11 > options.max_line_bytes) {
-      const Reply refusal = service.refusal(414,
-                                            "the request line is longer than " +
-                                                std::to_string(options.max_line_bytes) + " bytes",
-                                            "request_line_too_long");
-      co_await refuse(*c, remote, head, refusal);
-      break;
-    }
+    // A head under the parser's limit (line and headers together) may still pass one of them.
     size_t header_bytes = 2;
     for (const auto& field : head) header_bytes += field.name_string().size() + field.value().size() + 4;
-    if (header_bytes > options.max_header_bytes) {
-      const Reply refusal = service.refusal(431,
-                                            "the request's headers are larger than " +
-                                                std::to_string(options.max_header_bytes) + " bytes",
-                                            "headers_too_large");
+    const bool long_line = head.method_string().size() + head.target().size() + 11 > options.max_line_bytes;
+    if (long_line || header_bytes > options.max_header_bytes) {
+      const Reply refusal = long_line ? line_too_long() : headers_too_large();
       co_await refuse(*c, remote, head, refusal);
       break;
     }
