@@ -41,6 +41,19 @@ def main():
     want_cos = float((e[0] * e[1]).sum())
     got_cos = float(cosine_line.split(":")[1])
     failures = []
+    # Misuse, as README's program meets it: no arguments (its usage), a folder that is
+    # not there (the library's words, exit 1, not an abort), and the answer kept when
+    # only the encoder's folder is missing.
+    none = subprocess.run([a.exe], capture_output=True, text=True)
+    if none.returncode != 2 or "usage:" not in none.stderr:
+        failures.append(f"without arguments: exit {none.returncode}, stderr {none.stderr!r}")
+    missing = subprocess.run([a.exe, "/nonexistent-folder", minilm], capture_output=True, text=True)
+    if missing.returncode != 1 or "'/nonexistent-folder' is not a folder" not in missing.stderr or \
+            "terminate" in missing.stderr:
+        failures.append(f"a missing decoder folder: exit {missing.returncode}, stderr {missing.stderr!r}")
+    half = subprocess.run([a.exe, a.smollm2, "/nonexistent-folder"], capture_output=True, text=True)
+    if half.returncode != 1 or not half.stdout.startswith(text):
+        failures.append(f"a missing encoder folder: exit {half.returncode}, stdout {half.stdout!r}")
     if text != want_text:
         failures.append(f"generated {text!r}, transformers {want_text!r}")
     if abs(got_cos - want_cos) > 1e-5:

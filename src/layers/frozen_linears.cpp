@@ -4,7 +4,29 @@
 
 #include <c10/util/Exception.h>
 
+#include <string>
+
 namespace torchattn {
+
+namespace {
+
+// A stored weight's dtype in the words of the weight formats (int8, not Char).
+std::string dtype_words(at::ScalarType t) {
+  switch (t) {
+    case at::kChar:
+      return "int8";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kFloat:
+      return "float32";
+    case at::kHalf:
+      return "float16";
+    default:
+      return c10::toString(t);
+  }
+}
+
+}  // namespace
 
 void append_frozen_weights(NamedTensors& out, const std::string& prefix, const std::vector<std::string>& names,
                            const PackedLinear& pack) {
@@ -30,7 +52,8 @@ void check_frozen_weights(WeightFormat format, const std::map<std::string, at::T
     const std::string name = prefix + names[i];
     const at::Tensor& w = get(name);
     TORCH_CHECK(w.scalar_type() == (int8 ? at::kChar : at::kBFloat16), what, ": expected the frozen '", name, "' ",
-                int8 ? "int8" : "bfloat16", ", got ", w.scalar_type());
+                int8 ? "int8" : "bfloat16", " (the weight format asked for), got ", dtype_words(w.scalar_type()),
+                " weights (saved in another format?)");
     TORCH_CHECK(w.sizes() == like[i].sizes(), what, ": expected the frozen '", name, "' ", like[i].sizes(),
                 " (the model's shape), got ", w.sizes(), " (weights of another model?)");
     if (!int8) continue;

@@ -99,6 +99,11 @@ at::Tensor PackedLinear::forward(const at::Tensor& x, at::ArrayRef<at::Tensor> w
     TORCH_CHECK(!kernels::cpu::needs_grad(x), "PackedLinear: the layer keeps only its ", to_string(format_),
                 " weights, for inference: no gradient flows through them (run under torch::NoGradGuard, or load "
                 "float32 weights to train)");
+    // Not left to the kernel's words: a part of a frozen model moved with to() is the
+    // likely cause (the model's own to() refuses).
+    TORCH_CHECK(x.is_cpu() && x.scalar_type() == at::kFloat, "PackedLinear: the layer keeps its ", to_string(format_),
+                " weights frozen, which take float32 inputs on the CPU; got ", x.scalar_type(), " on ", x.device(),
+                " (a part of the model moved with to()? Load the model again to run it otherwise)");
     return run(*packed, x);
   }
   TORCH_CHECK(!weights.empty(), "PackedLinear: expected at least one weight, got none");

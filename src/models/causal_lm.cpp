@@ -26,12 +26,23 @@
 
 namespace torchattn::models {
 
+namespace {
+
+// An Init cast from an integer is named, not taken as ForLoading.
+void check_init(Init init, const char* what) {
+  TORCH_CHECK(init == Init::Random || init == Init::ForLoading, what, ": init: expected Init::Random or ",
+              "Init::ForLoading, got the value ", static_cast<int>(init), " (an integer cast to Init?)");
+}
+
+}  // namespace
+
 DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, int64_t context_length, Init init) {
   TORCH_CHECK(c.activation == "silu" || c.activation == "gelu_tanh",
               "DecoderLayer: expected the activation silu or "
               "gelu_tanh, got '",
               c.activation, "'");
   gelu_tanh_ = c.activation == "gelu_tanh";
+  check_init(init, "DecoderLayer");
   const bool gemma = c.gemma_norms;
   const bool random = init == Init::Random;
   input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps, gemma));
@@ -70,6 +81,7 @@ void DecoderLayerImpl::pack_weights(bool on, int64_t min_rows) {
 }
 
 void DecoderLayerImpl::freeze_weights(torchattn::WeightFormat format) {
+  torchattn::check_weight_format(format, "DecoderLayer::freeze_weights: format");
   self_attn->options.weight_format(format).int8_inputs(torchattn::Int8Inputs::Quantized);
   self_attn->freeze_weights();
   for (auto* l : {&gate_proj, &up_proj, &down_proj}) (*l)->freeze(format, torchattn::Int8Inputs::Quantized);
@@ -108,7 +120,7 @@ void bind_linear(torchattn::Linear& layer, torchattn::WeightFormat format,
 std::vector<std::string> DecoderLayerImpl::check_frozen(torchattn::WeightFormat format,
                                                         const std::map<std::string, at::Tensor>& weights,
                                                         const std::string& prefix) const {
-  torchattn::check_weight_format(format, "DecoderLayer: check_frozen: format");
+  torchattn::check_weight_format(format, "DecoderLayer::check_frozen: format");
   const auto linears = linears_of(*this);
   std::vector<std::string> names;
   for (size_t i = 0; i < linears.size(); ++i) {
@@ -203,6 +215,7 @@ CausalLMImpl::CausalLMImpl(const DecoderConfig& config, int64_t context_length, 
   TORCH_CHECK(context_length > 0 && context_length <= config.max_position_embeddings,
               "CausalLM: expected a context_length in [1, max_position_embeddings=", config.max_position_embeddings,
               "], got ", context_length);
+  check_init(init, "CausalLM(config, context_length, init)");
   const bool random = init == Init::Random;
   auto table = torch::nn::EmbeddingOptions(config.vocab_size, config.hidden_size);
   // Built for loading: a placeholder table of its shape (no memory, nothing drawn).
@@ -470,6 +483,8 @@ at::Tensor packed_next_token_loss(const at::Tensor& logits, const at::Tensor& id
   TORCH_CHECK(logits.dim() == 2 && ids.dim() == 1 && logits.size(0) == ids.size(0),
               "packed_next_token_loss: expected logits [N, vocab] and ids [N], got ", logits.sizes(), " and ",
               ids.sizes());
+  TORCH_CHECK(at::isFloatingType(logits.scalar_type()),
+              "packed_next_token_loss: expected floating logits (the model's output), got ", logits.scalar_type());
   TORCH_CHECK(cu_seqlens.defined(), "packed_next_token_loss: expected cu_seqlens [S + 1] int32 or int64, got an "
                                     "undefined tensor");
   TORCH_CHECK(cu_seqlens.dim() == 1 && (cu_seqlens.scalar_type() == at::kInt || cu_seqlens.scalar_type() == at::kLong),

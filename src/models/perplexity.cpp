@@ -17,6 +17,12 @@ PerplexityResult perplexity(CausalLM& model, const std::vector<int64_t>& ids, in
   const int64_t windows = static_cast<int64_t>(ids.size()) / context;
   TORCH_CHECK(windows >= 1, "perplexity: expected at least one window of ", context, " tokens, got ", ids.size(),
               " tokens");
+  // Named by their place in the caller's ids, not in a window.
+  const int64_t vocab = model->config().vocab_size;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    TORCH_CHECK(ids[i] >= 0 && ids[i] < vocab, "perplexity: expected token ids in [0, ", vocab,
+                ") (the model's vocab_size), got ", ids[i], " at [", i, "] of the ", ids.size(), " ids");
+  }
   c10::InferenceMode inference;
   const at::Device device = model->norm->weight.device();
   double total = 0.0;

@@ -7,6 +7,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -35,12 +36,25 @@ NamedTensors load_saved_weights(const std::string& folder, bool verify) {
   namespace fs = std::filesystem;
   const std::string weights_path = (fs::path(folder) / "model.safetensors").string();
   NamedTensors tensors = load_safetensors(weights_path);
-  if (!verify) return tensors;
   const std::string note_path = (fs::path(folder) / kSavedWeightsFile).string();
   const nlohmann::json note = detail::read_json_file(note_path, "LanguageModel::from_pretrained");
-  const auto recorded = note.find("checksums");
-  if (recorded == note.end()) return tensors;  // written before checksums were recorded
   const std::string where = "LanguageModel::from_pretrained: '" + note_path + "'";
+  // The note and the weights of one save: int8 weights (int8 tensors) where the note
+  // says int8, none where it says bfloat16.
+  const bool int8 = note.value("weight_format", std::string()) == "int8";
+  const auto other = std::find_if(tensors.begin(), tensors.end(), [&](const auto& named) {
+    return named.second.scalar_type() == (int8 ? at::kBFloat16 : at::kChar);
+  });
+  TORCH_CHECK(other == tensors.end(), where, " says \"weight_format\": \"", int8 ? "int8" : "bfloat16", "\", but '",
+              weights_path, "' holds '", other->first, "' as ", int8 ? "bfloat16" : "int8",
+              ": the two files are not from one save_pretrained. Save the folder again");
+  if (!verify) return tensors;
+  const auto recorded = note.find("checksums");
+  if (recorded == note.end()) {
+    TORCH_WARN(where, " records no checksums (saved before they were recorded): its weights load unchecked. ",
+               "Load the folder and save_pretrained it again to record them");
+    return tensors;
+  }
   const auto algorithm = recorded->is_object() ? recorded->find("algorithm") : recorded->end();
   const auto listed = recorded->is_object() ? recorded->find("tensors") : recorded->end();
   TORCH_CHECK(algorithm != recorded->end() && *algorithm == "xxh64" && listed != recorded->end() && listed->is_object(),

@@ -87,7 +87,11 @@ void load_weights(torch::nn::Module& module, const NamedTensors& tensors, const 
                 value.sizes(), ", expected ", param.sizes(), " for '", name, "'");
     TORCH_CHECK(!at::isFloatingType(param.scalar_type()) || at::isFloatingType(value.scalar_type()),
                 "load_weights: tensor '", file_name, "' of ", origin(i), " is ", value.scalar_type(),
-                ", expected a floating dtype for '", name, "'");
+                ", expected a floating dtype for '", name, "'",
+                value.scalar_type() == at::kChar
+                    ? std::string(" (int8 weights saved by save_pretrained load with the torchattn_weights.json "
+                                  "saved beside them: is it missing?)")
+                    : std::string());
   }
   for (const auto& [name, t] : targets) {
     TORCH_CHECK(found.count(name) != 0, "load_weights: ", sources.empty() ? source : "the checkpoint",

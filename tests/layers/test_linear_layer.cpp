@@ -127,7 +127,7 @@ TEST(LinearLayer, BindRefusesWhatItCannotKeepAndChangesNothing) {
                "PackedLinear: expected WeightFormat::");
   auto [q, scale] = kc::quantize_int8_groups(w);
   expect_error([&] { l->bind(WeightFormat::Int8, q.to(torch::kFloat), scale, Int8Inputs::Float, "layers.3.up"); },
-               "expected the frozen 'layers.3.up' int8, got Float");
+               "expected the frozen 'layers.3.up' int8 (the weight format asked for), got float32 weights");
   expect_error([&] { l->bind(WeightFormat::Int8, q.narrow(0, 0, 4), scale, Int8Inputs::Float, "up"); },
                "expected the frozen 'up' [8, 64] (the model's shape), got [4, 64]");
   expect_error([&] { l->bind(WeightFormat::Int8, q, -scale - 1, Int8Inputs::Float, "up"); },

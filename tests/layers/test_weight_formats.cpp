@@ -206,7 +206,8 @@ TEST(WeightFormats, RefusalsNameWhatDiffers) {
   {
     torch::NoGradGuard no_grad;
     expect_error([&] { int8.forward(torch::randn({2, 16}, torch::kDouble), {}); },
-                 "quantized_linear: expected float32 CPU x [..., in]");
+                 "PackedLinear: the layer keeps its int8 weights frozen, which take float32 inputs on the CPU; got "
+                 "Double on cpu");
     expect_error([&] { int8.forward(torch::randn({2, 15}), {}); }, "got x [2, 15]");
     expect_error([&] { int8.weight_rows(torch::tensor({8}, torch::kLong)); },
                  "dequantized_rows: id 8 is outside the table's 8 rows");

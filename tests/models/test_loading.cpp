@@ -321,4 +321,43 @@ TEST(Loading, ASavedFolderFindsADamagedTensorByItsChecksum) {
   fs::remove_all(temp_path("checksum_source"));
 }
 
+// A saved folder whose note and weights disagree is named as such: a note that says
+// bfloat16 over int8 weights, a note without checksums (a warning: it loads unchecked),
+// int8 weights without their note.
+TEST(Loading, ASavedFolderWhoseNoteAndWeightsDisagreeIsNamed) {
+  namespace fs = std::filesystem;
+  torch::manual_seed(94);
+  models::CausalLM source(small_config(false), 64);
+  const fs::path dir = saved_int8_folder(source, "note");
+  const fs::path note = dir / models::kSavedWeightsFile;
+  const std::string weights = (dir / "model.safetensors").string();
+  auto load = [&] { return models::load_causal_lm(small_config(false), 64, dir.string(), WeightFormat::Float32); };
+  const std::string saved = read_text(note);
+  std::string bf16 = saved;
+  bf16.replace(bf16.find("\"weight_format\": \"int8\""), 23, "\"weight_format\": \"bfloat16\"");
+  write_text(note, bf16);
+  EXPECT_HAS(error_of(load),
+             "torchattn_weights.json' says \"weight_format\": \"bfloat16\", but '" + weights + "' holds '");
+  EXPECT_HAS(error_of(load), "' as int8: the two files are not from one save_pretrained. Save the folder again");
+  // Without checksums: a warning, once per load.
+  struct Warnings : c10::WarningHandler {
+    std::vector<std::string> seen;
+    void process(const c10::Warning& w) override { seen.push_back(w.msg()); }
+  } warnings;
+  write_text(note, R"({"weight_format": "int8", "int8_group": 64})");
+  {
+    c10::WarningUtils::WarningHandlerGuard guard(&warnings);
+    EXPECT_EQ(error_of(load), "(no error)");
+  }
+  ASSERT_EQ(warnings.seen.size(), 1u);
+  EXPECT_HAS(warnings.seen[0], "torchattn_weights.json' records no checksums (saved before they were recorded): its "
+                               "weights load unchecked. Load the folder and save_pretrained it again to record them");
+  fs::remove(note);
+  EXPECT_HAS(error_of(load), " is Char, expected a floating dtype for '");
+  EXPECT_HAS(error_of(load), "(int8 weights saved by save_pretrained load with the torchattn_weights.json saved "
+                             "beside them: is it missing?)");
+  fs::remove_all(dir);
+  fs::remove_all(temp_path("note_source"));
+}
+
 }  // namespace

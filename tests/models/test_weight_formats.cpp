@@ -216,7 +216,8 @@ TEST(FrozenDecoder, ABadFrozenStateIsAnErrorNamingTheTensor) {
   EXPECT_HAS(load(extra), "CausalLM: load_frozen_state: unexpected 'layers.2.down_proj.weight' [48, 130] (weights "
                           "of another model?)");
   EXPECT_HAS(load(state, WeightFormat::BFloat16),
-             "CausalLM: expected the frozen 'layers.0.self_attn.W_query.weight' bfloat16, got Char");
+             "CausalLM: expected the frozen 'layers.0.self_attn.W_query.weight' bfloat16 (the weight format asked "
+             "for), got int8 weights (saved in another format?)");
   EXPECT_HAS(load(state, WeightFormat::Float32), "CausalLM: load_frozen_state takes bfloat16 or int8 weights, got "
                                                  "float32");
   // None of these changed the model: the good state still loads.
