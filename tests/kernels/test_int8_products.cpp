@@ -74,13 +74,14 @@ TEST_P(Int8ProductsGolden, EqualPyTorchsNumbersOfTheScheme) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Int8ProductsGolden, ::testing::Values("small", "decode", "serve", "prefill"));
 
-// Inputs of whole and short groups (the last group short, in < 4, in % 4 != 0), outputs
+// Inputs of whole and short groups (the last group short, in < 4, in % 4 != 0; whole
+// fours of groups and groups after them: 256, 576, 1000), outputs
 // across the panels (16 outputs: AVX2, 32: VNNI), rows across the tiles (4 and 8) and
 // the few-rows kernels (up to 16), with and without a bias.
 TEST(Int8Products, EqualTheSchemeInFloat64OverShapesAndKernelsAgreeBitForBit) {
   torch::manual_seed(71);
   torch::NoGradGuard no_grad;
-  for (const int64_t in : {1, 3, 63, 64, 65, 130, 576}) {
+  for (const int64_t in : {1, 3, 63, 64, 65, 130, 256, 576, 1000}) {
     for (const int64_t out : {1, 17, 32, 33, 70}) {
       const auto w = torch::randn({out, in});
       auto [q, scale] = kc::quantize_int8_groups(w);
