@@ -6,6 +6,8 @@
 // instruction set, to the bit (but where dot's tail lets the compiler fuse a product
 // into its add or not).
 
+#include "common/expect_error.h"
+
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/simd.h"
@@ -305,6 +307,90 @@ TEST(Simd, DotsAndAxpysEqualTheirOneRowCalls) {
       }
       EXPECT_TRUE(torch::equal(y, want));
       EXPECT_FALSE(y.isnan().any().item<bool>());
+    }
+  }
+}
+
+// matvec: each row in the order vec.h documents (two accumulators of the ISA's lanes
+// over blocks of twice the lanes, one more block into the first, the lanes folded as
+// reduce_add_adjacent, then the tail fused), the same bits wherever the row falls in a
+// call or in one stream or four, and the default ISA's bits those of vec_isa().
+float matvec_row_in_order(const float* x, const float* w, int64_t n, int lanes) {
+  int64_t i = 0;
+  float total = 0.0f;
+  if (lanes > 1) {
+    std::vector<float> a(static_cast<size_t>(lanes), 0.0f), c = a;
+    for (; i + 2 * lanes <= n; i += 2 * lanes) {
+      for (int l = 0; l < lanes; ++l) {
+        a[l] = std::fma(x[i + l], w[i + l], a[l]);
+        c[l] = std::fma(x[i + lanes + l], w[i + lanes + l], c[l]);
+      }
+    }
+    if (i + lanes <= n) {
+      for (int l = 0; l < lanes; ++l) a[l] = std::fma(x[i + l], w[i + l], a[l]);
+      i += lanes;
+    }
+    std::vector<float> m(static_cast<size_t>(lanes));
+    for (int l = 0; l < lanes; ++l) m[l] = a[l] + c[l];
+    while (m.size() > 4) {
+      const size_t h = m.size() / 2;
+      for (size_t l = 0; l < h; ++l) m[l] = m[l] + m[l + h];
+      m.resize(h);
+    }
+    total = (m[0] + m[1]) + (m[2] + m[3]);
+    for (; i < n; ++i) total = std::fma(x[i], w[i], total);
+    return total;
+  }
+  for (; i < n; ++i) total += x[i] * w[i];
+  return total;
+}
+
+TEST(Simd, MatvecSumsEachRowInItsDocumentedOrderWhereverItFalls) {
+  torch::manual_seed(7);
+  {
+    const auto x = torch::randn({8});
+    float y = 0.0f;
+    expect_error([&] { K::matvec(x.const_data_ptr<float>(), x.const_data_ptr<float>(), 8, 1, &y, Isa::Scalar, 2); },
+                 "matvec: expected 1 or 4 streams, got 2");
+  }
+  for (const Isa isa : K::supported_isas()) {
+    if (isa > K::vec_isa()) {
+      const auto x = torch::randn({8});
+      float y = 0.0f;
+      EXPECT_THROW(K::matvec(x.const_data_ptr<float>(), x.const_data_ptr<float>(), 8, 1, &y, isa, 4), c10::Error);
+      continue;
+    }
+    SCOPED_TRACE(K::isa_name(isa));
+    const int lanes = lanes_of(isa);
+    for (const int64_t n : {1, 7, 8, 9, 15, 16, 17, 24, 31, 33, 64, 71, 576}) {
+      for (const int64_t count : {1, 3, 4, 5, 9, 12, 37}) {
+        SCOPED_TRACE("n " + std::to_string(n) + " count " + std::to_string(count));
+        const auto x = torch::randn({n}), w = torch::randn({count, n});
+        const float* xp = x.const_data_ptr<float>();
+        const float* wp = w.const_data_ptr<float>();
+        std::vector<float> got(static_cast<size_t>(count)), one_stream(got.size());
+        K::matvec(xp, wp, n, count, got.data(), isa, 4);
+        K::matvec(xp, wp, n, count, one_stream.data(), isa, 1);
+        EXPECT_EQ(one_stream, got);
+        const auto want64 = torch::mv(w.to(torch::kDouble), x.to(torch::kDouble));
+        for (int64_t j = 0; j < count; ++j) {
+          const float g = got[static_cast<size_t>(j)];
+          EXPECT_EQ(float_bits(g), float_bits(matvec_row_in_order(xp, wp + j * n, n, lanes))) << j;
+          // The row alone, and the rows from j on (another place in a block of four).
+          float alone = 0.0f;
+          K::matvec(xp, wp + j * n, n, 1, &alone, isa, 4);
+          EXPECT_EQ(float_bits(alone), float_bits(g)) << j;
+          std::vector<float> from_j(static_cast<size_t>(count - j));
+          K::matvec(xp, wp + j * n, n, count - j, from_j.data(), isa, 4);
+          EXPECT_EQ(float_bits(from_j[0]), float_bits(g)) << j;
+          EXPECT_NEAR(g, want64[j].item<double>(), 1e-4 * std::sqrt(static_cast<double>(n))) << j;
+        }
+        if (isa == K::vec_isa()) {
+          std::vector<float> by_default(static_cast<size_t>(count));
+          K::matvec(xp, wp, n, count, by_default.data());
+          EXPECT_EQ(by_default, got);
+        }
+      }
     }
   }
 }

@@ -5,10 +5,10 @@
 // step is int8_products.h's, in its order: the same bits as the portable loop and the
 // VNNI kernels.
 //
-// Up to kFewRows rows (decoding) the weights are read in place: one row of x, one
-// weight row at a time (one stream, prefetched kAhead bytes ahead), four groups of 64
-// of it summed across their registers together and scaled in a register; more rows of x, four weight rows at a
-// time with software prefetches, as the VNNI kernels do. More rows (prefill) repack
+// Up to kFewRows rows (decoding) the weights are read in place: one row of x, four
+// long streams of weight rows side by side (see one_row), four groups of 64 of a row
+// summed across their registers together and scaled in a register; more rows of x, four
+// weight rows at a time with software prefetches, as the VNNI kernels do. More rows (prefill) repack
 // the weights a panel of 16 outputs at a time into 4-byte groups (one output a lane)
 // and run tiles of 4 rows x 16 outputs over them.
 
@@ -34,11 +34,12 @@ namespace {
 
 constexpr int64_t kPanel = 16;    // outputs per repacked panel (two 8-lane registers)
 constexpr int64_t kTileRows = 4;  // rows of x per pass over a panel
-// One row of x: the weights this many bytes ahead prefetched (one stream, the rows of
-// the outputs in turn). Measured on a Llama-3.2-1B-shaped model's int8 weights (1141 MB
-// a token, the kernel alone) on a 2-core AMD EPYC Zen 3 (AVX2, no VNNI), 2 threads,
-// medians of 3-4 interleaved rounds: none 22.4 GB/s, 512 ahead 23.6, 1024 24.0-25.1,
-// 2048 22.8-25.7, 4096 23.0; 1 thread: none 12.8-15.0, 1024 16.6.
+// One row of x, an output left over after the four streams (one_row): the weights this
+// many bytes ahead prefetched. Measured when every output went one stream this way, on
+// a Llama-3.2-1B-shaped model's int8 weights (1141 MB a token, the kernel alone) on a
+// 2-core AMD EPYC Zen 3 (AVX2, no VNNI), 2 threads, medians of 3-4 interleaved rounds:
+// none 22.4 GB/s, 512 ahead 23.6, 1024 24.0-25.1, 2048 22.8-25.7, 4096 23.0; 1 thread:
+// none 12.8-15.0, 1024 16.6.
 constexpr int64_t kAhead = 1024;
 static_assert(kRowTile % kTileRows == 0, "QuantizedRows pads rows to whole tiles");
 
@@ -98,35 +99,58 @@ __attribute__((target("avx2,fma"))) void finish_row(const QuantizedRows& xr, con
   c.y[o] = c.bias != nullptr ? acc + c.bias[o] : acc;
 }
 
-// One row of x (a decoding step), outputs [begin, end): each output's weight row read in
-// place, four groups of 64 at a time summed across their registers together, their
-// scales applied as a vector and summed in order in a register (no trip through memory).
+// One row of x against the weight rows of outputs o[0..R): each row read in place, four
+// groups of 64 at a time summed across their registers together, their scales applied
+// as a vector and summed in order in a register (no trip through memory); the R rows
+// side by side, a quad of groups of each in turn, so R streams of weights are in flight.
 // The groups past the last whole four (a short last group among them) one at a time.
-__attribute__((target("avx2,fma"))) void one_row(const QuantizedRows& xr, const Int8Call& c, int64_t begin,
-                                                 int64_t end) {
+template <int R>
+__attribute__((target("avx2,fma"), always_inline)) inline void rows_of(const QuantizedRows& xr, const Int8Call& c,
+                                                                       const int64_t* o) {
   const int64_t groups = xr.groups, in = c.in;
   const int64_t quads = in / (4 * kGroup);  // whole groups, four at a time
   const __m256i ones = _mm256_set1_epi16(1);
   const uint8_t* mag = xr.mag.data();
   const int8_t* sgn = xr.sgn.data();
-  for (int64_t o = begin; o < end; ++o) {
-    const int8_t* w = c.q + o * in;
-    const float* s = c.scale + o * groups;
-    __m128 acc = _mm_setzero_ps();
-    for (int64_t q4 = 0; q4 < quads; ++q4) {
-      const int64_t at = q4 * 4 * kGroup;
-      for (int j = 0; j < 4; ++j) __builtin_prefetch(w + at + kAhead + 64 * j);
+  __m128 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm_setzero_ps();
+  for (int64_t q4 = 0; q4 < quads; ++q4) {
+    const int64_t at = q4 * 4 * kGroup;
+    const __m128 xs = _mm_loadu_ps(xr.scale.data() + q4 * 4);
+    for (int r = 0; r < R; ++r) {
+      const int8_t* w = c.q + o[r] * in;
+      if (R == 1) {
+        for (int j = 0; j < 4; ++j) __builtin_prefetch(w + at + kAhead + 64 * j);
+      }
       __m256i v[4];
       for (int j = 0; j < 4; ++j) {
         const int64_t k = at + j * kGroup;
         v[j] = _mm256_add_epi32(dot32(load(w + k), load(mag + k), load(sgn + k), ones),
                                 dot32(load(w + k + 32), load(mag + k + 32), load(sgn + k + 32), ones));
       }
-      const __m128 t = _mm_mul_ps(_mm_cvtepi32_ps(sum_four(v[0], v[1], v[2], v[3])), _mm_loadu_ps(s + q4 * 4));
-      acc = fma_four(t, _mm_loadu_ps(xr.scale.data() + q4 * 4), acc);
+      const __m128 t = _mm_mul_ps(_mm_cvtepi32_ps(sum_four(v[0], v[1], v[2], v[3])),
+                                  _mm_loadu_ps(c.scale + o[r] * groups + q4 * 4));
+      acc[r] = fma_four(t, xs, acc[r]);
     }
-    finish_row(xr, c, o, quads * 4, _mm_cvtss_f32(acc));
   }
+  for (int r = 0; r < R; ++r) finish_row(xr, c, o[r], quads * 4, _mm_cvtss_f32(acc[r]));
+}
+
+// One row of x (a decoding step), outputs [begin, end): four long streams of weight
+// rows, the outputs split in four runs of m and output j of each run summed together
+// (rows_of, without software prefetches); the (end - begin) % 4 outputs left one at a
+// time (prefetched kAhead). Each output's bits are those of one stream. The same 1B
+// model's weights, the same machine, 5 interleaved rounds: 23.7 GB/s (21.3-27.7)
+// against 20.6 (19.1-22.0) for one prefetched stream at 2 threads; 13.3-15.9 against
+// 12.0-12.5 at 1 thread. Four streams with the prefetches too: 13.3-16.6 (2 threads).
+__attribute__((target("avx2,fma"))) void one_row(const QuantizedRows& xr, const Int8Call& c, int64_t begin,
+                                                 int64_t end) {
+  const int64_t m = (end - begin) / 4;
+  for (int64_t j = 0; j < m; ++j) {
+    const int64_t o[4] = {begin + j, begin + j + m, begin + j + 2 * m, begin + j + 3 * m};
+    rows_of<4>(xr, c, o);
+  }
+  for (int64_t o = begin + 4 * m; o < end; ++o) rows_of<1>(xr, c, &o);
 }
 
 // Two to kFewRows rows of x, outputs [begin, end): four weight rows at a time, each

@@ -56,25 +56,24 @@ at::Tensor small_linear(const at::Tensor& x_in, at::ArrayRef<at::Tensor> weights
   at::Tensor y = at::empty(shape, x.options());
   const float* xs = x.const_data_ptr<float>();
   float* ys = y.mutable_data_ptr<float>();
-  // Output features [begin, end) of one layer, written at its columns (col0 on).
+  // Output features [begin, end) of one layer, written at its columns (col0 on): one
+  // row of x (a decoding step) in one matvec; more, for each row of x over blocks of
+  // weight rows that stay in cache (about 64 KiB) while every row of x reads them, so
+  // each weight row comes from memory once. matvec gives a row the same bits wherever
+  // it falls, so neither the blocks, the threads' split nor the number of rows of x
+  // changes a result.
+  const int64_t block = rows == 1 ? out : std::max<int64_t>(4, (int64_t{1} << 14) / std::max<int64_t>(in, 1) / 4 * 4);
   const auto layer = [&](size_t i, int64_t col0, int64_t begin, int64_t end) {
     const float* w = weights[i].const_data_ptr<float>();
     const float* b = biases[i].defined() ? biases[i].const_data_ptr<float>() : nullptr;
-    if (rows == 1) {
-      // A decoding step's one row: every dot product of the chunk in one dispatch
-      // (dots: the same bits as dot), then the bias.
-      float* yo = ys + col0;
-      dots(xs, w + begin * in, in, end - begin, in, yo + begin);
-      if (b != nullptr) {
-        for (int64_t o = begin; o < end; ++o) yo[o] += b[o];
-      }
-      return;
-    }
-    for (int64_t o = begin; o < end; ++o) {
-      const float* wo = w + o * in;
+    for (int64_t o = begin; o < end; o += block) {
+      const int64_t e = std::min(end, o + block);
       for (int64_t r = 0; r < rows; ++r) {
-        const float d = dot(wo, xs + r * in, in);
-        ys[r * out + col0 + o] = b != nullptr ? d + b[o] : d;
+        float* yo = ys + r * out + col0;
+        matvec(xs + r * in, w + o * in, in, e - o, yo + o);
+        if (b != nullptr) {
+          for (int64_t k = o; k < e; ++k) yo[k] += b[k];
+        }
       }
     }
   };

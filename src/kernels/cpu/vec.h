@@ -34,6 +34,27 @@ void axpy(float alpha, const float* x, float* y, int64_t n, Isa isa);
 /// out[j] = dot(a, b + j * stride, n) for j in [0, count): the same bits, one dispatch
 /// for all (decode_attention's scores of one query row over its keys).
 void dots(const float* a, const float* b, int64_t stride, int64_t count, int64_t n, float* out);
+/// out[j] = sum_i w[j * n + i] * x[i] for j in [0, count): x times the dense rows of w
+/// (a linear layer's decoding step, small_linear). Each row, AVX2: two accumulators of
+/// 8 lanes over blocks of 16 (FMA), one more block of 8 into the first, added (a + c)
+/// and across lanes (Avx2::reduce_add_adjacent), then the last n % 8 products in order,
+/// each fused (std::fma). Scalar: the products in order from i = 0 (multiply, then add).
+/// A row's bits do not depend on count, on where the row falls or on the streams below,
+/// so a split of the rows over threads changes no result.
+///
+/// The rows are read as matvec_streams() streams. Four: split in four runs of
+/// count / 4, row j of each run summed together, sharing the loads of x (the rest one at
+/// a time). Where best_isa() is AVX2 (measured on an AMD EPYC Zen 3, every layer's
+/// weights of a decoding step, medians of interleaved passes): a 1B model's read at
+/// 1.3x the bandwidth of one row after another (32.3 against 24.6 GB/s at 2 threads,
+/// 19.2 against 15.5 at 1), SmolLM2-135M's at 1.3x (34.5 against 26.0; 19.0 against
+/// 13.9). One, every row in turn, elsewhere (AVX-512 and scalar: not measured there).
+void matvec(const float* x, const float* w, int64_t n, int64_t count, float* out);
+/// matvec() with the instructions of `isa` (as for dot) and 1 or 4 streams (tests).
+void matvec(const float* x, const float* w, int64_t n, int64_t count, float* out, Isa isa, int streams);
+/// The streams matvec() reads the rows as: 4 where best_isa() is AVX2, else 1.
+int matvec_streams();
+
 /// For j in [0, count) in order, where alpha[j] != 0: axpy(alpha[j], x + j * stride, y,
 /// n). The same bits as those calls, one dispatch for all (a softmax's weighted sum of
 /// values; a weight of 0 adds nothing and its row is not read).
