@@ -128,11 +128,15 @@ int64_t prefill_kernel_max_keys(kernels::cpu::Isa isa) {
   // - AVX2, AMD EPYC Zen 3 (no AVX-512): T 128 0.43, 512 0.96-1.02 (9 and 32 heads),
   //   1024 1.24, 2048 1.53, 4096 2.01: the kernel reads every visible key once per
   //   block of 4 rows, which outgrows the caches where ATen's blocked GEMMs do not.
-  // - AVX-512, AMD EPYC Zen 5 and Intel Xeon: faster at 512 (SmolLM2's prefill, 9
-  //   heads: 26% of a prefill's samples for ATen's kernel), not measured beyond.
-  // So up to 512 keys on both; ATen's kernel past that (and without AVX2 at all).
+  // - AVX-512, AMD EPYC Zen 5 (medians of 9, 3 past 4096): 9 heads over 3, T 128 0.41,
+  //   512 0.39, 1024 0.56, 16384 0.87; 12 heads, B=4, T 512 0.46, 1024 0.60; 32 heads
+  //   over 8, T 512 0.41, 1024 0.58, 2048 0.68, 4096 0.82, 8192 0.88. Faster at 512 on
+  //   an Intel Xeon too, not measured beyond there.
+  // So up to 512 keys with AVX2 and 16384 (the most measured) with AVX-512; ATen's
+  // kernel past that (and without AVX2 at all).
   switch (isa) {
     case kernels::cpu::Isa::Avx512:
+      return 16384;
     case kernels::cpu::Isa::Avx2:
       return 512;
     case kernels::cpu::Isa::Scalar:

@@ -67,8 +67,8 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::T
                            std::optional<double> scale, bool allow_cudnn, bool enable_gqa = false);
 
 /// The most keys for which Backend::Auto takes the causal prefill kernel on a CPU with
-/// `isa` (where it measured faster than ATen's; the figures in sdpa.cpp): 512 with AVX2
-/// or AVX-512, 0 without.
+/// `isa` (where it measured faster than ATen's; the figures in sdpa.cpp): 512 with AVX2,
+/// 16384 with AVX-512, 0 without.
 int64_t prefill_kernel_max_keys(kernels::cpu::Isa isa);
 
 /// A causal prefill by torchattn's CPU kernel (kernels/cpu/prefill_attention.h), which

@@ -181,19 +181,20 @@ struct DotTile {
 // accumulators over blocks of 2W, added and reduce_add, plus the last in % 2W products
 // in order: the same operations for a row whatever R (rows() of R rows share x's loads).
 // Which way the rows go, per instruction set (matvec_range):
-// - AVX-512, one row at a time (R = 1): the weights are one stream that the hardware
-//   prefetchers follow; a single decoding row ran faster that way than four weight rows
-//   with software prefetches (DotFour), 82.7 against 68.3 tokens/s for SmolLM2-135M in
-//   bfloat16 on a 2-core AMD EPYC (AVX-512). A software prefetch kOneRowAhead bytes down
-//   the one stream keeps more of it in flight than the hardware prefetchers do on an
-//   AMD EPYC Zen 5: 148.3, 137.5, 149.3 against 121.3, 121.8, 121.5 tokens/s without
-//   (interleaved runs of SmolLM2-135M in bfloat16, 2 threads).
-// - AVX2, four long streams (DotRows::run) without software prefetches: on an AMD EPYC
-//   Zen 3 (AVX2, no AVX-512), medians of interleaved passes over every layer's weights
-//   of a decoding step: a 1B model's (1.07 GB of bfloat16) read at 30.6 GB/s against
-//   18.9 for one row after another with the prefetches, 19.6 without them, and 22.8 for
-//   four adjacent rows (2 threads), 20.7 against 12.5 (1 thread); SmolLM2-135M's at 22.8
-//   against 17.4 (2 threads), 16.9 against 12.1 (1 thread).
+// - AVX2 and AVX-512, four long streams (DotRows::run) without software prefetches.
+//   AVX2 on an AMD EPYC Zen 3 (no AVX-512), medians of interleaved passes over every
+//   layer's weights of a decoding step: a 1B model's (1.07 GB of bfloat16) read at 30.6
+//   GB/s against 18.9 for one row after another with the prefetches below, 19.6 without
+//   them, and 22.8 for four adjacent rows (2 threads), 20.7 against 12.5 (1 thread);
+//   SmolLM2-135M's at 22.8 against 17.4 (2 threads), 16.9 against 12.1 (1 thread).
+//   AVX-512 on an AMD EPYC Zen 5, the same passes (medians of 9): the 1B's at 46.1 and
+//   51.4 GB/s against 42.6 and 43.9 for one row after another with the prefetches (2
+//   threads, two runs), 35.5 against 33.7 (1 thread); SmolLM2-135M's at 46.8 against
+//   45.5 (2 threads), 37.4 against 36.7 (1 thread). Not measured on an Intel Xeon.
+// - Scalar, one row at a time, a software prefetch kOneRowAhead bytes down the one
+//   stream (as AVX-512 did before four streams: there it kept more of the stream in
+//   flight than the hardware prefetchers alone, 148.3, 137.5, 149.3 against 121.3,
+//   121.8, 121.5 tokens/s for SmolLM2-135M in bfloat16, 2 threads, Zen 5).
 constexpr int64_t kOneRowAhead = 8192;
 
 struct DotRows {
@@ -342,16 +343,17 @@ struct Part {
 // kernels over outputs [begin, end) of one part, on the calling thread.
 void matvec_range(const float* xs, int64_t rows, const Part& p, int64_t begin, int64_t end) {
   const Weights& w = p.w;
-  if (!w.int8 && rows == 1 && best_isa() == Isa::Avx2) {
+  if (!w.int8 && rows == 1 && best_isa() != Isa::Scalar) {
     // Four long streams of weight rows (see DotRows).
     const auto* q = static_cast<const uint16_t*>(w.q);
-    simd::run_on<DotRows>(Isa::Avx2, q + begin * w.in, xs, w.in, end - begin, p.y + begin);
+    simd::run_on<DotRows>(best_isa(), q + begin * w.in, xs, w.in, end - begin, p.y + begin);
     if (p.bias != nullptr) {
       for (int64_t o = begin; o < end; ++o) p.y[o] += p.bias[o];
     }
     return;
   }
   if (!w.int8 && rows == 1) {
+    // Scalar: one row at a time (see DotRows).
     const Isa isa = best_isa();
     const auto* q = static_cast<const uint16_t*>(w.q);
     const int64_t bytes = w.in * static_cast<int64_t>(sizeof(uint16_t));

@@ -44,15 +44,19 @@ void dots(const float* a, const float* b, int64_t stride, int64_t count, int64_t
 ///
 /// The rows are read as matvec_streams() streams. Four: split in four runs of
 /// count / 4, row j of each run summed together, sharing the loads of x (the rest one at
-/// a time). Where best_isa() is AVX2 (measured on an AMD EPYC Zen 3, every layer's
-/// weights of a decoding step, medians of interleaved passes): a 1B model's read at
-/// 1.3x the bandwidth of one row after another (32.3 against 24.6 GB/s at 2 threads,
-/// 19.2 against 15.5 at 1), SmolLM2-135M's at 1.3x (34.5 against 26.0; 19.0 against
-/// 13.9). One, every row in turn, elsewhere (AVX-512 and scalar: not measured there).
+/// a time). Where best_isa() is AVX2 or AVX-512 (every layer's weights of a decoding
+/// step, medians of interleaved passes, 2 threads / 1 thread, against one row after
+/// another): on an AMD EPYC Zen 3 (AVX2), a 1B model's read at 32.3 against 24.6 GB/s /
+/// 19.2 against 15.5, SmolLM2-135M's at 34.5 against 26.0 / 19.0 against 13.9; on an
+/// AMD EPYC Zen 5 (AVX-512, the AVX2 instructions of vec_isa()), the 1B's at 62.2 and
+/// 52.3 against 56.9 and 47.5 (two runs) / 38.2 against 34.4, SmolLM2-135M's at 65.9
+/// against 60.3 / 37.9 against 35.4 (not measured on an Intel Xeon). One, every row in
+/// turn, with the scalar instructions: four ran slower there (14.7 against 17.7 GB/s
+/// for SmolLM2-135M, Zen 5, 2 threads).
 void matvec(const float* x, const float* w, int64_t n, int64_t count, float* out);
 /// matvec() with the instructions of `isa` (as for dot) and 1 or 4 streams (tests).
 void matvec(const float* x, const float* w, int64_t n, int64_t count, float* out, Isa isa, int streams);
-/// The streams matvec() reads the rows as: 4 where best_isa() is AVX2, else 1.
+/// The streams matvec() reads the rows as: 4 where best_isa() is AVX2 or AVX-512, else 1.
 int matvec_streams();
 
 /// For j in [0, count) in order, where alpha[j] != 0: axpy(alpha[j], x + j * stride, y,
