@@ -137,7 +137,10 @@ def main():
             per.sort()
             checks.append((f"{LABEL[ours]} prefill of 2048 at least as fast as {LABEL[theirs]} (time ratio)",
                            per[len(per) // 2], "<=", 1.0))
-    add("moonshot, without VNNI: int8 decoding >= 1.3x llama.cpp Q8_0", "ours-int8", "llama-q8_0", dec, ">=", 1.3)
+    # The moonshot asks it of a CPU without VNNI; with VNNI the same ratio is shown, not a target.
+    vnni = any(f in cpu_flags().split(", ") for f in ("avx512_vnni", "avx_vnni"))
+    add("(with VNNI, the moonshot asks it without) int8 decoding >= 1.3x llama.cpp Q8_0" if vnni else
+        "moonshot, without VNNI: int8 decoding >= 1.3x llama.cpp Q8_0", "ours-int8", "llama-q8_0", dec, ">=", 1.3)
     md += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
     for name, val, op, lim in checks:
         ok = val >= lim if op == ">=" else val <= lim

@@ -24,8 +24,8 @@ from report import machine  # apps/bench/report.py
 
 
 def cpu_flags():
-    want = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8",
-            "amx_bf16")
+    want = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile",
+            "amx_int8", "amx_bf16")
     try:
         for line in open("/proc/cpuinfo"):
             if line.startswith("flags"):

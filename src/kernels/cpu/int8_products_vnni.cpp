@@ -151,6 +151,9 @@ __attribute__((target("avx512f,avx512bw"), always_inline)) inline __m512i load_g
 // is one stream that the hardware prefetchers follow (123.6 against 101.6 tokens/s for
 // vnni_few_rows with software prefetches, SmolLM2-135M int8 on a 2-core AMD EPYC; a
 // software prefetch 8 KiB down the one stream gained nothing there on an AMD EPYC Zen 5).
+// Four long streams, as AVX2's one_row reads (row j of four runs of outputs together,
+// sharing x's loads), ran at less than half the rate on the Zen 5: a 1B model's int8
+// decoding at 16.4 against 34.4 tokens/s (2 threads), 9.6 against 22.2 (1 thread).
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma"))) void vnni_one_row(const QuantizedRows& xr, const int8_t* q,
                                                                              const float* scale, int64_t in,
                                                                              const float* bias, int64_t begin,
