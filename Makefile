@@ -79,7 +79,7 @@ sanitize: setup
 
 # libFuzzer on the public API for FUZZ_SECONDS, and on the safetensors parser, the
 # tokenizers and torchattn_serve's request parsing for half as long each (seeded by
-# tools/safetensors_seeds.py, tools/tokenizer_seeds.py and tools/serve_seeds.py, the
+# tests/fuzz/safetensors_seeds.py, tests/fuzz/tokenizer_seeds.py and tests/fuzz/serve_seeds.py, the
 # requests of the openai client), built with clang.
 FUZZ_SECONDS ?= 120
 FUZZ_FLAGS = -rss_limit_mb=4096 -timeout=30 -print_final_stats=1
@@ -89,9 +89,9 @@ fuzz: setup
 	  -DCMAKE_PREFIX_PATH="$(CMAKE_PREFIX)" -DTORCHATTN_FUZZ=ON -DTORCHATTN_BUILD_TESTS=OFF -DTORCHATTN_BUILD_APPS=OFF
 	cmake --build $(BUILD)-fuzz -j $(JOBS) --target fuzz_api fuzz_safetensors fuzz_tokenizer fuzz_serve_request
 	mkdir -p $(BUILD)-fuzz/corpus $(BUILD)-fuzz/corpus-safetensors $(BUILD)-fuzz/corpus-tokenizer $(BUILD)-fuzz/corpus-serve
-	$(PY) tools/safetensors_seeds.py $(BUILD)-fuzz/corpus-safetensors
-	$(PY) tools/tokenizer_seeds.py $(BUILD)-fuzz/corpus-tokenizer
-	$(PY) tools/serve_seeds.py $(BUILD)-fuzz/corpus-serve
+	$(PY) tests/fuzz/safetensors_seeds.py $(BUILD)-fuzz/corpus-safetensors
+	$(PY) tests/fuzz/tokenizer_seeds.py $(BUILD)-fuzz/corpus-tokenizer
+	$(PY) tests/fuzz/serve_seeds.py $(BUILD)-fuzz/corpus-serve
 	ASAN_OPTIONS=$(ASAN_OPTIONS_CI) LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp ./$(BUILD)-fuzz/tests/fuzz/fuzz_api \
 	  -max_total_time=$(FUZZ_SECONDS) $(FUZZ_FLAGS) $(BUILD)-fuzz/corpus
 	ASAN_OPTIONS=$(ASAN_OPTIONS_CI) LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp ./$(BUILD)-fuzz/tests/fuzz/fuzz_safetensors \

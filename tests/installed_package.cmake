@@ -20,7 +20,7 @@ run(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}")
 run(${CMAKE_COMMAND} -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build" -G "${GENERATOR}"
     -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=${prefix}" "-DTorch_DIR=${TORCH_DIR}")
 run(${CMAKE_COMMAND} --build "${WORK_DIR}/build")
-run("${PYTHON}" "${SOURCE_DIR}/tools/check_consumer.py" --exe "${WORK_DIR}/build/consumer")
+run("${PYTHON}" "${SOURCE_DIR}/tests/consumer/check_consumer.py" --exe "${WORK_DIR}/build/consumer")
 # The installed torchattn_interop.py imports from where find_package says it is.
 file(READ "${WORK_DIR}/build/torchattn_python_dir.txt" python_dir)
 run("${PYTHON}" -c "import sys\nsys.path.insert(0, sys.argv[1])\nimport torchattn_interop\nprint('torchattn_interop from', torchattn_interop.__file__)" "${python_dir}")
@@ -42,7 +42,7 @@ if(WITH_MODELS)
                    "not run")
   else()
     run("${PYTHON}" "${SOURCE_DIR}/tools/convert_smollm2.py" "${SMOLLM2}")
-    run("${PYTHON}" "${SOURCE_DIR}/tools/check_models_consumer.py" --exe "${WORK_DIR}/models-build/models_consumer"
+    run("${PYTHON}" "${SOURCE_DIR}/tests/consumer_models/check_models_consumer.py" --exe "${WORK_DIR}/models-build/models_consumer"
         --smollm2 "${SMOLLM2}")
   endif()
 endif()

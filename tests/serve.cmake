@@ -1,5 +1,5 @@
 # ctest -R serve: convert SmolLM2 once (as ctest -R generate does), then CHECKS (a
-# script: tools/serve_checks.py, or tests/serve/door_checks.py) starts torchattn_serve
+# script: tests/serve/serve_checks.py, or tests/serve/door_checks.py) starts torchattn_serve
 # and talks to it. The servers' logs stay in WORK_DIR.
 include(${CMAKE_CURRENT_LIST_DIR}/run_command.cmake)
 run("${PYTHON}" "${SOURCE_DIR}/tools/convert_smollm2.py" "${SMOLLM2}")

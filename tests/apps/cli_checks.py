@@ -3,7 +3,7 @@
 value or combination is refused before any work, with exit status non-zero, a message
 on stderr naming the flag, and no crash (no signal, no 'terminate called'); each in
 seconds. torchattn_embed's and torchattn_serve's model-dependent errors are checked by
-tools/check_embed_cli.py and tools/serve_checks.py; here the flags alone.
+tests/models/check_embed_cli.py and tests/serve/serve_checks.py; here the flags alone.
 
 Usage: cli_checks.py --bin BUILD_DIR/apps
 """

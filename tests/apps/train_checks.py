@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 import torchattn_interop  # noqa: E402
 
 TINY = ["--layers", "2", "--d-model", "32", "--heads", "2", "--context", "32", "--eval-every", "0",

@@ -1,5 +1,5 @@
 // Prints a module's output for a seed and shape, one hex float a line, so that
-// tools/check_consumer.py can compare it with the notebooks' Python code.
+// tests/consumer/check_consumer.py can compare it with the notebooks' Python code.
 //
 //   consumer MODULE SEED B T D_IN D_OUT CONTEXT_LENGTH NUM_HEADS
 

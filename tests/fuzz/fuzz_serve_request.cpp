@@ -5,7 +5,7 @@
 // Every outcome must be a request or an ApiError with a 4xx status: any other
 // exception, or a 5xx, aborts.
 //
-// Seeds: tools/serve_seeds.py writes the requests the official openai client sends.
+// Seeds: tests/fuzz/serve_seeds.py writes the requests the official openai client sends.
 
 #include "openai_api.h"
 

@@ -11,7 +11,7 @@
 
 #include <torchattn/models/tokenizer.h>
 
-#include "models/pretokenize.h"
+#include "models/text/pretokenize.h"
 
 #include <c10/util/Exception.h>
 

@@ -2,7 +2,7 @@
 """Writes a few small safetensors files (every dtype, metadata, empty and scalar
 tensors) into a folder: the seed corpus of tests/fuzz/fuzz_safetensors.cpp.
 
-Usage: .venv/bin/python tools/safetensors_seeds.py DIR
+Usage: .venv/bin/python tests/fuzz/safetensors_seeds.py DIR
 """
 
 import os

@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/paged_attention.h"
+#include "kernels/cpu/prefill_attention.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/vec.h"
 
@@ -68,6 +69,23 @@ TEST(CpuFeatures, TheChosenIsaIsTheWidestTheCpuFlagsAndTheCapAllow) {
 #else
   EXPECT_EQ(K::best_isa(), Isa::Scalar);
 #endif
+}
+
+// Every kernel entry point that takes an instruction set refuses one wider than it runs,
+// through the one guard, naming itself, its limit and what it was given.
+TEST(CpuFeatures, AKernelRefusesAnInstructionSetWiderThanItRuns) {
+  K::check_isa_at_most(Isa::Avx2, Isa::Avx2, "kernel");
+  K::check_isa_at_most(Isa::Scalar, Isa::Avx512, "kernel");
+  expect_error([] { K::check_isa_at_most(Isa::Avx512, Isa::Avx2, "kernel"); },
+               "kernel: expected an instruction set up to avx2, got avx512");
+  expect_error([] { K::check_isa_at_most(Isa::Avx2, Isa::Scalar, "kernel"); },
+               "kernel: expected an instruction set up to scalar, got avx2");
+  if (K::best_isa() == Isa::Avx512) return;  // every Isa runs here
+  const Isa wider = static_cast<Isa>(static_cast<int>(K::best_isa()) + 1);
+  const std::string want = std::string(": expected an instruction set up to ") + K::isa_name(K::best_isa()) + ", got " +
+                           K::isa_name(wider);
+  const auto q = torch::randn({1, 1, 4, 16}), k = torch::randn({1, 1, 4, 16});
+  expect_error([&] { K::prefill_attention(q, k, k, 0.25, wider); }, "prefill_attention" + want);
 }
 
 // Lane-wise operations of the vector type over n floats, W lanes at a time (the last

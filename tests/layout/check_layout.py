@@ -9,7 +9,14 @@
 - docs/architecture.md's table "| level | public headers |" gives each public header of
   include/torchattn/ (but models/ and the umbrella headers) the level that implements it,
   and every `#include <torchattn/...>` of src/ (but models) and of those headers goes to
-  a header of the same level or a lower one.
+  a header of the same level or a lower one;
+- docs/architecture.md's line "Floors of src/models/, top to bottom: ..." names every
+  folder of src/models/ (which holds no file outside them), and its table "| floor |
+  public headers of the models component |" gives each header of include/torchattn/models/
+  its floor: every quoted include of src/models/ goes to "models/<floor>/..." of the same
+  floor or a lower one (never to the library's private headers), and every
+  `#include <torchattn/models/...>` of src/models/ and of those headers to a header of the
+  same floor or a lower one.
 
 Usage: check_layout.py [REPO]
 """
@@ -21,7 +28,7 @@ import sys
 
 
 def main():
-    repo = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
+    repo = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "..")
     os.chdir(repo)
     failures = []
     files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], capture_output=True,
@@ -110,12 +117,72 @@ def main():
             if levels[face[target]] > levels[level]:
                 failures.append(f"{f} ({level}) includes <torchattn/{target}> ({face[target]}), a higher level")
 
+    floors, floor_arrows, floor_face = check_models_floors(arch, files, failures)
+
     for line in failures:
         print(f"[layout] FAIL {line}")
     print(f"layout: {len(folders)} folders against the table, {arrows} includes of src/ and of "
-          f"{len(face)} public headers against {len(levels)} levels")
+          f"{len(face)} public headers against {len(levels)} levels; {floor_arrows} includes of src/models/ and of "
+          f"{floor_face} of its public headers against {floors} floors")
     print(f"{1 if not failures else 0} passed, {1 if failures else 0} failed")
     return 1 if failures else 0
+
+
+def check_models_floors(arch, files, failures):
+    """The floors of src/models/ (see the docstring); returns (floors, includes, headers) checked."""
+    m = re.search(r"^Floors of src/models/, top to bottom: (.+)\.$", arch, re.M)
+    if not m:
+        failures.append("docs/architecture.md has no line 'Floors of src/models/, top to bottom: ...'")
+        return 0, 0, 0
+    groups = [re.findall(r"`([^`]+)`", g) for g in m.group(1).split(">")]
+    floors = {name: len(groups) - i for i, g in enumerate(groups) for name in g}
+    models = [f for f in files if f.startswith("src/models/")]
+    for f in models:
+        if f.count("/") < 3:
+            failures.append(f"{f} lies in src/models/ outside a floor's folder")
+    present = {f.split("/")[2] for f in models if f.count("/") >= 3}
+    for folder in sorted(present - set(floors)):
+        failures.append(f"docs/architecture.md's floors do not name src/models/{folder}/")
+    for folder in sorted(set(floors) - present):
+        failures.append(f"docs/architecture.md's floors name src/models/{folder}/, which holds no file")
+    face = {}
+    for floor, row in re.findall(r"^\| `models/(\w+)` \| (.+) \|$", arch, re.M):
+        if floor not in floors:
+            failures.append(f"docs/architecture.md puts public headers at models/{floor}, which is not a floor")
+        for header in re.findall(r"`([^`]+\.h)`", row):
+            if header in face:
+                failures.append(f"docs/architecture.md names the public header models/{header} twice")
+            face[header] = floor
+    public = {f[len("include/torchattn/models/"):] for f in files
+              if f.startswith("include/torchattn/models/") and f.count("/") == 3 and f.endswith(".h")}
+    for header in sorted(public - set(face)):
+        failures.append(f"docs/architecture.md's table of the models' public headers does not name {header}")
+    for header in sorted(set(face) - public):
+        failures.append(f"docs/architecture.md's table of the models' public headers names {header}, "
+                        "which does not exist")
+    quoted = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+    angle = re.compile(r'^\s*#\s*include\s+<torchattn/models/([^>]+)>', re.M)
+    sources = [(f, f.split("/")[2]) for f in models if f.count("/") >= 3 and f.split("/")[2] in floors]
+    arrows = 0
+    for f, floor in sources:
+        for target in quoted.findall(open(f).read()):
+            parts = target.split("/")
+            if len(parts) < 3 or parts[0] != "models" or parts[1] not in floors:
+                failures.append(f"{f} includes \"{target}\": the models include their own private headers "
+                                "as \"models/<floor>/...\", and only the library's public ones")
+                continue
+            arrows += 1
+            if floors[parts[1]] > floors[floor]:
+                failures.append(f"{f} ({floor}) includes \"{target}\" ({parts[1]}), a higher floor")
+    sources += [(f"include/torchattn/models/{h}", face[h]) for h in sorted(public & set(face)) if face[h] in floors]
+    for f, floor in sources:
+        for target in angle.findall(open(f).read()):
+            if target not in face or face[target] not in floors:
+                continue  # reported above
+            arrows += 1
+            if floors[face[target]] > floors[floor]:
+                failures.append(f"{f} ({floor}) includes <torchattn/models/{target}> ({face[target]}), a higher floor")
+    return len(floors), arrows, len(face)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
-// Python -> C++: loads the notebook modules' state dicts that tools/interop_check.py
+// Python -> C++: loads the notebook modules' state dicts that tests/serialize/interop_check.py
 // saved, checks torchattn's outputs against Python's (<= 1e-6), then saves the C++
 // modules (with other weights) for the reverse check. Also checks that a mismatched
 // key or shape is an error naming the key.
 //
-// The same with PyTorch's torch.nn.MultiheadAttention (tools/interop_check.py's
+// The same with PyTorch's torch.nn.MultiheadAttention (tests/serialize/interop_check.py's
 // MHA_CASES, float64): its state dicts into MultiHeadAttention through
 // load_torch_multihead_attention, outputs and the gradients of the inputs and of every
 // parameter compared (<= 1e-10), then modules with other weights saved with

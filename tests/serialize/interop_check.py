@@ -27,7 +27,8 @@ import sys
 import torch
 from safetensors.torch import load_file, save_file
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "reference"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 import notebook_reference as nr  # noqa: E402
 import torchattn_interop  # noqa: E402
 

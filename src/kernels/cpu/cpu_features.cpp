@@ -81,4 +81,8 @@ const char* isa_name(Isa isa) {
   return "scalar";
 }
 
+void check_isa_at_most(Isa isa, Isa widest, const char* fn) {
+  TORCH_CHECK(isa <= widest, fn, ": expected an instruction set up to ", isa_name(widest), ", got ", isa_name(isa));
+}
+
 }  // namespace torchattn::kernels::cpu

@@ -55,4 +55,9 @@ std::vector<Isa> supported_isas();
 /// "scalar", "avx2" or "avx512" (test names, messages).
 const char* isa_name(Isa isa);
 
+/// The guard of a kernel entry point that takes an instruction set (tests): `isa` must
+/// be at most `widest` (best_isa(), or a kernel's own narrower limit), else a c10::Error
+/// "<fn>: expected an instruction set up to <widest>, got <isa>".
+void check_isa_at_most(Isa isa, Isa widest, const char* fn);
+
 }  // namespace torchattn::kernels::cpu

@@ -69,8 +69,7 @@ void paged_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tens
   const float* vp = values.const_data_ptr<float>();
   float* op = out.mutable_data_ptr<float>();
   const int64_t block_floats = Hkv * d * bs;  // one block of one layer, keys or values
-  TORCH_CHECK(!isa || *isa <= best_isa(), "paged_attention: this CPU does not run the instructions asked for (",
-              isa_name(*isa), ")");
+  if (isa) check_isa_at_most(*isa, best_isa(), "paged_attention");
   const Isa run_isa = isa.value_or(best_isa());
 
   // Tasks: a sequence's key head and a block of at most kRowBlock of its new rows (the

@@ -202,7 +202,7 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
   TORCH_CHECK(!needs_grad(q) && !needs_grad(k) && !needs_grad(v),
               "prefill_attention: computes no gradient; q, k and v must not need one");
   TORCH_CHECK(scale > 0.0 && std::isfinite(scale), "prefill_attention: expected a finite scale > 0, got ", scale);
-  TORCH_CHECK(isa <= best_isa(), "prefill_attention: this CPU does not run ", isa_name(isa));
+  check_isa_at_most(isa, best_isa(), "prefill_attention");
   const int64_t TkP = (Tk + kKeyPad - 1) / kKeyPad * kKeyPad;
   at::Tensor kt = at::empty({B, Hkv, d, TkP}, q.options());
   kt.narrow(3, 0, Tk).copy_(k.transpose(2, 3));

@@ -125,10 +125,7 @@ struct Axpys {
 
 TORCHATTN_SIMD_KERNELS_END
 
-void check_isa(Isa isa, const char* fn) {
-  TORCH_CHECK(isa <= vec_isa(), fn, ": expected an instruction set up to ", isa_name(vec_isa()), ", got ",
-              isa_name(isa));
-}
+void check_isa(Isa isa, const char* fn) { check_isa_at_most(isa, vec_isa(), fn); }
 
 }  // namespace
 

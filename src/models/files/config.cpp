@@ -1,6 +1,6 @@
 #include <torchattn/models/config.h>
 
-#include "json_file.h"
+#include "models/files/json_file.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,6 +1,6 @@
 #include <torchattn/models/weights.h>
 
-#include "json_file.h"
+#include "models/files/json_file.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>

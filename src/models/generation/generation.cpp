@@ -2,7 +2,7 @@
 
 #include <torchattn/decode_graph.h>
 
-#include "generation_steps.h"
+#include "models/generation/generation_steps.h"
 
 #include <ATen/ops/tensor.h>
 #include <c10/core/InferenceMode.h>

@@ -1,4 +1,4 @@
-#include "generation_steps.h"
+#include "models/generation/generation_steps.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,6 +1,6 @@
 #include <torchattn/models/seq2seq_generation.h>
 
-#include "generation_steps.h"
+#include "models/generation/generation_steps.h"
 
 #include <ATen/ops/full.h>
 #include <ATen/ops/tensor.h>

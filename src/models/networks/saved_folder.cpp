@@ -3,7 +3,7 @@
 #include <torchattn/checksum.h>
 #include <torchattn/safetensors.h>
 
-#include "json_file.h"
+#include "models/files/json_file.h"
 
 #include <c10/util/Exception.h>
 

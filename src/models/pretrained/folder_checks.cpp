@@ -2,7 +2,7 @@
 
 #include <torchattn/models/chat.h>
 
-#include "json_file.h"
+#include "models/files/json_file.h"
 
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>

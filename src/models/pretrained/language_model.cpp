@@ -6,8 +6,8 @@
 #include <torchattn/models/weights.h>
 #include <torchattn/safetensors.h>
 
-#include "load_checks.h"
-#include "utf8_check.h"
+#include "models/pretrained/load_checks.h"
+#include "models/text/utf8_check.h"
 
 #include <c10/util/Exception.h>
 

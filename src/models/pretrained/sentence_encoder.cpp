@@ -4,9 +4,9 @@
 #include <torchattn/models/folder_checks.h>
 #include <torchattn/models/weights.h>
 
-#include "json_file.h"
-#include "load_checks.h"
-#include "utf8_check.h"
+#include "models/files/json_file.h"
+#include "models/pretrained/load_checks.h"
+#include "models/text/utf8_check.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/clamp_min.h>

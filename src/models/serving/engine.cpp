@@ -1,6 +1,6 @@
 #include <torchattn/models/engine.h>
 
-#include "scheduler.h"
+#include "models/serving/scheduler.h"
 
 #include <ATen/ops/argmax.h>
 #include <ATen/ops/tensor.h>

@@ -1,4 +1,4 @@
-#include "scheduler.h"
+#include "models/serving/scheduler.h"
 
 #include <c10/util/Exception.h>
 

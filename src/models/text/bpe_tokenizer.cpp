@@ -1,4 +1,4 @@
-#include "bpe_tokenizer.h"
+#include "models/text/bpe_tokenizer.h"
 
 #include <nlohmann/json.hpp>
 #include <unicode/normalizer2.h>

@@ -15,9 +15,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "pretokenize.h"
-#include "tokenizer_model.h"
-#include "vocabulary.h"
+#include "models/text/pretokenize.h"
+#include "models/text/tokenizer_model.h"
+#include "models/text/vocabulary.h"
 
 
 namespace torchattn::models::detail {

@@ -1,4 +1,4 @@
-#include "pretokenize.h"
+#include "models/text/pretokenize.h"
 
 #include <c10/util/Exception.h>
 #include <unicode/uchar.h>

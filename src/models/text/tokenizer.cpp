@@ -1,9 +1,9 @@
 #include <torchattn/models/tokenizer.h>
 
-#include "bpe_tokenizer.h"
-#include "json_file.h"
-#include "utf8_check.h"
-#include "wordpiece_tokenizer.h"
+#include "models/text/bpe_tokenizer.h"
+#include "models/files/json_file.h"
+#include "models/text/utf8_check.h"
+#include "models/text/wordpiece_tokenizer.h"
 
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>

@@ -1,4 +1,4 @@
-#include "vocabulary.h"
+#include "models/text/vocabulary.h"
 
 #include <c10/util/Exception.h>
 

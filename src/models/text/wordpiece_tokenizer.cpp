@@ -1,4 +1,4 @@
-#include "wordpiece_tokenizer.h"
+#include "models/text/wordpiece_tokenizer.h"
 
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>

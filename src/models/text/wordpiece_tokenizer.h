@@ -7,8 +7,8 @@
 // character a word); greedy longest-match WordPiece with the "##" prefix; the
 // [CLS] text [SEP] template. Encodes as transformers' BertTokenizerFast does.
 
-#include "tokenizer_model.h"
-#include "vocabulary.h"
+#include "models/text/tokenizer_model.h"
+#include "models/text/vocabulary.h"
 
 #include <cstdint>
 #include <optional>
