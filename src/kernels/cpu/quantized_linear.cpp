@@ -229,16 +229,6 @@ struct DotRows {
   }
 };
 
-struct DotOne {
-  static constexpr Isa kWidest = Isa::Avx512;
-  template <class S>
-  static float run(const uint16_t* q, const float* x, int64_t in) {
-    float d = 0.0f;
-    DotRows::rows<S, 1>(q, x, in, in, &d, 1);
-    return d;
-  }
-};
-
 // Rows [begin, end) of y for x's `rows` rows: DotFour over four weight rows at a time
 // (the last group of rows repeats its first row where fewer are left).
 template <class T>
@@ -343,29 +333,26 @@ struct Part {
 // kernels over outputs [begin, end) of one part, on the calling thread.
 void matvec_range(const float* xs, int64_t rows, const Part& p, int64_t begin, int64_t end) {
   const Weights& w = p.w;
-  if (!w.int8 && rows == 1 && best_isa() != Isa::Scalar) {
-    // Four long streams of weight rows (see DotRows).
-    const auto* q = static_cast<const uint16_t*>(w.q);
-    simd::run_on<DotRows>(best_isa(), q + begin * w.in, xs, w.in, end - begin, p.y + begin);
-    if (p.bias != nullptr) {
-      for (int64_t o = begin; o < end; ++o) p.y[o] += p.bias[o];
-    }
-    return;
-  }
   if (!w.int8 && rows == 1) {
-    // Scalar: one row at a time (see DotRows).
+    // One row of x over bfloat16 weights, per instruction set (see DotRows).
     const Isa isa = best_isa();
     const auto* q = static_cast<const uint16_t*>(w.q);
-    const int64_t bytes = w.in * static_cast<int64_t>(sizeof(uint16_t));
-    const char* stop = reinterpret_cast<const char*>(q + end * w.in);
-    for (int64_t o = begin; o < end; ++o) {
-      // kOneRowAhead bytes down the stream on their way while this row is summed.
-      const char* ahead = reinterpret_cast<const char*>(q + o * w.in) + kOneRowAhead;
-      if (ahead + bytes <= stop) {
-        for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(ahead + b);
+    if (isa != Isa::Scalar) {
+      simd::run_on<DotRows>(isa, q + begin * w.in, xs, w.in, end - begin, p.y + begin);  // four streams
+    } else {
+      const int64_t bytes = w.in * static_cast<int64_t>(sizeof(uint16_t));
+      const char* stop = reinterpret_cast<const char*>(q + end * w.in);
+      for (int64_t o = begin; o < end; ++o) {
+        // kOneRowAhead bytes down the stream on their way while this row is summed.
+        const char* ahead = reinterpret_cast<const char*>(q + o * w.in) + kOneRowAhead;
+        if (ahead + bytes <= stop) {
+          for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(ahead + b);
+        }
+        DotRows::rows<simd::Scalar, 1>(q + o * w.in, xs, w.in, w.in, p.y + o, 1);
       }
-      const float d = simd::run_on<DotOne>(isa, q + o * w.in, xs, w.in);
-      p.y[o] = p.bias != nullptr ? d + p.bias[o] : d;
+    }
+    if (p.bias != nullptr) {
+      for (int64_t o = begin; o < end; ++o) p.y[o] += p.bias[o];
     }
     return;
   }

@@ -125,7 +125,6 @@ struct Axpys {
 
 TORCHATTN_SIMD_KERNELS_END
 
-void check_isa(Isa isa, const char* fn) { check_isa_at_most(isa, vec_isa(), fn); }
 
 }  // namespace
 
@@ -137,14 +136,14 @@ Isa vec_isa() {
 float dot(const float* a, const float* b, int64_t n) { return simd::run_on<Dot>(vec_isa(), a, b, n); }
 
 float dot(const float* a, const float* b, int64_t n, Isa isa) {
-  check_isa(isa, "dot");
+  check_isa_at_most(isa, vec_isa(), "dot");
   return simd::run_on<Dot>(isa, a, b, n);
 }
 
 void axpy(float alpha, const float* x, float* y, int64_t n) { simd::run_on<Axpy>(vec_isa(), alpha, x, y, n); }
 
 void axpy(float alpha, const float* x, float* y, int64_t n, Isa isa) {
-  check_isa(isa, "axpy");
+  check_isa_at_most(isa, vec_isa(), "axpy");
   simd::run_on<Axpy>(isa, alpha, x, y, n);
 }
 
@@ -163,7 +162,7 @@ void matvec(const float* x, const float* w, int64_t n, int64_t count, float* out
 }
 
 void matvec(const float* x, const float* w, int64_t n, int64_t count, float* out, Isa isa, int streams) {
-  check_isa(isa, "matvec");
+  check_isa_at_most(isa, vec_isa(), "matvec");
   TORCH_CHECK(streams == 1 || streams == 4, "matvec: expected 1 or 4 streams, got ", streams);
   simd::run_on<Matvec>(isa, x, w, n, count, out, streams);
 }
