@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +21,7 @@
 #include <random>
 #include <string>
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 namespace {
@@ -89,6 +91,40 @@ TEST(Safetensors, LoadedTensorsCanBeWrittenWithoutTouchingTheFile) {
   EXPECT_TRUE(torch::equal(kept, torch::arange(16, torch::kFloat32)));
   std::filesystem::remove(path);
 }
+
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+// The VmFlags line of the mapping in /proc/self/smaps that holds address p ("" if none).
+std::string vm_flags_of(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t begin = 0, end = 0;
+    // A mapping's first line: "begin-end perms offset ...", both addresses in hex.
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &begin, &end) == 2) {
+      inside = begin <= at && at < end;
+    }
+    if (inside && line.rfind("VmFlags:", 0) == 0) return line;
+  }
+  return "";
+}
+
+// Decoding streams every mapped weight once a token: the mapping asks for 2 MiB pages
+// (the "hg" of VmFlags), unless this kernel refuses MADV_HUGEPAGE altogether.
+TEST(Safetensors, MappedFileAsksForHugePages) {
+  const auto path = temp_path("huge.safetensors");
+  torchattn::save_safetensors(path, {{"w", torch::arange(1 << 20, torch::kFloat32)}});
+  const auto loaded = torchattn::load_safetensors(path);
+  const std::string flags = vm_flags_of(loaded[0].second.const_data_ptr());
+  ASSERT_NE(flags, "") << "no mapping in /proc/self/smaps holds the tensor's data";
+  void* probe = ::mmap(nullptr, 4 << 20, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(probe, MAP_FAILED);
+  const bool refused = ::madvise(probe, 4 << 20, MADV_HUGEPAGE) != 0;
+  ::munmap(probe, 4 << 20);
+  EXPECT_EQ(flags.find(" hg") != std::string::npos, !refused) << flags;
+  std::filesystem::remove(path);
+}
+#endif
 
 TEST(Safetensors, ShardedIndexLoadsEveryShardAndChecksTheMap) {
   const auto dir = temp_path("sharded");
