@@ -1,9 +1,9 @@
 #include "block/attention_block.h"
 
-#include "block/alibi.h"
+#include "backends/alibi.h"
 #include "backends/attend.h"
 #include "backends/attend_documents.h"
-#include "block/paged_attend.h"
+#include "backends/attend_paged.h"
 #include "block/positions.h"
 
 #include <ATen/TensorOperators.h>
@@ -183,8 +183,9 @@ at::Tensor paged_attention_block_forward(AttentionBlock& block, const at::Tensor
     keys = block.rope->apply(keys, step.positions);
   }
   cache.write(layer, step, keys[0], values.reshape({N, Hkv, head_dim}));
-  const at::Tensor context = paged_attend(queries[0], cache.keys(layer), cache.values(layer), step, block.window,
-                                          config, block.alibi_slopes);
+  const PagedKeys pool{cache.keys(layer),  cache.values(layer), step.key_slots,
+                       step.key_slots_cpu, &step.query_start,   &step.key_start};
+  const at::Tensor context = attend_paged(queries[0], pool, block.window, config, block.alibi_slopes);
   return project_out(block, context.reshape({N, H * head_dim}), /*fast=*/true);
 }
 

@@ -98,7 +98,7 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
 // (step.query_start) -> the output [N, d_out] (after out_proj, as above). Each token
 // is rotated at its position in its sequence, the new keys and values are written into
 // `layer` of the cache, and each sequence's rows attend over its own keys (see
-// paged_attend). For MultiHeadAttention (num_heads > 0), causal, in inference.
+// attend_paged). For MultiHeadAttention (num_heads > 0), causal, in inference.
 // Documents packed end to end: x [N, d_in], document s its rows offsets[s] ..
 // offsets[s + 1] (host offsets from 0 to N, increasing: check_cu_seqlens) -> the
 // output [N, d_out] (after out_proj, as above). Projections and QK-norm run over all rows at once, RoPE at

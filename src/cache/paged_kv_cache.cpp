@@ -4,6 +4,7 @@
 
 #include <torchattn/paged_kv_cache.h>
 
+#include "backends/attend_paged.h"
 #include "cache/block_allocator.h"
 #include "cache/paged_step.h"
 #include "cache/prefix_cache.h"
@@ -320,10 +321,9 @@ void PagedKVCache::write(int64_t layer_index, const PagedStep& step, const at::T
   by_token(value_pool, false).index_put_(where, v);
 }
 
-// keys: [num_blocks, Hkv, head_dim, block_size] -> [num_blocks, block_size, Hkv,
-// head_dim]; values: [num_blocks, Hkv, block_size, head_dim] -> the same. Views.
+// The pool's layout is the backends' (attend_paged.h), which read it.
 at::Tensor PagedKVCache::by_token(const at::Tensor& storage, bool keys) {
-  return keys ? storage.permute({0, 3, 1, 2}) : storage.permute({0, 2, 1, 3});
+  return detail::paged_by_token(storage, keys);
 }
 
 // The sequence's tokens of `storage` (a layer's keys or values), oldest first:

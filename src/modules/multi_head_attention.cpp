@@ -3,7 +3,7 @@
 #include <torchattn/functional.h>
 #include <torchattn/packed_linear.h>
 
-#include "block/alibi.h"
+#include "backends/alibi.h"
 #include "block/attention_block.h"
 #include "base/checks.h"
 #include "layers/rope_checks.h"

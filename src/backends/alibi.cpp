@@ -1,4 +1,4 @@
-#include "block/alibi.h"
+#include "backends/alibi.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
