@@ -124,10 +124,11 @@ case "$device" in
       # oneDNN's caps alike): decoding at 2 threads, in the last round's place.
       for isa in $(narrower_isas); do
         for d in int8 float32; do
+          [ "$isa" = avx512 ] && [ "$d" = float32 ] && continue  # the same kernels as without the cap
           local folder="$smollm2"
           [ "$d" = int8 ] && folder="$out/smollm2-int8"
-          TORCHATTN_ISA=$isa ATEN_CPU_CAPABILITY=$([ "$isa" = scalar ] && echo default || echo "$isa") \
-            ONEDNN_MAX_CPU_ISA=$([ "$isa" = scalar ] && echo SSE41 || echo AVX2) OMP_NUM_THREADS=2 \
+          TORCHATTN_ISA=$isa ATEN_CPU_CAPABILITY=$(aten_isa "$isa") \
+            ONEDNN_MAX_CPU_ISA=$(onednn_isa "$isa") OMP_NUM_THREADS=2 \
             ./build/apps/generate/torchattn_generate_bench --model "$folder" --threads 2 --dtype "$d" --decode-only \
             --json "$out/weights-$d@$isa-2.json" ${args[@]+"${args[@]}"}
           ours+=("$d@$isa:2:$out/weights-$d@$isa-2.json")
@@ -155,14 +156,19 @@ case "$device" in
     # (apps/bench/results/scale.md). SCALE_ROUNDS rounds (default 2; 1 with --quick); the
     # model and the converted weights are kept in SCALE_MODEL (default .cache/scale-1b)
     # and beside it.
-    # The instruction sets narrower than this CPU's widest, for TORCHATTN_ISA.
+    # The instruction sets narrower than this CPU's widest, for TORCHATTN_ISA (avx512:
+    # AVX-512 without VNNI, which only the int8 products tell apart).
     narrower_isas() {
       local flags
       flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
-      if [[ " $flags " == *" avx512f "* ]]; then echo avx2 scalar
+      if [[ " $flags " == *" avx512_vnni "* && " $flags " == *" avx512bw "* ]]; then echo avx512 avx2 scalar
+      elif [[ " $flags " == *" avx512f "* ]]; then echo avx2 scalar
       elif [[ " $flags " == *" avx2 "* ]]; then echo scalar
       fi
     }
+    # ATen's and oneDNN's own caps for a TORCHATTN_ISA value.
+    aten_isa() { case "$1" in scalar) echo default ;; avx512*) echo avx512 ;; *) echo "$1" ;; esac; }
+    onednn_isa() { case "$1" in scalar) echo SSE41 ;; avx512) echo AVX512_CORE ;; *) echo AVX2 ;; esac; }
     scale() {
       local model=${SCALE_MODEL:-.cache/scale-1b} work="$out/scale" gen=./build/apps/generate/torchattn_generate
       .venv/bin/python tools/convert_smollm2.py "$smollm2"
@@ -225,11 +231,12 @@ case "$device" in
         # and oneDNN's own caps alike): decoding, 2 threads.
         for isa in $(narrower_isas); do
           for d in int8 float32; do
+            [ "$isa" = avx512 ] && [ "$d" = float32 ] && continue  # the same kernels as without the cap
             json="$work/ours-$d@$isa-2-r$r.json"
             local folder="$model"
             [ "$d" = int8 ] && folder="$model-int8"
-            TORCHATTN_ISA=$isa ATEN_CPU_CAPABILITY=$([ "$isa" = scalar ] && echo default || echo "$isa") \
-              ONEDNN_MAX_CPU_ISA=$([ "$isa" = scalar ] && echo SSE41 || echo AVX2) OMP_NUM_THREADS=2 \
+            TORCHATTN_ISA=$isa ATEN_CPU_CAPABILITY=$(aten_isa "$isa") \
+              ONEDNN_MAX_CPU_ISA=$(onednn_isa "$isa") OMP_NUM_THREADS=2 \
               ./build/apps/generate/torchattn_generate_bench --model "$folder" --threads 2 --dtype "$d" \
               --new-tokens 8 --decode-only --json "$json"
             runs+=("ours-$d@$isa:2:$json")

@@ -135,6 +135,7 @@ int64_t prefill_kernel_max_keys(kernels::cpu::Isa isa) {
   // So up to 512 keys with AVX2 and 16384 (the most measured) with AVX-512; ATen's
   // kernel past that (and without AVX2 at all).
   switch (isa) {
+    case kernels::cpu::Isa::Avx512Vnni:  // the float kernel runs as on Avx512
     case kernels::cpu::Isa::Avx512:
       return 16384;
     case kernels::cpu::Isa::Avx2:

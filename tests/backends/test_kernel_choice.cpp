@@ -164,6 +164,7 @@ TEST(CausalPrefillKernel, TakesAtMostTheKeysWhereItPays) {
   EXPECT_EQ(torchattn::detail::prefill_kernel_max_keys(kc::Isa::Scalar), 0);
   EXPECT_EQ(torchattn::detail::prefill_kernel_max_keys(kc::Isa::Avx2), 512);
   EXPECT_EQ(torchattn::detail::prefill_kernel_max_keys(kc::Isa::Avx512), 16384);
+  EXPECT_EQ(torchattn::detail::prefill_kernel_max_keys(kc::Isa::Avx512Vnni), 16384);
   const int64_t most = torchattn::detail::prefill_kernel_max_keys(kc::best_isa());
   torch::manual_seed(10);
   const torchattn::functional::AttentionOptions config;

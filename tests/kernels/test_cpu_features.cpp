@@ -1,6 +1,6 @@
 // The instruction sets of the CPU kernels (src/kernels/cpu/cpu_features.h) and the cap
 // that TORCHATTN_ISA sets. The cap is read once per process, so the ctest entries
-// unit_isa_avx2 and unit_isa_scalar run these and the kernels' tests again under it
+// unit_isa_avx512, unit_isa_avx2 and unit_isa_scalar run these and the kernels' tests again under it
 // (tests/CMakeLists.txt).
 
 #include "kernels/cpu/cpu_features.h"
@@ -23,13 +23,10 @@ TEST(IsaCap, TheKernelsUseTheNarrowerOfTheCpuAndTheCap) {
   const auto isas = kc::supported_isas();
   EXPECT_EQ(isas.front(), kc::Isa::Scalar);
   EXPECT_EQ(isas.back(), kc::best_isa());
-  // VNNI only under an AVX-512 cap; the int8 kernels follow.
-  if (kc::best_isa() < kc::Isa::Avx512) {
-    EXPECT_FALSE(kc::avx512_vnni());
-  }
-  const kc::Int8Kernel want = kc::avx512_vnni()                 ? kc::Int8Kernel::Vnni
-                              : kc::best_isa() >= kc::Isa::Avx2 ? kc::Int8Kernel::Avx2
-                                                                : kc::Int8Kernel::Portable;
+  // VNNI is the widest level: the int8 kernels follow the cap as the float ones do.
+  const kc::Int8Kernel want = kc::best_isa() >= kc::Isa::Avx512Vnni ? kc::Int8Kernel::Vnni
+                              : kc::best_isa() >= kc::Isa::Avx2     ? kc::Int8Kernel::Avx2
+                                                                    : kc::Int8Kernel::Portable;
   EXPECT_EQ(kc::best_int8_kernel(), want);
   std::printf("[isa] cpu %s, cap %s: kernels %s, int8 %s\n", kc::isa_name(kc::cpu_isa()), kc::isa_name(kc::isa_cap()),
               kc::isa_name(kc::best_isa()), kc::int8_kernel_name(kc::best_int8_kernel()));
@@ -37,19 +34,20 @@ TEST(IsaCap, TheKernelsUseTheNarrowerOfTheCpuAndTheCap) {
 
 // The values the variable takes; anything else is refused at the first kernel call,
 // naming the variable, what it takes and what came.
-TEST(IsaCap, TakesTheThreeNamesAndRefusesAnythingElse) {
-  EXPECT_EQ(kc::parse_isa_cap(nullptr), kc::Isa::Avx512);
-  EXPECT_EQ(kc::parse_isa_cap(""), kc::Isa::Avx512);
+TEST(IsaCap, TakesTheFourNamesAndRefusesAnythingElse) {
+  EXPECT_EQ(kc::parse_isa_cap(nullptr), kc::Isa::Avx512Vnni);
+  EXPECT_EQ(kc::parse_isa_cap(""), kc::Isa::Avx512Vnni);
   EXPECT_EQ(kc::parse_isa_cap("scalar"), kc::Isa::Scalar);
   EXPECT_EQ(kc::parse_isa_cap("avx2"), kc::Isa::Avx2);
   EXPECT_EQ(kc::parse_isa_cap("avx512"), kc::Isa::Avx512);
-  for (const char* bad : {"sse9", "AVX2", "avx2 "}) {
+  EXPECT_EQ(kc::parse_isa_cap("avx512_vnni"), kc::Isa::Avx512Vnni);
+  for (const char* bad : {"sse9", "AVX2", "avx2 ", "avx512vnni", "amx"}) {
     try {
       (void)kc::parse_isa_cap(bad);
       ADD_FAILURE() << "'" << bad << "' was taken";
     } catch (const c10::Error& e) {
       const std::string what = e.what();
-      EXPECT_NE(what.find("TORCHATTN_ISA: expected scalar, avx2 or avx512"), std::string::npos) << what;
+      EXPECT_NE(what.find("TORCHATTN_ISA: expected scalar, avx2, avx512 or avx512_vnni"), std::string::npos) << what;
       EXPECT_NE(what.find("got '" + std::string(bad) + "'"), std::string::npos) << what;
     }
   }

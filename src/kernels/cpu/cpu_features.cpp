@@ -14,32 +14,28 @@ Isa read_cpu_isa() {
 #if defined(TORCHATTN_SIMD_X86)
   __builtin_cpu_init();
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (avx2 && __builtin_cpu_supports("avx512f")) return Isa::Avx512;
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f");
+  if (avx512 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni")) return Isa::Avx512Vnni;
+  if (avx512) return Isa::Avx512;
   if (avx2) return Isa::Avx2;
 #endif
   return Isa::Scalar;
 }
 
-bool read_cpu_vnni() {
-#if defined(TORCHATTN_SIMD_X86)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vnni");
-#else
-  return false;
-#endif
-}
+constexpr Isa kEveryIsa[] = {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Vnni};
 
 }  // namespace
 
 Isa parse_isa_cap(const char* value) {
-  if (value == nullptr || *value == '\0') return Isa::Avx512;
+  if (value == nullptr || *value == '\0') return Isa::Avx512Vnni;
   const std::string_view v(value);
-  for (const Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
+  for (const Isa isa : kEveryIsa) {
     if (v == isa_name(isa)) return isa;
   }
-  TORCH_CHECK(false, kIsaCapVariable, ": expected scalar, avx2 or avx512 (the widest instruction set torchattn's ",
-              "CPU kernels may use), got '", v, "'");
+  TORCH_CHECK(false, kIsaCapVariable,
+              ": expected scalar, avx2, avx512 or avx512_vnni (the widest instruction set torchattn's CPU kernels may "
+              "use), got '",
+              v, "'");
 }
 
 Isa cpu_isa() {
@@ -57,20 +53,18 @@ Isa best_isa() {
   return best;
 }
 
-bool avx512_vnni() {
-  static const bool has = best_isa() == Isa::Avx512 && read_cpu_vnni();
-  return has;
-}
-
 std::vector<Isa> supported_isas() {
-  std::vector<Isa> out{Isa::Scalar};
-  if (best_isa() >= Isa::Avx2) out.push_back(Isa::Avx2);
-  if (best_isa() >= Isa::Avx512) out.push_back(Isa::Avx512);
+  std::vector<Isa> out;
+  for (const Isa isa : kEveryIsa) {
+    if (isa <= best_isa()) out.push_back(isa);
+  }
   return out;
 }
 
 const char* isa_name(Isa isa) {
   switch (isa) {
+    case Isa::Avx512Vnni:
+      return "avx512_vnni";
     case Isa::Avx512:
       return "avx512";
     case Isa::Avx2:

@@ -212,14 +212,14 @@ void panels_of(Int8Kernel kernel, const QuantizedRows& xr, int64_t rows, const i
 }  // namespace
 
 Int8Kernel best_int8_kernel() {
-  if (avx512_vnni()) return Int8Kernel::Vnni;
+  if (best_isa() >= Isa::Avx512Vnni) return Int8Kernel::Vnni;
   return best_isa() >= Isa::Avx2 ? Int8Kernel::Avx2 : Int8Kernel::Portable;
 }
 
 std::vector<Int8Kernel> supported_int8_kernels() {
   std::vector<Int8Kernel> out{Int8Kernel::Portable};
   if (best_isa() >= Isa::Avx2) out.push_back(Int8Kernel::Avx2);
-  if (avx512_vnni()) out.push_back(Int8Kernel::Vnni);
+  if (best_isa() >= Isa::Avx512Vnni) out.push_back(Int8Kernel::Vnni);
   return out;
 }
 
@@ -242,8 +242,9 @@ at::Tensor int8_products_linear(const at::Tensor& x, const at::Tensor& q, const 
 }
 
 at::Tensor int8_products_linear(const at::Tensor& x, at::ArrayRef<QuantizedWeight> parts, Int8Kernel kernel) {
-  TORCH_CHECK(kernel != Int8Kernel::Vnni || avx512_vnni(), "int8_products_linear: this CPU has no AVX-512 VNNI",
-              isa_cap() < Isa::Avx512 ? " (or TORCHATTN_ISA caps it)" : "");
+  TORCH_CHECK(kernel != Int8Kernel::Vnni || best_isa() >= Isa::Avx512Vnni,
+              "int8_products_linear: this CPU has no AVX-512 VNNI",
+              isa_cap() < Isa::Avx512Vnni ? " (or TORCHATTN_ISA caps it)" : "");
   TORCH_CHECK(kernel != Int8Kernel::Avx2 || best_isa() >= Isa::Avx2, "int8_products_linear: this CPU has no AVX2",
               isa_cap() < Isa::Avx2 ? " (or TORCHATTN_ISA caps it)" : "");
   const int64_t rows = x.size(0), in = x.size(1);

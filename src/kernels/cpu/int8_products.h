@@ -46,7 +46,8 @@ namespace torchattn::kernels::cpu {
 enum class Int8Kernel : int8_t { Portable, Avx2, Vnni };
 
 /// The widest kernel this CPU runs under the TORCHATTN_ISA cap (cpu_features.h): Vnni
-/// with AVX-512F, BW and VNNI; Avx2 with AVX2 and FMA; else Portable.
+/// where best_isa() is Avx512Vnni; Avx2 where it is Avx2 or Avx512 (no int8 kernel is
+/// written for AVX-512 without VNNI); else Portable.
 Int8Kernel best_int8_kernel();
 
 /// Every kernel this CPU runs under the cap, narrowest first (tests, benchmarks).

@@ -70,7 +70,7 @@ void run_panels(const Int8Call& c, int64_t rows, const Repack& repack, const Til
 // - *_rows: at most kFewRows rows of x, outputs [begin, end) of the part, on the
 //   calling thread (the caller splits every part's outputs over the threads at once);
 // - *_panels: more rows, every output of the part, over the intra-op threads.
-// AVX2 (any x86 CPU with AVX2; xr with mag and sgn); AVX-512 VNNI (avx512_vnni()).
+// AVX2 (any x86 CPU with AVX2; xr with mag and sgn); AVX-512 VNNI (best_isa() Avx512Vnni).
 void avx2_prepare(QuantizedRows& xr);  // fills mag and sgn from bytes
 void avx2_rows(const QuantizedRows& xr, int64_t rows, const Int8Call& c, int64_t begin, int64_t end);
 void avx2_panels(const QuantizedRows& xr, int64_t rows, const Int8Call& c);
