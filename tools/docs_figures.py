@@ -104,6 +104,8 @@ FIGURES = {
     "weights.table": Table("weights.md", "runtime, weights"),
     "weights.perplexity": Table("weights.md", "weights", "Perplexity"),
     "weights.targets": Table("weights.md", "target", "Targets"),
+    # weights-zen3.md: the weights page kept from a CPU without AVX-512 or VNNI.
+    "weights_zen3.targets": Table("weights-zen3.md", "target", "Targets"),
     "scale.table": Table("scale.md", "runtime, weights"),
     "scale.targets": Table("scale.md", "target", "Targets"),
     # scale-zen3.md: the scale page kept from a CPU without AVX-512 or VNNI.
