@@ -1,8 +1,12 @@
-"""What the generation benchmarks' peers share (bench_llama_cpp.py, bench_ctranslate2.py,
-bench_transformers.py; torchattn_generate_bench does the same in C++): a cold load (the
-model's files evicted from the page cache first), the peak RSS of what follows it, and
-the prompt lengths they prefill."""
+"""The one harness of the generation benchmarks' peers (bench_llama_cpp.py,
+bench_ctranslate2.py, bench_transformers.py; torchattn_generate_bench does the same in
+C++): their command line, and measure(), which takes a cold load (the model's files
+evicted from the page cache first) and a warm one, decodes after a 32-token prompt, reads
+the peak RSS of what follows the cold load, and prefills the long prompts. A peer brings
+only how it loads, decodes and prefills."""
 
+import argparse
+import json
 import os
 import resource
 import statistics
@@ -86,3 +90,57 @@ def prefills(lengths_, make_ids, run_once, quick):
                 runs.append(time.perf_counter() - t)
         out[str(n)] = statistics.median(runs)
     return out
+
+
+def peer_arguments(doc, threads=1):
+    """The options every peer takes (its own added by the caller): --model, --threads,
+    --json, --quick, --new-tokens (default 128; 16 with --quick), --long-prompts (the warm
+    prefills measured, default 512; 128 with --quick), --cold-load (the files evicted
+    from the page cache and loaded once first; then the peak RSS starts again and the
+    measured load is warm), --decode-only (no prefills)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--threads", type=int, default=threads)
+    ap.add_argument("--json")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--new-tokens", type=int)
+    ap.add_argument("--long-prompts")
+    ap.add_argument("--cold-load", action="store_true")
+    ap.add_argument("--decode-only", action="store_true")
+    return ap
+
+
+def plan(a):
+    """(new tokens, long prompt lengths) of the parsed options."""
+    new_tokens = a.new_tokens or (16 if a.quick else 128)
+    return new_tokens, [] if a.decode_only else lengths(a.long_prompts or ("128" if a.quick else "512"))
+
+
+def measure(a, load, path, make_ids, decode_once, prefill_once):
+    """What every peer measures, in this order: load() timed (timed_loads over `path`);
+    a prompt of 32 ids, make_ids(model, 32); decode_once(model, prompt, new_tokens) ->
+    tokens/s, 3 times (1 with --quick), the median kept; the peak RSS; then the warm
+    prefills, prefill_once(model, make_ids(model, n)) for each long prompt n (prefills).
+    Returns (model, the measurements as the JSON files name them)."""
+    new_tokens, long_prompts = plan(a)
+    model, load_s, load_cold_s = timed_loads(lambda: load(), path, a.cold_load)
+    prompt = make_ids(model, 32)
+    decode = [decode_once(model, prompt, new_tokens) for _ in range(1 if a.quick else 3)]
+    peak_rss = peak_rss_mib()
+    prefill = prefills(long_prompts, lambda n: make_ids(model, n), lambda ids: prefill_once(model, ids), a.quick)
+    long_prompt = long_prompts[0] if long_prompts else 0
+    return model, {"load_s": load_s, "load_cold_s": load_cold_s, "new_tokens": new_tokens,
+                   "decode_tokens_per_s": statistics.median(decode), "runs": decode, "long_prompt": long_prompt,
+                   "prefill_s": prefill.get(str(long_prompt)), "prefill": prefill, "peak_rss_mib": peak_rss}
+
+
+def report(a, head, res, tail=""):
+    """Prints "<head>: load ... s (cold ...), decode ... tokens/s, peak RSS ..., prefill
+    ...<tail>" and writes res to --json."""
+    print(f"{head}: load {res['load_s']:.2f} s"
+          + (f" (cold {res['load_cold_s']:.2f} s)" if res["load_cold_s"] is not None else "")
+          + f", decode {res['decode_tokens_per_s']:.1f} tokens/s, peak RSS {res['peak_rss_mib']:.0f} MiB"
+          + "".join(f", prefill {n} tokens {t:.3f} s" for n, t in res["prefill"].items()) + tail)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)

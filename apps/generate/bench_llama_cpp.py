@@ -17,12 +17,10 @@ evicted from the page cache and loaded once first (load_cold_s), then the peak R
 again and the measured load is warm. --decode-only: no prefills.
 """
 
-import argparse
 import glob
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import tarfile
@@ -31,7 +29,7 @@ import time
 import llama_cpp
 import numpy as np
 
-from bench_common import lengths, peak_rss_mib, prefills, timed_loads
+from bench_common import measure, peer_arguments, plan, report
 
 
 def converter(work):
@@ -68,18 +66,10 @@ def staged(model, work):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
+    ap = peer_arguments(__doc__)
     ap.add_argument("--type", default="q8_0", choices=["f32", "q8_0"])
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--work", required=True, help="where the converter and the GGUF files are kept")
-    ap.add_argument("--json")
-    ap.add_argument("--quick", action="store_true")
     ap.add_argument("--name", default="smollm2")
-    ap.add_argument("--new-tokens", type=int)
-    ap.add_argument("--long-prompts")
-    ap.add_argument("--cold-load", action="store_true")
-    ap.add_argument("--decode-only", action="store_true")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     gguf = os.path.join(a.work, f"{a.name}-{a.type}.gguf")
@@ -89,54 +79,38 @@ def main():
         if r.returncode != 0:
             sys.exit(f"bench_llama_cpp: convert_hf_to_gguf.py failed ({r.returncode}):\n{r.stderr[-3000:]}")
         os.replace(gguf + ".part", gguf)
-    new_tokens = a.new_tokens or (16 if a.quick else 128)
-    long_prompts = [] if a.decode_only else lengths(a.long_prompts or ("128" if a.quick else "512"))
+    new_tokens, long_prompts = plan(a)
     n_ctx = max([1024, 32 + new_tokens] + [n + 8 for n in long_prompts])
-
-    llm, load_s, load_cold_s = timed_loads(
-        lambda: llama_cpp.Llama(model_path=gguf, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=a.threads,
-                                n_threads_batch=a.threads, verbose=False), gguf, a.cold_load)
     rng = random.Random(0)
-    vocab = llm.n_vocab()
-    prompt = [rng.randrange(100, vocab - 100) for _ in range(32)]
 
     # The last evaluated token's logits, from the context (Llama.scores holds them only
     # with logits_all, and has n_batch rows without it).
-    def last_logits_argmax():
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(vocab,))
+    def last_logits_argmax(llm):
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),))
         return int(np.argmax(logits))
 
-    decode = []
-    for _ in range(1 if a.quick else 3):
+    def decode_once(llm, prompt, new_tokens):
         llm.reset()
         llm.eval(prompt)  # the prompt and its first token, as the others time it apart
-        token = last_logits_argmax()
+        token = last_logits_argmax(llm)
         t = time.perf_counter()
         for _ in range(new_tokens - 1):
             llm.eval([token])
-            token = last_logits_argmax()
-        decode.append((new_tokens - 1) / (time.perf_counter() - t))
-    peak_rss = peak_rss_mib()
+            token = last_logits_argmax(llm)
+        return (new_tokens - 1) / (time.perf_counter() - t)
 
-    def prefill(ids):
+    def prefill(llm, ids):
         llm.reset()
         llm.eval(ids)
-        last_logits_argmax()
+        last_logits_argmax(llm)
 
-    prefill_s = prefills(long_prompts, lambda n: [rng.randrange(100, vocab - 100) for _ in range(n)], prefill, a.quick)
-    long_prompt = long_prompts[0] if long_prompts else 0
+    _, res = measure(
+        a, lambda: llama_cpp.Llama(model_path=gguf, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=a.threads,
+                                   n_threads_batch=a.threads, verbose=False), gguf,
+        lambda llm, n: [rng.randrange(100, llm.n_vocab() - 100) for _ in range(n)], decode_once, prefill)
     res = {"tool": "llama.cpp", "version": f"llama-cpp-python {llama_cpp.__version__}", "type": a.type,
-           "threads": a.threads, "load_s": load_s, "load_cold_s": load_cold_s, "new_tokens": new_tokens,
-           "decode_tokens_per_s": statistics.median(decode), "runs": decode, "long_prompt": long_prompt,
-           "prefill_s": prefill_s.get(str(long_prompt)), "prefill": prefill_s, "gguf_bytes": os.path.getsize(gguf),
-           "peak_rss_mib": peak_rss}
-    print(f"bench_llama_cpp: {a.type}, {a.threads} threads: load {load_s:.2f} s"
-          + (f" (cold {load_cold_s:.2f} s)" if load_cold_s is not None else "")
-          + f", decode {res['decode_tokens_per_s']:.1f} tokens/s, peak RSS {peak_rss:.0f} MiB"
-          + "".join(f", prefill {n} tokens {t:.3f} s" for n, t in prefill_s.items()))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f)
+           "threads": a.threads, "gguf_bytes": os.path.getsize(gguf), **res}
+    report(a, f"bench_llama_cpp: {a.type}, {a.threads} threads", res)
 
 
 if __name__ == "__main__":
