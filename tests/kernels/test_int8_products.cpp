@@ -49,9 +49,15 @@ torch::Tensor int8_products_reference(const torch::Tensor& x, const torch::Tenso
   return y.to(torch::kFloat);
 }
 
-// The kernels this CPU runs (under TORCHATTN_ISA): the portable loop, AVX2's and VNNI's
-// where present.
-std::vector<kc::Int8Kernel> int8_kernels() { return kc::supported_int8_kernels(); }
+// An instruction set for each kernel this CPU runs (under TORCHATTN_ISA): the portable
+// loop (Scalar), AVX2's (Avx2; Avx512 runs it too) and VNNI's (Avx512Vnni) where present.
+std::vector<kc::Isa> int8_kernels() {
+  std::vector<kc::Isa> out;
+  for (const kc::Isa isa : kc::supported_isas()) {
+    if (isa != kc::Isa::Avx512) out.push_back(isa);
+  }
+  return out;
+}
 
 class Int8ProductsGolden : public ::testing::TestWithParam<std::string> {};
 
@@ -92,7 +98,7 @@ TEST(Int8Products, EqualTheSchemeInFloat64OverShapesAndKernelsAgreeBitForBit) {
                        (with_bias ? ", bias" : ""));
           const auto bias = with_bias ? torch::randn({out}) : torch::Tensor();
           const auto want = int8_products_reference(x, q, scale, bias);
-          const auto portable = kc::int8_products_linear(x, q, scale, bias, kc::Int8Kernel::Portable);
+          const auto portable = kc::int8_products_linear(x, q, scale, bias, kc::Isa::Scalar);
           EXPECT_TRUE(tol::close(portable, want, int8_sums_of(in)));
           for (const auto kernel : int8_kernels()) {
             EXPECT_TRUE(torch::equal(kc::int8_products_linear(x, q, scale, bias, kernel), portable))
@@ -166,7 +172,7 @@ TEST(Int8Products, AutoTakesThemWhereTheyPay) {
     const auto int8_products = kc::quantized_linear(x, q, scale, b, Int8Products::Int8);
     ASSERT_FALSE(torch::equal(float_products, int8_products));
     const bool int8_expected = kc::int8_products_auto();
-    EXPECT_EQ(int8_expected, kc::best_int8_kernel() != kc::Int8Kernel::Portable);
+    EXPECT_EQ(int8_expected, kc::best_isa() >= kc::Isa::Avx2);
     EXPECT_TRUE(torch::equal(kc::quantized_linear(x, q, scale, b), int8_expected ? int8_products : float_products));
     const auto wb = w.to(torch::kBFloat16);
     EXPECT_TRUE(torch::equal(kc::quantized_linear(x, wb, {}, b, Int8Products::Int8),
@@ -211,7 +217,7 @@ TEST(Int8Products, PartsGiveEachPartsOwnBits) {
       int64_t col = 0;
       for (const auto& p : int8_parts) {
         EXPECT_TRUE(torch::equal(all.narrow(1, col, p.data.size(0)),
-                                 kc::int8_products_linear(x, p.data, p.scale, p.bias, kc::Int8Kernel::Portable)))
+                                 kc::int8_products_linear(x, p.data, p.scale, p.bias, kc::Isa::Scalar)))
             << kc::int8_kernel_name(kernel) << ", part at column " << col;
         col += p.data.size(0);
       }
@@ -233,27 +239,24 @@ TEST(Int8Products, PartsGiveEachPartsOwnBits) {
   }
 }
 
-// A kernel this CPU does not run is refused by name; the names.
+// The kernel of each instruction set, by name; one wider than this CPU runs is refused
+// through the one guard, naming the function, its limit and what came.
 TEST(Int8Products, NamesTheKernelsAndRefusesOnesThisCpuLacks) {
-  EXPECT_STREQ(kc::int8_kernel_name(kc::Int8Kernel::Portable), "portable");
-  EXPECT_STREQ(kc::int8_kernel_name(kc::Int8Kernel::Avx2), "avx2");
-  EXPECT_STREQ(kc::int8_kernel_name(kc::Int8Kernel::Vnni), "vnni");
-  const auto kernels = int8_kernels();
-  EXPECT_EQ(kernels.front(), kc::Int8Kernel::Portable);
-  EXPECT_EQ(kernels.back(), kc::best_int8_kernel());
-  if (kc::best_int8_kernel() != kc::Int8Kernel::Vnni) {
-    torch::NoGradGuard no_grad;
-    auto [q, scale] = kc::quantize_int8_groups(torch::randn({4, 64}));
-    EXPECT_THROW(
-        {
-          try {
-            kc::int8_products_linear(torch::randn({1, 64}), q, scale, {}, kc::Int8Kernel::Vnni);
-          } catch (const c10::Error& e) {
-            EXPECT_NE(std::string(e.what()).find("this CPU has no AVX-512 VNNI"), std::string::npos) << e.what();
-            throw;
-          }
-        },
-        c10::Error);
+  EXPECT_STREQ(kc::int8_kernel_name(kc::Isa::Scalar), "portable");
+  EXPECT_STREQ(kc::int8_kernel_name(kc::Isa::Avx2), "avx2");
+  EXPECT_STREQ(kc::int8_kernel_name(kc::Isa::Avx512), "avx2");
+  EXPECT_STREQ(kc::int8_kernel_name(kc::Isa::Avx512Vnni), "vnni");
+  if (kc::best_isa() == kc::Isa::Avx512Vnni) return;  // every kernel runs here
+  torch::NoGradGuard no_grad;
+  auto [q, scale] = kc::quantize_int8_groups(torch::randn({4, 64}));
+  const kc::Isa wider = static_cast<kc::Isa>(static_cast<int>(kc::best_isa()) + 1);
+  try {
+    kc::int8_products_linear(torch::randn({1, 64}), q, scale, {}, wider);
+    ADD_FAILURE() << kc::isa_name(wider) << " was taken";
+  } catch (const c10::Error& e) {
+    const std::string want = std::string("int8_products_linear: expected an instruction set up to ") +
+                             kc::isa_name(kc::best_isa()) + ", got " + kc::isa_name(wider);
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
   }
 }
 

@@ -27,6 +27,14 @@ using int8::kGroup;
 using int8::kRowTile;
 using int8::QuantizedRows;
 
+// The kernels, narrowest first (int8_products.h: the one each Isa runs).
+enum class Int8Kernel : int8_t { Portable, Avx2, Vnni };
+
+Int8Kernel kernel_of(Isa isa) {
+  if (isa >= Isa::Avx512Vnni) return Int8Kernel::Vnni;
+  return isa >= Isa::Avx2 ? Int8Kernel::Avx2 : Int8Kernel::Portable;
+}
+
 // One group of x's row: its scale, and its n <= kGroup inputs as qx + 128.
 float quantize_group(const float* x, int64_t n, uint8_t* out) {
   float amax = 0.0f;
@@ -211,20 +219,8 @@ void panels_of(Int8Kernel kernel, const QuantizedRows& xr, int64_t rows, const i
 
 }  // namespace
 
-Int8Kernel best_int8_kernel() {
-  if (best_isa() >= Isa::Avx512Vnni) return Int8Kernel::Vnni;
-  return best_isa() >= Isa::Avx2 ? Int8Kernel::Avx2 : Int8Kernel::Portable;
-}
-
-std::vector<Int8Kernel> supported_int8_kernels() {
-  std::vector<Int8Kernel> out{Int8Kernel::Portable};
-  if (best_isa() >= Isa::Avx2) out.push_back(Int8Kernel::Avx2);
-  if (best_isa() >= Isa::Avx512Vnni) out.push_back(Int8Kernel::Vnni);
-  return out;
-}
-
-const char* int8_kernel_name(Int8Kernel kernel) {
-  switch (kernel) {
+const char* int8_kernel_name(Isa isa) {
+  switch (kernel_of(isa)) {
     case Int8Kernel::Vnni:
       return "vnni";
     case Int8Kernel::Avx2:
@@ -236,17 +232,14 @@ const char* int8_kernel_name(Int8Kernel kernel) {
 }
 
 at::Tensor int8_products_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
-                                const at::Tensor& bias, Int8Kernel kernel) {
+                                const at::Tensor& bias, Isa isa) {
   const QuantizedWeight part{q, scale, bias};
-  return int8_products_linear(x, at::ArrayRef<QuantizedWeight>(part), kernel);
+  return int8_products_linear(x, at::ArrayRef<QuantizedWeight>(part), isa);
 }
 
-at::Tensor int8_products_linear(const at::Tensor& x, at::ArrayRef<QuantizedWeight> parts, Int8Kernel kernel) {
-  TORCH_CHECK(kernel != Int8Kernel::Vnni || best_isa() >= Isa::Avx512Vnni,
-              "int8_products_linear: this CPU has no AVX-512 VNNI",
-              isa_cap() < Isa::Avx512Vnni ? " (or TORCHATTN_ISA caps it)" : "");
-  TORCH_CHECK(kernel != Int8Kernel::Avx2 || best_isa() >= Isa::Avx2, "int8_products_linear: this CPU has no AVX2",
-              isa_cap() < Isa::Avx2 ? " (or TORCHATTN_ISA caps it)" : "");
+at::Tensor int8_products_linear(const at::Tensor& x, at::ArrayRef<QuantizedWeight> parts, Isa isa) {
+  check_isa_at_most(isa, best_isa(), "int8_products_linear");
+  const Int8Kernel kernel = kernel_of(isa);
   const int64_t rows = x.size(0), in = x.size(1);
   int64_t total = 0;
   for (const auto& p : parts) total += p.data.size(0);

@@ -31,6 +31,7 @@
 // into VNNI's 4-byte groups (one output a lane, no sum across). A group of inputs that
 // holds a NaN or an infinity gives NaN outputs, never a silent number.
 
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/quantized_linear.h"
 
 #include <ATen/core/Tensor.h>
@@ -41,33 +42,23 @@
 
 namespace torchattn::kernels::cpu {
 
-/// The kernels, narrowest first: the portable loop (any CPU), AVX2's vpmaddubsw, AVX-512
-/// VNNI's vpdpbusd.
-enum class Int8Kernel : int8_t { Portable, Avx2, Vnni };
-
-/// The widest kernel this CPU runs under the TORCHATTN_ISA cap (cpu_features.h): Vnni
-/// where best_isa() is Avx512Vnni; Avx2 where it is Avx2 or Avx512 (no int8 kernel is
-/// written for AVX-512 without VNNI); else Portable.
-Int8Kernel best_int8_kernel();
-
-/// Every kernel this CPU runs under the cap, narrowest first (tests, benchmarks).
-std::vector<Int8Kernel> supported_int8_kernels();
-
-/// "portable", "avx2" or "vnni".
-const char* int8_kernel_name(Int8Kernel kernel);
+/// The kernel each instruction set runs: Scalar the portable loop; Avx2 and Avx512
+/// AVX2's vpmaddubsw (no int8 kernel is written for AVX-512 without VNNI); Avx512Vnni
+/// VNNI's vpdpbusd. "portable", "avx2" or "vnni" (tests, benchmarks).
+const char* int8_kernel_name(Isa isa);
 
 /// x float32 [rows, in] contiguous (CPU), q int8 [out, in] contiguous, scale float32
 /// [out, int8_groups(in)], bias float32 [out] or undefined -> y float32 [rows, out] as
-/// above, by `kernel` (one of supported_int8_kernels(); another is an error naming
-/// it); the same numbers with every kernel. The caller has checked the operands
-/// (quantized_linear_applies).
+/// above, by the kernel of `isa` (one of supported_isas(); a wider one is an error
+/// naming it, check_isa_at_most); the same numbers with every kernel. The caller has
+/// checked the operands (quantized_linear_applies).
 at::Tensor int8_products_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
-                                const at::Tensor& bias, Int8Kernel kernel);
+                                const at::Tensor& bias, Isa isa);
 
 /// The same for several weight matrices (int8 QuantizedWeight parts of one `in`) ->
 /// y [rows, sum of out_i], each part's columns in order, the same bits as each alone:
 /// x quantized once; up to 16 rows one parallel region over every part's outputs, more
 /// rows each part's panels in turn.
-at::Tensor int8_products_linear(const at::Tensor& x, at::ArrayRef<QuantizedWeight> parts, Int8Kernel kernel);
+at::Tensor int8_products_linear(const at::Tensor& x, at::ArrayRef<QuantizedWeight> parts, Isa isa);
 
 }  // namespace torchattn::kernels::cpu

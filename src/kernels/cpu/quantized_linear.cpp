@@ -416,7 +416,7 @@ bool int8_products_auto() {
   // - the portable loop (no AVX2): never.
   // So every number of rows, where the CPU has either instruction set: a row's outputs
   // are then the same bits in a prefill, a decoding step and any batch.
-  return best_int8_kernel() != Int8Kernel::Portable;
+  return best_isa() >= Isa::Avx2;  // a vector int8 kernel (int8_products.h)
 }
 
 std::pair<at::Tensor, at::Tensor> quantize_int8_groups(const at::Tensor& weight_in) {
@@ -538,7 +538,7 @@ at::Tensor quantized_linear(const at::Tensor& x_in, at::ArrayRef<QuantizedWeight
   const at::Tensor x = x_in.reshape({rows, in}).contiguous();
   if (rows > 0 && int8 &&
       (products == Int8Products::Int8 || (products == Int8Products::Auto && int8_products_auto()))) {
-    return int8_products_linear(x, parts, best_int8_kernel()).reshape(shape);
+    return int8_products_linear(x, parts, best_isa()).reshape(shape);
   }
   at::Tensor y = at::empty({rows, total}, x.options());
   if (rows == 0) return y.reshape(shape);
