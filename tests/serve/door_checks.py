@@ -23,46 +23,28 @@ Usage: door_checks.py --server build/apps/serve/torchattn_serve --model .cache/s
 import argparse
 import os
 import select
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
 
+from serve_process import Checks, ServerProcess
+
 KEY = "door-key"
-FAILURES = []
 CAP = 64
 TIMEOUT = 2
+check = Checks("door")
 
 
-def check(ok, what):
-    print(f"[door] {'ok  ' if ok else 'FAIL'} {what}", flush=True)
-    if not ok:
-        FAILURES.append(what)
-
-
-class Server:
+class Server(ServerProcess):
     def __init__(self, exe, model, log_dir):
-        self.log = open(os.path.join(log_dir, f"door-{os.getpid()}.log"), "w")
-        self.proc = subprocess.Popen([exe, model, "--port", "0", "--api-key", KEY, "--max-connections", str(CAP),
-                                      "--timeout", str(TIMEOUT), "--kv-tokens", "4096"],
-                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
-        line = self.proc.stdout.readline()
-        if "listening on http://" not in line:
-            raise RuntimeError(f"the server did not start: {line!r} (log: {self.log.name})")
-        self.port = int(line.split("http://")[1].split(",")[0].split(":")[1])
-        print(f"[door] {line.strip()}", flush=True)
+        super().__init__([exe, model, "--port", "0", "--api-key", KEY, "--max-connections", str(CAP), "--timeout",
+                          str(TIMEOUT), "--kv-tokens", "4096"],
+                         open(os.path.join(log_dir, f"door-{os.getpid()}.log"), "w"), "door")
 
     def connect(self, timeout=30):
         return socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
 
-    def status_field(self, field):
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) / 1024
-        return 0.0
 
     def reset_peak(self):
         try:
@@ -72,15 +54,6 @@ class Server:
         except OSError:
             return "VmRSS"
 
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            code = self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = None
-        self.log.close()
-        return code
 
 
 def status_of(reply):
@@ -155,7 +128,7 @@ def half_open(srv, count=500):
 
 def long_line(srv, total=1 << 30):
     field = srv.reset_peak()
-    before = srv.status_field(field)
+    before = srv.status_mib(field)
     sock = srv.connect()
     piece = b"a" * (1 << 20)
     sent = 0
@@ -187,7 +160,7 @@ def long_line(srv, total=1 << 30):
     except OSError:
         pass
     sock.close()
-    grew = srv.status_field(field) - before
+    grew = srv.status_mib(field) - before
     status = status_of(reply)
     check(status in (414, None) and grew <= 16,
           f"a 1 GB request line: {status or 'closed'} after {sent >> 20} MiB sent, peak resident memory "
@@ -299,11 +272,7 @@ def main():
     finally:
         code = srv.stop()
     check(code == 0, f"SIGTERM: exit {code}")
-    if FAILURES:
-        print(f"[door] {len(FAILURES)} checks failed:\n  " + "\n  ".join(FAILURES))
-        return 1
-    print("[door] all checks passed")
-    return 0
+    return check.finish()
 
 
 if __name__ == "__main__":

@@ -46,29 +46,18 @@ import openai
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from serve_process import Checks, ServerProcess
+
 KEY = "test-key-123"
-FAILURES = []
+check = Checks("serve")
 
 
-def check(ok, what):
-    print(f"[serve] {'ok  ' if ok else 'FAIL'} {what}", flush=True)
-    if not ok:
-        FAILURES.append(what)
-
-
-class Server:
+class Server(ServerProcess):
     def __init__(self, exe, model, *args, model_flag=False):
-        self.log = open(os.path.join(os.environ.get("SERVE_LOG_DIR", "."), f"serve-{os.getpid()}-{time.time_ns()}.log"), "w")
+        log = open(os.path.join(os.environ.get("SERVE_LOG_DIR", "."), f"serve-{os.getpid()}-{time.time_ns()}.log"), "w")
         where = ["--model", model] if model_flag else [model]
-        self.proc = subprocess.Popen([exe, *where, "--port", "0", *args], stdout=subprocess.PIPE, stderr=self.log,
-                                     text=True)
-        line = self.proc.stdout.readline()
-        if "listening on http://" not in line:
-            raise RuntimeError(f"the server did not start: {line!r} (log: {self.log.name})")
-        self.port = int(line.split("http://")[1].split(",")[0].split(":")[1])
-        self.line = line
+        super().__init__([exe, *where, "--port", "0", *args], log, "serve")
         self.base = f"http://127.0.0.1:{self.port}"
-        print(f"[serve] {line.strip()}", flush=True)
 
     def client(self, key=KEY, **kw):
         return openai.OpenAI(base_url=self.base + "/v1", api_key=key, max_retries=0, timeout=300, **kw)
@@ -87,21 +76,10 @@ class Server:
         return self.raw("GET", "/stats")[1]
 
     def rss_mib(self, field="VmRSS"):
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) / 1024
-        return 0.0
+        return self.status_mib(field)
 
     def stop(self, sig=signal.SIGINT, timeout=60):
-        self.proc.send_signal(sig)
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = None
-        self.log.close()
-        return code
+        return super().stop(sig, timeout)
 
 
 def chat(client, text, max_tokens, stream=False, **kw):
@@ -712,11 +690,7 @@ def main():
     check(code == 0, f"SIGTERM: exit {code}")
     queue_limit_and_signal(a.server, a.model)
     startup_checks(a.server, a.model, a.log_dir)
-    if FAILURES:
-        print(f"[serve] {len(FAILURES)} checks failed:\n  " + "\n  ".join(FAILURES))
-        return 1
-    print("[serve] all checks passed")
-    return 0
+    return check.finish()
 
 
 if __name__ == "__main__":
