@@ -22,10 +22,10 @@
 
 namespace torchattn {
 
-namespace detail {
+namespace block {
 class RotaryCache;
 struct AttentionBlock;
-}  // namespace detail
+}  // namespace block
 
 /// Options for `CausalAttention` (notebooks 000, 001, 003).
 ///
@@ -148,12 +148,12 @@ class CausalAttentionImpl : public torch::nn::Cloneable<CausalAttentionImpl>, pu
   at::Tensor attend(const at::Tensor& x, const at::Tensor& key_padding_mask, const at::Tensor& key_bias,
                     KVCache* cache);
   // What every entry point runs: the single-head block and the attention options.
-  detail::AttentionBlock block();
+  block::AttentionBlock block();
   functional::AttentionOptions attention_options() const;
   // Identifies this module's caches (a new id at every reset(), so clones differ).
   uint64_t cache_owner_ = 0;
   // The RoPE cos/sin tables per device, or null without rope.
-  std::shared_ptr<const detail::RotaryCache> rotary_;
+  std::shared_ptr<const block::RotaryCache> rotary_;
 };
 
 TORCH_MODULE(CausalAttention);

@@ -11,9 +11,9 @@
 
 namespace torchattn {
 
-namespace detail {
+namespace cache {
 struct CapturedGraph;
-}
+}  // namespace cache
 
 /// One decoding step of a model (any function of one input tensor that runs
 /// forward_cached on static-shape caches), captured in a CUDA graph at its first call
@@ -70,7 +70,7 @@ class DecodeGraph {
   at::Tensor static_input_;
   at::Tensor static_output_;
   int64_t tokens_per_step_ = 0;
-  std::unique_ptr<detail::CapturedGraph> graph_;
+  std::unique_ptr<cache::CapturedGraph> graph_;
   // Whether each cache had key padding at capture: the graph reads it, or not.
   std::vector<bool> captured_padding_;
 };

@@ -30,10 +30,10 @@
 
 namespace torchattn {
 
-namespace detail {
+namespace block {
 class RotaryCache;
 struct AttentionBlock;
-}  // namespace detail
+}  // namespace block
 
 /// Options for `MultiHeadAttention` (notebook 003) and the attention of today's models
 /// (see docs/modules.md):
@@ -289,7 +289,7 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
                     KVCache* cache);
   // What every entry point runs: the block (cross: no causal mask, positions or packed
   // products) and the attention options (inference: no dropout).
-  detail::AttentionBlock block(bool cross);
+  block::AttentionBlock block(bool cross);
   functional::AttentionOptions attention_options(bool inference) const;
   // Each projection's inference settings follow options (pack_weights, pack_min_rows,
   // weight_format, int8_inputs), not once frozen.
@@ -299,7 +299,7 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   // Identifies this module's caches (a new id at every reset(), so clones differ).
   uint64_t cache_owner_ = 0;
   // The RoPE cos/sin tables per device, or null without rope.
-  std::shared_ptr<const detail::RotaryCache> rotary_;
+  std::shared_ptr<const block::RotaryCache> rotary_;
   // With alibi: the [num_heads] slopes, float32 on the CPU.
   at::Tensor alibi_slopes_;
 };

@@ -9,7 +9,7 @@
 
 #include <cmath>
 
-namespace torchattn::detail {
+namespace torchattn::backends {
 
 at::Tensor alibi_slopes(int64_t num_heads) {
   TORCH_CHECK(num_heads >= 1, "alibi_slopes: expected num_heads >= 1, got ", num_heads);
@@ -45,4 +45,4 @@ at::Tensor alibi_bias(const at::Tensor& slopes, const at::Tensor& key_padding, i
   return (slopes.to(compute).view({1, -1, 1, 1}) * distance.unsqueeze(1)).to(dtype);
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::backends

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-namespace torchattn::detail {
+namespace torchattn::backends {
 
 // [num_heads] float32 on the CPU: the slopes of the ALiBi paper for any head count, as
 // BLOOM's build_alibi_tensor computes them: base^1 .. base^n for the largest power of
@@ -27,4 +27,4 @@ at::Tensor alibi_slopes(int64_t num_heads);
 at::Tensor alibi_bias(const at::Tensor& slopes, const at::Tensor& key_padding, int64_t Tq, int64_t Tk,
                       c10::ScalarType dtype, const at::Tensor& query_start = at::Tensor());
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::backends

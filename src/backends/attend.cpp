@@ -1,4 +1,4 @@
-// The attention dispatcher (detail::attend): turns one description of what each query sees (MaskSpec)
+// The attention dispatcher (backends::attend): turns one description of what each query sees (MaskSpec)
 // into the masks a backend takes, and dispatches to the Reference backend (the
 // notebooks' math, backends/reference.h) or the SDPA backend (ATen's fused kernels,
 // backends/sdpa.h).
@@ -44,14 +44,14 @@ at::Tensor per_key(const at::Tensor& m, const at::Tensor& q) {
 // the keys over the whole GPU.
 constexpr int64_t kStaticMathQueries = 16;
 
-bool static_step_on_cuda(const at::Tensor& q, const detail::MaskSpec& spec,
+bool static_step_on_cuda(const at::Tensor& q, const backends::MaskSpec& spec,
                          const functional::AttentionOptions& config) {
   return config.backend == Backend::Auto && q.is_cuda() && spec.is_static() && q.size(-2) <= kStaticMathQueries;
 }
 
 #ifdef TORCHATTN_WITH_CUDA
 // The flash-decoding kernel's description of a static-shape spec without key masks.
-kernels::cuda::StaticDecodeMask static_decode_mask(const detail::MaskSpec& spec) {
+kernels::cuda::StaticDecodeMask static_decode_mask(const backends::MaskSpec& spec) {
   kernels::cuda::StaticDecodeMask m;
   m.positions = spec.positions;
   m.causal = spec.causal;
@@ -68,10 +68,10 @@ kernels::cuda::StaticDecodeMask static_decode_mask(const detail::MaskSpec& spec)
 // Attention with key masks (padding, additive bias). Rows that would see no key are
 // attended over all keys instead (finite softmax, finite gradients) and then zeroed.
 at::Tensor key_masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                const detail::MaskSpec& spec, const functional::AttentionOptions& config) {
+                                const backends::MaskSpec& spec, const functional::AttentionOptions& config) {
   const int64_t Tq = q.size(-2), Tk = k.size(-2);
   // Hidden: the causal pattern, padding keys, and keys whose bias is -inf.
-  at::Tensor hide = detail::hidden_keys(spec, Tq, Tk, q.device());
+  at::Tensor hide = backends::hidden_keys(spec, Tq, Tk, q.device());
   at::Tensor bias;
   auto hide_also = [&](const at::Tensor& h) { hide = hide.defined() ? at::logical_or(hide, h) : h; };
   if (spec.key_padding.defined()) {
@@ -92,23 +92,23 @@ at::Tensor key_masked_attention(const at::Tensor& q, const at::Tensor& k, const 
   hide = at::logical_and(hide, dead.logical_not());
 
   at::Tensor out;
-  if (detail::resolve_backend(config) == Backend::Reference || static_step_on_cuda(q, spec, config)) {
-    const int64_t G = detail::query_groups(q, k);
-    out = detail::reference_attention(q, detail::repeat_kv(k, G), detail::repeat_kv(v, G), hide, bias, config.scale,
-                                      detail::dropout_p(config));
+  if (backends::resolve_backend(config) == Backend::Reference || static_step_on_cuda(q, spec, config)) {
+    const int64_t G = backends::query_groups(q, k);
+    out = backends::reference_attention(q, backends::repeat_kv(k, G), backends::repeat_kv(v, G), hide, bias,
+                                        config.scale, backends::dropout_p(config));
   } else {
     at::Tensor mask = at::zeros(hide.sizes(), q.options()).masked_fill_(hide, -std::numeric_limits<double>::infinity());
     if (bias.defined()) {
       mask = mask + bias;
     }
-    out = detail::sdpa_attention(q, k, v, mask, /*is_causal=*/false, config);
+    out = backends::sdpa_attention(q, k, v, mask, /*is_causal=*/false, config);
   }
   return out.masked_fill(dead, 0);
 }
 
 }  // namespace
 
-namespace detail {
+namespace backends {
 
 Backend resolve_backend(const functional::AttentionOptions& config) {
   if (config.backend != Backend::Auto) {
@@ -120,8 +120,8 @@ Backend resolve_backend(const functional::AttentionOptions& config) {
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MaskSpec& spec,
                   const functional::AttentionOptions& config) {
   constexpr const char* fn = "attention";
-  check_qkv(fn, q, k, &v);
-  check_scale(fn, config.scale);
+  base::check_qkv(fn, q, k, &v);
+  base::check_scale(fn, config.scale);
   check_mask_spec(fn, spec, q, k.size(-2));
   TORCH_CHECK(q.dim() == k.dim() && (q.dim() != 4 || (k.size(1) > 0 && q.size(1) % k.size(1) == 0)), fn,
               ": expected q's heads a multiple of k's (grouped-query attention), got q ", q.sizes(), " and k ",
@@ -182,6 +182,6 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   return sdpa_attention(q, k, v, keep, is_causal, config);
 }
 
-}  // namespace detail
+}  // namespace backends
 
 }  // namespace torchattn

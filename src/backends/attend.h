@@ -8,7 +8,7 @@
 
 #include <torchattn/attention_options.h>
 
-namespace torchattn::detail {
+namespace torchattn::backends {
 
 /// The backend that `config` runs: Auto becomes SDPA, or Reference in training mode
 /// with dropout > 0 (functional::resolve_backend).
@@ -21,4 +21,4 @@ Backend resolve_backend(const functional::AttentionOptions& config);
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MaskSpec& mask,
                   const functional::AttentionOptions& config);
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::backends

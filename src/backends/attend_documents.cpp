@@ -7,7 +7,7 @@
 #include <c10/util/Exception.h>
 
 
-namespace torchattn::detail {
+namespace torchattn::backends {
 
 at::Tensor attend_documents(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::vector<int64_t>& lengths, const std::function<MaskSpec(int64_t)>& spec_of,
@@ -28,4 +28,4 @@ at::Tensor attend_documents(const at::Tensor& q, const at::Tensor& k, const at::
   return parts.size() == 1 ? parts.front() : at::cat(parts, -2);
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::backends

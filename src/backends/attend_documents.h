@@ -11,7 +11,7 @@
 #include <functional>
 #include <vector>
 
-namespace torchattn::detail {
+namespace torchattn::backends {
 
 /// q: [B, ..., N, d], k: [B, ..., N, d], v: [B, ..., N, dv], the documents' tokens
 /// along -2 in order, document s of lengths[s] tokens (all > 0, summing to N);
@@ -25,4 +25,4 @@ at::Tensor attend_documents(const at::Tensor& q, const at::Tensor& k, const at::
                             const std::vector<int64_t>& lengths, const std::function<MaskSpec(int64_t)>& spec_of,
                             const functional::AttentionOptions& config);
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::backends

@@ -12,7 +12,7 @@
 #include <cmath>
 #include <vector>
 
-namespace torchattn::detail {
+namespace torchattn::backends {
 
 at::Tensor paged_by_token(const at::Tensor& storage, bool keys) {
   return keys ? storage.permute({0, 3, 1, 2}) : storage.permute({0, 2, 1, 3});
@@ -37,7 +37,7 @@ at::Tensor attend_paged(const at::Tensor& q, const PagedKeys& pool, const std::o
   }
   if (!kernel_rows.empty()) {
     kernels::cpu::PagedRows rows{pool.key_slots_cpu.const_data_ptr<int64_t>(), &qs, &ks, window};
-    const double scale = detail::score_scale(config, d);
+    const double scale = backends::score_scale(config, d);
     // The kernel reads the slopes and sinks as float32 [H] on the CPU (q is float32 there).
     const at::Tensor slopes = alibi_slopes.defined() ? alibi_slopes.to(at::kFloat).contiguous() : at::Tensor();
     const at::Tensor sinks = config.sinks.defined() ? config.sinks.to(at::kFloat).contiguous() : at::Tensor();
@@ -66,4 +66,4 @@ at::Tensor attend_paged(const at::Tensor& q, const PagedKeys& pool, const std::o
   return out;
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::backends

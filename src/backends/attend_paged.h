@@ -13,7 +13,7 @@
 #include <optional>
 #include <vector>
 
-namespace torchattn::detail {
+namespace torchattn::backends {
 
 /// A layer's pool and one step's tables (PagedKVCache and PagedStep, cache level):
 /// keys [num_blocks, Hkv, head_dim, block_size] (each block's keys transposed, a token
@@ -47,4 +47,4 @@ at::Tensor paged_by_token(const at::Tensor& storage, bool keys);
 at::Tensor attend_paged(const at::Tensor& q, const PagedKeys& pool, const std::optional<int64_t>& window,
                         const functional::AttentionOptions& config, const at::Tensor& alibi_slopes = at::Tensor());
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::backends

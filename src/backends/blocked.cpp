@@ -22,7 +22,7 @@
 #include <cmath>
 #include <limits>
 
-namespace torchattn::detail {
+namespace torchattn::backends {
 
 namespace {
 
@@ -257,4 +257,4 @@ at::Tensor blocked_attention(const at::Tensor& q_in, const at::Tensor& k_in, con
   return single_head ? out.squeeze(1) : out;
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::backends

@@ -12,7 +12,7 @@
 
 #include <ATen/core/Tensor.h>
 
-namespace torchattn::detail {
+namespace torchattn::backends {
 
 /// True when config asks for softcap or sinks (attend then takes this path).
 bool needs_blocked_attention(const functional::AttentionOptions& config);
@@ -28,4 +28,4 @@ bool needs_blocked_attention(const functional::AttentionOptions& config);
 at::Tensor blocked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MaskSpec& spec,
                              const functional::AttentionOptions& config);
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::backends

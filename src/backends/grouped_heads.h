@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-namespace torchattn::detail {
+namespace torchattn::backends {
 
 /// The dropout probability that applies: config.dropout in training mode, else 0.
 inline double dropout_p(const functional::AttentionOptions& config) { return config.training ? config.dropout : 0.0; }
@@ -29,4 +29,4 @@ inline at::Tensor repeat_kv(const at::Tensor& t, int64_t G) {
   return t.unsqueeze(2).expand({B, Hkv, G, T, d}).reshape({B, Hkv * G, T, d});
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::backends

@@ -6,7 +6,7 @@
 #include <ATen/ops/triu.h>
 #include <c10/util/Exception.h>
 
-namespace torchattn::detail {
+namespace torchattn::backends {
 
 namespace {
 
@@ -94,4 +94,4 @@ at::Tensor hidden_keys(const MaskSpec& spec, int64_t Tq, int64_t Tk, const at::D
   return hide;
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::backends

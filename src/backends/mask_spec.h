@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <optional>
 
-namespace torchattn::detail {
+namespace torchattn::backends {
 
 /// Query i of a call stands at absolute position start + i, where start is either a
 /// host offset (`past`, dynamic shapes: the keys are exactly the Tk = past + Tq seen
@@ -53,4 +53,4 @@ void check_mask_spec(const char* fn, const MaskSpec& spec, const at::Tensor& q, 
 // Tq x Tk. Key masks are not included.
 at::Tensor hidden_keys(const MaskSpec& spec, int64_t Tq, int64_t Tk, const at::Device& device);
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::backends

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <limits>
 
-namespace torchattn::detail {
+namespace torchattn::backends {
 
 at::Tensor masked_scaled_scores(const at::Tensor& q, const at::Tensor& k, const at::Tensor& hide,
                                 std::optional<double> scale) {
@@ -32,4 +32,4 @@ at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& k, const a
   return at::matmul(weights, v);
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::backends

@@ -7,7 +7,7 @@
 
 #include <optional>
 
-namespace torchattn::detail {
+namespace torchattn::backends {
 
 /// The notebooks' scores: q k^T, hidden entries filled with -inf, then divided by
 /// sqrt(d) (d = k.size(-1)), or multiplied by `scale` when given.
@@ -25,4 +25,4 @@ at::Tensor masked_scaled_scores(const at::Tensor& q, const at::Tensor& k, const 
 at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& hide,
                                const at::Tensor& bias, std::optional<double> scale, double dropout_p);
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::backends

@@ -18,7 +18,7 @@
 #include <cmath>
 #include <limits>
 
-namespace torchattn::detail {
+namespace torchattn::backends {
 
 namespace {
 
@@ -197,4 +197,4 @@ at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
                          /*enable_gqa=*/G > 1);
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::backends

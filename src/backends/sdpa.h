@@ -20,7 +20,7 @@
 #include <cstdint>
 #include <optional>
 
-namespace torchattn::detail {
+namespace torchattn::backends {
 
 enum class FusedKernel {
   ATen,       // at::scaled_dot_product_attention decides
@@ -89,4 +89,4 @@ at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
                           const std::optional<at::Tensor>& mask, bool is_causal,
                           const functional::AttentionOptions& config);
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::backends

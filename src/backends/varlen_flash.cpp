@@ -16,7 +16,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-namespace torchattn::detail {
+namespace torchattn::backends {
 
 bool varlen_flash_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MaskSpec& spec,
                           const functional::AttentionOptions& config) {
@@ -73,4 +73,4 @@ at::Tensor varlen_flash(const at::Tensor& q, const at::Tensor& k, const at::Tens
   return out.transpose(0, 1).unsqueeze(0);
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::backends

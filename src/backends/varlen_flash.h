@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace torchattn::detail {
+namespace torchattn::backends {
 
 /// Whether the varlen kernel takes the call: a CUDA build; q [1, H, N, d], k [1, Hk, N, d]
 /// and v [1, Hk, N, d] CUDA half or bfloat16 on a GPU of compute capability 8.0 or more,
@@ -34,4 +34,4 @@ bool varlen_flash_applies(const at::Tensor& q, const at::Tensor& k, const at::Te
 at::Tensor varlen_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                         const std::vector<int64_t>& lengths, bool causal, const functional::AttentionOptions& config);
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::backends

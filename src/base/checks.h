@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace torchattn::detail {
+namespace torchattn::base {
 
 inline void check_floating(const char* fn, const char* arg, const at::Tensor& t) {
   TORCH_CHECK(t.defined(), fn, ": expected a defined tensor for ", arg);
@@ -204,4 +204,4 @@ inline void check_some_key_kept(const char* module, const at::Tensor& key_paddin
               "attention_mask (1 = token) converts with attention_mask == 0, not .to(torch::kBool)");
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::base

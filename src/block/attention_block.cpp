@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-namespace torchattn::detail {
+namespace torchattn::block {
 
 namespace {
 
@@ -97,7 +97,7 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
                                                      : at::Tensor();
   auto [queries, keys, values, d_out] = split_heads(block, x, /*fast=*/cache != nullptr, positions);
 
-  MaskSpec spec;
+  backends::MaskSpec spec;
   spec.causal = block.causal;
   spec.buffer = block.mask.defined() ? &block.mask : nullptr;
   spec.window = block.window;
@@ -118,10 +118,10 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
   }
 
   if (block.alibi_slopes.defined()) {
-    spec.score_bias = alibi_bias(block.alibi_slopes.to(queries.device()), spec.key_padding, T, keys.size(-2),
-                                 queries.scalar_type(), spec.positions);
+    spec.score_bias = backends::alibi_bias(block.alibi_slopes.to(queries.device()), spec.key_padding, T, keys.size(-2),
+                                           queries.scalar_type(), spec.positions);
   }
-  at::Tensor context = attend(queries, keys, values, spec, config);
+  at::Tensor context = backends::attend(queries, keys, values, spec, config);
 
   if (block.num_heads > 0) {
     // [B, H, T, head_dim] -> [B, T, H, head_dim] -> [B, T, d_out]; no copy when the
@@ -148,16 +148,17 @@ at::Tensor packed_attention_block_forward(AttentionBlock& block, const at::Tenso
   std::vector<int64_t> lengths;
   for (size_t s = 0; s + 1 < offsets.size(); ++s) lengths.push_back(offsets[s + 1] - offsets[s]);
   const auto spec_of = [&](int64_t L) {
-    MaskSpec spec;
+    backends::MaskSpec spec;
     spec.causal = block.causal;
     spec.buffer = block.mask.defined() ? &block.mask : nullptr;
     spec.window = block.window;
     if (block.alibi_slopes.defined()) {
-      spec.score_bias = alibi_bias(block.alibi_slopes.to(queries.device()), at::Tensor(), L, L, queries.scalar_type());
+      spec.score_bias = backends::alibi_bias(block.alibi_slopes.to(queries.device()), at::Tensor(), L, L,
+                                             queries.scalar_type());
     }
     return spec;
   };
-  at::Tensor context = attend_documents(queries, keys, values, lengths, spec_of, config);
+  at::Tensor context = backends::attend_documents(queries, keys, values, lengths, spec_of, config);
   if (block.num_heads > 0) {
     context = context.transpose(1, 2).reshape({1, N, d_out});
   }
@@ -183,10 +184,10 @@ at::Tensor paged_attention_block_forward(AttentionBlock& block, const at::Tensor
     keys = block.rope->apply(keys, step.positions);
   }
   cache.write(layer, step, keys[0], values.reshape({N, Hkv, head_dim}));
-  const PagedKeys pool{cache.keys(layer),  cache.values(layer), step.key_slots,
-                       step.key_slots_cpu, &step.query_start,   &step.key_start};
-  const at::Tensor context = attend_paged(queries[0], pool, block.window, config, block.alibi_slopes);
+  const backends::PagedKeys pool{cache.keys(layer),  cache.values(layer), step.key_slots,
+                                 step.key_slots_cpu, &step.query_start,   &step.key_start};
+  const at::Tensor context = backends::attend_paged(queries[0], pool, block.window, config, block.alibi_slopes);
   return project_out(block, context.reshape({N, H * head_dim}), /*fast=*/true);
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::block

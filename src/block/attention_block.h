@@ -16,7 +16,7 @@
 #include <ostream>
 #include <vector>
 
-namespace torchattn::detail {
+namespace torchattn::block {
 
 // What a module attends: its projections and the description of its attention. Each
 // projection chooses its own kernel (torchattn::Linear: float32, packed, or frozen to
@@ -127,4 +127,4 @@ at::Tensor with_batch_dim(const at::Tensor& x, const at::Tensor& key_padding_mas
   return fn(x, key_padding_mask, key_bias);
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::block

@@ -3,7 +3,7 @@
 #include "backends/attend.h"
 #include "backends/mask_spec.h"
 
-namespace torchattn::detail {
+namespace torchattn::block {
 
 namespace {
 
@@ -31,12 +31,12 @@ at::Tensor cross_attention_block_forward(AttentionBlock& block, const at::Tensor
                                          const functional::AttentionOptions& config) {
   const int64_t B = x.size(0), T = x.size(1);
   const at::Tensor queries = split_heads(block, block.W_query->forward(x), block.num_heads, block.q_norm);
-  MaskSpec spec;
+  backends::MaskSpec spec;
   spec.causal = false;
   spec.key_padding = kv.padding;
-  const at::Tensor context = attend(queries, kv.keys, kv.values, spec, config);  // [B, H, T, head_dim]
+  const at::Tensor context = backends::attend(queries, kv.keys, kv.values, spec, config);  // [B, H, T, head_dim]
   const at::Tensor merged = context.transpose(1, 2).reshape({B, T, -1});
   return block.out_proj.is_empty() ? merged : block.out_proj->forward(merged);
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::block

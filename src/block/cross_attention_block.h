@@ -11,7 +11,7 @@
 
 #include <ATen/core/Tensor.h>
 
-namespace torchattn::detail {
+namespace torchattn::block {
 
 /// context: [B, S, kdim], value_context: [B, S, vdim] (the context where undefined),
 /// padding: [B, S] bool or undefined. Returns the context's keys and values
@@ -25,4 +25,4 @@ CrossKV cross_project(AttentionBlock& block, const at::Tensor& context, const at
 at::Tensor cross_attention_block_forward(AttentionBlock& block, const at::Tensor& x, const CrossKV& kv,
                                          const functional::AttentionOptions& config);
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::block

@@ -5,7 +5,7 @@
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 
-namespace torchattn::detail {
+namespace torchattn::block {
 
 at::Tensor token_positions(int64_t T, const KVCache* cache, const at::Tensor& key_padding_mask,
                            const at::Device& device) {
@@ -29,4 +29,4 @@ at::Tensor token_positions(int64_t T, const KVCache* cache, const at::Tensor& ke
   return (before.view({-1, 1}) + real.cumsum(-1) - 1).clamp_min(0);
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::block

@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-namespace torchattn::detail {
+namespace torchattn::block {
 
 /// T new tokens, after those in `cache` (null: none), with their key_padding_mask
 /// ([B, T] / [1, T] bool, true = padding, or undefined).
@@ -23,4 +23,4 @@ namespace torchattn::detail {
 at::Tensor token_positions(int64_t T, const KVCache* cache, const at::Tensor& key_padding_mask,
                            const at::Device& device);
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::block

@@ -5,7 +5,7 @@
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 
-namespace torchattn::detail {
+namespace torchattn::block {
 
 RotaryCache::RotaryCache(const RoPEOptions& options, int64_t head_dim, int64_t length)
     : options_(options), head_dim_(head_dim), length_(length) {}
@@ -35,4 +35,4 @@ at::Tensor RotaryCache::apply(const at::Tensor& x, const at::Tensor& positions) 
   return functional::apply_rotary(x.transpose(1, 2), positions, cos, sin, options_).transpose(1, 2);
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::block

@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-namespace torchattn::detail {
+namespace torchattn::block {
 
 class RotaryCache {
  public:
@@ -41,4 +41,4 @@ class RotaryCache {
   mutable std::vector<std::pair<at::Device, std::pair<at::Tensor, at::Tensor>>> by_device_;
 };
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::block

@@ -1,6 +1,6 @@
 #include "cache/append_watch.h"
 
-namespace torchattn::detail {
+namespace torchattn::cache {
 
 namespace {
 thread_local AppendWatch* current_watch = nullptr;
@@ -29,4 +29,4 @@ void note_append(const KVCache* cache, bool static_shapes, int64_t length) {
   if (current_watch != nullptr) current_watch->add({cache, static_shapes, length});
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::cache

@@ -13,7 +13,7 @@ namespace torchattn {
 class KVCache;
 }
 
-namespace torchattn::detail {
+namespace torchattn::cache {
 
 /// One cache appended to: its address (only compared, never followed: the cache may
 /// be gone by the time the watch is read) and what an error message says of it.
@@ -44,4 +44,4 @@ class AppendWatch {
 /// Called by KVCache::append: records the cache in the current watch, if any.
 void note_append(const KVCache* cache, bool static_shapes, int64_t length);
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::cache

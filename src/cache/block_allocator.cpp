@@ -7,7 +7,7 @@
 
 #include <algorithm>
 
-namespace torchattn::detail {
+namespace torchattn::cache {
 
 // num_blocks blocks of block_size tokens, all free, none touched.
 BlockAllocator::BlockAllocator(int64_t num_blocks, int64_t block_size)
@@ -47,4 +47,4 @@ int64_t BlockAllocator::needed(const BlockTable& table, int64_t count) const {
   return n;
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::cache

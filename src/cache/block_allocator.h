@@ -12,7 +12,7 @@
 #include <queue>
 #include <vector>
 
-namespace torchattn::detail {
+namespace torchattn::cache {
 
 /// A sequence's place in the pool: its blocks, in order, and the tokens it holds in
 /// them (the last block may be partly filled).
@@ -61,4 +61,4 @@ class BlockAllocator {
   std::priority_queue<int64_t, std::vector<int64_t>, std::greater<>> free_;  // lowest first
 };
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::cache

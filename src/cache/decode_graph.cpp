@@ -16,13 +16,13 @@
 
 namespace torchattn {
 
-namespace detail {
+namespace cache {
 struct CapturedGraph {
 #ifdef TORCHATTN_WITH_CUDA
   at::cuda::CUDAGraph graph;
 #endif
 };
-}  // namespace detail
+}  // namespace cache
 
 DecodeGraph::DecodeGraph(Step step, std::vector<KVCache*> caches) : step_(std::move(step)), caches_(std::move(caches)) {
   TORCH_CHECK(step_, "DecodeGraph: expected a step function, got an empty one");
@@ -55,9 +55,9 @@ void DecodeGraph::check_input(const at::Tensor& input) const {
 }
 
 at::Tensor DecodeGraph::run_watched(const at::Tensor& input) {
-  detail::AppendWatch watch;
+  cache::AppendWatch watch;
   at::Tensor out = step_(input);
-  for (const detail::CacheWrite& written : watch.written()) {
+  for (const cache::CacheWrite& written : watch.written()) {
     bool listed = false;
     for (const KVCache* c : caches_) listed = listed || c == written.cache;
     TORCH_CHECK(listed, "DecodeGraph: the step wrote a KV cache (", (written.static_shapes ? "static" : "dynamic"),
@@ -131,7 +131,7 @@ void DecodeGraph::capture([[maybe_unused]] const at::Tensor& input) {
   c10::cuda::device_synchronize();
   // Whatever fails (a check, a warm-up, the capture), the caches go back to where
   // they were and the stream stops capturing.
-  std::unique_ptr<detail::CapturedGraph> captured;
+  std::unique_ptr<cache::CapturedGraph> captured;
   bool capturing = false;
   try {
     // Capture needs a stream other than the default one; warm up on it too.
@@ -151,7 +151,7 @@ void DecodeGraph::capture([[maybe_unused]] const at::Tensor& input) {
     }
     rewind();
     c10::cuda::device_synchronize();
-    captured = std::make_unique<detail::CapturedGraph>();
+    captured = std::make_unique<cache::CapturedGraph>();
     captured->graph.capture_begin();
     capturing = true;
     static_output_ = step_(static_input_);

@@ -145,7 +145,7 @@ int64_t KVCache::append(const at::Tensor& k, const at::Tensor& v, const at::Tens
   position_.add_(t_new);
   const int64_t past = length_;
   length_ += t_new;
-  detail::note_append(this, static_shapes_, length_);
+  cache::note_append(this, static_shapes_, length_);
   return past;
 }
 

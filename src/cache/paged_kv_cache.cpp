@@ -34,7 +34,7 @@ uint64_t new_cache_id() {
 
 struct PagedKVCache::State {
   struct Sequence {
-    detail::BlockTable table;
+    cache::BlockTable table;
     // The prefix ids of its leading blocks that are published (or match published ones).
     std::vector<uint64_t> prefix_ids;
   };
@@ -45,8 +45,8 @@ struct PagedKVCache::State {
 
   std::vector<PagedLayer> layers;
   std::vector<at::Tensor> keys, values;   // per layer: see PagedKVCache::keys and values
-  detail::BlockAllocator blocks;          // free list and holders
-  detail::PrefixCache pool;               // takes and releases blocks (over `blocks`), keeps published ones
+  cache::BlockAllocator blocks;           // free list and holders
+  cache::PrefixCache pool;                // takes and releases blocks (over `blocks`), keeps published ones
   std::map<int64_t, Sequence> sequences;  // ordered: ids grow, so the order they were added
   int64_t next_sequence = 0;
   uint64_t id = new_cache_id();
@@ -92,7 +92,7 @@ struct PagedKVCache::State {
   // Room for `count` more tokens in `table` (the blocks available): copy on write of a
   // shared, partly filled last block (its keys and values in every layer), then new
   // blocks; advances its length.
-  void reserve(detail::BlockTable& table, int64_t count) {
+  void reserve(cache::BlockTable& table, int64_t count) {
     if (blocks.must_copy(table)) {
       const int64_t shared = table.blocks.back(), own = pool.take();
       for (size_t l = 0; l < keys.size(); ++l) {
@@ -251,15 +251,15 @@ PagedStep PagedKVCache::begin_step(const std::vector<StepTokens>& tokens) {
   TORCH_CHECK(needed <= s.pool.available(), kPaged, ": the step needs ", needed, " free blocks and the pool has ",
               s.pool.available(), " of ", s.blocks.num_blocks(),
               "; finish or remove sequences first (or make a larger cache)");
-  std::vector<const detail::BlockTable*> tables;
+  std::vector<const cache::BlockTable*> tables;
   for (const auto& t : tokens) {
-    detail::BlockTable& table = s.sequences.at(t.sequence).table;
+    cache::BlockTable& table = s.sequences.at(t.sequence).table;
     s.reserve(table, t.count);
     tables.push_back(&table);
   }
   PagedStep step;
-  step.max_position_ = detail::fill_step_tables(step, tokens, tables, s.blocks.block_size(),
-                                                s.layers.front().options.device());
+  step.max_position_ = cache::fill_step_tables(step, tokens, tables, s.blocks.block_size(),
+                                               s.layers.front().options.device());
   ++s.epoch;
   step.cache_id_ = s.id;
   step.epoch_ = s.epoch;
@@ -323,7 +323,7 @@ void PagedKVCache::write(int64_t layer_index, const PagedStep& step, const at::T
 
 // The pool's layout is the backends' (attend_paged.h), which read it.
 at::Tensor PagedKVCache::by_token(const at::Tensor& storage, bool keys) {
-  return detail::paged_by_token(storage, keys);
+  return backends::paged_by_token(storage, keys);
 }
 
 // The sequence's tokens of `storage` (a layer's keys or values), oldest first:
@@ -331,7 +331,7 @@ at::Tensor PagedKVCache::by_token(const at::Tensor& storage, bool keys) {
 at::Tensor PagedKVCache::gather(const at::Tensor& storage, bool keys, int64_t sequence) const {
   const State& s = state();
   const auto& q = s.at(sequence, "sequence_keys");
-  auto [blocks, offsets] = detail::token_places(q.table, s.blocks.block_size(), storage.device());
+  auto [blocks, offsets] = cache::token_places(q.table, s.blocks.block_size(), storage.device());
   const c10::List<std::optional<at::Tensor>> where({blocks, offsets});
   return by_token(storage, keys).index(where).transpose(0, 1).contiguous();
 }

@@ -7,7 +7,7 @@
 
 #include <algorithm>
 
-namespace torchattn::detail {
+namespace torchattn::cache {
 
 namespace {
 
@@ -63,4 +63,4 @@ std::pair<at::Tensor, at::Tensor> token_places(const BlockTable& table, int64_t 
   return {step_longs(blocks, device), step_longs(offsets, device)};
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::cache

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-namespace torchattn::detail {
+namespace torchattn::cache {
 
 /// Fills step's public tables. tokens: the step's sequences and counts (checked by the
 /// cache: each sequence once, each count >= 1); tables[s]: tokens[s].sequence's block
@@ -31,4 +31,4 @@ int64_t fill_step_tables(PagedStep& step, const std::vector<StepTokens>& tokens,
 /// first: two int64 tensors [table.length] on `device`.
 std::pair<at::Tensor, at::Tensor> token_places(const BlockTable& table, int64_t block_size, const at::Device& device);
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::cache

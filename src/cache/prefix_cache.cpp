@@ -3,7 +3,7 @@
 
 #include "cache/prefix_cache.h"
 
-namespace torchattn::detail {
+namespace torchattn::cache {
 
 // A free block the pool used before, else a kept one given back (the index's hold
 // passes to the sequence), else a never used free block.
@@ -54,4 +54,4 @@ void PrefixCache::publish(const BlockTable& table, const std::vector<int64_t>& t
   }
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::cache

@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace torchattn::detail {
+namespace torchattn::cache {
 
 class PrefixCache {
  public:
@@ -51,4 +51,4 @@ class PrefixCache {
   PrefixIndex index_;
 };
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::cache

@@ -2,7 +2,7 @@
 
 #include <c10/util/Exception.h>
 
-namespace torchattn::detail {
+namespace torchattn::cache {
 
 uint64_t PrefixIndex::publish(int64_t block, uint64_t parent, Tokens tokens) {
   auto key = std::make_pair(parent, std::move(tokens));
@@ -43,4 +43,4 @@ int64_t PrefixIndex::evict() {
   return block;
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::cache

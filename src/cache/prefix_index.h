@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-namespace torchattn::detail {
+namespace torchattn::cache {
 
 class PrefixIndex {
  public:
@@ -51,4 +51,4 @@ class PrefixIndex {
   uint64_t next_id_ = 1, clock_ = 0;
 };
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::cache

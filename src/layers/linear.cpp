@@ -6,7 +6,7 @@
 
 #include <ATen/ops/linear.h>
 
-namespace torchattn::detail {
+namespace torchattn::layers {
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   if (kernels::cpu::small_linear_applies(x, weight, bias)) {
@@ -18,4 +18,4 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   return at::linear(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::layers

@@ -5,9 +5,9 @@
 
 #include <ATen/core/Tensor.h>
 
-namespace torchattn::detail {
+namespace torchattn::layers {
 
 /// x: [..., in], weight: [out, in], bias: [out] or undefined. Returns [..., out].
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::layers

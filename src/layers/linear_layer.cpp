@@ -79,7 +79,7 @@ at::Tensor LinearImpl::run(const at::Tensor& x, bool fast) {
     return engine_->forward(x, {weight}, {bias});
   }
   check_weights("forward");
-  if (fast) return detail::linear(x, weight, bias);
+  if (fast) return layers::linear(x, weight, bias);
   return at::linear(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
 }
 

@@ -19,7 +19,7 @@ namespace torchattn::functional {
 
 std::pair<at::Tensor, at::Tensor> rotary_tables(const RoPEOptions& options, int64_t head_dim, int64_t length,
                                                 const at::Device& device) {
-  detail::check_rope("rotary_tables", options, head_dim);
+  layers::check_rope("rotary_tables", options, head_dim);
   const int64_t rotary_dim = options.rotary_dim().value_or(head_dim);
   TORCH_CHECK(length > 0, "rotary_tables: expected length > 0, got ", length);
   // Computed on the CPU whatever the device, then moved: CUDA's powf, sinf, cosf and
@@ -35,11 +35,11 @@ std::pair<at::Tensor, at::Tensor> rotary_tables(const RoPEOptions& options, int6
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
                         const RoPEOptions& options) {
   constexpr const char* fn = "apply_rotary";
-  detail::check_floating(fn, "x", x);
+  base::check_floating(fn, "x", x);
   TORCH_CHECK(x.dim() >= 2, fn, ": expected x of shape [B, ..., T, head_dim], got ", x.sizes());
   const int64_t T = x.size(-2), head_dim = x.size(-1);
   const int64_t rot = options.rotary_dim().value_or(head_dim);
-  detail::check_rope(fn, options, head_dim);
+  layers::check_rope(fn, options, head_dim);
   TORCH_CHECK(positions.scalar_type() == at::kLong, fn, ": expected int64 positions, got ", positions.scalar_type());
   TORCH_CHECK((positions.dim() == 1 && positions.size(0) == T) ||
                   (positions.dim() == 2 && x.dim() >= 3 && (positions.size(0) == x.size(0) || positions.size(0) == 1) &&

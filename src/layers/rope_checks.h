@@ -10,7 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
-namespace torchattn::detail {
+namespace torchattn::layers {
 
 // theta > 0 and finite; rotary_dim (default head_dim) even, in [2, head_dim].
 inline void check_rope(const char* fn, const RoPEOptions& rope, int64_t head_dim) {
@@ -20,4 +20,4 @@ inline void check_rope(const char* fn, const RoPEOptions& rope, int64_t head_dim
               ": expected an even rope rotary_dim in [2, head_dim=", head_dim, "], got ", rot);
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::layers

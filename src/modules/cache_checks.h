@@ -12,7 +12,7 @@
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 
-namespace torchattn::detail {
+namespace torchattn::modules {
 
 // forward_cached on an encoder (causal(false)): its tokens attend to later tokens, so
 // chunked encoding cannot give the full forward's rows.
@@ -82,8 +82,8 @@ inline void check_cross_context(const char* module, const at::Tensor& context, c
     TORCH_CHECK(context_padding_mask.scalar_type() == at::kBool, module,
                 ": expected a bool context_padding_mask (true = a padding token of the context), got ",
                 context_padding_mask.scalar_type());
-    check_key_mask_shape(module, "context_padding_mask", context_padding_mask, context);
-    check_some_key_kept(module, context_padding_mask);
+    base::check_key_mask_shape(module, "context_padding_mask", context_padding_mask, context);
+    base::check_some_key_kept(module, context_padding_mask);
   }
 }
 
@@ -113,7 +113,7 @@ inline void check_paged(const char* module, const at::Tensor& x, int64_t d_in, i
               ": forward_paged expected x of rank 2 [N, d_in] (the step's "
               "tokens packed one after another), got ",
               x.defined() ? x.sizes() : c10::IntArrayRef{});
-  check_floating(module, "input", x);
+  base::check_floating(module, "input", x);
   TORCH_CHECK(x.size(1) == d_in, module, ": expected input with d_in=", d_in, " features, got ", x.size(1));
   TORCH_CHECK(x.scalar_type() == weight.scalar_type() && x.device() == weight.device(), module,
               ": expected input of the module's dtype ", weight.scalar_type(), " on ", weight.device(), ", got ",
@@ -143,4 +143,4 @@ inline void check_paged(const char* module, const at::Tensor& x, int64_t d_in, i
               " would drop attention weights while decoding; call module->eval()");
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::modules

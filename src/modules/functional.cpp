@@ -38,13 +38,13 @@ at::Tensor causal_mask_buffer(int64_t T, at::TensorOptions options) {
 
 at::Tensor dot_product_attention_weights(const at::Tensor& q, const at::Tensor& k, const at::Tensor& mask, bool scale) {
   constexpr const char* fn = "dot_product_attention";
-  detail::check_qkv(fn, q, k, nullptr);
+  base::check_qkv(fn, q, k, nullptr);
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1));
   if (scale) {
     scores = scores / std::sqrt(static_cast<double>(k.size(-1)));
   }
   if (mask.defined()) {
-    detail::check_broadcasts(fn, "mask", mask, scores);
+    base::check_broadcasts(fn, "mask", mask, scores);
     scores = scores + (1 - mask) * -1e9;
   }
   return at::softmax(scores, -1);
@@ -52,12 +52,12 @@ at::Tensor dot_product_attention_weights(const at::Tensor& q, const at::Tensor& 
 
 at::Tensor dot_product_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                                  bool scale) {
-  detail::check_qkv("dot_product_attention", q, k, &v);
+  base::check_qkv("dot_product_attention", q, k, &v);
   return at::matmul(dot_product_attention_weights(q, k, mask, scale), v);
 }
 
 at::Tensor causal_dot_product_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool scale) {
-  detail::check_qkv("causal_dot_product_attention", q, k, &v);
+  base::check_qkv("causal_dot_product_attention", q, k, &v);
   const int64_t T = q.size(-2);
   TORCH_CHECK(k.size(-2) == T, "causal_dot_product_attention: expected k with Tq=", T,
               " tokens (a square causal mask), got ", k.size(-2));
@@ -65,42 +65,42 @@ at::Tensor causal_dot_product_attention(const at::Tensor& q, const at::Tensor& k
 }
 
 at::Tensor masked_softmax(const at::Tensor& scores, const at::Tensor& hide) {
-  detail::check_floating("masked_softmax", "scores", scores);
-  detail::check_broadcasts("masked_softmax", "hide", hide, scores);
+  base::check_floating("masked_softmax", "scores", scores);
+  base::check_broadcasts("masked_softmax", "hide", hide, scores);
   return at::softmax(scores.masked_fill(hide.to(at::kBool), -std::numeric_limits<double>::infinity()), -1);
 }
 
 at::Tensor softmax_mask_renormalize(const at::Tensor& scores, const at::Tensor& keep) {
-  detail::check_floating("softmax_mask_renormalize", "scores", scores);
-  detail::check_broadcasts("softmax_mask_renormalize", "keep", keep, scores);
+  base::check_floating("softmax_mask_renormalize", "scores", scores);
+  base::check_broadcasts("softmax_mask_renormalize", "keep", keep, scores);
   at::Tensor masked = at::softmax(scores, -1) * keep;
   return masked / masked.sum(-1, /*keepdim=*/true);
 }
 
-Backend resolve_backend(const AttentionOptions& config) { return detail::resolve_backend(config); }
+Backend resolve_backend(const AttentionOptions& config) { return backends::resolve_backend(config); }
 
 at::Tensor attention_weights(const at::Tensor& q, const at::Tensor& k, const at::Tensor& causal_mask, int64_t past,
                              std::optional<double> scale) {
-  detail::check_qkv("attention", q, k, nullptr);
-  detail::MaskSpec spec;
+  base::check_qkv("attention", q, k, nullptr);
+  backends::MaskSpec spec;
   spec.causal = causal_mask.defined();
   spec.buffer = spec.causal ? &causal_mask : nullptr;
   spec.past = past;
-  detail::check_mask_spec("attention", spec, q, k.size(-2));
-  const at::Tensor hide = detail::hidden_keys(spec, q.size(-2), k.size(-2), q.device());
-  return at::softmax(detail::masked_scaled_scores(q, k, hide, scale), -1);
+  backends::check_mask_spec("attention", spec, q, k.size(-2));
+  const at::Tensor hide = backends::hidden_keys(spec, q.size(-2), k.size(-2), q.device());
+  return at::softmax(backends::masked_scaled_scores(q, k, hide, scale), -1);
 }
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& causal_mask,
                      int64_t past, const AttentionOptions& config, const at::Tensor& key_padding_mask,
                      const at::Tensor& key_bias) {
-  detail::MaskSpec spec;
+  backends::MaskSpec spec;
   spec.causal = causal_mask.defined();
   spec.buffer = spec.causal ? &causal_mask : nullptr;
   spec.past = past;
   spec.key_padding = key_padding_mask;
   spec.key_bias = key_bias;
-  return detail::attend(q, k, v, spec, config);
+  return backends::attend(q, k, v, spec, config);
 }
 
 at::Tensor attention_packed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
@@ -110,14 +110,14 @@ at::Tensor attention_packed(const at::Tensor& q, const at::Tensor& k, const at::
   TORCH_CHECK(k.dim() == q.dim() && v.dim() == q.dim() && k.size(-2) == q.size(-2) && v.size(-2) == q.size(-2),
               "attention_packed: expected q, k and v with the same N tokens along dim -2, got q ", q.sizes(), ", k ",
               k.sizes(), ", v ", v.sizes());
-  const std::vector<int64_t> offsets = detail::check_cu_seqlens("attention_packed", cu_seqlens, q.movedim(-2, 0),
-                                                                /*max_len=*/0, "q", "tokens (dim -2)");
+  const std::vector<int64_t> offsets = base::check_cu_seqlens("attention_packed", cu_seqlens, q.movedim(-2, 0),
+                                                              /*max_len=*/0, "q", "tokens (dim -2)");
   std::vector<int64_t> lengths;
   for (size_t s = 0; s + 1 < offsets.size(); ++s) lengths.push_back(offsets[s + 1] - offsets[s]);
-  return detail::attend_documents(
+  return backends::attend_documents(
       q, k, v, lengths,
       [causal](int64_t) {
-        detail::MaskSpec spec;
+        backends::MaskSpec spec;
         spec.causal = causal;
         return spec;
       },
@@ -125,7 +125,7 @@ at::Tensor attention_packed(const at::Tensor& q, const at::Tensor& k, const at::
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  return detail::linear(x, weight, bias);
+  return layers::linear(x, weight, bias);
 }
 
 }  // namespace torchattn::functional

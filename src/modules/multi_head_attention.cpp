@@ -30,13 +30,13 @@ MultiHeadAttentionImpl::MultiHeadAttentionImpl(const MultiHeadAttentionOptions& 
 }
 
 void MultiHeadAttentionImpl::reset() {
-  detail::check_reset_unbuilt(kMultiHeadAttention, *this);
-  detail::check_positive(kMultiHeadAttention, "d_in", options.d_in());
-  detail::check_positive(kMultiHeadAttention, "d_out", options.d_out());
-  detail::check_positive(kMultiHeadAttention, "context_length", options.context_length());
-  detail::check_positive(kMultiHeadAttention, "num_heads", options.num_heads());
+  base::check_reset_unbuilt(kMultiHeadAttention, *this);
+  base::check_positive(kMultiHeadAttention, "d_in", options.d_in());
+  base::check_positive(kMultiHeadAttention, "d_out", options.d_out());
+  base::check_positive(kMultiHeadAttention, "context_length", options.context_length());
+  base::check_positive(kMultiHeadAttention, "num_heads", options.num_heads());
   if (options.head_dim()) {
-    detail::check_positive(kMultiHeadAttention, "head_dim", *options.head_dim());
+    base::check_positive(kMultiHeadAttention, "head_dim", *options.head_dim());
   } else {
     TORCH_CHECK(options.d_out() % options.num_heads() == 0, kMultiHeadAttention,
                 ": expected d_out divisible by num_heads (or head_dim set), got d_out=", options.d_out(),
@@ -45,20 +45,20 @@ void MultiHeadAttentionImpl::reset() {
   TORCH_CHECK(num_kv_heads() >= 1 && options.num_heads() % num_kv_heads() == 0, kMultiHeadAttention,
               ": expected num_kv_heads >= 1 dividing num_heads=", options.num_heads(),
               ", got num_kv_heads=", num_kv_heads());
-  detail::check_positive(kMultiHeadAttention, "pack_min_rows", options.pack_min_rows());
+  base::check_positive(kMultiHeadAttention, "pack_min_rows", options.pack_min_rows());
   check_weight_format(options.weight_format(), "MultiHeadAttention: weight_format");
-  detail::check_dropout(kMultiHeadAttention, options.dropout());
-  detail::check_scale(kMultiHeadAttention, options.scale());
-  detail::check_window(kMultiHeadAttention, options.window(), options.causal());
+  base::check_dropout(kMultiHeadAttention, options.dropout());
+  base::check_scale(kMultiHeadAttention, options.scale());
+  base::check_window(kMultiHeadAttention, options.window(), options.causal());
   TORCH_CHECK(!options.alibi() || options.causal(), kMultiHeadAttention,
               ": alibi needs causal(true) (its distances are to earlier keys), got causal(false)");
   TORCH_CHECK(!options.alibi() || !options.rope(), kMultiHeadAttention,
               ": alibi and rope both give positions; choose one, got both");
   if (options.rope()) {
-    detail::check_rope(kMultiHeadAttention, *options.rope(), head_dim());
+    layers::check_rope(kMultiHeadAttention, *options.rope(), head_dim());
   }
-  if (options.kdim()) detail::check_positive(kMultiHeadAttention, "kdim", *options.kdim());
-  if (options.vdim()) detail::check_positive(kMultiHeadAttention, "vdim", *options.vdim());
+  if (options.kdim()) base::check_positive(kMultiHeadAttention, "kdim", *options.kdim());
+  if (options.vdim()) base::check_positive(kMultiHeadAttention, "vdim", *options.vdim());
   const auto qkv = [&](int64_t in, int64_t out) {
     return LinearOptions(in, out).bias(options.qkv_bias()).init(options.init());
   };
@@ -79,11 +79,11 @@ void MultiHeadAttentionImpl::reset() {
     q_norm = nullptr;
     k_norm = nullptr;
   }
-  cache_owner_ = detail::new_cache_owner();
+  cache_owner_ = block::new_cache_owner();
   rotary_ = options.rope()
-                ? std::make_shared<const detail::RotaryCache>(*options.rope(), head_dim(), options.context_length())
+                ? std::make_shared<const block::RotaryCache>(*options.rope(), head_dim(), options.context_length())
                 : nullptr;
-  alibi_slopes_ = options.alibi() ? detail::alibi_slopes(options.num_heads()) : at::Tensor();
+  alibi_slopes_ = options.alibi() ? backends::alibi_slopes(options.num_heads()) : at::Tensor();
   TORCH_CHECK(!options.softcap() || (*options.softcap() > 0.0 && std::isfinite(*options.softcap())),
               kMultiHeadAttention, ": expected softcap > 0, got ", options.softcap().value_or(0.0));
   sinks = options.sinks() ? register_parameter("sinks", at::zeros({options.num_heads()})) : at::Tensor();
@@ -96,16 +96,16 @@ void MultiHeadAttentionImpl::reset() {
 
 void MultiHeadAttentionImpl::save(torch::serialize::OutputArchive& archive) const {
   check_not_frozen("save");
-  detail::save_with_options(*this, archive);
+  serialize::save_with_options(*this, archive);
 }
 
 void MultiHeadAttentionImpl::load(torch::serialize::InputArchive& archive) {
   check_not_frozen("load");
-  detail::strict_load(*this, archive, kMultiHeadAttention, detail::archive_path(archive));
+  serialize::strict_load(*this, archive, kMultiHeadAttention, serialize::archive_path(archive));
 }
 
 CheckpointOptions MultiHeadAttentionImpl::checkpoint_options() const {
-  using detail::option_text;
+  using serialize::option_text;
   const auto& o = options;
   CheckpointOptions out{{"num_heads", option_text(o.num_heads())},
                         {"num_kv_heads", option_text(num_kv_heads())},
@@ -121,7 +121,7 @@ CheckpointOptions MultiHeadAttentionImpl::checkpoint_options() const {
                         // The context's widths for cross-attention (d_in where not set).
                         {"kdim", option_text(o.kdim().value_or(o.d_in()))},
                         {"vdim", option_text(o.vdim().value_or(o.d_in()))}};
-  detail::add_attention_options(out, o.causal(), o.window(), o.rope());
+  modules::add_attention_options(out, o.causal(), o.window(), o.rope());
   return out;
 }
 
@@ -171,8 +171,8 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
   if (!options.out_bias()) {
     stream << ", out_bias=false";
   }
-  detail::print_attention_extras(stream, options.causal(), options.window(), options.rope(),
-                                 options.mask_buffer() || !options.causal());
+  block::print_attention_extras(stream, options.causal(), options.window(), options.rope(),
+                                options.mask_buffer() || !options.causal());
   if (options.pack_weights()) {
     stream << ", pack_weights=true";
     if (options.pack_min_rows() != 1) {
@@ -192,26 +192,26 @@ void MultiHeadAttentionImpl::check_self_attention(const char* fn) const {
 at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask,
                                            const at::Tensor& key_bias) {
   check_self_attention("forward");
-  detail::check_input(kMultiHeadAttention, x, options.d_in(), options.context_length(), W_query->weight);
-  detail::check_key_padding_mask(kMultiHeadAttention, key_padding_mask, x);
-  detail::check_key_bias(kMultiHeadAttention, key_bias, x);
-  detail::check_some_key_kept(kMultiHeadAttention, key_padding_mask);
+  base::check_input(kMultiHeadAttention, x, options.d_in(), options.context_length(), W_query->weight);
+  base::check_key_padding_mask(kMultiHeadAttention, key_padding_mask, x);
+  base::check_key_bias(kMultiHeadAttention, key_bias, x);
+  base::check_some_key_kept(kMultiHeadAttention, key_padding_mask);
   return attend(x, key_padding_mask, key_bias, nullptr);
 }
 
 at::Tensor MultiHeadAttentionImpl::forward_packed(const at::Tensor& x, const at::Tensor& cu_seqlens) {
   check_self_attention("forward_packed");
-  detail::check_input(kMultiHeadAttention, x, options.d_in(), /*context_length=*/0, W_query->weight);
+  base::check_input(kMultiHeadAttention, x, options.d_in(), /*context_length=*/0, W_query->weight);
   TORCH_CHECK(x.dim() == 2, kMultiHeadAttention, ".forward_packed: expected x of shape [N, d_in], got ", x.sizes());
-  const std::vector<int64_t> offsets = detail::check_cu_seqlens("MultiHeadAttention.forward_packed", cu_seqlens, x,
-                                                                options.context_length());
+  const std::vector<int64_t> offsets = base::check_cu_seqlens("MultiHeadAttention.forward_packed", cu_seqlens, x,
+                                                              options.context_length());
   sync_linears();
-  detail::AttentionBlock block = this->block(/*cross=*/false);
-  return detail::packed_attention_block_forward(block, x, offsets, attention_options(/*inference=*/false));
+  block::AttentionBlock block = this->block(/*cross=*/false);
+  return block::packed_attention_block_forward(block, x, offsets, attention_options(/*inference=*/false));
 }
 
 KVCache MultiHeadAttentionImpl::make_kv_cache(int64_t batch_size, bool static_shapes) const {
-  detail::check_positive(kMultiHeadAttention, "batch_size", batch_size);
+  base::check_positive(kMultiHeadAttention, "batch_size", batch_size);
   return KVCache({batch_size, num_kv_heads(), options.context_length(), head_dim()}, W_key->weight.options(),
                  static_shapes, cache_owner_);
 }
@@ -219,11 +219,11 @@ KVCache MultiHeadAttentionImpl::make_kv_cache(int64_t batch_size, bool static_sh
 at::Tensor MultiHeadAttentionImpl::forward_cached(const at::Tensor& x_new, KVCache& cache,
                                                   const at::Tensor& key_padding_mask) {
   check_self_attention("forward_cached");
-  detail::check_input(kMultiHeadAttention, x_new, options.d_in(), options.context_length(), W_query->weight);
-  detail::check_causal_for_cache(kMultiHeadAttention, options.causal());
-  detail::check_cache(kMultiHeadAttention, cache, x_new, options.context_length(), cache_owner_, is_training(),
-                      options.dropout());
-  detail::check_key_padding_mask(kMultiHeadAttention, key_padding_mask, x_new);
+  base::check_input(kMultiHeadAttention, x_new, options.d_in(), options.context_length(), W_query->weight);
+  modules::check_causal_for_cache(kMultiHeadAttention, options.causal());
+  modules::check_cache(kMultiHeadAttention, cache, x_new, options.context_length(), cache_owner_, is_training(),
+                       options.dropout());
+  base::check_key_padding_mask(kMultiHeadAttention, key_padding_mask, x_new);
   return attend(x_new, key_padding_mask, at::Tensor(), &cache);
 }
 
@@ -238,12 +238,12 @@ PagedKVCache MultiHeadAttentionImpl::make_paged_kv_cache(const PagedKVCacheOptio
 at::Tensor MultiHeadAttentionImpl::forward_paged(const at::Tensor& x, PagedKVCache& cache, const PagedStep& step,
                                                  int64_t layer) {
   check_self_attention("forward_paged");
-  detail::check_paged(kMultiHeadAttention, x, options.d_in(), options.context_length(), W_query->weight, cache, step,
-                      layer, paged_layer(), is_training(), options.dropout());
-  detail::check_causal_for_cache(kMultiHeadAttention, options.causal(), "forward_paged");
+  modules::check_paged(kMultiHeadAttention, x, options.d_in(), options.context_length(), W_query->weight, cache, step,
+                       layer, paged_layer(), is_training(), options.dropout());
+  modules::check_causal_for_cache(kMultiHeadAttention, options.causal(), "forward_paged");
   sync_linears();
-  detail::AttentionBlock block = this->block(/*cross=*/false);
-  return detail::paged_attention_block_forward(block, x, cache, step, layer, attention_options(/*inference=*/true));
+  block::AttentionBlock block = this->block(/*cross=*/false);
+  return block::paged_attention_block_forward(block, x, cache, step, layer, attention_options(/*inference=*/true));
 }
 
 void MultiHeadAttentionImpl::check_not_frozen(const char* what) const {
@@ -323,26 +323,26 @@ void MultiHeadAttentionImpl::check_cross_attention(const char* fn) const {
 CrossKV MultiHeadAttentionImpl::cross_kv(const at::Tensor& context, const at::Tensor& context_padding_mask,
                                          const at::Tensor& value_context) {
   check_cross_attention("cross_kv");
-  detail::check_cross_context(kMultiHeadAttention, context, value_context, context_padding_mask,
-                              options.kdim().value_or(options.d_in()), options.vdim().value_or(options.d_in()),
-                              W_key->weight);
+  modules::check_cross_context(kMultiHeadAttention, context, value_context, context_padding_mask,
+                               options.kdim().value_or(options.d_in()), options.vdim().value_or(options.d_in()),
+                               W_key->weight);
   const bool batched = context.dim() == 3;
   const auto batch = [&](const at::Tensor& t) { return !t.defined() || batched ? t : t.unsqueeze(0); };
   at::Tensor padding = batch(context_padding_mask);
   if (padding.defined() && padding.size(0) == 1 && context.dim() == 3 && context.size(0) > 1) {
     padding = padding.expand({context.size(0), padding.size(1)});
   }
-  detail::AttentionBlock block = this->block(/*cross=*/true);
-  return detail::cross_project(block, batch(context), batch(value_context), padding);
+  block::AttentionBlock block = this->block(/*cross=*/true);
+  return block::cross_project(block, batch(context), batch(value_context), padding);
 }
 
 at::Tensor MultiHeadAttentionImpl::forward_cross(const at::Tensor& x, const CrossKV& kv) {
   check_cross_attention("forward_cross");
-  detail::check_input(kMultiHeadAttention, x, options.d_in(), options.context_length(), W_query->weight);
-  detail::check_cross_kv(kMultiHeadAttention, kv, x, num_kv_heads(), head_dim());
-  detail::AttentionBlock block = this->block(/*cross=*/true);
+  base::check_input(kMultiHeadAttention, x, options.d_in(), options.context_length(), W_query->weight);
+  modules::check_cross_kv(kMultiHeadAttention, kv, x, num_kv_heads(), head_dim());
+  block::AttentionBlock block = this->block(/*cross=*/true);
   const at::Tensor xb = x.dim() == 3 ? x : x.unsqueeze(0);
-  const at::Tensor y = detail::cross_attention_block_forward(block, xb, kv, attention_options(/*inference=*/false));
+  const at::Tensor y = block::cross_attention_block_forward(block, xb, kv, attention_options(/*inference=*/false));
   return x.dim() == 3 ? y : y[0];
 }
 
@@ -354,16 +354,16 @@ at::Tensor MultiHeadAttentionImpl::forward_cross(const at::Tensor& x, const at::
 at::Tensor MultiHeadAttentionImpl::attend(const at::Tensor& x, const at::Tensor& key_padding_mask,
                                           const at::Tensor& key_bias, KVCache* cache) {
   sync_linears();
-  detail::AttentionBlock block = this->block(/*cross=*/false);
+  block::AttentionBlock block = this->block(/*cross=*/false);
   const functional::AttentionOptions config = attention_options(/*inference=*/false);
-  return detail::with_batch_dim(x, key_padding_mask, key_bias,
-                                [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {
-                                  return detail::attention_block_forward(block, xb, cache, config, mb, bb);
-                                });
+  return block::with_batch_dim(x, key_padding_mask, key_bias,
+                               [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {
+                                 return block::attention_block_forward(block, xb, cache, config, mb, bb);
+                               });
 }
 
-detail::AttentionBlock MultiHeadAttentionImpl::block(bool cross) {
-  return detail::AttentionBlock{
+block::AttentionBlock MultiHeadAttentionImpl::block(bool cross) {
+  return block::AttentionBlock{
       .W_query = W_query,
       .W_key = W_key,
       .W_value = W_value,

@@ -17,10 +17,10 @@ constexpr const char* kSelfAttentionV2 = "SelfAttentionV2";
 SelfAttentionV2Impl::SelfAttentionV2Impl(const SelfAttentionV2Options& options_) : options(options_) { reset(); }
 
 void SelfAttentionV2Impl::reset() {
-  detail::check_reset_unbuilt(kSelfAttentionV2, *this);
-  detail::check_positive(kSelfAttentionV2, "d_in", options.d_in());
-  detail::check_positive(kSelfAttentionV2, "d_out", options.d_out());
-  detail::check_scale(kSelfAttentionV2, options.scale());
+  base::check_reset_unbuilt(kSelfAttentionV2, *this);
+  base::check_positive(kSelfAttentionV2, "d_in", options.d_in());
+  base::check_positive(kSelfAttentionV2, "d_out", options.d_out());
+  base::check_scale(kSelfAttentionV2, options.scale());
   const auto linear = LinearOptions(options.d_in(), options.d_out()).bias(options.qkv_bias());
   W_query = register_module("W_query", Linear(linear));
   W_key = register_module("W_key", Linear(linear));
@@ -28,15 +28,15 @@ void SelfAttentionV2Impl::reset() {
 }
 
 void SelfAttentionV2Impl::save(torch::serialize::OutputArchive& archive) const {
-  detail::save_with_options(*this, archive);
+  serialize::save_with_options(*this, archive);
 }
 
 void SelfAttentionV2Impl::load(torch::serialize::InputArchive& archive) {
-  detail::strict_load(*this, archive, kSelfAttentionV2, detail::archive_path(archive));
+  serialize::strict_load(*this, archive, kSelfAttentionV2, serialize::archive_path(archive));
 }
 
 CheckpointOptions SelfAttentionV2Impl::checkpoint_options() const {
-  return {{"scale", detail::option_text(options.scale())}};
+  return {{"scale", serialize::option_text(options.scale())}};
 }
 
 void SelfAttentionV2Impl::pretty_print(std::ostream& stream) const {
@@ -46,18 +46,18 @@ void SelfAttentionV2Impl::pretty_print(std::ostream& stream) const {
 
 at::Tensor SelfAttentionV2Impl::forward(const at::Tensor& x, const at::Tensor& key_padding_mask,
                                         const at::Tensor& key_bias) {
-  detail::check_input(kSelfAttentionV2, x, options.d_in(), /*context_length=*/0, W_query->weight);
-  detail::check_key_padding_mask(kSelfAttentionV2, key_padding_mask, x);
-  detail::check_key_bias(kSelfAttentionV2, key_bias, x);
-  detail::check_some_key_kept(kSelfAttentionV2, key_padding_mask);
+  base::check_input(kSelfAttentionV2, x, options.d_in(), /*context_length=*/0, W_query->weight);
+  base::check_key_padding_mask(kSelfAttentionV2, key_padding_mask, x);
+  base::check_key_bias(kSelfAttentionV2, key_bias, x);
+  base::check_some_key_kept(kSelfAttentionV2, key_padding_mask);
   const at::Tensor no_mask;
-  detail::AttentionBlock block{.W_query = W_query,
-                               .W_key = W_key,
-                               .W_value = W_value,
-                               .num_heads = 0,
-                               .num_kv_heads = 0,
-                               .causal = false,
-                               .mask = no_mask};
+  block::AttentionBlock block{.W_query = W_query,
+                              .W_key = W_key,
+                              .W_value = W_value,
+                              .num_heads = 0,
+                              .num_kv_heads = 0,
+                              .causal = false,
+                              .mask = no_mask};
   // The notebook divides by torch.sqrt(torch.tensor(d_out)): a float32 square root,
   // even for float64 inputs. Mirror it so float64 matches the Python code too.
   const double default_scale = 1.0 / static_cast<double>(std::sqrt(static_cast<float>(options.d_out())));
@@ -65,10 +65,10 @@ at::Tensor SelfAttentionV2Impl::forward(const at::Tensor& x, const at::Tensor& k
                                             .dropout = 0.0,
                                             .training = is_training(),
                                             .backend = options.backend()};
-  return detail::with_batch_dim(x, key_padding_mask, key_bias,
-                                [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {
-                                  return detail::attention_block_forward(block, xb, nullptr, config, mb, bb);
-                                });
+  return block::with_batch_dim(x, key_padding_mask, key_bias,
+                               [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {
+                                 return block::attention_block_forward(block, xb, nullptr, config, mb, bb);
+                               });
 }
 
 }  // namespace torchattn

@@ -258,8 +258,8 @@ std::string torch_multihead_attention_options_path(const std::string& path) { re
 
 void load_torch_multihead_attention(MultiHeadAttentionImpl& mha, const std::string& path) {
   torch_mha::check_recorded_options(mha, path);
-  const std::vector<char> bytes = detail::read_file(path, torch_mha::kLoad);
-  torch_mha::load(mha, detail::unpickle_tensors(bytes, path, torch_mha::kLoad), "'" + path + "'");
+  const std::vector<char> bytes = serialize::read_file(path, torch_mha::kLoad);
+  torch_mha::load(mha, serialize::unpickle_tensors(bytes, path, torch_mha::kLoad), "'" + path + "'");
 }
 
 void load_torch_multihead_attention(MultiHeadAttentionImpl& mha, const NamedTensors& state_dict) {
@@ -274,7 +274,7 @@ void save_torch_multihead_attention(const MultiHeadAttentionImpl& mha, const std
   constexpr const char* kSave = "save_torch_multihead_attention";
   NamedTensors tensors = torch_mha::state_dict_of(mha, kSave);
   for (auto& [key, tensor] : tensors) tensor = tensor.cpu();
-  detail::pickle_tensors(tensors, path, kSave);
+  serialize::pickle_tensors(tensors, path, kSave);
   std::string line;
   for (const auto& [name, value] : torch_mha::recorded_options(mha)) {
     if (!line.empty()) line += ';';

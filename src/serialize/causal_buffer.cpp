@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <string>
 
-namespace torchattn::detail {
+namespace torchattn::serialize {
 
 bool holds_causal_mask(const at::Tensor& mask, int64_t context_length) {
   if (mask.dim() != 2 || mask.size(0) != context_length || mask.size(1) != context_length) {
@@ -31,4 +31,4 @@ void check_causal_mask(const char* fn, const std::string& key, const at::Tensor&
               "), 1) that this mask_buffer(false) module applies; load it into a module with mask_buffer(true)");
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::serialize

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-namespace torchattn::detail {
+namespace torchattn::serialize {
 
 /// True when `mask` is [C, C] with ones above the diagonal and zeros elsewhere,
 /// compared a block of rows at a time (memory O(rows x C), not C x C).
@@ -17,4 +17,4 @@ bool holds_causal_mask(const at::Tensor& mask, int64_t context_length);
 /// holds_causal_mask(mask, context_length).
 void check_causal_mask(const char* fn, const std::string& key, const at::Tensor& mask, int64_t context_length);
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::serialize

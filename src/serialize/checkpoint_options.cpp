@@ -6,7 +6,7 @@
 #include <map>
 #include <sstream>
 
-namespace torchattn::detail {
+namespace torchattn::serialize {
 
 namespace {
 
@@ -79,4 +79,4 @@ std::string shape_hint(const torch::nn::Module& module, const std::string& key) 
   return facts != nullptr ? facts->shape_hint(key) : "";
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::serialize

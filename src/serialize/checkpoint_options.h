@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-namespace torchattn::detail {
+namespace torchattn::serialize {
 
 /// The archive key (torch::save) and the state-dict entry (save_state_dict) that
 /// hold a module's options, as one string "name=value;name=value".
@@ -48,4 +48,4 @@ int64_t implied_causal_mask(const torch::nn::Module& module);
 /// CheckpointFacts::shape_hint of `module` for its tensor `key`, or "".
 std::string shape_hint(const torch::nn::Module& module, const std::string& key);
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::serialize

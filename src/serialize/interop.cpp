@@ -51,7 +51,7 @@ std::string shape_hint(const torch::nn::Module& module, const std::string& key) 
   const auto parent = key.rfind('.', leaf - 1);
   const std::string owner = parent == std::string::npos ? "" : key.substr(0, parent);
   const torch::nn::Module* m = submodule(module, owner);
-  return m == nullptr ? "" : detail::shape_hint(*m, parent == std::string::npos ? key : key.substr(parent + 1));
+  return m == nullptr ? "" : serialize::shape_hint(*m, parent == std::string::npos ? key : key.substr(parent + 1));
 }
 
 // A torch::save archive (TorchScript's zip with constants.pkl), not a pickled dict.
@@ -74,19 +74,19 @@ void load_archive(torch::nn::Module& module, const std::vector<char>& bytes, con
     TORCH_CHECK(false, "load_state_dict: cannot read '", path, "' as a torch::save archive (",
                 what.substr(0, what.find('\n')), ")");
   }
-  detail::strict_load(module, archive, "load_state_dict");
+  serialize::strict_load(module, archive, "load_state_dict");
 }
 
 }  // namespace
 
 void load_state_dict(torch::nn::Module& module, const std::string& path) {
-  const std::vector<char> bytes = detail::read_file(path, "load_state_dict");
+  const std::vector<char> bytes = serialize::read_file(path, "load_state_dict");
   if (is_torch_save_archive(bytes)) {
     load_archive(module, bytes, path);
     return;
   }
   std::map<std::string, at::Tensor> loaded;
-  for (auto& [key, tensor] : detail::unpickle_tensors(bytes, path, "load_state_dict")) {
+  for (auto& [key, tensor] : serialize::unpickle_tensors(bytes, path, "load_state_dict")) {
     loaded[key] = std::move(tensor);
   }
   auto targets = named_tensors(module);
@@ -108,9 +108,9 @@ void load_state_dict(torch::nn::Module& module, const std::string& path) {
     const bool is_mask = key == "mask" || key.ends_with(".mask");
     const std::string owner = key == "mask" ? "" : key.substr(0, key.size() - 5);
     const torch::nn::Module* m = is_mask ? submodule(module, owner) : nullptr;
-    const int64_t C = m != nullptr ? detail::implied_causal_mask(*m) : 0;
+    const int64_t C = m != nullptr ? serialize::implied_causal_mask(*m) : 0;
     TORCH_CHECK(C > 0, "load_state_dict: '", path, "' has unexpected key '", key, "'");
-    detail::check_causal_mask("load_state_dict", key, tensor, C);
+    serialize::check_causal_mask("load_state_dict", key, tensor, C);
   }
   torch::NoGradGuard no_grad;
   for (auto& [key, target] : targets) {
@@ -123,7 +123,7 @@ void save_state_dict(const torch::nn::Module& module, const std::string& path) {
   for (const auto& [key, tensor] : named_tensors(module)) {
     tensors.emplace_back(key, tensor.detach().cpu());
   }
-  detail::pickle_tensors(tensors, path, "save_state_dict");
+  serialize::pickle_tensors(tensors, path, "save_state_dict");
 }
 
 }  // namespace torchattn

@@ -11,7 +11,7 @@
 #include <fstream>
 #include <iterator>
 
-namespace torchattn::detail {
+namespace torchattn::serialize {
 
 std::vector<char> read_file(const std::string& path, const char* fn) {
   std::ifstream in(path, std::ios::binary);
@@ -71,4 +71,4 @@ void pickle_tensors(const NamedTensors& tensors, const std::string& path, const 
   TORCH_CHECK(out.good(), fn, ": writing '", path, "' failed");
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::serialize

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace torchattn::detail {
+namespace torchattn::serialize {
 
 // The bytes of the file at `path`; a c10::Error naming `fn` when it cannot be opened.
 std::vector<char> read_file(const std::string& path, const char* fn);
@@ -23,4 +23,4 @@ NamedTensors unpickle_tensors(const std::vector<char>& bytes, const std::string&
 // torch.load reads with its default weights_only=True; errors name `fn`.
 void pickle_tensors(const NamedTensors& tensors, const std::string& path, const char* fn);
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::serialize

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-namespace torchattn::detail {
+namespace torchattn::serialize {
 
 namespace {
 
@@ -104,4 +104,4 @@ void save_with_options(const torch::nn::Module& module, torch::serialize::Output
   }
 }
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::serialize

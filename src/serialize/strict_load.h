@@ -5,7 +5,7 @@
 
 #include <string>
 
-namespace torchattn::detail {
+namespace torchattn::serialize {
 
 // Module::load made strict, for `module` and every module under it: every parameter
 // and buffer must be in `archive` with the same shape and dtype, and the archive
@@ -29,4 +29,4 @@ std::string archive_path(torch::serialize::InputArchive& archive);
 // Module::save, then the module's options (checkpoint_options) under kOptionsKey.
 void save_with_options(const torch::nn::Module& module, torch::serialize::OutputArchive& archive);
 
-}  // namespace torchattn::detail
+}  // namespace torchattn::serialize

@@ -20,7 +20,7 @@
 namespace {
 
 using torchattn::Backend;
-using torchattn::detail::PagedKeys;
+using torchattn::backends::PagedKeys;
 
 constexpr int64_t kHeads = 4, kKvHeads = 2, kDim = 8, kBlock = 16;
 
@@ -71,8 +71,8 @@ TEST_P(AttendPaged, EachSequenceSeesItsOwnKeysWhereverItsBlocksLie) {
     const auto slot = table.index({p.div(kBlock, "floor")}) * kBlock + p.remainder(kBlock);
     const auto k = torch::randn({s.keys, kKvHeads, kDim}), v = torch::randn({s.keys, kKvHeads, kDim});
     const c10::List<std::optional<at::Tensor>> where({slot.div(kBlock, "floor"), slot.remainder(kBlock)});
-    torchattn::detail::paged_by_token(keys, true).index_put_(where, k);
-    torchattn::detail::paged_by_token(values, false).index_put_(where, v);
+    torchattn::backends::paged_by_token(keys, true).index_put_(where, k);
+    torchattn::backends::paged_by_token(values, false).index_put_(where, v);
     slots.push_back(slot);
     qs.push_back(torch::randn({s.rows, kHeads, kDim}));
     ks.push_back(k);
@@ -84,7 +84,7 @@ TEST_P(AttendPaged, EachSequenceSeesItsOwnKeysWhereverItsBlocksLie) {
   const PagedKeys pool{keys, values, key_slots, key_slots, &query_start, &key_start};
   torchattn::functional::AttentionOptions config;
   config.backend = backend;
-  const auto out = torchattn::detail::attend_paged(torch::cat(qs), pool, window, config);
+  const auto out = torchattn::backends::attend_paged(torch::cat(qs), pool, window, config);
   ASSERT_EQ(out.sizes(), (std::vector<int64_t>{query_start.back(), kHeads, kDim}));
   for (size_t s = 0; s < seqs.size(); ++s) {
     const auto got = out.narrow(0, query_start[s], seqs[s].rows);

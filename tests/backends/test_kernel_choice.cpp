@@ -17,9 +17,9 @@
 
 namespace {
 
-using torchattn::detail::choose_fused_kernel;
-using torchattn::detail::FusedKernel;
-using torchattn::detail::KernelQuery;
+using torchattn::backends::choose_fused_kernel;
+using torchattn::backends::FusedKernel;
+using torchattn::backends::KernelQuery;
 
 constexpr int64_t kCudnn = static_cast<int64_t>(at::SDPBackend::cudnn_attention);
 constexpr int64_t kFlash = static_cast<int64_t>(at::SDPBackend::flash_attention);
@@ -98,7 +98,7 @@ TEST(EfficientBias, IsTheBoolMaskAsZeroOrMinusInfWithAlignedRows) {
   for (int64_t Tk : {1, 15, 16, 17, 40}) {
     auto q = torch::randn({2, 3, 5, 8}, torch::kBFloat16);
     auto keep = torch::rand({2, 1, 5, Tk}) < 0.7;  // per batch, broadcast over heads
-    auto bias = torchattn::detail::efficient_bias(keep, q, Tk);
+    auto bias = torchattn::backends::efficient_bias(keep, q, Tk);
     ASSERT_EQ(bias.sizes(), (std::vector<int64_t>{2, 3, 5, Tk}));
     EXPECT_EQ(bias.scalar_type(), torch::kBFloat16);
     EXPECT_EQ(bias.stride(-2) % 16, 0) << "Tk=" << Tk;
@@ -111,14 +111,14 @@ TEST(EfficientBias, IsTheBoolMaskAsZeroOrMinusInfWithAlignedRows) {
   {
     auto q = torch::randn({2, 3, 4, 8});
     auto additive = torch::randn({2, 1, 4, 6});
-    auto bias = torchattn::detail::efficient_bias(additive, q, 6);
+    auto bias = torchattn::backends::efficient_bias(additive, q, 6);
     EXPECT_EQ(bias.stride(-2) % 16, 0);
     EXPECT_TRUE(torch::equal(bias, additive.expand({2, 3, 4, 6})));
   }
   // A [Tq, Tk] mask broadcasts over batch and heads.
   auto q = torch::randn({2, 3, 4, 8});
   auto keep = torch::tril(torch::ones({4, 6}, torch::kBool), 2);
-  auto bias = torchattn::detail::efficient_bias(keep, q, 6);
+  auto bias = torchattn::backends::efficient_bias(keep, q, 6);
   EXPECT_TRUE(torch::equal(bias[1][2], torch::zeros({4, 6}).masked_fill(keep.logical_not(), -INFINITY)));
 }
 
@@ -128,7 +128,7 @@ TEST(FusedAttention, OnTheCpuIsATensSdpa) {
   auto keep = torch::rand({7, 9}) < 0.8;
   keep.select(1, 0).fill_(true);
   for (bool allow : {false, true}) {
-    auto got = torchattn::detail::fused_attention(q, k, v, keep, 0.0, false, std::nullopt, allow);
+    auto got = torchattn::backends::fused_attention(q, k, v, keep, 0.0, false, std::nullopt, allow);
     EXPECT_TRUE(torch::equal(got, at::scaled_dot_product_attention(q, k, v, keep)));
   }
 }
@@ -140,7 +140,7 @@ TEST(CausalPrefillKernel, TakesOnlyAutoWithoutDropout) {
   const auto q = torch::randn({1, 4, 20, 16}), k = torch::randn({1, 2, 26, 16}), v = torch::randn({1, 2, 26, 16});
   const bool vector = torchattn::kernels::cpu::best_isa() >= torchattn::kernels::cpu::Isa::Avx2;
   torchattn::functional::AttentionOptions config;
-  const auto out = torchattn::detail::causal_prefill_kernel(q, k, v, config);
+  const auto out = torchattn::backends::causal_prefill_kernel(q, k, v, config);
   ASSERT_EQ(out.defined(), vector);
   if (vector) {
     // Row t sees keys 0 .. t + 6: ATen's mask of the bottom-right block.
@@ -149,29 +149,29 @@ TEST(CausalPrefillKernel, TakesOnlyAutoWithoutDropout) {
     EXPECT_LT((out - aten).abs().max().item<float>(), 2e-6f);
   }
   config.backend = torchattn::Backend::SDPA;
-  EXPECT_FALSE(torchattn::detail::causal_prefill_kernel(q, k, v, config).defined());
+  EXPECT_FALSE(torchattn::backends::causal_prefill_kernel(q, k, v, config).defined());
   config.backend = torchattn::Backend::Auto;
   config.dropout = 0.1;
-  EXPECT_EQ(torchattn::detail::causal_prefill_kernel(q, k, v, config).defined(), vector);  // eval: no dropout
+  EXPECT_EQ(torchattn::backends::causal_prefill_kernel(q, k, v, config).defined(), vector);  // eval: no dropout
   config.training = true;
-  EXPECT_FALSE(torchattn::detail::causal_prefill_kernel(q, k, v, config).defined());
+  EXPECT_FALSE(torchattn::backends::causal_prefill_kernel(q, k, v, config).defined());
 }
 
 // Auto takes the kernel only up to the keys where it measured faster (per instruction
 // set, backends/sdpa.cpp): ATen's kernel past them.
 TEST(CausalPrefillKernel, TakesAtMostTheKeysWhereItPays) {
   namespace kc = torchattn::kernels::cpu;
-  EXPECT_EQ(torchattn::detail::prefill_kernel_max_keys(kc::Isa::Scalar), 0);
-  EXPECT_EQ(torchattn::detail::prefill_kernel_max_keys(kc::Isa::Avx2), 512);
-  EXPECT_EQ(torchattn::detail::prefill_kernel_max_keys(kc::Isa::Avx512), 16384);
-  EXPECT_EQ(torchattn::detail::prefill_kernel_max_keys(kc::Isa::Avx512Vnni), 16384);
-  const int64_t most = torchattn::detail::prefill_kernel_max_keys(kc::best_isa());
+  EXPECT_EQ(torchattn::backends::prefill_kernel_max_keys(kc::Isa::Scalar), 0);
+  EXPECT_EQ(torchattn::backends::prefill_kernel_max_keys(kc::Isa::Avx2), 512);
+  EXPECT_EQ(torchattn::backends::prefill_kernel_max_keys(kc::Isa::Avx512), 16384);
+  EXPECT_EQ(torchattn::backends::prefill_kernel_max_keys(kc::Isa::Avx512Vnni), 16384);
+  const int64_t most = torchattn::backends::prefill_kernel_max_keys(kc::best_isa());
   torch::manual_seed(10);
   const torchattn::functional::AttentionOptions config;
   for (const int64_t T : {int64_t{8}, most, most + 1}) {
     if (T < 1) continue;
     const auto q = torch::randn({1, 2, T, 16}), k = torch::randn({1, 1, T, 16}), v = torch::randn({1, 1, T, 16});
-    EXPECT_EQ(torchattn::detail::causal_prefill_kernel(q, k, v, config).defined(), T <= most) << T << " keys";
+    EXPECT_EQ(torchattn::backends::causal_prefill_kernel(q, k, v, config).defined(), T <= most) << T << " keys";
   }
 }
 
@@ -181,11 +181,11 @@ TEST(CausalPrefillKernel, SdpaIsCausalStaysTopLeft) {
   torch::manual_seed(9);
   const auto q = torch::randn({1, 2, 20, 16}), k = torch::randn({1, 2, 26, 16}), v = torch::randn({1, 2, 26, 16});
   const torchattn::functional::AttentionOptions config;
-  const auto got = torchattn::detail::sdpa_attention(q, k, v, std::nullopt, /*is_causal=*/true, config);
+  const auto got = torchattn::backends::sdpa_attention(q, k, v, std::nullopt, /*is_causal=*/true, config);
   const auto aten = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
   EXPECT_LT((got - aten).abs().max().item<float>(), 2e-6f);
-  const auto square = torchattn::detail::sdpa_attention(q, k.narrow(2, 0, 20), v.narrow(2, 0, 20), std::nullopt,
-                                                        /*is_causal=*/true, config);
+  const auto square = torchattn::backends::sdpa_attention(q, k.narrow(2, 0, 20), v.narrow(2, 0, 20), std::nullopt,
+                                                          /*is_causal=*/true, config);
   EXPECT_LT((square - aten).abs().max().item<float>(), 2e-6f);  // top-left: the first 20 keys
 }
 

@@ -21,8 +21,8 @@
 
 namespace {
 
-using torchattn::detail::MaskSpec;
-using torchattn::detail::varlen_flash_applies;
+using torchattn::backends::MaskSpec;
+using torchattn::backends::varlen_flash_applies;
 
 const torch::Device kVarlenCuda(torch::kCUDA, 0);
 

@@ -15,7 +15,7 @@ using torchattn::RoPEOptions;
 
 namespace {
 
-// The tables a module uses on a device (detail::RotaryCache, the path forward takes)
+// The tables a module uses on a device (block::RotaryCache, the path forward takes)
 // equal the CPU's bit for bit: they are computed on the CPU and moved, since CUDA's
 // own pow, sin and cos differ by a few ULP (about 6e-8), far above the float64 tests'
 // tolerances.
@@ -31,7 +31,7 @@ TEST_P(RotaryTablesOn, EqualTheCpuTablesBitForBit) {
       SCOPED_TRACE("theta " + std::to_string(theta) + " rotary_dim " + std::to_string(rot));
       const auto rope = RoPEOptions(theta).rotary_dim(rot);
       const auto [cos_cpu, sin_cpu] = torchattn::functional::rotary_tables(rope, 64, 4096);
-      const torchattn::detail::RotaryCache cache(rope, 64, 4096);
+      const torchattn::block::RotaryCache cache(rope, 64, 4096);
       const auto [cos, sin] = cache.tables(device);
       EXPECT_EQ(cos.device(), device);
       EXPECT_EQ(cos.scalar_type(), torch::kFloat32);

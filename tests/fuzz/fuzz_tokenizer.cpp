@@ -90,7 +90,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const auto ids = bpe.encode(text);
       (void)bpe.decode(ids);
     } else if (mode < 192) {
-      namespace d = torchattn::models::detail;
+      namespace d = torchattn::models::text;
       for (const auto pattern : {d::SplitPattern::GPT2, d::SplitPattern::Qwen2}) {
         std::string joined;
         for (const auto& piece : d::split(text, pattern)) joined += piece;

@@ -1,6 +1,6 @@
 // The CUDA flash-decoding kernel of static-shape steps (kernels/cuda/): against the
 // float64 math of the same inputs, with the hidden keys of the library's own
-// description (detail::hidden_keys), over dtypes, grouped heads, masks (not causal,
+// description (backends::hidden_keys), over dtypes, grouped heads, masks (not causal,
 // causal, sliding window, the notebooks' buffer, a buffer of any pattern), query
 // rows, key counts across chunk edges, head dimensions, strided views, and rows
 // that see no key. Built in a CUDA configuration only; skipped without a GPU (and
@@ -91,7 +91,7 @@ TEST_P(StaticDecodeKernel, EqualsTheMathOfItsMask) {
     auto k = torch::randn({c.B, c.Hkv, c.Tk + 5, c.D}).to(cuda, dtype).narrow(2, 0, c.Tk);
     auto v = torch::randn({c.B, c.Hkv, c.Tk + 5, c.Dv}).to(cuda, dtype).narrow(2, 0, c.Tk);
 
-    torchattn::detail::MaskSpec spec;
+    torchattn::backends::MaskSpec spec;
     spec.positions = torch::full({1}, c.p0, torch::TensorOptions().dtype(torch::kLong).device(cuda));
     spec.causal = mode != StaticMode::NotCausal;
     if (mode == StaticMode::Window || mode == StaticMode::BufferWindow) {
@@ -125,7 +125,7 @@ TEST_P(StaticDecodeKernel, EqualsTheMathOfItsMask) {
       }
       hide = hide.to(cuda);
     } else {
-      hide = torchattn::detail::hidden_keys(spec, c.Tq, c.Tk, cuda);
+      hide = torchattn::backends::hidden_keys(spec, c.Tq, c.Tk, cuda);
     }
 
     kcuda::StaticDecodeMask mask;

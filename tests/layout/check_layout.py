@@ -16,7 +16,11 @@
   its floor: every quoted include of src/models/ goes to "models/<floor>/..." of the same
   floor or a lower one (never to the library's private headers), and every
   `#include <torchattn/models/...>` of src/models/ and of those headers to a header of the
-  same floor or a lower one.
+  same floor or a lower one;
+- the namespaces mirror the folders: a file of src/<level>/ opens `torchattn` or
+  `torchattn::functional` (public names), or `torchattn::<level>` and namespaces
+  below it for its internal ones; a file of src/models/<floor>/ `torchattn::models` or
+  `torchattn::models::<floor>`; never a `detail` namespace above the kernels' own.
 
 Usage: check_layout.py [REPO]
 """
@@ -118,12 +122,14 @@ def main():
                 failures.append(f"{f} ({level}) includes <torchattn/{target}> ({face[target]}), a higher level")
 
     floors, floor_arrows, floor_face = check_models_floors(arch, files, failures)
+    spaces = check_namespaces(set(levels), files, failures)
 
     for line in failures:
         print(f"[layout] FAIL {line}")
     print(f"layout: {len(folders)} folders against the table, {arrows} includes of src/ and of "
           f"{len(face)} public headers against {len(levels)} levels; {floor_arrows} includes of src/models/ and of "
-          f"{floor_face} of its public headers against {floors} floors")
+          f"{floor_face} of its public headers against {floors} floors; {spaces} namespaces opened in src/ "
+          f"against their folders")
     print(f"{1 if not failures else 0} passed, {1 if failures else 0} failed")
     return 1 if failures else 0
 
@@ -183,6 +189,34 @@ def check_models_floors(arch, files, failures):
             if floors[face[target]] > floors[floor]:
                 failures.append(f"{f} ({floor}) includes <torchattn/models/{target}> ({face[target]}), a higher floor")
     return len(floors), arrows, len(face)
+
+
+def check_namespaces(levels, files, failures):
+    opened = re.compile(r"^\s*namespace\s+([\w:]+)\s*\{", re.M)
+    count = 0
+    for f in files:
+        parts = f.split("/")
+        if parts[0] != "src" or len(parts) < 3 or not f.endswith((".h", ".cpp", ".cu", ".cuh")):
+            continue
+        if parts[1] == "models":
+            if len(parts) < 4:
+                continue
+            own = f"torchattn::models::{parts[2]}"
+            allowed = {"torchattn::models"}
+        else:
+            own = f"torchattn::{parts[1]}"
+            allowed = {"torchattn", "torchattn::functional"}
+        for name in opened.findall(open(f).read()):
+            count += 1
+            if name.startswith("torchattn"):
+                if name not in allowed and name != own and not name.startswith(own + "::"):
+                    failures.append(f"{f} opens namespace {name}; internal names of src/{'/'.join(parts[1:-1])}/ "
+                                    f"go in {own}")
+            elif name == "detail" and parts[1] != "kernels":
+                failures.append(f"{f} opens a namespace detail; internal names go in {own}")
+            elif name in levels and name != parts[1]:
+                failures.append(f"{f} opens namespace {name}, another level's")
+    return count
 
 
 if __name__ == "__main__":

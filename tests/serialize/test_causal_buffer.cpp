@@ -121,7 +121,7 @@ TEST(MaskBuffer, OffHoldsOnlyTheWeightsAtContextLength32768) {
 }
 
 TEST(MaskBuffer, HoldsCausalMaskChecksEveryRowBlock) {
-  namespace D = torchattn::detail;
+  namespace D = torchattn::serialize;
   auto m = torchattn::functional::causal_mask_buffer(600);
   EXPECT_TRUE(D::holds_causal_mask(m, 600));
   EXPECT_FALSE(D::holds_causal_mask(m, 599));

@@ -16,9 +16,9 @@
 
 namespace torchattn::models {
 
-namespace detail {
+namespace text {
 class TokenizerModel;
-}
+}  // namespace text
 
 class Tokenizer {
  public:
@@ -60,7 +60,7 @@ class Tokenizer {
  private:
   Tokenizer() = default;
   void init(const void* parsed_json, const std::string& name);
-  std::shared_ptr<const detail::TokenizerModel> model_;
+  std::shared_ptr<const text::TokenizerModel> model_;
   std::string kind_;
 };
 

@@ -25,7 +25,7 @@ inline constexpr int64_t kStaticDecodeRows = 16;
 inline constexpr int64_t kStaticDecodeMaxHeadDim = 256;
 
 /// Which cache slots query i (at absolute position positions[0] + i) sees, as
-/// detail::hidden_keys describes a static-shape call:
+/// backends::hidden_keys describes a static-shape call:
 /// - not causal: every slot up to positions[0] + Tq - 1 (all written ones);
 /// - causal without a buffer: slots j <= positions[0] + i, and with a window also
 ///   j > positions[0] + i - window;

@@ -42,13 +42,13 @@ const char* supported_model_types() {
 }
 
 std::string read_model_type(const std::string& path) {
-  const json c = detail::read_json_file(path, "config");
+  const json c = files::read_json_file(path, "config");
   if (!c.is_object() || !c.contains("model_type") || !c["model_type"].is_string()) fail(path, "no model_type");
   return c["model_type"].get<std::string>();
 }
 
 static DecoderConfig read_decoder_config_unchecked(const std::string& path) {
-  const json c = detail::read_json_file(path, "config");
+  const json c = files::read_json_file(path, "config");
   DecoderConfig m;
   m.model_type = c.value("model_type", std::string());
   if (m.model_type != "llama" && m.model_type != "qwen2" && m.model_type != "qwen3" && m.model_type != "mistral" &&
@@ -133,7 +133,7 @@ static DecoderConfig read_decoder_config_unchecked(const std::string& path) {
 }
 
 static BertConfig read_bert_config_unchecked(const std::string& path) {
-  const json c = detail::read_json_file(path, "config");
+  const json c = files::read_json_file(path, "config");
   const std::string type = c.value("model_type", std::string());
   if (type != "bert") {
     fail(path, "model_type '" + type + "' is not an encoder this library runs; supported: " + supported_model_types());
@@ -163,7 +163,7 @@ static BertConfig read_bert_config_unchecked(const std::string& path) {
 }
 
 static BartConfig read_bart_config_unchecked(const std::string& path) {
-  const json c = detail::read_json_file(path, "config");
+  const json c = files::read_json_file(path, "config");
   const std::string type = c.value("model_type", std::string());
   if (type != "bart") {
     fail(path, "model_type '" + type +
@@ -233,7 +233,7 @@ static BartConfig read_bart_config_unchecked(const std::string& path) {
   if (std::filesystem::exists(generation_file)) {
     const std::string gpath = generation_file.string();
     try {
-      const json g = detail::read_json_file(gpath, "config");
+      const json g = files::read_json_file(gpath, "config");
       if (!g.is_object()) fail(gpath, "expected a JSON object");
       generation(g, gpath);
     } catch (const nlohmann::json::exception& e) {

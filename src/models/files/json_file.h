@@ -9,7 +9,7 @@
 #include <c10/util/Exception.h>
 #include <string>
 
-namespace torchattn::models::detail {
+namespace torchattn::models::files {
 
 inline nlohmann::json read_json_file(const std::string& path, const std::string& what) {
   std::ifstream in(path);
@@ -21,4 +21,4 @@ inline nlohmann::json read_json_file(const std::string& path, const std::string&
   }
 }
 
-}  // namespace torchattn::models::detail
+}  // namespace torchattn::models::files

@@ -128,7 +128,7 @@ void load_weights(torch::nn::Module& module, const std::string& path_in, const W
     return;
   }
   // A sharded checkpoint: each shard read on its own, so that errors name it.
-  const auto index = detail::read_json_file(path, "load_weights");
+  const auto index = files::read_json_file(path, "load_weights");
   TORCH_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(), "load_weights: '",
               path, "' has no weight_map object");
   std::vector<std::string> shards;

@@ -57,7 +57,7 @@ SamplingOptions sampling_options(const GenerationOptions& o) {
 
 std::vector<GenerationResult> generate(CausalLMImpl& model, const std::vector<std::vector<int64_t>>& prompts,
                                        const GenerationOptions& options) {
-  const int64_t longest = detail::check_prompts(prompts, options, model.config().vocab_size);
+  const int64_t longest = generation::check_prompts(prompts, options, model.config().vocab_size);
   TORCH_CHECK(longest + options.max_new_tokens() <= model.context_length(), "generate: ", longest,
               " prompt tokens and ", options.max_new_tokens(), " new ones pass the context length ",
               model.context_length());
@@ -65,7 +65,7 @@ std::vector<GenerationResult> generate(CausalLMImpl& model, const std::vector<st
   std::vector<int64_t> stop = options.stop_token_ids();
   if (options.stop_at_eos())
     stop.insert(stop.end(), model.config().eos_token_ids.begin(), model.config().eos_token_ids.end());
-  detail::GenerationSteps steps(prompts, options, std::move(stop));
+  generation::GenerationSteps steps(prompts, options, std::move(stop));
 
   c10::InferenceMode inference;
   model.eval();

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <utility>
 
-namespace torchattn::models::detail {
+namespace torchattn::models::generation {
 
 namespace {
 
@@ -81,4 +81,4 @@ std::vector<GenerationResult> GenerationSteps::results() {
   return results_;
 }
 
-}  // namespace torchattn::models::detail
+}  // namespace torchattn::models::generation

@@ -13,7 +13,7 @@
 #include <optional>
 #include <vector>
 
-namespace torchattn::models::detail {
+namespace torchattn::models::generation {
 
 /// Checks that there are prompts, each non-empty, each at most max_tokens long (when
 /// > 0; `what` names the limit), each id in [0, vocab_size), and that max_new_tokens
@@ -52,4 +52,4 @@ class GenerationSteps {
   double prefill_ = 0.0;
 };
 
-}  // namespace torchattn::models::detail
+}  // namespace torchattn::models::generation

@@ -16,15 +16,15 @@ namespace torchattn::models {
 std::vector<GenerationResult> generate(Seq2SeqLMImpl& model, const std::vector<std::vector<int64_t>>& prompts,
                                        const GenerationOptions& options) {
   const BartConfig& config = model.config();
-  const int64_t longest = detail::check_prompts(prompts, options, config.vocab_size, config.max_position_embeddings,
-                                                "the encoder's max_position_embeddings is");
+  const int64_t longest = generation::check_prompts(prompts, options, config.vocab_size, config.max_position_embeddings,
+                                                    "the encoder's max_position_embeddings is");
   TORCH_CHECK(options.max_new_tokens() <= config.max_position_embeddings, "generate: expected max_new_tokens in [1, ",
               config.max_position_embeddings, "] (the decoder's max_position_embeddings), got ",
               options.max_new_tokens());
   const int64_t batch = static_cast<int64_t>(prompts.size());
   std::vector<int64_t> stop = options.stop_token_ids();
   if (options.stop_at_eos()) stop.insert(stop.end(), config.eos_token_ids.begin(), config.eos_token_ids.end());
-  detail::GenerationSteps steps(prompts, options, std::move(stop));
+  generation::GenerationSteps steps(prompts, options, std::move(stop));
 
   c10::InferenceMode inference;
   model.eval();

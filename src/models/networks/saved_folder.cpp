@@ -16,7 +16,7 @@ namespace torchattn::models {
 std::optional<torchattn::WeightFormat> saved_weight_format(const std::string& folder) {
   const std::string path = (std::filesystem::path(folder) / kSavedWeightsFile).string();
   if (!std::filesystem::exists(path)) return std::nullopt;
-  const nlohmann::json note = detail::read_json_file(path, "LanguageModel::from_pretrained");
+  const nlohmann::json note = files::read_json_file(path, "LanguageModel::from_pretrained");
   const auto format = note.find("weight_format");
   TORCH_CHECK(format != note.end() && format->is_string() && (*format == "bfloat16" || *format == "int8"),
               "LanguageModel::from_pretrained: '", path,
@@ -37,7 +37,7 @@ NamedTensors load_saved_weights(const std::string& folder, bool verify) {
   const std::string weights_path = (fs::path(folder) / "model.safetensors").string();
   NamedTensors tensors = load_safetensors(weights_path);
   const std::string note_path = (fs::path(folder) / kSavedWeightsFile).string();
-  const nlohmann::json note = detail::read_json_file(note_path, "LanguageModel::from_pretrained");
+  const nlohmann::json note = files::read_json_file(note_path, "LanguageModel::from_pretrained");
   const std::string where = "LanguageModel::from_pretrained: '" + note_path + "'";
   // The note and the weights of one save: int8 weights (int8 tensors) where the note
   // says int8, none where it says bfloat16.

@@ -57,7 +57,7 @@ void check_config_ids(const std::string& folder, const Tokenizer& tokenizer) {
   for (const char* name : {"config.json", "generation_config.json"}) {
     const std::string file = file_of(folder, name);
     if (!fs::exists(file)) continue;
-    check_special_ids(folder, detail::read_json_file(file, "config"), file, tokenizer);
+    check_special_ids(folder, files::read_json_file(file, "config"), file, tokenizer);
   }
 }
 

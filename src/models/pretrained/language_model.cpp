@@ -25,7 +25,7 @@ LanguageModel::LanguageModel(CausalLM model, Tokenizer tokenizer, std::optional<
 
 LanguageModel LanguageModel::from_pretrained(const std::string& folder, const LoadOptions& options) {
   namespace fs = std::filesystem;
-  detail::check_load_options(options);
+  pretrained::check_load_options(options);
   TORCH_CHECK(fs::is_directory(folder), "LanguageModel::from_pretrained: '", folder, "' is not a folder");
   const std::string config_path = (fs::path(folder) / "config.json").string();
   const std::string type = read_model_type(config_path);
@@ -85,7 +85,7 @@ std::vector<Completion> LanguageModel::generate(const std::vector<std::string>& 
                                                 const std::function<void(size_t, const std::string&)>& on_text) {
   std::vector<std::vector<int64_t>> ids;
   for (const auto& p : prompts) {
-    detail::check_utf8("LanguageModel::generate", p, "prompt " + std::to_string(ids.size()));
+    text::check_utf8("LanguageModel::generate", p, "prompt " + std::to_string(ids.size()));
     ids.push_back(tokenizer_.encode(p));
     TORCH_CHECK(!ids.back().empty(), "LanguageModel::generate: prompt ", ids.size() - 1, " has no tokens");
   }

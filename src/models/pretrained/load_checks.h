@@ -8,7 +8,7 @@
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
 
-namespace torchattn::models::detail {
+namespace torchattn::models::pretrained {
 
 inline void check_load_options(const LoadOptions& options) {
   const c10::ScalarType dtype = options.dtype();
@@ -42,4 +42,4 @@ inline void check_load_options(const LoadOptions& options) {
   }
 }
 
-}  // namespace torchattn::models::detail
+}  // namespace torchattn::models::pretrained

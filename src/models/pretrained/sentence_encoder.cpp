@@ -32,7 +32,7 @@ SentenceEncoder::SentenceEncoder(BertModel model, Tokenizer tokenizer, int64_t m
 }
 
 SentenceEncoder SentenceEncoder::from_pretrained(const std::string& folder, const LoadOptions& options) {
-  detail::check_load_options(options);
+  pretrained::check_load_options(options);
   TORCH_CHECK(fs::is_directory(folder), "SentenceEncoder::from_pretrained: '", folder, "' is not a folder");
   const fs::path dir(folder);
   const std::string type = read_model_type((dir / "config.json").string());
@@ -52,7 +52,7 @@ SentenceEncoder SentenceEncoder::from_pretrained(const std::string& folder, cons
   int64_t max_length = config.max_position_embeddings;
   try {
     if (fs::exists(dir / "modules.json")) {
-      const auto modules = detail::read_json_file((dir / "modules.json").string(), "SentenceEncoder");
+      const auto modules = files::read_json_file((dir / "modules.json").string(), "SentenceEncoder");
       TORCH_CHECK(modules.is_array(), "SentenceEncoder: '", (dir / "modules.json").string(),
                   "' is not a list of modules");
       for (const auto& m : modules) {
@@ -61,7 +61,7 @@ SentenceEncoder SentenceEncoder::from_pretrained(const std::string& folder, cons
         if (kind == "sentence_transformers.models.Normalize") {
           normalize = true;
         } else if (kind == "sentence_transformers.models.Pooling") {
-          const auto p = detail::read_json_file((dir / path / "config.json").string(), "SentenceEncoder");
+          const auto p = files::read_json_file((dir / path / "config.json").string(), "SentenceEncoder");
           const bool cls = p.value("pooling_mode_cls_token", false), mean = p.value("pooling_mode_mean_tokens", false);
           TORCH_CHECK(cls != mean && !p.value("pooling_mode_max_tokens", false) &&
                           !p.value("pooling_mode_mean_sqrt_len_tokens", false),
@@ -76,7 +76,7 @@ SentenceEncoder SentenceEncoder::from_pretrained(const std::string& folder, cons
       }
     }
     if (fs::exists(dir / "sentence_bert_config.json")) {
-      const auto c = detail::read_json_file((dir / "sentence_bert_config.json").string(), "SentenceEncoder");
+      const auto c = files::read_json_file((dir / "sentence_bert_config.json").string(), "SentenceEncoder");
       if (c.contains("max_seq_length") && c["max_seq_length"].is_number_integer()) {
         max_length = std::min<int64_t>(max_length, c["max_seq_length"].get<int64_t>());
       }
@@ -103,7 +103,7 @@ at::Tensor SentenceEncoder::embed(const std::vector<std::string>& texts, const E
   std::vector<std::vector<int64_t>> ids;
   ids.reserve(texts.size());
   for (size_t i = 0; i < texts.size(); ++i) {
-    detail::check_utf8("SentenceEncoder::embed", texts[i], "text " + std::to_string(i));
+    text::check_utf8("SentenceEncoder::embed", texts[i], "text " + std::to_string(i));
     if (options.truncate()) {
       ids.push_back(tokenizer_.encode(texts[i], true, max_length_));
       continue;

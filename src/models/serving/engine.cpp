@@ -60,9 +60,9 @@ struct Engine::State {
   // Engine::step's jobs, in order.
   void take_submitted();
   int64_t drop_cancelled(Events& events);
-  Batch build_batch(const detail::Plan& plan);
+  Batch build_batch(const serving::Plan& plan);
   at::Tensor run_forward(const Batch& batch);
-  int64_t sample_and_finish(const detail::Plan& plan, const at::Tensor& logits, Events& events);
+  int64_t sample_and_finish(const serving::Plan& plan, const at::Tensor& logits, Events& events);
   void publish_stats(bool stepped, int64_t finished);
 
   CausalLM model;
@@ -72,13 +72,13 @@ struct Engine::State {
   mutable std::mutex mutex;
   std::condition_variable work;
   bool stop = false;
-  std::vector<std::unique_ptr<detail::Request>> incoming;
+  std::vector<std::unique_ptr<serving::Request>> incoming;
   std::vector<int64_t> cancels;
   int64_t next_id = 1;
   int64_t waiting_or_running = 0;  // submitted and not finished
   EngineStats stats;
   // The stepping thread's own.
-  detail::Scheduler scheduler;
+  serving::Scheduler scheduler;
   PagedKVCache cache;
 };
 
@@ -112,7 +112,7 @@ int64_t Engine::submit(std::vector<int64_t> prompt, const GenerationOptions& opt
   TORCH_CHECK(n + options.max_new_tokens() <= pool, "Engine: ", n,
               " prompt tokens and max_new_tokens=", options.max_new_tokens(), " pass the KV pool of ", pool,
               " tokens (EngineOptions::kv_tokens)");
-  auto r = std::make_unique<detail::Request>();
+  auto r = std::make_unique<serving::Request>();
   r->tokens = std::move(prompt);
   r->prompt_tokens = n;
   r->max_new_tokens = options.max_new_tokens();
@@ -155,7 +155,7 @@ bool Engine::step() {
   s.take_submitted();
   State::Events events;
   int64_t finished = s.drop_cancelled(events);
-  const detail::Plan plan = s.scheduler.plan(s.cache);
+  const serving::Plan plan = s.scheduler.plan(s.cache);
   if (!plan.tokens.empty()) {
     c10::InferenceMode inference;
     const State::Batch batch = s.build_batch(plan);
@@ -170,7 +170,7 @@ bool Engine::step() {
 
 // What came from other threads: new requests join the queue, cancelled ones are marked.
 void Engine::State::take_submitted() {
-  std::vector<std::unique_ptr<detail::Request>> submitted;
+  std::vector<std::unique_ptr<serving::Request>> submitted;
   std::vector<int64_t> cancelled;
   {
     std::lock_guard<std::mutex> lock(mutex);
@@ -179,7 +179,7 @@ void Engine::State::take_submitted() {
   }
   for (auto& r : submitted) scheduler.enqueue(std::move(r));
   for (const int64_t id : cancelled) {
-    if (detail::Request* r = scheduler.find(id)) r->cancelled = true;
+    if (serving::Request* r = scheduler.find(id)) r->cancelled = true;
   }
 }
 
@@ -196,11 +196,11 @@ int64_t Engine::State::drop_cancelled(Events& events) {
 
 // The plan's tokens packed one request after another, their cache step, and the rows
 // whose logits are needed (each sampling request's last token).
-Engine::State::Batch Engine::State::build_batch(const detail::Plan& plan) {
+Engine::State::Batch Engine::State::build_batch(const serving::Plan& plan) {
   PagedStep step = cache.begin_step(plan.tokens);
   std::vector<int64_t> ids, rows;
   for (size_t i = 0; i < plan.requests.size(); ++i) {
-    const detail::Request& r = *plan.requests[i];
+    const serving::Request& r = *plan.requests[i];
     ids.insert(ids.end(), r.tokens.begin() + r.cached, r.tokens.begin() + r.cached + plan.tokens[i].count);
     if (plan.samples[i]) rows.push_back(step.query_start[i + 1] - 1);
   }
@@ -217,17 +217,17 @@ at::Tensor Engine::State::run_forward(const Batch& batch) {
 // Each planned request moves past its tokens (publishing its filled blocks); those that
 // brought their last token get the next one, and finish on a stop token, max_new_tokens
 // or the context length: how many finished.
-int64_t Engine::State::sample_and_finish(const detail::Plan& plan, const at::Tensor& logits, Events& events) {
+int64_t Engine::State::sample_and_finish(const serving::Plan& plan, const at::Tensor& logits, Events& events) {
   // Greedy rows take one argmax over them all; sampled ones their own Sampler.
   std::vector<int64_t> greedy;
   if (std::find(plan.samples.begin(), plan.samples.end(), true) != plan.samples.end()) {
     const at::Tensor top = logits.argmax(-1).to(at::kCPU);
     greedy.assign(top.const_data_ptr<int64_t>(), top.const_data_ptr<int64_t>() + top.numel());
   }
-  std::vector<detail::Request*> done;
+  std::vector<serving::Request*> done;
   size_t row = 0;
   for (size_t i = 0; i < plan.requests.size(); ++i) {
-    detail::Request& r = *plan.requests[i];
+    serving::Request& r = *plan.requests[i];
     r.cached += plan.tokens[i].count;
     if (options.prefix_cache()) cache.publish(r.sequence, r.tokens);  // its blocks filled so far
     if (!plan.samples[i]) continue;
@@ -252,7 +252,7 @@ int64_t Engine::State::sample_and_finish(const detail::Plan& plan, const at::Ten
     events.push_back({r.callback, TokenEvent{r.id, token, end, r.prompt_tokens, r.generated(), std::move(logprobs)}});
     if (end) done.push_back(&r);
   }
-  for (detail::Request* r : done) scheduler.finish(r, cache);  // its callback was copied into events
+  for (serving::Request* r : done) scheduler.finish(r, cache);  // its callback was copied into events
   return static_cast<int64_t>(done.size());
 }
 

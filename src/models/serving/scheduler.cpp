@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-namespace torchattn::models::detail {
+namespace torchattn::models::serving {
 
 void Scheduler::enqueue(std::unique_ptr<Request> request) { waiting_.push_back(std::move(request)); }
 
@@ -148,4 +148,4 @@ Plan Scheduler::plan(PagedKVCache& cache) {
   }
 }
 
-}  // namespace torchattn::models::detail
+}  // namespace torchattn::models::serving

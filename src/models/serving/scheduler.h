@@ -21,7 +21,7 @@
 #include <memory>
 #include <vector>
 
-namespace torchattn::models::detail {
+namespace torchattn::models::serving {
 
 struct Request {
   int64_t id = 0;
@@ -91,4 +91,4 @@ class Scheduler {
   int64_t reused_ = 0;
 };
 
-}  // namespace torchattn::models::detail
+}  // namespace torchattn::models::serving

@@ -10,7 +10,7 @@
 #include <climits>
 #include <c10/util/Exception.h>
 
-namespace torchattn::models::detail {
+namespace torchattn::models::text {
 
 namespace {
 
@@ -269,4 +269,4 @@ std::string BpeTokenizer::decode(const std::vector<int64_t>& ids, bool skip_spec
   return out;
 }
 
-}  // namespace torchattn::models::detail
+}  // namespace torchattn::models::text

@@ -20,7 +20,7 @@
 #include "models/text/vocabulary.h"
 
 
-namespace torchattn::models::detail {
+namespace torchattn::models::text {
 
 class BpeTokenizer final : public TokenizerModel {
  public:
@@ -59,4 +59,4 @@ class BpeTokenizer final : public TokenizerModel {
   mutable std::unordered_map<std::string, std::vector<int64_t>> cache_;
 };
 
-}  // namespace torchattn::models::detail
+}  // namespace torchattn::models::text

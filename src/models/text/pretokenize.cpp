@@ -6,7 +6,7 @@
 
 #include <stdexcept>
 
-namespace torchattn::models::detail {
+namespace torchattn::models::text {
 
 namespace {
 
@@ -159,4 +159,4 @@ std::vector<std::string> split_digits(std::string_view text) {
   return out;
 }
 
-}  // namespace torchattn::models::detail
+}  // namespace torchattn::models::text

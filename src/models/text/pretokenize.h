@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-namespace torchattn::models::detail {
+namespace torchattn::models::text {
 
 enum class SplitPattern {
   /// GPT-2 (and SmolLM2, via ByteLevel's use_regex):
@@ -32,4 +32,4 @@ std::vector<std::string> split(std::string_view text, SplitPattern pattern);
 /// rest kept in runs.
 std::vector<std::string> split_digits(std::string_view text);
 
-}  // namespace torchattn::models::detail
+}  // namespace torchattn::models::text

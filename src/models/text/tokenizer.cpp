@@ -46,7 +46,7 @@ std::optional<size_t> find_invalid_utf8(std::string_view text) {
 }
 
 Tokenizer::Tokenizer(const std::string& path) {
-  const auto t = detail::read_json_file(path, "tokenizer");
+  const auto t = files::read_json_file(path, "tokenizer");
   init(&t, path);
 }
 
@@ -66,9 +66,9 @@ void Tokenizer::init(const void* parsed, const std::string& name) {
   kind_ = type.is_string() ? type.get<std::string>() : "?";
   try {
     if (kind_ == "BPE") {
-      model_ = std::make_shared<detail::BpeTokenizer>(t);
+      model_ = std::make_shared<text::BpeTokenizer>(t);
     } else if (kind_ == "WordPiece") {
-      model_ = std::make_shared<detail::WordPieceTokenizer>(t);
+      model_ = std::make_shared<text::WordPieceTokenizer>(t);
     } else {
       TORCH_CHECK(false, "tokenizer: '", name, "' is a ", kind_,
                   " tokenizer; this library reads BPE (GPT-2, SmolLM2, "
@@ -89,7 +89,7 @@ void Tokenizer::init(const void* parsed, const std::string& name) {
 
 std::vector<int64_t> Tokenizer::encode(std::string_view text, bool add_special_tokens,
                                        std::optional<int64_t> max_length) const {
-  detail::check_utf8("Tokenizer::encode", text);
+  text::check_utf8("Tokenizer::encode", text);
   if (!max_length) return model_->encode(text, add_special_tokens);
   const auto& prefix = model_->prefix_ids();
   const auto& suffix = model_->suffix_ids();

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-namespace torchattn::models::detail {
+namespace torchattn::models::text {
 
 class TokenizerModel {
  public:
@@ -26,4 +26,4 @@ class TokenizerModel {
   virtual const std::vector<int64_t>& suffix_ids() const = 0;
 };
 
-}  // namespace torchattn::models::detail
+}  // namespace torchattn::models::text

@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <string_view>
 
-namespace torchattn::models::detail {
+namespace torchattn::models::text {
 
 /// fn: the caller ("Tokenizer::encode"); what: the text as the caller names it ("text 3").
 inline void check_utf8(const char* fn, std::string_view text, const std::string& what = "text") {
@@ -22,4 +22,4 @@ inline void check_utf8(const char* fn, std::string_view text, const std::string&
               ", which is not valid UTF-8 (Hugging Face tokenizers take only UTF-8 text)");
 }
 
-}  // namespace torchattn::models::detail
+}  // namespace torchattn::models::text

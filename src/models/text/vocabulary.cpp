@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-namespace torchattn::models::detail {
+namespace torchattn::models::text {
 
 namespace {
 
@@ -106,4 +106,4 @@ void template_ids(const json& post, std::vector<int64_t>& prefix, std::vector<in
   }
 }
 
-}  // namespace torchattn::models::detail
+}  // namespace torchattn::models::text

@@ -14,7 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace torchattn::models::detail {
+namespace torchattn::models::text {
 
 /// j[key] when j is an object holding it and it is not null, else `fallback`.
 template <typename T>
@@ -73,4 +73,4 @@ class Vocabulary {
 /// the text into `prefix`, those after into `suffix`.
 void template_ids(const nlohmann::json& post, std::vector<int64_t>& prefix, std::vector<int64_t>& suffix);
 
-}  // namespace torchattn::models::detail
+}  // namespace torchattn::models::text

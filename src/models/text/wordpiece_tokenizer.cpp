@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <cstring>
 
-namespace torchattn::models::detail {
+namespace torchattn::models::text {
 
 namespace {
 
@@ -292,4 +292,4 @@ std::string WordPieceTokenizer::decode(const std::vector<int64_t>& ids, bool ski
   return out;
 }
 
-}  // namespace torchattn::models::detail
+}  // namespace torchattn::models::text

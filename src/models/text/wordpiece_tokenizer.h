@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-namespace torchattn::models::detail {
+namespace torchattn::models::text {
 
 class WordPieceTokenizer final : public TokenizerModel {
  public:
@@ -47,4 +47,4 @@ class WordPieceTokenizer final : public TokenizerModel {
   std::vector<int64_t> prefix_ids_, suffix_ids_;
 };
 
-}  // namespace torchattn::models::detail
+}  // namespace torchattn::models::text
