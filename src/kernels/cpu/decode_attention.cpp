@@ -2,6 +2,8 @@
 
 #include "kernels/cpu/float_operand.h"
 #include "kernels/cpu/needs_grad.h"
+#include "kernels/cpu/row_softmax.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/cpu/stall_aware.h"
 #include "kernels/cpu/vec.h"
 
@@ -16,6 +18,25 @@
 #include <vector>
 
 namespace torchattn::kernels::cpu {
+
+namespace {
+
+TORCHATTN_SIMD_KERNELS_BEGIN
+
+// One row's numerators in place (the row one block of RowSoftmax); returns 1 / their sum.
+struct Softmax {
+  static constexpr Isa kWidest = Isa::Avx512;
+  template <class S>
+  static float run(float* s, int64_t n) {
+    RowSoftmax<S> row;
+    row.add(s, n);
+    return row.inverse();
+  }
+};
+
+TORCHATTN_SIMD_KERNELS_END
+
+}  // namespace
 
 bool decode_attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
   if (!float_operand(q, 4) || !float_operand(k, 4) || !float_operand(v, 4)) return false;
@@ -67,9 +88,10 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const float* mf = mask.defined() && !bool_mask ? mask.const_data_ptr<float>() : nullptr;
   const float fscale = static_cast<float>(scale);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const Isa isa = best_isa();
 
   auto rows = [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(Tk), weights(Tk);
+    std::vector<float> scores(Tk);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / (H * Tq), h = row / Tq % H, t = row % Tq, hk = h / G;
       const float* qr = qp + b * qs[0] + h * qs[1] + t * qs[2];
@@ -89,7 +111,6 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
       if (lo == hi) continue;  // no key to see: zeros
       // Their products in one call (a hidden key's among them is overwritten below).
       dots(qr, kb + lo * ks[2], ks[2], hi - lo, d, scores.data() + lo);
-      float top = kNegInf;
       for (int64_t j = lo; j < hi; ++j) {
         float s;
         if (mb != nullptr && !mb[moff + j * ms[3]]) {
@@ -99,17 +120,11 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
           if (mf != nullptr) s += mf[moff + j * ms[3]];
         }
         scores[j] = s;
-        top = std::max(top, s);
       }
-      if (top == kNegInf) continue;  // no key to see: zeros
-      float total = 0.0f;
-      for (int64_t j = lo; j < hi; ++j) {
-        // A hidden key weighs 0: axpys skips it (its value is not read).
-        weights[j] = scores[j] == kNegInf ? 0.0f : std::exp(scores[j] - top);
-        total += weights[j];
-      }
-      axpys(weights.data() + lo, vb + lo * vs[2], vs[2], hi - lo, o, dv);
-      const float inv = 1.0f / total;
+      // The numerators in place (a hidden key's is 0: axpys skips it, its value unread).
+      const float inv = simd::run_on<Softmax>(isa, scores.data() + lo, hi - lo);
+      if (inv == 0.0f) continue;  // no key to see: zeros
+      axpys(scores.data() + lo, vb + lo * vs[2], vs[2], hi - lo, o, dv);
       for (int64_t i = 0; i < dv; ++i) o[i] *= inv;
     }
   };

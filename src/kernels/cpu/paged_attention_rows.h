@@ -9,16 +9,17 @@
 //      softcap * tanh(s / softcap) and + slope * (key - position) where asked; -inf
 //      where the row does not see the key (past its position, before its window);
 //   2. softmax numerators: p = exp(s - max) (0 where s is -inf), and their sum, W lanes
-//      at a time from key 0; with a sink, the max takes it in and the sum its exp;
+//      at a time from key 0 (row_softmax.h); with a sink, the max takes it in and the
+//      sum its exp;
 //   3. out = sum_j p_j v_j / sum over j in order, for a tile of 4 rows times CT vectors
 //      of W output features.
 // A row's operations and their order depend only on its own query, position and
 // keys, never on the rows beside it, the number of rows or the tiles (a task that
 // stops at fewer keys drops only terms that are exactly zero).
 
+#include "kernels/cpu/row_softmax.h"
 #include "kernels/cpu/simd.h"
 
-#include <cmath>
 #include <cstdint>
 
 namespace torchattn::kernels::cpu::paged {
@@ -130,29 +131,14 @@ struct Rows {
       }
     }
 
-    // Pass 2: each row's softmax numerators in place, and their sum (in key order, W
-    // lanes at a time from key 0); a sink joins the max and, after the keys, the sum.
-    float* totals = scores + R * L;
+    // Pass 2: each row's softmax numerators in place, and their sum (RowSoftmax, the
+    // whole row one block); a sink joins the max and the sum.
+    float* inverses = scores + R * L;
     for (int64_t r = 0; r < R; ++r) {
-      float* s = scores + r * L;
-      V top = S::set1(simd::kNegInf);
-      for (int64_t j = 0; j < L; j += W) {
-        top = S::max(top, S::load_or(s + j, static_cast<int>(L - j < W ? L - j : W), simd::kNegInf));
-      }
-      float top_all = S::reduce_max(top);
-      const float sink = t.sinks != nullptr ? t.sinks[r % t.groups] : 0.0f;
-      if (t.sinks != nullptr && sink > top_all) top_all = sink;
-      const V m = S::set1(top_all);
-      V sum = S::zero();
-      for (int64_t j = 0; j < L; j += W) {
-        const int lanes = static_cast<int>(L - j < W ? L - j : W);
-        const V x = S::load_or(s + j, lanes, simd::kNegInf);
-        const V p = S::zero_where_equal(x, simd::kNegInf, S::exp_neg(S::sub(x, m)));
-        S::store(s + j, p, lanes);
-        sum = S::add(sum, p);
-      }
-      totals[r] = S::reduce_add(sum);
-      if (t.sinks != nullptr) totals[r] += std::exp(sink - top_all);
+      RowSoftmax<S> row;
+      if (t.sinks != nullptr) row.add_sink(t.sinks[r % t.groups]);
+      row.add(scores + r * L, L);
+      inverses[r] = row.inverse();
     }
 
     // Pass 3: out = sum_j p_j v_j / total. A tile is RT rows times CT vectors of W
@@ -192,7 +178,7 @@ struct Rows {
         for (int64_t i = 0; i < rt; ++i) {
           const int64_t r = r0 + i;
           float* out = t.out + (r / t.groups) * t.out_row + (r % t.groups) * t.out_head;
-          const V inv = S::set1(1.0f / totals[r]);
+          const V inv = S::set1(inverses[r]);
           for (int cc = 0; cc < CT && c0 + int64_t{cc} * W < d; ++cc)
             S::store(out + col[cc], S::mul(o[i][cc], inv), lanes[cc]);
         }

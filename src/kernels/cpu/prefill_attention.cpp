@@ -2,6 +2,7 @@
 
 #include "kernels/cpu/float_operand.h"
 #include "kernels/cpu/needs_grad.h"
+#include "kernels/cpu/row_softmax.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/stall_aware.h"
 
@@ -66,6 +67,7 @@ struct CausalBlocks {
     const int64_t blocks = (a.Tq + R - 1) / R;
     std::vector<float> scratch(R * a.TkP);
     float inv[R];
+    const V vscale = S::set1(a.scale);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bh = task / blocks, p = task % blocks;
       const int64_t block = p % 2 == 0 ? p / 2 : blocks - 1 - p / 2;
@@ -79,7 +81,7 @@ struct CausalBlocks {
       const float* qrow[R];
       for (int64_t r = 0; r < R; ++r) qrow[r] = qb + (t0 + std::min(r, rows - 1)) * a.q_t;
 
-      // 1. Scores of the keys the block sees, whole tiles.
+      // 1. Scores of the keys the block sees, whole tiles, times the scale.
       for (int64_t j0 = 0; j0 < keys; j0 += KT) {
         V acc[R][NK];
         for (auto& row : acc) {
@@ -95,35 +97,16 @@ struct CausalBlocks {
           }
         }
         for (int64_t r = 0; r < R; ++r) {
-          for (int64_t n = 0; n < NK; ++n) S::store(scratch.data() + r * a.TkP + j0 + n * W, acc[r][n]);
+          for (int64_t n = 0; n < NK; ++n) S::store(scratch.data() + r * a.TkP + j0 + n * W, S::mul(acc[r][n], vscale));
         }
       }
 
-      // 2. Each row's softmax over its visible keys, exp(s - max) unnormalized.
-      const V vscale = S::set1(a.scale);
+      // 2. Each row's softmax over its visible keys, exp(s - max) unnormalized
+      //    (RowSoftmax, the row's keys one block).
       for (int64_t r = 0; r < rows; ++r) {
-        float* s = scratch.data() + r * a.TkP;
-        const int64_t seen = t0 + r + a.offset + 1;
-        V vtop = S::set1(simd::kNegInf);
-        int64_t j = 0;
-        for (; j + W <= seen; j += W) {
-          const V x = S::mul(S::load(s + j), vscale);
-          S::store(s + j, x);
-          vtop = S::max(vtop, x);
-        }
-        float top = S::reduce_max(vtop);
-        for (; j < seen; ++j) {
-          s[j] *= a.scale;
-          top = std::max(top, s[j]);
-        }
-        const V vmax = S::set1(top);
-        V vsum = S::zero();
-        for (j = 0; j < seen; j += W) {
-          const int n = static_cast<int>(std::min<int64_t>(W, seen - j));
-          S::store(s + j, S::exp_neg(S::sub(S::load(s + j, n), vmax)), n);
-          vsum = S::add(vsum, S::load(s + j, n));  // zeros past n
-        }
-        inv[r] = 1.0f / S::reduce_add(vsum);
+        RowSoftmax<S> row;
+        row.add(scratch.data() + r * a.TkP, t0 + r + a.offset + 1);
+        inv[r] = row.inverse();
       }
 
       // 3. The weighted values, RO rows x NO vectors of columns at a time.
