@@ -114,10 +114,10 @@ class CausalAttentionImpl : public torch::nn::Cloneable<CausalAttentionImpl>, pu
   /// MultiHeadAttention::forward_packed.
   at::Tensor forward_packed(const at::Tensor& x, const at::Tensor& cu_seqlens);
 
-  /// An empty cache for `batch_size` sequences: [batch_size, context_length, d_out],
-  /// of the module's dtype and device. static_shapes: fixed-shape steps for CUDA
-  /// graphs (see DecodeGraph).
-  KVCache make_kv_cache(int64_t batch_size, bool static_shapes = false) const;
+  /// An empty cache for `batch_size` sequences: [batch_size, capacity, d_out], of the
+  /// module's dtype and device; capacity in [1, context_length], 0 (the default) for
+  /// context_length. static_shapes: fixed-shape steps for CUDA graphs (see DecodeGraph).
+  KVCache make_kv_cache(int64_t batch_size, bool static_shapes = false, int64_t capacity = 0) const;
 
   /// x_new: [B, T_new, d_in] or [T_new, d_in], the tokens after those in `cache`.
   /// Returns their outputs, [B, T_new, d_out] or [T_new, d_out]: the same rows a

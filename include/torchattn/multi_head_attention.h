@@ -224,9 +224,11 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   at::Tensor forward_cross(const at::Tensor& x, const at::Tensor& context, const at::Tensor& context_padding_mask = {});
 
   /// An empty cache for `batch_size` sequences:
-  /// [batch_size, num_kv_heads, context_length, head_dim], of the module's dtype and device.
+  /// [batch_size, num_kv_heads, capacity, head_dim], of the module's dtype and device;
+  /// capacity in [1, context_length], 0 (the default) for context_length: the tokens
+  /// it holds at most, so that a short generation holds a short cache.
   /// static_shapes: fixed-shape steps for CUDA graphs (see DecodeGraph).
-  KVCache make_kv_cache(int64_t batch_size, bool static_shapes = false) const;
+  KVCache make_kv_cache(int64_t batch_size, bool static_shapes = false, int64_t capacity = 0) const;
 
   /// x_new: [B, T_new, d_in] or [T_new, d_in], the tokens after those in `cache`.
   /// Returns their outputs, [B, T_new, d_out] or [T_new, d_out]: the same rows a

@@ -23,8 +23,17 @@ inline void check_causal_for_cache(const char* module, bool causal, const char* 
               "call forward() on the whole sequence");
 }
 
+// make_kv_cache's capacity: 0 for context_length, else in [1, context_length].
+// Returns the cache's tokens.
+inline int64_t check_capacity(const char* module, int64_t capacity, int64_t context_length) {
+  TORCH_CHECK(capacity >= 0 && capacity <= context_length, module,
+              ": make_kv_cache expected a capacity in [1, context_length=", context_length,
+              "] (or 0 for context_length), got ", capacity);
+  return capacity == 0 ? context_length : capacity;
+}
+
 // The cache passed to forward_cached: made by this module (`owner`) for x's batch,
-// with room for x's tokens, usable in the current inference mode; and the module in
+// of at most context_length tokens, with room for x's tokens, usable in the current inference mode; and the module in
 // eval mode unless it has no dropout.
 inline void check_cache(const char* module, const KVCache& cache, const at::Tensor& x, int64_t context_length,
                         uint64_t owner, bool training, double dropout) {
@@ -32,14 +41,15 @@ inline void check_cache(const char* module, const KVCache& cache, const at::Tens
   TORCH_CHECK(cache.owner() == 0 || cache.owner() == owner, module,
               ": this KV cache was made by another module (each attention layer needs its own cache, from its own "
               "make_kv_cache)");
-  TORCH_CHECK(cache.capacity() == context_length, module, ": expected a cache of context_length=", context_length,
-              ", got one of ", cache.capacity());
+  TORCH_CHECK(cache.capacity() <= context_length, module,
+              ": expected a cache of at most context_length=", context_length, " tokens, got one of ",
+              cache.capacity());
   const int64_t B = x.dim() == 3 ? x.size(0) : 1;
   TORCH_CHECK(cache.batch_size() == B, module, ": expected input with the cache's batch_size=", cache.batch_size(),
               ", got ", B);
   const int64_t T = x.size(-2);
-  TORCH_CHECK(cache.length() + T <= context_length, module, ": the KV cache holds ", cache.length(), " tokens; ", T,
-              " more would pass context_length=", context_length, " (call cache.reset())");
+  TORCH_CHECK(cache.length() + T <= cache.capacity(), module, ": the KV cache holds ", cache.length(), " tokens; ", T,
+              " more would pass its capacity of ", cache.capacity(), " (call cache.reset(), or make a larger cache)");
   // Under autograd the cache's storage would be saved for backward and then
   // overwritten by the next call.
   TORCH_CHECK(!c10::GradMode::is_enabled(), module,

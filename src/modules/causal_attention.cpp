@@ -38,9 +38,8 @@ void CausalAttentionImpl::reset() {
   W_value = register_module("W_value", Linear(linear));
   dropout = register_module("dropout", torch::nn::Dropout(options.dropout()));
   cache_owner_ = block::new_cache_owner();
-  rotary_ = options.rope()
-                ? std::make_shared<const block::RotaryCache>(*options.rope(), options.d_out(), options.context_length())
-                : nullptr;
+  rotary_ = options.rope() ? block::RotaryCache::shared(*options.rope(), options.d_out(), options.context_length())
+                           : nullptr;
   if (options.causal() && options.mask_buffer()) {
     mask = register_buffer("mask", functional::causal_mask_buffer(options.context_length()));
   } else {
@@ -84,10 +83,10 @@ at::Tensor CausalAttentionImpl::forward(const at::Tensor& x, const at::Tensor& k
   return attend(x, key_padding_mask, key_bias, nullptr);
 }
 
-KVCache CausalAttentionImpl::make_kv_cache(int64_t batch_size, bool static_shapes) const {
+KVCache CausalAttentionImpl::make_kv_cache(int64_t batch_size, bool static_shapes, int64_t capacity) const {
   base::check_positive(kCausalAttention, "batch_size", batch_size);
-  return KVCache({batch_size, options.context_length(), options.d_out()}, W_key->weight.options(), static_shapes,
-                 cache_owner_);
+  const int64_t tokens = modules::check_capacity(kCausalAttention, capacity, options.context_length());
+  return KVCache({batch_size, tokens, options.d_out()}, W_key->weight.options(), static_shapes, cache_owner_);
 }
 
 at::Tensor CausalAttentionImpl::forward_cached(const at::Tensor& x_new, KVCache& cache,

@@ -80,9 +80,8 @@ void MultiHeadAttentionImpl::reset() {
     k_norm = nullptr;
   }
   cache_owner_ = block::new_cache_owner();
-  rotary_ = options.rope()
-                ? std::make_shared<const block::RotaryCache>(*options.rope(), head_dim(), options.context_length())
-                : nullptr;
+  rotary_ = options.rope() ? block::RotaryCache::shared(*options.rope(), head_dim(), options.context_length())
+                           : nullptr;
   alibi_slopes_ = options.alibi() ? backends::alibi_slopes(options.num_heads()) : at::Tensor();
   TORCH_CHECK(!options.softcap() || (*options.softcap() > 0.0 && std::isfinite(*options.softcap())),
               kMultiHeadAttention, ": expected softcap > 0, got ", options.softcap().value_or(0.0));
@@ -210,10 +209,11 @@ at::Tensor MultiHeadAttentionImpl::forward_packed(const at::Tensor& x, const at:
   return block::packed_attention_block_forward(block, x, offsets, attention_options(/*inference=*/false));
 }
 
-KVCache MultiHeadAttentionImpl::make_kv_cache(int64_t batch_size, bool static_shapes) const {
+KVCache MultiHeadAttentionImpl::make_kv_cache(int64_t batch_size, bool static_shapes, int64_t capacity) const {
   base::check_positive(kMultiHeadAttention, "batch_size", batch_size);
-  return KVCache({batch_size, num_kv_heads(), options.context_length(), head_dim()}, W_key->weight.options(),
-                 static_shapes, cache_owner_);
+  const int64_t tokens = modules::check_capacity(kMultiHeadAttention, capacity, options.context_length());
+  return KVCache({batch_size, num_kv_heads(), tokens, head_dim()}, W_key->weight.options(), static_shapes,
+                 cache_owner_);
 }
 
 at::Tensor MultiHeadAttentionImpl::forward_cached(const at::Tensor& x_new, KVCache& cache,

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <memory>
 #include <string>
 
 using torchattn::RoPEOptions;
@@ -45,5 +46,30 @@ TEST_P(RotaryTablesOn, EqualTheCpuTablesBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(Devices, RotaryTablesOn, ::testing::ValuesIn(devices::all()),
                          [](const auto& info) { return devices::name(info); });
+
+// Modules of one RoPE, head size and length share one RotaryCache (a model's layers
+// hold one set of tables), held by them alone: another value of any field is another
+// cache, and the last module gone takes the tables with it.
+TEST(RotaryCache, ModulesOfOneShapeShareOneSetOfTables) {
+  namespace B = torchattn::block;
+  const RoPEOptions rope(10000.0);
+  auto a = B::RotaryCache::shared(rope, 64, 128), b = B::RotaryCache::shared(rope, 64, 128);
+  EXPECT_EQ(a.get(), b.get());
+  EXPECT_EQ(a->tables(torch::kCPU).first.data_ptr(), b->tables(torch::kCPU).first.data_ptr());
+  for (const auto& other : {B::RotaryCache::shared(RoPEOptions(5e5), 64, 128),
+                            B::RotaryCache::shared(RoPEOptions(rope).interleaved(true), 64, 128),
+                            B::RotaryCache::shared(RoPEOptions(rope).rotary_dim(32), 64, 128),
+                            B::RotaryCache::shared(rope, 32, 128), B::RotaryCache::shared(rope, 64, 127)}) {
+    EXPECT_NE(other.get(), a.get());
+  }
+  // Through the modules: the layers of one shape, one cache.
+  torchattn::MultiHeadAttention m1(torchattn::MultiHeadAttentionOptions(64, 64, 128, 4).rope(rope));
+  torchattn::MultiHeadAttention m2(torchattn::MultiHeadAttentionOptions(64, 64, 128, 4).rope(rope));
+  EXPECT_EQ(B::RotaryCache::shared(rope, 16, 128).use_count(), 3);  // m1's, m2's and this one
+  const std::weak_ptr<const B::RotaryCache> gone = a;
+  a.reset();
+  b.reset();
+  EXPECT_TRUE(gone.expired());
+}
 
 }  // namespace

@@ -168,7 +168,7 @@ TEST(DecodeGraphErrors, AreClearAndLeaveTheCachesUsable) {
   torch::NoGradGuard no_grad;
   for (int i = 0; i < 6; ++i) step(x);
   EXPECT_EQ(cache.length(), 6);
-  expect_error([&] { step(x); }, "would pass context_length=6");
+  expect_error([&] { step(x); }, "would pass its capacity of 6");
   EXPECT_EQ(cache.length(), 6);
   cache.reset();
   expect_error([&] { step(torch::randn({1, 2, 4})); },

@@ -32,6 +32,7 @@ static_assert(std::is_nothrow_move_constructible_v<KVCache> && std::is_nothrow_m
 struct Decoder {
   std::function<torch::Tensor(const torch::Tensor&)> forward;
   std::function<KVCache(int64_t batch)> make_cache;
+  std::function<KVCache(int64_t batch, int64_t capacity)> make_cache_of;
   std::function<torch::Tensor(const torch::Tensor&, KVCache&, const torch::Tensor&)> cached;
 };
 
@@ -45,6 +46,7 @@ Decoder make_decoder(bool multi_head, Backend backend, bool mask_buffer, const t
     m->eval();
     return {[m](const torch::Tensor& x) mutable { return m(x); },
             [m, static_shapes](int64_t b) { return m->make_kv_cache(b, static_shapes); },
+            [m, static_shapes](int64_t b, int64_t n) { return m->make_kv_cache(b, static_shapes, n); },
             [m](const torch::Tensor& x, KVCache& c, const torch::Tensor& p) mutable {
               return m->forward_cached(x, c, p);
             }};
@@ -54,6 +56,7 @@ Decoder make_decoder(bool multi_head, Backend backend, bool mask_buffer, const t
   m->eval();
   return {[m](const torch::Tensor& x) mutable { return m(x); },
           [m, static_shapes](int64_t b) { return m->make_kv_cache(b, static_shapes); },
+          [m, static_shapes](int64_t b, int64_t n) { return m->make_kv_cache(b, static_shapes, n); },
           [m](const torch::Tensor& x, KVCache& c, const torch::Tensor& p) mutable {
             return m->forward_cached(x, c, p);
           }};
@@ -70,6 +73,38 @@ class Generation : public ::testing::TestWithParam<GenParam> {
   }
   torch::Device device() const { return std::get<4>(GetParam()); }
 };
+
+// A cache of the tokens a generation holds (make_kv_cache's capacity, here 8 of the
+// context's 16) gives the rows of a cache of the whole context: the same bits where
+// the step attends over the cached tokens, within float32 rounding where a static
+// cache attends over its whole capacity; and it refuses a ninth token.
+TEST_P(Generation, ACacheOfTheTokensItHoldsGivesTheWholeContextsRows) {
+  const bool static_shapes = std::get<3>(GetParam());
+  auto d = decoder();
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(91);
+  const auto x = torch::randn({2, 8, 6}).to(device());
+  KVCache whole = d.make_cache(2), eight = d.make_cache_of(2, 8);
+  EXPECT_EQ(whole.capacity(), 16);
+  EXPECT_EQ(eight.capacity(), 8);
+  for (const auto& [begin, length] : std::vector<std::pair<int64_t, int64_t>>{{0, 5}, {5, 1}, {6, 1}, {7, 1}}) {
+    const auto chunk = x.narrow(1, begin, length);
+    const auto a = d.cached(chunk, whole, {}), b = d.cached(chunk, eight, {});
+    if (static_shapes) {
+      EXPECT_TRUE(torch::allclose(a, b, 0, 1e-6)) << "tokens from " << begin;
+    } else {
+      EXPECT_TRUE(torch::equal(a, b)) << "tokens from " << begin;
+    }
+  }
+  try {
+    d.cached(x.narrow(1, 0, 1), eight, {});
+    ADD_FAILURE() << "a ninth token went into a cache of 8";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the KV cache holds 8 tokens; 1 more would pass its capacity of 8"),
+              std::string::npos)
+        << e.what();
+  }
+}
 
 // Beam search: three branches continue one cached prefix each their own way; each
 // equals the full forward over its own sequence, and the prefix's cache is untouched.

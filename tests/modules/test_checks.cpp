@@ -160,7 +160,12 @@ std::vector<ErrorCase> error_cases() {
          m->forward_cached(x3(1, 4, 3), cache);
          m->forward_cached(x3(1, 3, 3), cache);
        },
-       "MultiHeadAttention: the KV cache holds 4 tokens; 3 more would pass context_length=6"},
+       "MultiHeadAttention: the KV cache holds 4 tokens; 3 more would pass its capacity of 6 (call cache.reset()"},
+      {"CacheCapacityPastTheContext", [] { MultiHeadAttention(3, 2, 6, 0.0, 2)->make_kv_cache(1, false, 7); },
+       "MultiHeadAttention: make_kv_cache expected a capacity in [1, context_length=6] (or 0 for context_length), got "
+       "7"},
+      {"CacheCapacityNegative", [] { CausalAttention(3, 2, 6, 0.0)->make_kv_cache(1, false, -1); },
+       "CausalAttention: make_kv_cache expected a capacity in [1, context_length=6] (or 0 for context_length), got -1"},
       {"CacheBatch",
        [] {
          MultiHeadAttention m(3, 2, 6, 0.0, 2);
@@ -200,7 +205,7 @@ std::vector<ErrorCase> error_cases() {
          torchattn::KVCache cache({1, 2, 8, 1}, torch::kFloat);
          m->forward_cached(x3(1, 1, 3), cache);
        },
-       "MultiHeadAttention: expected a cache of context_length=6, got one of 8"},
+       "MultiHeadAttention: expected a cache of at most context_length=6 tokens, got one of 8"},
       {"InferenceCacheOutsideInferenceMode",
        [] {
          MultiHeadAttention m(3, 2, 6, 0.0, 2);

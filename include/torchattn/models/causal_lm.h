@@ -152,8 +152,9 @@ class CausalLMImpl : public torch::nn::Module {
   /// folder holding either) with hf_weights(): strict, see load_weights.
   void load_hf_weights(const std::string& path);
 
-  /// One KV cache per layer for `batch` sequences (each layer's make_kv_cache).
-  std::vector<torchattn::KVCache> make_kv_caches(int64_t batch, bool static_shapes = false) const;
+  /// One KV cache per layer for `batch` sequences (each layer's make_kv_cache) of
+  /// `capacity` tokens (0: context_length).
+  std::vector<torchattn::KVCache> make_kv_caches(int64_t batch, bool static_shapes = false, int64_t capacity = 0) const;
   [[deprecated("use make_kv_caches")]] std::vector<torchattn::KVCache> make_caches(int64_t batch,
                                                                                    bool static_shapes = false) const {
     return make_kv_caches(batch, static_shapes);

@@ -71,7 +71,8 @@ std::vector<GenerationResult> generate(CausalLMImpl& model, const std::vector<st
   model.eval();
   const auto device = model.embed_tokens->weight.device();
   const bool graphs = device.is_cuda() && batch == 1;
-  auto caches = model.make_kv_caches(batch, /*static_shapes=*/graphs);
+  // Caches of the tokens this call holds at most, not of the model's whole context.
+  auto caches = model.make_kv_caches(batch, /*static_shapes=*/graphs, longest + options.max_new_tokens());
   std::vector<torchattn::KVCache*> cache_ptrs;
   cache_ptrs.reserve(caches.size());
   for (auto& c : caches) cache_ptrs.push_back(&c);

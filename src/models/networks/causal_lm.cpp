@@ -405,10 +405,11 @@ void CausalLMImpl::load_hf_weights(const std::string& path) {
   load_weights(*this, path, hf_weights());
 }
 
-std::vector<torchattn::KVCache> CausalLMImpl::make_kv_caches(int64_t batch, bool static_shapes) const {
+std::vector<torchattn::KVCache> CausalLMImpl::make_kv_caches(int64_t batch, bool static_shapes,
+                                                             int64_t capacity) const {
   std::vector<torchattn::KVCache> caches;
   for (const auto& layer : *layers) {
-    caches.push_back(layer->as<DecoderLayerImpl>()->self_attn->make_kv_cache(batch, static_shapes));
+    caches.push_back(layer->as<DecoderLayerImpl>()->self_attn->make_kv_cache(batch, static_shapes, capacity));
   }
   return caches;
 }
