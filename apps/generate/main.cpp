@@ -1,6 +1,7 @@
 // torchattn_generate: runs a Hugging Face Llama-family checkpoint folder (llama, qwen2,
-// mistral: config.json, model.safetensors or its sharded index, tokenizer.json) with
-// torchattn::MultiHeadAttention, streaming the text as it is generated.
+// qwen3, mistral, gemma2: config.json, model.safetensors or its sharded index,
+// tokenizer.json) through torchattn::models::LanguageModel, streaming the text as it
+// is generated.
 //
 //   torchattn_generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-new-tokens N]
 //                      [--greedy | --temperature T --top-k K --top-p P --seed S] [--chat]
@@ -9,7 +10,9 @@
 // --dtype on the CPU is the weights' format (torchattn::WeightFormat: bfloat16 or int8
 // weights, float32 activations, int8 products in an int8 prefill on AVX-512 VNNI CPUs;
 // dynamic-int8, PyTorch's quantize_dynamic scheme); on cuda the model's dtype (int8
-// and dynamic-int8: an error).
+// and dynamic-int8: an error). This file reads the command line and checks what only
+// it knows (which flag a value came from); loading, saving, the chat template, the
+// stop tokens and the text stream are LanguageModel's.
 
 #include "cli_checks.h"
 #include "fmt.h"
@@ -23,10 +26,11 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <memory>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -35,6 +39,20 @@
 namespace models = torchattn::models;
 using apps::at_least;
 using apps::positive_real;
+
+namespace {
+
+// Runs `load`, its c10::Error as the message of the flag it concerns.
+template <class F>
+auto as_flag_error(const std::string& flag, F&& load) {
+  try {
+    return load();
+  } catch (const c10::Error& e) {
+    throw std::runtime_error(flag + ": " + e.what_without_backtrace());
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Generates text with a Hugging Face Llama/Qwen2/Mistral checkpoint on torchattn"};
@@ -85,7 +103,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    if (device_name == "cuda" && (dtype_name == "int8" || dtype_name == "dynamic-int8")) {
+    const bool cuda = device_name == "cuda";
+    if (cuda && (dtype_name == "int8" || dtype_name == "dynamic-int8")) {
       throw std::runtime_error("--dtype " + dtype_name +
                                ": int8 weights run on the CPU only; on cuda use --dtype "
                                "bfloat16");
@@ -100,18 +119,35 @@ int main(int argc, char** argv) {
       if (seed->count() == 0)
         fmt::print(stderr, "[sampling with seed {}; pass --seed {} to repeat]\n", options.seed(), options.seed());
     }
-    if (device_name == "cuda" && !torch::cuda::is_available()) {
+    if (cuda && !torch::cuda::is_available()) {
       throw std::runtime_error("--device cuda: this LibTorch sees no CUDA device");
     }
     const std::filesystem::path dir(model_dir);
-    const models::DecoderConfig config = models::read_decoder_config((dir / "config.json").string());
+    const models::DecoderConfig config = as_flag_error("--model", [&] {
+      return models::read_decoder_config((dir / "config.json").string());
+    });
     const auto saved = models::saved_weight_format(model_dir);
-    if (saved && device_name == "cuda") {
+    if (saved && cuda) {
       throw std::runtime_error(
           fmt::format("--model: '{}' holds {} weights, which run on the CPU", model_dir, torchattn::to_string(*saved)));
     }
+    const auto format = torchattn::weight_format_from_string(dtype_name);
+    if (saved && !cuda && format != torchattn::WeightFormat::Float32 && format != *saved) {
+      throw std::runtime_error(fmt::format("--dtype {}: '{}' holds {} weights (a folder of --save), which load as "
+                                           "they are; leave out --dtype or give --dtype {}",
+                                           dtype_name, model_dir, torchattn::to_string(*saved),
+                                           torchattn::to_string(*saved)));
+    }
+    models::LoadOptions load;
+    load.verify_weights(!no_verify);
+    if (cuda) {
+      load.device(torch::Device(torch::kCUDA)).dtype(dtype_name == "bfloat16" ? torch::kBFloat16 : torch::kFloat32);
+    } else {
+      load.weight_format(format);
+    }
+
     if (!save_dir.empty()) {
-      if (device_name == "cuda") throw std::runtime_error("--save: writes CPU weights; leave out --device cuda");
+      if (cuda) throw std::runtime_error("--save: writes CPU weights; leave out --device cuda");
       if (dtype_name == "float32" && !saved) {
         throw std::runtime_error("--save: writes bfloat16 or int8 weights; give --dtype bfloat16 or --dtype int8");
       }
@@ -119,97 +155,61 @@ int main(int argc, char** argv) {
         throw std::runtime_error("--save: dynamic-int8 weights are quantized at load, not saved; give --dtype "
                                  "bfloat16 or --dtype int8");
       }
-      models::CausalLM model{nullptr};
-      try {
-        model = models::load_causal_lm(config, std::min<int64_t>(config.max_position_embeddings, 16), model_dir,
-                                       torchattn::weight_format_from_string(dtype_name), !no_verify);
-        models::save_frozen_folder(model, model_dir, save_dir);
-      } catch (const c10::Error& e) {
-        throw std::runtime_error(std::string("--save: ") + e.what_without_backtrace());
-      }
+      // Saving runs nothing: the smallest context.
+      load.context_length(std::min<int64_t>(config.max_position_embeddings, 16));
+      const auto lm = as_flag_error("--save", [&] {
+        auto loaded = models::LanguageModel::from_pretrained(model_dir, load);
+        loaded.save_pretrained(save_dir);
+        return loaded;
+      });
       fmt::print(stderr, "[saved {} ({} weights, {:.0f} MB) to {}]\n", model_dir,
-                 torchattn::to_string(model->weight_format()), model->weight_bytes() / 1e6, save_dir);
+                 torchattn::to_string(lm.model()->weight_format()), lm.model()->weight_bytes() / 1e6, save_dir);
       return 0;
     }
 
-    // The tokenizer: needed for --prompt and to print text; --prompt-ids works without one.
-    std::unique_ptr<models::Tokenizer> tokenizer;
-    std::string tokenizer_error;
-    try {
-      tokenizer = std::make_unique<models::Tokenizer>((dir / "tokenizer.json").string());
-    } catch (const c10::Error& e) {
-      tokenizer_error = e.what_without_backtrace();
-    }
-    // One that reads but belongs to another model would turn the ids into garbage text.
-    if (tokenizer) {
-      try {
-        models::check_tokenizer(model_dir, config, *tokenizer);
-      } catch (const c10::Error& e) {
-        throw std::runtime_error(std::string("--model: ") + e.what_without_backtrace());
-      }
-    }
     std::vector<int64_t> ids;
-    if (ids_opt->count() > 0) {
-      ids = apps::parse_ids(prompt_ids, config.vocab_size);
-    } else {
-      if (!tokenizer) throw std::runtime_error(tokenizer_error);
+    if (ids_opt->count() > 0) ids = apps::parse_ids(prompt_ids, config.vocab_size);
+    if (text->count() > 0) {
       if (const auto bad = models::find_invalid_utf8(prompt)) {
         throw std::runtime_error(fmt::format("--prompt: expected UTF-8 text, got the byte 0x{:02X} at offset {}, which "
                                              "is not valid UTF-8",
                                              static_cast<unsigned char>(prompt[*bad]), *bad));
       }
-      if (chat) {
-        const auto tmpl = models::read_chat_template(model_dir);
-        if (!tmpl) throw std::runtime_error("--chat: '" + model_dir + "' has no chat template");
-        if (tmpl->find("<|im_start|>") == std::string::npos) {
-          throw std::runtime_error("--chat: this model's chat template does not use <|im_start|>; pass the prompt as "
-                                   "it should be tokenized instead");
-        }
-        prompt = models::chat_prompt(*tmpl, prompt);
-      }
-      ids = tokenizer->encode(prompt);
     }
-    std::vector<int64_t> stop = config.eos_token_ids;
-    if (tokenizer) {
-      if (auto end = tokenizer->id_of("<|im_end|>"); end && chat) stop.push_back(*end);
-    }
-    options.stop_token_ids(stop);
-
+    // The caches hold the prompt and the new tokens (the prompt's ids are known from
+    // --prompt-ids; a text prompt may take up to the model's whole context).
+    load.context_length(std::min<int64_t>(config.max_position_embeddings,
+                                          ids.empty() ? config.max_position_embeddings
+                                                      : static_cast<int64_t>(ids.size()) + max_new_tokens));
     const auto t0 = std::chrono::steady_clock::now();
-    const int64_t context = std::min<int64_t>(config.max_position_embeddings,
-                                              static_cast<int64_t>(ids.size()) + max_new_tokens);
-    models::CausalLM model{nullptr};
-    try {
-      if (device_name == "cuda") {
-        model = models::CausalLM(config, context, models::Init::ForLoading);
-        model->load_hf_weights(models::checkpoint_file(model_dir));
-      } else {
-        // A folder of --save loads its frozen weights as they are.
-        model = models::load_causal_lm(config, context, model_dir, torchattn::weight_format_from_string(dtype_name),
-                                       !no_verify);
-        dtype_name = std::string(torchattn::to_string(model->weight_format()));
-      }
-    } catch (const c10::Error& e) {
-      throw std::runtime_error(std::string("--model: ") + e.what_without_backtrace());
-    }
+    auto lm = as_flag_error("--model", [&] { return models::LanguageModel::from_pretrained(model_dir, load); });
     keep_freed_memory_for_reuse();
-    if (device_name == "cuda") {
-      model->to(torch::Device(device_name), dtype_name == "bfloat16" ? torch::kBFloat16 : torch::kFloat32);
-    }
     const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-
-    models::Utf8Stream stream;
-    options.on_token([&](size_t, int64_t id) {
-      if (tokenizer) {
-        const bool is_stop = std::find(stop.begin(), stop.end(), id) != stop.end();
-        if (!is_stop) fmt::print("{}", stream.push(tokenizer->decode({id})));
-      } else {
-        fmt::print("{} ", id);
+    if (text->count() > 0) {
+      if (!lm.has_tokenizer()) {
+        throw std::runtime_error("--prompt: '" + model_dir +
+                                 "' has no tokenizer.json; give the prompt as --prompt-ids");
       }
+      if (chat) {
+        if (!lm.has_chat_template()) throw std::runtime_error("--chat: '" + model_dir + "' has no chat template");
+        prompt = as_flag_error("--chat", [&] { return lm.chat_prompt(prompt); });
+      }
+      ids = lm.tokenizer().encode(prompt);
+    }
+
+    // The text as it comes; without a tokenizer, the ids.
+    const auto on_text = [](size_t, const std::string& piece) {
+      fmt::print("{}", piece);
       std::fflush(stdout);
-    });
-    const auto result = models::generate(*model, {ids}, options)[0];
-    fmt::print("{}\n", stream.flush());
+    };
+    if (!lm.has_tokenizer()) {
+      options.on_token([](size_t, int64_t id) {
+        fmt::print("{} ", id);
+        std::fflush(stdout);
+      });
+    }
+    const auto result = lm.generate_from_ids({ids}, options, on_text)[0];
+    fmt::print("\n");
     if (print_ids) {
       std::string line;
       for (const int64_t id : result.ids) line += (line.empty() ? "" : " ") + std::to_string(id);
@@ -217,10 +217,11 @@ int main(int argc, char** argv) {
     }
     std::fflush(stdout);  // the text before the statistics, when both go to one file
     const int64_t decoded = static_cast<int64_t>(result.ids.size()) - 1;
+    const std::string weights = cuda ? dtype_name : std::string(torchattn::to_string(lm.model()->weight_format()));
     fmt::print(stderr,
                "[{} {} on {} {}, {} threads] loaded in {:.2f} s; prefill {} tokens in {:.3f} s ({:.1f} tokens/s); "
                "decode {} tokens in {:.3f} s ({:.1f} tokens/s)\n",
-               config.model_type, dir.filename().string(), device_name, dtype_name, at::get_num_threads(), load_seconds,
+               config.model_type, dir.filename().string(), device_name, weights, at::get_num_threads(), load_seconds,
                result.prompt_tokens, result.prefill_seconds,
                result.prompt_tokens / std::max(result.prefill_seconds, 1e-9), decoded, result.decode_seconds,
                decoded > 0 ? decoded / std::max(result.decode_seconds, 1e-9) : 0.0);

@@ -224,6 +224,49 @@ std::filesystem::path saved_int8_folder(models::CausalLM& source, const std::str
   return dir;
 }
 
+// A folder without tokenizer.json loads and generates from token ids: the tokens of
+// models::generate over the same weights, no text; what needs text is an error
+// naming the folder.
+TEST(Loading, AFolderWithoutATokenizerGeneratesFromTokenIds) {
+  namespace fs = std::filesystem;
+  torch::manual_seed(97);
+  models::CausalLM source(small_config(false), 64);
+  source->eval();
+  source->freeze_weights(WeightFormat::Int8);
+  const fs::path from = temp_path("no_tokenizer_source"), dir = temp_path("no_tokenizer_int8");
+  fs::remove_all(from);
+  fs::remove_all(dir);
+  fs::create_directories(from);
+  write_text(from / "config.json",
+             R"({"model_type": "llama", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 130,
+                 "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                 "max_position_embeddings": 64, "rope_theta": 10000.0, "tie_word_embeddings": false})");
+  models::save_frozen_folder(source, from.string(), dir.string());
+  ASSERT_FALSE(fs::exists(dir / "tokenizer.json"));
+  auto lm = models::LanguageModel::from_pretrained(dir.string());
+  EXPECT_FALSE(lm.has_tokenizer());
+  const auto options = models::GenerationOptions().max_new_tokens(6);
+  const std::vector<std::vector<int64_t>> prompts{{1, 2, 3}, {4, 5}};
+  const auto got = lm.generate_from_ids(prompts, options,
+                                        [](size_t, const std::string&) { ADD_FAILURE() << "text, no tokenizer"; });
+  models::CausalLM again = models::load_causal_lm(lm.config(), 64, dir.string(), WeightFormat::Float32, true);
+  const auto want = models::generate(*again, prompts, options);
+  ASSERT_EQ(got.size(), prompts.size());
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    EXPECT_EQ(got[b].ids, want[b].ids) << "prompt " << b;
+    EXPECT_EQ(got[b].ids.size(), 6u);
+    EXPECT_EQ(got[b].text, "");
+    EXPECT_EQ(got[b].prompt_tokens, static_cast<int64_t>(prompts[b].size()));
+    EXPECT_GT(got[b].prefill_seconds, 0.0);
+  }
+  const std::string no_tokenizer = "LanguageModel: '" + dir.string() +
+                                   "' has no tokenizer.json; give prompts as token ids (generate_from_ids)";
+  expect_error([&] { lm.tokenizer(); }, no_tokenizer);
+  expect_error([&] { lm.generate({"hello"}); }, no_tokenizer);
+  fs::remove_all(dir);
+  fs::remove_all(from);
+}
+
 // A saved folder of int8 weights handed to load_hf_weights (which loads float32
 // checkpoints) is named as such, the folder or its model.safetensors alike, not left to
 // the loader's words about its first tensor's dtype.

@@ -22,17 +22,21 @@
 namespace torchattn::models {
 
 struct Completion {
-  std::string text;          // the new tokens' text, the stop token left out
+  std::string text;          // the new tokens' text, the stop token left out (none without a tokenizer)
   std::vector<int64_t> ids;  // the new tokens, the stop token included if one came
   bool stopped = false;      // ended by a stop token (else by max_new_tokens)
   int64_t prompt_tokens = 0;
+  double prefill_seconds = 0.0;  // the batch's prompt forward and first token
+  double decode_seconds = 0.0;   // every step after the first
 };
 
 class LanguageModel {
  public:
   /// Loads `folder`: config.json (model_type llama, qwen2 or mistral; another type is
   /// an error naming the supported ones), model.safetensors or its sharded index
-  /// (tied or untied embeddings), tokenizer.json, and the chat template if any.
+  /// (tied or untied embeddings), tokenizer.json, and the chat template if any. A
+  /// folder without tokenizer.json loads too: it generates from token ids
+  /// (generate_from_ids), and what needs text (generate, tokenizer()) is an error.
   /// Weights are checked strictly (a missing, extra or misshapen tensor is an error
   /// naming it and its file), then moved to `options`' device and dtype.
   /// A folder that save_pretrained wrote (torchattn_weights.json beside the weights)
@@ -54,6 +58,12 @@ class LanguageModel {
   /// comes (whole UTF-8 characters; the stop token left out).
   std::vector<Completion> generate(const std::vector<std::string>& prompts, const GenerationOptions& options = {},
                                    const std::function<void(size_t, const std::string&)>& on_text = nullptr);
+  /// generate() after prompts given as token ids (each in [0, vocab_size)), as a
+  /// tokenizer of another program gives them: the same stop tokens and steps. Without
+  /// a tokenizer.json the completions have no text and on_text is not called.
+  std::vector<Completion> generate_from_ids(const std::vector<std::vector<int64_t>>& prompts,
+                                            const GenerationOptions& options = {},
+                                            const std::function<void(size_t, const std::string&)>& on_text = nullptr);
 
   /// `message` as one user turn of the folder's chat template (<|im_start|> formats,
   /// as SmolLM2's and Qwen2's), ready for the assistant's answer. An error when the
@@ -63,19 +73,23 @@ class LanguageModel {
   std::string chat_prompt(const std::vector<ChatMessage>& messages) const;
   bool has_chat_template() const { return chat_template_.has_value(); }
 
-  /// The template's end-of-turn token (<|im_end|>) when it has one: generate stops at it.
+  /// The template's end-of-turn token (<|im_end|>) when it has one (and the folder a
+  /// tokenizer.json): generate stops at it.
   std::optional<int64_t> end_of_turn() const { return end_of_turn_; }
 
   CausalLM& model() { return model_; }
   const CausalLM& model() const { return model_; }
-  const Tokenizer& tokenizer() const { return tokenizer_; }
+  bool has_tokenizer() const { return tokenizer_.has_value(); }
+  /// The folder's tokenizer; an error naming the folder where it has no tokenizer.json.
+  const Tokenizer& tokenizer() const;
   const DecoderConfig& config() const { return model_->config(); }
 
  private:
-  LanguageModel(CausalLM model, Tokenizer tokenizer, std::optional<std::string> chat_template, std::string folder);
+  LanguageModel(CausalLM model, std::optional<Tokenizer> tokenizer, std::optional<std::string> chat_template,
+                std::string folder);
   CausalLM model_;
   std::string folder_;  // the folder it was loaded from
-  Tokenizer tokenizer_;
+  std::optional<Tokenizer> tokenizer_;
   std::optional<std::string> chat_template_;
   std::optional<int64_t> end_of_turn_;
 };

@@ -16,11 +16,17 @@
 
 namespace torchattn::models {
 
-LanguageModel::LanguageModel(CausalLM model, Tokenizer tokenizer, std::optional<std::string> chat_template,
-                             std::string folder)
+LanguageModel::LanguageModel(CausalLM model, std::optional<Tokenizer> tokenizer,
+                             std::optional<std::string> chat_template, std::string folder)
     : model_(std::move(model)), folder_(std::move(folder)), tokenizer_(std::move(tokenizer)),
       chat_template_(std::move(chat_template)) {
-  if (chat_template_) end_of_turn_ = tokenizer_.id_of("<|im_end|>");
+  if (chat_template_ && tokenizer_) end_of_turn_ = tokenizer_->id_of("<|im_end|>");
+}
+
+const Tokenizer& LanguageModel::tokenizer() const {
+  TORCH_CHECK(tokenizer_.has_value(), "LanguageModel: '", folder_,
+              "' has no tokenizer.json; give prompts as token ids (generate_from_ids)");
+  return *tokenizer_;
 }
 
 LanguageModel LanguageModel::from_pretrained(const std::string& folder, const LoadOptions& options) {
@@ -40,8 +46,11 @@ LanguageModel LanguageModel::from_pretrained(const std::string& folder, const Lo
   const int64_t context = options.context_length().value_or(std::min<int64_t>(config.max_position_embeddings, 4096));
   TORCH_CHECK(context <= config.max_position_embeddings, "LoadOptions::context_length: expected at most ",
               config.max_position_embeddings, " (the max_position_embeddings of '", config_path, "'), got ", context);
-  Tokenizer tokenizer((fs::path(folder) / "tokenizer.json").string());
-  check_tokenizer(folder, config, tokenizer);
+  std::optional<Tokenizer> tokenizer;
+  if (const fs::path file = fs::path(folder) / "tokenizer.json"; fs::exists(file)) {
+    tokenizer.emplace(file.string());
+    check_tokenizer(folder, config, *tokenizer);
+  }
   const auto saved = saved_weight_format(folder);
   CausalLM model = saved ? CausalLM(config, context, *saved) : CausalLM(config, context, Init::ForLoading);
   model->pack_weights(options.pack_weights().value_or(false));
@@ -86,9 +95,15 @@ std::vector<Completion> LanguageModel::generate(const std::vector<std::string>& 
   std::vector<std::vector<int64_t>> ids;
   for (const auto& p : prompts) {
     text::check_utf8("LanguageModel::generate", p, "prompt " + std::to_string(ids.size()));
-    ids.push_back(tokenizer_.encode(p));
+    ids.push_back(tokenizer().encode(p));
     TORCH_CHECK(!ids.back().empty(), "LanguageModel::generate: prompt ", ids.size() - 1, " has no tokens");
   }
+  return generate_from_ids(ids, options_in, on_text);
+}
+
+std::vector<Completion> LanguageModel::generate_from_ids(
+    const std::vector<std::vector<int64_t>>& ids, const GenerationOptions& options_in,
+    const std::function<void(size_t, const std::string&)>& on_text) {
   GenerationOptions options = options_in;
   std::vector<int64_t> stop = options.stop_token_ids();
   if (end_of_turn_ && options.stop_at_eos()) stop.push_back(*end_of_turn_);
@@ -98,25 +113,27 @@ std::vector<Completion> LanguageModel::generate(const std::vector<std::string>& 
            (options.stop_at_eos() && std::find(eos.begin(), eos.end(), id) != eos.end());
   };
   options.stop_token_ids(stop);
-  std::vector<Utf8Stream> streams(prompts.size());
-  std::vector<std::string> texts(prompts.size());
+  std::vector<Utf8Stream> streams(ids.size());
+  std::vector<std::string> texts(ids.size());
   const auto user_on_token = options_in.on_token();
   options.on_token([&](size_t b, int64_t id) {
     if (user_on_token) user_on_token(b, id);
-    if (is_stop(id)) return;
-    const std::string piece = streams[b].push(tokenizer_.decode({id}));
+    if (is_stop(id) || !tokenizer_) return;
+    const std::string piece = streams[b].push(tokenizer_->decode({id}));
     texts[b] += piece;
     if (on_text && !piece.empty()) on_text(b, piece);
   });
   const auto results = models::generate(*model_, ids, options);
-  std::vector<Completion> out(prompts.size());
-  for (size_t b = 0; b < prompts.size(); ++b) {
+  std::vector<Completion> out(ids.size());
+  for (size_t b = 0; b < ids.size(); ++b) {
     const std::string rest = streams[b].flush();
     if (on_text && !rest.empty()) on_text(b, rest);
     out[b].text = texts[b] + rest;
     out[b].ids = results[b].ids;
     out[b].stopped = results[b].stopped;
     out[b].prompt_tokens = results[b].prompt_tokens;
+    out[b].prefill_seconds = results[b].prefill_seconds;
+    out[b].decode_seconds = results[b].decode_seconds;
   }
   return out;
 }
