@@ -38,6 +38,23 @@ struct LinearOptions {
   TORCH_ARG(bool, init) = true;
 };
 
+/// How a linear layer's CPU inference keeps and multiplies its weights (set_inference):
+/// which calls go through an inference copy of the weights (`pack`; default: none), the
+/// copy's format, and what int8 weights multiply. An attention module's projections take
+/// one (MultiHeadAttentionOptions::projections).
+///
+///   torchattn::LinearInference{.pack = {.on = true}, .format = torchattn::WeightFormat::Int8}
+struct LinearInference {
+  PackPolicy pack;
+  /// The inference copy's format (see WeightFormat): bfloat16 or int8 read 2 or 1
+  /// bytes a weight, for their rounding (docs/models.md). Only CPU inference takes the
+  /// copy: with a gradient to compute, or on another device, the float32 weights run
+  /// (and train) as without it. Default: Float32 (oneDNN's packed layout).
+  WeightFormat format = WeightFormat::Float32;
+  /// With format Int8: what the weights multiply (see Int8Inputs). Default: Float.
+  Int8Inputs int8_inputs = Int8Inputs::Float;
+};
+
 /// y = x W^T + b with parameters `weight` [out_features, in_features] and `bias`
 /// [out_features] (an undefined tensor without one): the names, shapes and draws of
 /// LibTorch's nn::Linear and the numbers of PyTorch's nn.Linear (at::linear: one addmm
@@ -80,6 +97,9 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   /// error naming both.
   void set_inference(const PackPolicy& pack, WeightFormat format = WeightFormat::Float32,
                      Int8Inputs int8_inputs = Int8Inputs::Float);
+  void set_inference(const LinearInference& inference) {
+    set_inference(inference.pack, inference.format, inference.int8_inputs);
+  }
   const PackPolicy& pack_policy() const { return pack_; }
   /// The format of the inference copy or of the kept weights.
   WeightFormat weight_format() const { return engine_->format(); }

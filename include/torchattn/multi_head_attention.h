@@ -108,20 +108,35 @@ struct MultiHeadAttentionOptions {
   /// built for loading: nothing drawn and no memory allocated, each weight a placeholder
   /// for a checkpoint to replace (LinearOptions::init); a forward before is an error.
   TORCH_ARG(bool, init) = true;
-  /// CPU inference (no gradient, float32): the projections run on a packed copy of their
-  /// weights, equal within float32 rounding. May be changed on a built module
-  /// (`mha->options.pack_weights(...)`). Default: false. See docs/modules.md.
-  TORCH_ARG(bool, pack_weights) = false;
-  /// With pack_weights: the fewest rows (tokens in a call, over the batch) that take the
-  /// packed products. >= 1. Default: 1, every call (2 leaves single decoding steps out).
-  TORCH_ARG(int64_t, pack_min_rows) = 1;
-  /// With pack_weights: how the packed copies store the weights (see WeightFormat):
-  /// bfloat16 or int8 read 2 or 1 bytes a weight, for their rounding (docs/models.md).
-  /// Only CPU inference takes the copies: with a gradient to compute, or on another
-  /// device, the float32 weights run (and train) as without packing. Default: Float32.
-  TORCH_ARG(WeightFormat, weight_format) = WeightFormat::Float32;
-  /// With weight_format Int8: what the weights multiply (see Int8Inputs). Default: Float.
-  TORCH_ARG(Int8Inputs, int8_inputs) = Int8Inputs::Float;
+  /// CPU inference of the four projections (no gradient, float32): which calls run on an
+  /// inference copy of their weights and in which format (LinearInference, the linear
+  /// layer's own: pack, format, int8_inputs), equal within the format's rounding. May be
+  /// changed on a built module (`mha->options.projections().pack.on = true`). Default:
+  /// no copy. See docs/modules.md.
+  TORCH_ARG(LinearInference, projections) = {};
+
+  // The fields of projections() one by one, as before they were grouped.
+ public:
+  [[deprecated("use projections().pack.on")]] MultiHeadAttentionOptions& pack_weights(bool on) {
+    projections_.pack.on = on;
+    return *this;
+  }
+  [[deprecated("use projections().pack.on")]] bool pack_weights() const { return projections_.pack.on; }
+  [[deprecated("use projections().pack.min_rows")]] MultiHeadAttentionOptions& pack_min_rows(int64_t rows) {
+    projections_.pack.min_rows = rows;
+    return *this;
+  }
+  [[deprecated("use projections().pack.min_rows")]] int64_t pack_min_rows() const { return projections_.pack.min_rows; }
+  [[deprecated("use projections().format")]] MultiHeadAttentionOptions& weight_format(WeightFormat format) {
+    projections_.format = format;
+    return *this;
+  }
+  [[deprecated("use projections().format")]] WeightFormat weight_format() const { return projections_.format; }
+  [[deprecated("use projections().int8_inputs")]] MultiHeadAttentionOptions& int8_inputs(Int8Inputs inputs) {
+    projections_.int8_inputs = inputs;
+    return *this;
+  }
+  [[deprecated("use projections().int8_inputs")]] Int8Inputs int8_inputs() const { return projections_.int8_inputs; }
 };
 
 /// Multi-head causal self-attention (notebook 003's `MultiHeadAttention`).
@@ -155,12 +170,12 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   void load(torch::serialize::InputArchive& archive) override;
 
   /// For inference only, in less memory: packs the projections now in
-  /// options.weight_format() (bfloat16 or int8; pack_weights turns on) and frees the
+  /// options.projections().format (bfloat16 or int8; packing turns on) and frees the
   /// float32 weights of W_query, W_key, W_value and out_proj (each keeps its shape as
   /// a stride-0 view of one zero). Afterwards a forward with a gradient to compute,
   /// cross-attention, save and load are errors. Needs kdim and vdim equal to d_in.
   void freeze_weights();
-  /// freeze_weights from weights already in options.weight_format() (a saved frozen
+  /// freeze_weights from weights already in options.projections().format (a saved frozen
   /// module: frozen_state's tensors, looked up as prefix + their names in `weights`)
   /// instead of rounding the float32 ones; the biases are the module's own. A missing,
   /// misshapen or mistyped tensor, or a bad scale, is an error naming it.
@@ -175,8 +190,7 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   /// Whether freeze_weights ran.
   bool frozen() const { return !W_query.is_empty() && W_query->frozen(); }
 
-  /// options.pack_weights() and pack_min_rows() as one PackPolicy.
-  PackPolicy pack_policy() const { return {.on = options.pack_weights(), .min_rows = options.pack_min_rows()}; }
+  [[deprecated("use options.projections().pack")]] PackPolicy pack_policy() const { return options.projections().pack; }
 
   /// What checkpoints record and check beside the tensors (CheckpointFacts).
   CheckpointOptions checkpoint_options() const override;

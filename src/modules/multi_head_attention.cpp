@@ -45,8 +45,8 @@ void MultiHeadAttentionImpl::reset() {
   TORCH_CHECK(num_kv_heads() >= 1 && options.num_heads() % num_kv_heads() == 0, kMultiHeadAttention,
               ": expected num_kv_heads >= 1 dividing num_heads=", options.num_heads(),
               ", got num_kv_heads=", num_kv_heads());
-  base::check_positive(kMultiHeadAttention, "pack_min_rows", options.pack_min_rows());
-  check_weight_format(options.weight_format(), "MultiHeadAttention: weight_format");
+  base::check_positive(kMultiHeadAttention, "projections.pack.min_rows", options.projections().pack.min_rows);
+  check_weight_format(options.projections().format, "MultiHeadAttention: projections.format");
   base::check_dropout(kMultiHeadAttention, options.dropout());
   base::check_scale(kMultiHeadAttention, options.scale());
   base::check_window(kMultiHeadAttention, options.window(), options.causal());
@@ -172,10 +172,11 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
   }
   block::print_attention_extras(stream, options.causal(), options.window(), options.rope(),
                                 options.mask_buffer() || !options.causal());
-  if (options.pack_weights()) {
-    stream << ", pack_weights=true";
-    if (options.pack_min_rows() != 1) {
-      stream << ", pack_min_rows=" << options.pack_min_rows();
+  const LinearInference& inference = options.projections();
+  if (inference.pack.on) {
+    stream << ", projections=packed " << to_string(inference.format);
+    if (inference.pack.min_rows != 1) {
+      stream << " from " << inference.pack.min_rows << " rows";
     }
   }
   stream << ")";
@@ -248,16 +249,17 @@ at::Tensor MultiHeadAttentionImpl::forward_paged(const at::Tensor& x, PagedKVCac
 
 void MultiHeadAttentionImpl::check_not_frozen(const char* what) const {
   TORCH_CHECK(!frozen(), kMultiHeadAttention, ": ", what, " needs the float32 weights, which freeze_weights freed (",
-              to_string(options.weight_format()), " copies kept for inference)");
+              to_string(options.projections().format), " copies kept for inference)");
 }
 
 void MultiHeadAttentionImpl::freeze_weights() {
-  TORCH_CHECK(options.weight_format() != WeightFormat::Float32, kMultiHeadAttention,
+  TORCH_CHECK(options.projections().format != WeightFormat::Float32, kMultiHeadAttention,
               ": freeze_weights keeps bfloat16, int8 or dynamic-int8 copies, got weight_format float32");
   check_self_attention("freeze_weights");
   if (frozen()) return;
-  options.pack_weights(true);
-  for (auto* l : {&W_query, &W_key, &W_value, &out_proj}) (*l)->freeze(options.weight_format(), options.int8_inputs());
+  options.projections().pack.on = true;
+  for (auto* l : {&W_query, &W_key, &W_value, &out_proj})
+    (*l)->freeze(options.projections().format, options.projections().int8_inputs);
 }
 
 namespace {
@@ -269,22 +271,22 @@ constexpr const char* kProjections[] = {"W_query", "W_key", "W_value", "out_proj
 
 void MultiHeadAttentionImpl::freeze_weights(const std::map<std::string, at::Tensor>& weights,
                                             const std::string& prefix) {
-  TORCH_CHECK(options.weight_format() != WeightFormat::Float32, kMultiHeadAttention,
+  TORCH_CHECK(options.projections().format != WeightFormat::Float32, kMultiHeadAttention,
               ": freeze_weights keeps bfloat16, int8 or dynamic-int8 copies, got weight_format float32");
   check_self_attention("freeze_weights");
   TORCH_CHECK(!frozen(), kMultiHeadAttention, ": freeze_weights: already frozen");
   Linear layers[] = {W_query, W_key, W_value, out_proj};
   // Every tensor checked before any is bound: one that fails leaves the module as it was.
   for (size_t i = 0; i < 4; ++i) {
-    check_frozen_weights(options.weight_format(), weights, prefix, {std::string(kProjections[i]) + ".weight"},
+    check_frozen_weights(options.projections().format, weights, prefix, {std::string(kProjections[i]) + ".weight"},
                          {layers[i]->weight}, kMultiHeadAttention);
   }
-  options.pack_weights(true);
+  options.projections().pack.on = true;
   for (size_t i = 0; i < 4; ++i) {
     const std::string name = prefix + kProjections[i] + ".weight";
     const auto scale = weights.find(name + kFrozenScaleSuffix);
-    layers[i]->bind(options.weight_format(), weights.at(name), scale != weights.end() ? scale->second : at::Tensor(),
-                    options.int8_inputs(), name);
+    layers[i]->bind(options.projections().format, weights.at(name),
+                    scale != weights.end() ? scale->second : at::Tensor(), options.projections().int8_inputs, name);
   }
 }
 
@@ -308,7 +310,7 @@ int64_t MultiHeadAttentionImpl::packed_bytes() const {
 void MultiHeadAttentionImpl::sync_linears() {
   if (frozen()) return;
   for (auto* l : {&W_query, &W_key, &W_value, &out_proj}) {
-    (*l)->set_inference(pack_policy(), options.weight_format(), options.int8_inputs());
+    (*l)->set_inference(options.projections());
   }
 }
 

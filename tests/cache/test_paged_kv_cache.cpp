@@ -459,7 +459,7 @@ TEST_P(PagedForward, EverySequenceEqualsTheContiguousCacheAlone) {
                      .qkv_bias(true)
                      .backend(c.backend)
                      .window(c.window)
-                     .pack_weights(c.pack);
+                     .projections({.pack = {.on = c.pack}});
   if (c.rope) options.rope(torchattn::RoPEOptions(10000.0));
   if (c.qk_norm_own_head_dim) options.d_out(20).head_dim(6).qk_norm(torchattn::QKNormOptions());
   options.softcap(c.softcap).sinks(c.sinks).alibi(c.alibi);

@@ -135,7 +135,8 @@ TEST(PackedLinear, MultiHeadAttentionPackWeightsMatchesTheUnpackedModule) {
     auto options = torchattn::MultiHeadAttentionOptions(32, 32, 64, 4).qkv_bias(!grouped).out_bias(!grouped);
     if (grouped) options.num_kv_heads(2).rope(torchattn::RoPEOptions(10000.0));
     torchattn::MultiHeadAttention plain(options);
-    torchattn::MultiHeadAttention packed(torchattn::MultiHeadAttentionOptions(options).pack_weights(true));
+    torchattn::MultiHeadAttention packed(
+        torchattn::MultiHeadAttentionOptions(options).projections({.pack = {.on = true}}));
     {
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < plain->parameters().size(); ++i) packed->parameters()[i].copy_(plain->parameters()[i]);
@@ -166,9 +167,9 @@ TEST(PackedLinear, MultiHeadAttentionPackWeightsMatchesTheUnpackedModule) {
     EXPECT_TRUE(torch::equal(plain->W_query->weight.grad(), packed->W_query->weight.grad()));
   }
   std::ostringstream printed;
-  torchattn::MultiHeadAttention m(torchattn::MultiHeadAttentionOptions(8, 8, 4, 2).pack_weights(true));
+  torchattn::MultiHeadAttention m(torchattn::MultiHeadAttentionOptions(8, 8, 4, 2).projections({.pack = {.on = true}}));
   printed << *m;
-  EXPECT_NE(printed.str().find("pack_weights=true"), std::string::npos) << printed.str();
+  EXPECT_NE(printed.str().find("projections=packed float32"), std::string::npos) << printed.str();
 }
 
 // The rule "packing on and at least min_rows rows" that the modules, the decoder
@@ -183,11 +184,29 @@ TEST(PackPolicy, TakesRowsFromMinRowsUpOnlyWhenOn) {
   EXPECT_TRUE(two.takes(torch::zeros({2, 8})));
   EXPECT_TRUE(two.takes(torch::zeros({1, 2, 8})));
   EXPECT_FALSE(two.takes(torch::zeros({1, 1, 8})));
-  torchattn::MultiHeadAttention m(torchattn::MultiHeadAttentionOptions(8, 8, 4, 2).pack_weights(true).pack_min_rows(3));
-  EXPECT_TRUE(m->pack_policy().on);
+  // The attention's projections take one LinearInference; the deprecated names of its
+  // fields, from before they were grouped, set and read the same fields.
+  torchattn::MultiHeadAttention m(
+      torchattn::MultiHeadAttentionOptions(8, 8, 4, 2).projections({.pack = {.on = true, .min_rows = 3}}));
+  EXPECT_TRUE(m->options.projections().pack.on);
+  EXPECT_EQ(m->options.projections().pack.min_rows, 3);
+  EXPECT_EQ(m->options.projections().format, torchattn::WeightFormat::Float32);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  const auto old = torchattn::MultiHeadAttentionOptions(8, 8, 4, 2)
+                       .pack_weights(true)
+                       .pack_min_rows(3)
+                       .weight_format(torchattn::WeightFormat::Int8)
+                       .int8_inputs(torchattn::Int8Inputs::Quantized);
+  EXPECT_TRUE(old.projections().pack.on && old.pack_weights());
+  EXPECT_EQ(old.projections().pack.min_rows, 3);
+  EXPECT_EQ(old.pack_min_rows(), 3);
+  EXPECT_EQ(old.projections().format, torchattn::WeightFormat::Int8);
+  EXPECT_EQ(old.weight_format(), torchattn::WeightFormat::Int8);
+  EXPECT_EQ(old.projections().int8_inputs, torchattn::Int8Inputs::Quantized);
+  EXPECT_EQ(old.int8_inputs(), torchattn::Int8Inputs::Quantized);
   EXPECT_EQ(m->pack_policy().min_rows, 3);
-  m->options.pack_weights(false);
-  EXPECT_FALSE(m->pack_policy().on);
+#pragma GCC diagnostic pop
 }
 
 }  // namespace

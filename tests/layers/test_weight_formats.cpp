@@ -259,7 +259,7 @@ TEST(WeightFormats, MultiHeadAttentionTakesTheFormat) {
         plain->named_parameters()[name].copy_(v);
       }
     }
-    mha->options.pack_weights(true).weight_format(format);
+    mha->options.projections({.pack = {.on = true}, .format = format});
     const auto x = torch::randn({2, 20, 64});
     torch::Tensor want, got;
     {
@@ -285,7 +285,7 @@ TEST(WeightFormats, MultiHeadAttentionTakesTheFormat) {
     {
       torch::NoGradGuard no_grad;
       EXPECT_TRUE(tol::close(mha->forward(x), want, sums_of(64)));
-      mha->options.pack_weights(false);  // a frozen module keeps its copies whatever the option
+      mha->options.projections().pack.on = false;  // a frozen module keeps its copies whatever the option
       EXPECT_TRUE(tol::close(mha->forward(x), want, sums_of(64)));
     }
     expect_error([&] { mha->forward(x.requires_grad_(true)); }, "no gradient flows through them");
@@ -304,11 +304,13 @@ TEST(WeightFormats, MultiHeadAttentionTakesTheFormat) {
 // int8 products on an AVX-512 VNNI CPU (their inputs rounded: close, not equal).
 TEST(WeightFormats, MultiHeadAttentionTakesInt8Inputs) {
   torch::NoGradGuard no_grad;
-  auto opts = torchattn::MultiHeadAttentionOptions(64, 64, 32, 4).pack_weights(true).weight_format(WeightFormat::Int8);
+  auto opts = torchattn::MultiHeadAttentionOptions(64, 64, 32, 4)
+                  .projections({.pack = {.on = true}, .format = WeightFormat::Int8});
   torch::manual_seed(57);
   torchattn::MultiHeadAttention float_inputs(opts);
   torch::manual_seed(57);  // the same weights
-  torchattn::MultiHeadAttention quantized(opts.int8_inputs(torchattn::Int8Inputs::Quantized));
+  opts.projections().int8_inputs = torchattn::Int8Inputs::Quantized;
+  torchattn::MultiHeadAttention quantized(opts);
   float_inputs->eval();
   quantized->eval();
   for (const int64_t length : {8, 20}) {
@@ -332,7 +334,7 @@ TEST(WeightFormats, MultiHeadAttentionTakesDynamicInt8) {
   const auto x = torch::randn({2, 20, 64});
   torch::NoGradGuard no_grad;
   const auto plain = mha->forward(x);
-  mha->options.pack_weights(true).weight_format(WeightFormat::DynamicInt8);
+  mha->options.projections({.pack = {.on = true}, .format = WeightFormat::DynamicInt8});
   const auto packed = mha->forward(x);
   EXPECT_FALSE(torch::equal(packed, plain));
   EXPECT_LT((packed - plain).abs().max().item<double>(), 0.05 * plain.abs().max().item<double>());

@@ -36,19 +36,19 @@ BertLayerImpl::BertLayerImpl(const BertConfig& c, bool pack_weights) {
                                                      .causal(false)
                                                      .qkv_bias(true)
                                                      .dropout(c.attention_dropout)
-                                                     .pack_weights(pack_weights)));
+                                                     .projections({.pack = {.on = pack_weights}})));
   const auto norm = torch::nn::LayerNormOptions({c.hidden_size}).eps(c.layer_norm_eps);
   attention_norm = register_module("attention_norm", torch::nn::LayerNorm(norm));
   intermediate = register_module("intermediate", Linear(c.hidden_size, c.intermediate_size));
   output = register_module("output", Linear(c.intermediate_size, c.hidden_size));
   output_norm = register_module("output_norm", torch::nn::LayerNorm(norm));
   dropout = register_module("dropout", torch::nn::Dropout(c.hidden_dropout));
-  // Every call: min_rows 1, as the attention's own default (pack_min_rows).
+  // Every call: min_rows 1, as the attention's own default (projections().pack).
   for (auto* l : {&intermediate, &output}) (*l)->set_inference({.on = pack_weights, .min_rows = 1});
 }
 
 void BertLayerImpl::freeze_weights(WeightFormat format) {
-  attention->options.weight_format(format);
+  attention->options.projections().format = format;
   attention->freeze_weights();
   intermediate->freeze(format);
   output->freeze(format);

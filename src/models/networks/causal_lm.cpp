@@ -76,13 +76,14 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, int64_
 
 void DecoderLayerImpl::pack_weights(bool on, int64_t min_rows) {
   TORCH_CHECK(min_rows >= 1, "DecoderLayer: expected pack_weights' min_rows >= 1, got ", min_rows);
-  self_attn->options.pack_weights(on).pack_min_rows(min_rows);
+  self_attn->options.projections().pack = {.on = on, .min_rows = min_rows};
   for (auto* l : {&gate_proj, &up_proj, &down_proj}) (*l)->set_inference({.on = on, .min_rows = min_rows});
 }
 
 void DecoderLayerImpl::freeze_weights(torchattn::WeightFormat format) {
   torchattn::check_weight_format(format, "DecoderLayer::freeze_weights: format");
-  self_attn->options.weight_format(format).int8_inputs(torchattn::Int8Inputs::Quantized);
+  self_attn->options.projections().format = format;
+  self_attn->options.projections().int8_inputs = torchattn::Int8Inputs::Quantized;
   self_attn->freeze_weights();
   for (auto* l : {&gate_proj, &up_proj, &down_proj}) (*l)->freeze(format, torchattn::Int8Inputs::Quantized);
 }
@@ -134,7 +135,10 @@ std::vector<std::string> DecoderLayerImpl::check_frozen(torchattn::WeightFormat 
 
 void DecoderLayerImpl::freeze_weights(torchattn::WeightFormat format, const std::map<std::string, at::Tensor>& weights,
                                       const std::string& prefix) {
-  self_attn->options.weight_format(format).int8_inputs(torchattn::Int8Inputs::Quantized).pack_weights(true);
+  torchattn::LinearInference& projections = self_attn->options.projections();
+  projections.pack.on = true;
+  projections.format = format;
+  projections.int8_inputs = torchattn::Int8Inputs::Quantized;
   auto linears = linears_of(*this);
   for (size_t i = 0; i < linears.size(); ++i) bind_linear(linears[i], format, weights, prefix + kLayerLinears[i]);
 }
