@@ -93,7 +93,7 @@ TEST(CpuFeatures, AKernelRefusesAnInstructionSetWiderThanItRuns) {
 
 // Lane-wise operations of the vector type over n floats, W lanes at a time (the last
 // vector partial): out[op * n + i] for each op below.
-constexpr int kLaneOps = 17;
+constexpr int kLaneOps = 18;
 
 TORCHATTN_SIMD_KERNELS_BEGIN
 struct LaneOps {
@@ -111,6 +111,7 @@ struct LaneOps {
           S::sub(x, y),
           S::div(x, y),
           S::max(x, y),
+          S::min(x, y),
           S::round(S::mul(x, S::set1(3.0f))),
           S::abs(x),
           S::with_sign(S::abs(y), x),
@@ -136,6 +137,18 @@ struct Reductions {
     out[0] = S::reduce_add(S::load(a));
     out[1] = S::reduce_add_adjacent(S::load(a));
     out[2] = S::reduce_max(S::load(a));
+  }
+};
+
+// narrow(): n floats holding integers in [0, 255] as bytes, W lanes at a time.
+struct Narrow {
+  static constexpr Isa kWidest = Isa::Avx512;
+  template <class S>
+  static void run(const float* a, int64_t n, uint8_t* out) {
+    for (int64_t i = 0; i < n; i += S::W) {
+      const int lanes = static_cast<int>(std::min<int64_t>(S::W, n - i));
+      S::narrow(out + i, S::load(a + i, lanes), lanes);
+    }
   }
 };
 
@@ -176,7 +189,7 @@ TEST(Simd, EveryVectorTypeGivesTheScalarTypesBitsLaneForLane) {
     for (int op = 0; op < kLaneOps; ++op) {
       for (int64_t i = 0; i < n; ++i) {
         const float g = got[op * n + i], w = want[op * n + i];
-        if (op >= 15) {  // exp, tanh: polynomials against libm
+        if (op >= 16) {  // exp, tanh: polynomials against libm
           EXPECT_NEAR(g, w, 4e-7f * std::max(1.0f, std::abs(w))) << "op " << op << " lane " << i;
         } else {
           EXPECT_EQ(float_bits(g), float_bits(w)) << "op " << op << " lane " << i << ": " << g << " vs " << w;
@@ -185,6 +198,22 @@ TEST(Simd, EveryVectorTypeGivesTheScalarTypesBitsLaneForLane) {
     }
     // Past the last partial store: untouched.
     for (size_t i = kLaneOps * n; i < got.size(); ++i) EXPECT_EQ(got[i], 99.0f);
+  }
+}
+
+// narrow stores each lane's integer as its byte, 0 and 255 included, and nothing past n.
+TEST(Simd, NarrowStoresTheLanesAsBytes) {
+  torch::manual_seed(5);
+  const int64_t n = 37;
+  auto a = torch::randint(0, 256, {n}).to(torch::kFloat);
+  a[0] = 0.0f;
+  a[1] = 255.0f;
+  for (const Isa isa : K::supported_isas()) {
+    SCOPED_TRACE(K::isa_name(isa));
+    std::vector<uint8_t> out(n + 16, 7);
+    K::simd::run_on<Narrow>(isa, a.const_data_ptr<float>(), n, out.data());
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(out[i], static_cast<uint8_t>(a[i].item<float>())) << "lane " << i;
+    for (size_t i = n; i < out.size(); ++i) EXPECT_EQ(out[i], 7) << "past n: " << i;
   }
 }
 

@@ -3,6 +3,7 @@
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/int8_rows.h"
 #include "kernels/cpu/quantized_linear.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/cpu/stall_aware.h"
 
 #include <ATen/Parallel.h>
@@ -14,10 +15,6 @@
 #include <cstring>
 #include <limits>
 #include <vector>
-
-#if defined(TORCHATTN_SIMD_X86)
-#include <immintrin.h>
-#endif
 
 namespace torchattn::kernels::cpu {
 
@@ -35,104 +32,57 @@ Int8Kernel kernel_of(Isa isa) {
   return isa >= Isa::Avx2 ? Int8Kernel::Avx2 : Int8Kernel::Portable;
 }
 
-// One group of x's row: its scale, and its n <= kGroup inputs as qx + 128.
-float quantize_group(const float* x, int64_t n, uint8_t* out) {
-  float amax = 0.0f;
-  bool finite = true;
-  for (int64_t i = 0; i < n; ++i) {
-    const float a = std::fabs(x[i]);
-    finite = finite && a < std::numeric_limits<float>::infinity();
-    amax = std::max(amax, a);
-  }
-  if (!finite) {
-    std::memset(out, 128, n);
-    return std::numeric_limits<float>::quiet_NaN();
-  }
-  const float s = amax / 127.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    const float q = s > 0.0f ? std::nearbyint(x[i] / s) : 0.0f;
-    out[i] = static_cast<uint8_t>(static_cast<int>(std::clamp(q, -127.0f, 127.0f)) + 128);
-  }
-  return s;
-}
+TORCHATTN_SIMD_KERNELS_BEGIN
 
-#if defined(TORCHATTN_SIMD_X86)
-// quantize_group for a whole group of 64 with AVX-512: the same divisions and roundings.
-__attribute__((target("avx512f,avx512bw"))) float quantize_group_avx512(const float* x, uint8_t* out) {
-  __m512 v[4];
-  __m512 amax = _mm512_setzero_ps();
-  __mmask16 bad = 0;
-  const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
-  for (int j = 0; j < 4; ++j) {
-    v[j] = _mm512_loadu_ps(x + 16 * j);
-    const __m512 a = _mm512_abs_ps(v[j]);
-    bad |= _mm512_cmp_ps_mask(a, inf, _CMP_NLT_UQ);  // NaN or infinite
-    amax = _mm512_max_ps(amax, a);
-  }
-  if (bad != 0) {
-    std::memset(out, 128, kGroup);
-    return std::numeric_limits<float>::quiet_NaN();
-  }
-  const float s = _mm512_reduce_max_ps(amax) / 127.0f;
-  if (!(s > 0.0f)) {
-    std::memset(out, 128, kGroup);
-    return s;
-  }
-  const __m512 sv = _mm512_set1_ps(s);
-  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
-  const __m512i bias = _mm512_set1_epi32(128);
-  for (int j = 0; j < 4; ++j) {
-    __m512 q = _mm512_roundscale_ps(_mm512_div_ps(v[j], sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    q = _mm512_min_ps(_mm512_max_ps(q, lo), hi);
-    const __m512i u = _mm512_add_epi32(_mm512_cvtps_epi32(q), bias);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16 * j), _mm512_cvtepi32_epi8(u));
-  }
-  return s;
-}
-
-// The same with AVX2: eight registers of eight.
-__attribute__((target("avx2,fma"))) float quantize_group_avx2(const float* x, uint8_t* out) {
-  __m256 v[8];
-  __m256 amax = _mm256_setzero_ps();
-  __m256 bad = _mm256_setzero_ps();
-  const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  for (int j = 0; j < 8; ++j) {
-    v[j] = _mm256_loadu_ps(x + 8 * j);
-    const __m256 a = _mm256_andnot_ps(sign, v[j]);
-    bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, inf, _CMP_NLT_UQ));  // NaN or infinite
-    amax = _mm256_max_ps(amax, a);
-  }
-  if (_mm256_movemask_ps(bad) != 0) {
-    std::memset(out, 128, kGroup);
-    return std::numeric_limits<float>::quiet_NaN();
-  }
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  const float s = _mm_cvtss_f32(m) / 127.0f;
-  if (!(s > 0.0f)) {
-    std::memset(out, 128, kGroup);
-    return s;
-  }
-  const __m256 sv = _mm256_set1_ps(s);
-  const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
-  const __m256i bias = _mm256_set1_epi32(128);
-  for (int j = 0; j < 8; j += 2) {
-    __m256i u[2];
-    for (int h = 0; h < 2; ++h) {
-      __m256 q = _mm256_round_ps(_mm256_div_ps(v[j + h], sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      q = _mm256_min_ps(_mm256_max_ps(q, lo), hi);
-      u[h] = _mm256_add_epi32(_mm256_cvtps_epi32(q), bias);  // 1 .. 255
+// One row of x quantized by groups of kGroup (the last may be shorter): each group's
+// scale s = max |x| / 127 (NaN where the group holds a NaN or an infinity, its bytes
+// then 128), and its inputs as round(x / s) (ties to even; 0 where s is 0), clamped to
+// [-127, 127], plus 128: the same float32 steps on every vector type, so the same bytes.
+struct QuantizeRow {
+  static constexpr Isa kWidest = Isa::Avx512;
+  template <class S>
+  static void run(const float* x, int64_t in, int64_t groups, uint8_t* out, float* scale) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t g0 = g * kGroup;
+      if (in - g0 >= kGroup) {
+        scale[g] = group<S, kGroup>(x + g0, kGroup, out + g0);  // whole: its vectors held in registers
+      } else {
+        scale[g] = group<S, 0>(x + g0, in - g0, out + g0);
+      }
     }
-    // 16 int32 in [1, 255] -> 16 bytes in order: packs work within 128-bit lanes.
-    const __m256i w16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(u[0], u[1]), 0xD8);
-    const __m128i b8 = _mm_packus_epi16(_mm256_castsi256_si128(w16), _mm256_extracti128_si256(w16, 1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 8 * j), b8);
   }
-  return s;
-}
-#endif
+  // One group of n inputs (N: n known at compile time, or 0); returns its scale.
+  template <class S, int64_t N>
+  static float group(const float* x, int64_t n_in, uint8_t* out) {
+    using V = typename S::V;
+    constexpr int W = S::W;
+    constexpr int64_t kMax = (kGroup + W - 1) / W;
+    const int64_t n = N > 0 ? N : n_in, vectors = (n + W - 1) / W;
+    const auto lanes = [n](int64_t v) { return static_cast<int>(std::min<int64_t>(W, n - v * W)); };
+    V xs[kMax];
+    V amax = S::zero(), bad = S::zero();
+    for (int64_t v = 0; v < vectors; ++v) {
+      xs[v] = N > 0 ? S::load(x + v * W) : S::load(x + v * W, lanes(v));  // zeros past n
+      const V a = S::abs(xs[v]);
+      bad = S::add(bad, S::mul(a, S::zero()));  // NaN where an input is NaN or infinite
+      amax = S::max(amax, a);
+    }
+    const float flag = S::reduce_add(bad);
+    const float s = flag != flag ? std::numeric_limits<float>::quiet_NaN() : S::reduce_max(amax) / 127.0f;
+    if (!(s > 0.0f)) {
+      std::memset(out, 128, static_cast<size_t>(n));
+      return s;
+    }
+    const V sv = S::set1(s), lo = S::set1(-127.0f), hi = S::set1(127.0f), bias = S::set1(128.0f);
+    for (int64_t v = 0; v < vectors; ++v) {
+      const V q = S::min(S::max(S::round(S::div(xs[v], sv)), lo), hi);
+      S::narrow(out + v * W, S::add(q, bias), N > 0 ? W : lanes(v));
+    }
+    return s;
+  }
+};
+
+TORCHATTN_SIMD_KERNELS_END
 
 QuantizedRows quantize_rows(const float* x, int64_t rows, int64_t in, Int8Kernel kernel) {
   QuantizedRows r;
@@ -141,28 +91,14 @@ QuantizedRows quantize_rows(const float* x, int64_t rows, int64_t in, Int8Kernel
   r.rows = (rows + kRowTile - 1) / kRowTile * kRowTile;
   r.bytes.assign(static_cast<size_t>(r.rows * r.padded_in), 128);
   r.scale.assign(static_cast<size_t>(r.rows * r.groups), 0.0f);
+  // The instructions of the kernel's own set (quantizing needs AVX-512F of VNNI's).
+  const Isa isa = kernel == Int8Kernel::Vnni ? Isa::Avx512 : kernel == Int8Kernel::Avx2 ? Isa::Avx2 : Isa::Scalar;
   at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(in, 1)), [&](int64_t b, int64_t e) {
     for (int64_t m = b; m < e; ++m) {
-      for (int64_t g = 0; g < r.groups; ++g) {
-        const int64_t g0 = g * kGroup, n = std::min(kGroup, in - g0);
-        const float* src = x + m * in + g0;
-        uint8_t* dst = r.bytes.data() + m * r.padded_in + g0;
-        float& s = r.scale[m * r.groups + g];
-#if defined(TORCHATTN_SIMD_X86)
-        if (kernel == Int8Kernel::Vnni && n == kGroup) {
-          s = quantize_group_avx512(src, dst);
-          continue;
-        }
-        if (kernel == Int8Kernel::Avx2 && n == kGroup) {
-          s = quantize_group_avx2(src, dst);
-          continue;
-        }
-#endif
-        s = quantize_group(src, n, dst);
-      }
+      simd::run_on<QuantizeRow>(isa, x + m * in, in, r.groups, r.bytes.data() + m * r.padded_in,
+                                r.scale.data() + m * r.groups);
     }
   });
-  (void)kernel;
   return r;
 }
 

@@ -124,6 +124,7 @@ struct Scalar {
   static V sub(V a, V b) { return a - b; }
   static V div(V a, V b) { return a / b; }
   static V max(V a, V b) { return a > b ? a : b; }  // b where either is NaN, as maxps
+  static V min(V a, V b) { return a < b ? a : b; }  // b where either is NaN, as minps
   /// Nearest integer, ties to even (the default rounding mode).
   static V round(V a) { return std::nearbyint(a); }
   static V abs(V a) { return std::fabs(a); }
@@ -154,6 +155,8 @@ struct Scalar {
   static V tanh(V x) { return std::tanh(x); }
   /// W int8 values from p as floats (exact).
   static V widen(const int8_t* p) { return static_cast<float>(*p); }
+  /// The first n lanes, integers in [0, 255], to p as bytes (exact).
+  static void narrow(uint8_t* p, V v, int) { *p = static_cast<uint8_t>(static_cast<int>(v)); }
   /// W bfloat16 values (their bits) from p as floats (exact: the bits moved up).
   static V widen(const uint16_t* p) {
     const uint32_t bits = static_cast<uint32_t>(*p) << 16;
@@ -203,6 +206,7 @@ struct Avx2 {
   TORCHATTN_SIMD_AVX2 V sub(V a, V b) { return _mm256_sub_ps(a, b); }
   TORCHATTN_SIMD_AVX2 V div(V a, V b) { return _mm256_div_ps(a, b); }
   TORCHATTN_SIMD_AVX2 V max(V a, V b) { return _mm256_max_ps(a, b); }
+  TORCHATTN_SIMD_AVX2 V min(V a, V b) { return _mm256_min_ps(a, b); }
   TORCHATTN_SIMD_AVX2 V round(V a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   TORCHATTN_SIMD_AVX2 V abs(V a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
   TORCHATTN_SIMD_AVX2 V with_sign(V magnitude, V sign) {
@@ -256,6 +260,20 @@ struct Avx2 {
     tanh_poly<Avx2>(x, out);
     return out;
   }
+  // The lanes to int32, then to 16 and 8 bits with unsigned saturation (none for
+  // [0, 255]), in order.
+  TORCHATTN_SIMD_AVX2 void narrow(uint8_t* p, V v, int n) {
+    const __m256i i = _mm256_cvtps_epi32(v);
+    const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+    const __m128i b = _mm_packus_epi16(w, w);
+    if (n == W) {
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(p), b);
+    } else {
+      alignas(16) uint8_t bytes[16];
+      _mm_store_si128(reinterpret_cast<__m128i*>(bytes), b);
+      std::memcpy(p, bytes, static_cast<size_t>(n));
+    }
+  }
   TORCHATTN_SIMD_AVX2 V widen(const int8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
@@ -298,6 +316,7 @@ struct Avx512 {
   TORCHATTN_SIMD_AVX512 V sub(V a, V b) { return _mm512_sub_ps(a, b); }
   TORCHATTN_SIMD_AVX512 V div(V a, V b) { return _mm512_div_ps(a, b); }
   TORCHATTN_SIMD_AVX512 V max(V a, V b) { return _mm512_max_ps(a, b); }
+  TORCHATTN_SIMD_AVX512 V min(V a, V b) { return _mm512_min_ps(a, b); }
   TORCHATTN_SIMD_AVX512 V round(V a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   TORCHATTN_SIMD_AVX512 V abs(V a) {
     return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7fffffff)));
@@ -343,6 +362,17 @@ struct Avx512 {
     V out;
     tanh_poly<Avx512>(x, out);
     return out;
+  }
+  // To a register, then stored (vpmovdb's masked form to memory is slow on AMD's Zen).
+  TORCHATTN_SIMD_AVX512 void narrow(uint8_t* p, V v, int n) {
+    const __m128i b = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v));
+    if (n == W) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p), b);
+    } else {
+      alignas(16) uint8_t bytes[16];
+      _mm_store_si128(reinterpret_cast<__m128i*>(bytes), b);
+      std::memcpy(p, bytes, static_cast<size_t>(n));
+    }
   }
   TORCHATTN_SIMD_AVX512 V widen(const int8_t* p) {
     return _mm512_maskz_cvtepi32_ps(0xFFFF, _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
