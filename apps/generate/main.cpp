@@ -176,25 +176,30 @@ int main(int argc, char** argv) {
                                              static_cast<unsigned char>(prompt[*bad]), *bad));
       }
     }
-    // The caches hold the prompt and the new tokens (the prompt's ids are known from
-    // --prompt-ids; a text prompt may take up to the model's whole context).
-    load.context_length(std::min<int64_t>(config.max_position_embeddings,
-                                          ids.empty() ? config.max_position_embeddings
-                                                      : static_cast<int64_t>(ids.size()) + max_new_tokens));
+    // The model's context is this call's: the prompt and the new tokens, no more (the RoPE
+    // tables are that long). A text prompt is counted first, wrapped as
+    // LanguageModel::chat_prompt wraps it, with the folder's own tokenizer.
+    int64_t prompt_tokens = static_cast<int64_t>(ids.size());
+    if (text->count() > 0) {
+      const auto counter = as_flag_error("--prompt",
+                                         [&] { return models::Tokenizer((dir / "tokenizer.json").string()); });
+      std::string wrapped = prompt;
+      if (chat) {
+        const auto tmpl = models::read_chat_template(model_dir);
+        if (!tmpl) throw std::runtime_error("--chat: '" + model_dir + "' has no chat template");
+        wrapped = as_flag_error("--chat", [&] { return models::chat_prompt(*tmpl, prompt); });
+      }
+      prompt_tokens = static_cast<int64_t>(counter.encode(wrapped).size());
+    }
+    load.context_length(std::min<int64_t>(config.max_position_embeddings, prompt_tokens + max_new_tokens));
     const auto t0 = std::chrono::steady_clock::now();
     auto lm = as_flag_error("--model", [&] { return models::LanguageModel::from_pretrained(model_dir, load); });
     keep_freed_memory_for_reuse();
     const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (text->count() > 0) {
-      if (!lm.has_tokenizer()) {
-        throw std::runtime_error("--prompt: '" + model_dir +
-                                 "' has no tokenizer.json; give the prompt as --prompt-ids");
-      }
-      if (chat) {
-        if (!lm.has_chat_template()) throw std::runtime_error("--chat: '" + model_dir + "' has no chat template");
-        prompt = as_flag_error("--chat", [&] { return lm.chat_prompt(prompt); });
-      }
-      ids = lm.tokenizer().encode(prompt);
+      const models::Tokenizer* tokenizer = as_flag_error("--prompt", [&] { return &lm.tokenizer(); });
+      if (chat) prompt = as_flag_error("--chat", [&] { return lm.chat_prompt(prompt); });
+      ids = tokenizer->encode(prompt);
     }
 
     // The text as it comes; without a tokenizer, the ids.

@@ -38,7 +38,8 @@ struct CausalAttentionOptions {
   TORCH_ARG(int64_t, d_in);
   /// Features per output token.
   TORCH_ARG(int64_t, d_out);
-  /// Most tokens a sequence may have; the size of the `mask` buffer and of a KV cache.
+  /// Most tokens a sequence may have; the size of the `mask` buffer and of the RoPE
+  /// tables, and the largest KV cache (make_kv_cache's default).
   TORCH_ARG(int64_t, context_length);
   /// Dropout on the attention weights in training mode, in [0, 1). Default: 0.0.
   TORCH_ARG(double, dropout) = 0.0;

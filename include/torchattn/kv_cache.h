@@ -10,8 +10,9 @@ namespace torchattn {
 
 /// Keys and values of the tokens seen so far, for generation one chunk at a time
 /// (docs/modules.md, KV caches). Storage is allocated once, [B, H, capacity, head_dim]
-/// for MultiHeadAttention and [B, capacity, d_out] for CausalAttention (capacity =
-/// context_length; the token dimension is always -2):
+/// for MultiHeadAttention and [B, capacity, d_out] for CausalAttention (capacity:
+/// make_kv_cache's, at most the module's context_length, by default all of it; the
+/// token dimension is always -2):
 ///
 ///   torch::NoGradGuard no_grad;
 ///   auto cache = mha->make_kv_cache(/*batch_size=*/1);
@@ -50,7 +51,8 @@ class KVCache {
 
   /// Tokens cached so far.
   int64_t length() const { return length_; }
-  /// Tokens the cache can hold (the module's context_length).
+  /// Tokens the cache can hold (make_kv_cache's capacity; by default the module's
+  /// context_length).
   int64_t capacity() const;
   int64_t batch_size() const;
   bool defined() const { return keys_.defined(); }

@@ -49,7 +49,8 @@ struct MultiHeadAttentionOptions {
   TORCH_ARG(int64_t, d_in);
   /// Features per output token; a multiple of num_heads unless head_dim is set.
   TORCH_ARG(int64_t, d_out);
-  /// Most tokens a sequence may have; the size of the `mask` buffer and of a KV cache.
+  /// Most tokens a sequence may have; the size of the `mask` buffer and of the RoPE
+  /// tables, and the largest KV cache (make_kv_cache's default).
   TORCH_ARG(int64_t, context_length);
   /// Query heads; each sees head_dim features (d_out / num_heads unless set).
   TORCH_ARG(int64_t, num_heads);
@@ -185,7 +186,7 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   /// in] with "<name>_scale" float32 [out, groups of 64 inputs] beside each). What a
   /// saved frozen model holds in place of the float32 weights. Needs freeze_weights.
   NamedTensors frozen_state() const;
-  /// Bytes of the packed copies (pack_weights, freeze_weights); 0 while none is made.
+  /// Bytes of the packed copies (options.projections(), freeze_weights); 0 while none is made.
   int64_t packed_bytes() const;
   /// Whether freeze_weights ran.
   bool frozen() const { return !W_query.is_empty() && W_query->frozen(); }
@@ -307,8 +308,7 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   // products) and the attention options (inference: no dropout).
   block::AttentionBlock block(bool cross);
   functional::AttentionOptions attention_options(bool inference) const;
-  // Each projection's inference settings follow options (pack_weights, pack_min_rows,
-  // weight_format, int8_inputs), not once frozen.
+  // Each projection's inference settings follow options.projections(), not once frozen.
   void sync_linears();
   // Refuses `what` (save, load, cross-attention) once frozen.
   void check_not_frozen(const char* what) const;

@@ -117,7 +117,7 @@ int64_t KVCache::append(const at::Tensor& k, const at::Tensor& v, const at::Tens
               "KVCache: expected keys of dtype ", keys_.scalar_type(), " on ", keys_.device(), ", got ",
               k.scalar_type(), " on ", k.device(), "; make the cache after moving the module");
   const int64_t t_new = k.size(-2);
-  TORCH_CHECK(length_ + t_new <= capacity(), "KVCache: the cache holds ", length_, " of context_length=", capacity(),
+  TORCH_CHECK(length_ + t_new <= capacity(), "KVCache: the cache holds ", length_, " of its capacity of ", capacity(),
               " tokens and cannot take ", t_new, " more; call cache.reset() to start again");
   if (key_padding_mask.defined()) {
     const int64_t B = keys_.size(0);

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -136,6 +137,26 @@ TEST(DecodeAttention, KeysOutsideTheVisibleRangeAreNotRead) {
     EXPECT_TRUE(torch::equal(out, clean));
     EXPECT_LT((clean.to(torch::kFloat64) - decode_math(q, k, v, mask, 0.125)).abs().max().item<double>(), 2e-5);
   }
+}
+
+// A key hidden by a large finite mask (finfo.min, -1e9, as Hugging Face masks are) weighs
+// exactly 0 and its value is not read: NaN there leaves the row as over zeros; so does a
+// key more than 87 below the row's max.
+TEST(DecodeAttention, KeysFarBelowTheMaxWeighNothing) {
+  torch::manual_seed(22);
+  const int64_t Tk = 40;
+  const auto q = torch::randn({1, 2, 1, 16}), k = torch::randn({1, 2, Tk, 16});
+  auto v = torch::randn({1, 2, Tk, 16});
+  auto mask = torch::zeros({1, 1, 1, Tk});
+  mask.narrow(3, 10, 5).fill_(-1e9);
+  mask.narrow(3, 20, 3).fill_(std::numeric_limits<float>::lowest());
+  mask.index_put_({0, 0, 0, 30}, -120.0f);  // 120 below the other scores (|score| < 10 here)
+  const auto clean = K::decode_attention(q, k, v, mask, 0.25);
+  auto v_nan = v.clone();
+  for (const int64_t j : {10, 12, 14, 20, 22, 30}) v_nan.narrow(2, j, 1).fill_(NAN);
+  const auto out = K::decode_attention(q, k, v_nan, mask, 0.25);
+  EXPECT_TRUE(torch::equal(out, clean));
+  EXPECT_LT((clean.to(torch::kFloat64) - decode_math(q, k, v, mask, 0.25)).abs().max().item<double>(), 2e-5);
 }
 
 TEST(DecodeAttention, AppliesOnlyToWhatItComputes) {

@@ -295,7 +295,7 @@ TEST(WeightFormats, MultiHeadAttentionTakesTheFormat) {
   }
   torchattn::MultiHeadAttention f32(torchattn::MultiHeadAttentionOptions(8, 8, 4, 2));
   expect_error([&] { f32->freeze_weights(); },
-               "freeze_weights keeps bfloat16, int8 or dynamic-int8 copies, got weight_format float32");
+               "freeze_weights keeps bfloat16, int8 or dynamic-int8 copies, got projections.format float32");
 }
 
 // MultiHeadAttention with PyTorch's scheme: close to float32 (8-bit weights and inputs),

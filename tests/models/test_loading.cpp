@@ -224,9 +224,9 @@ std::filesystem::path saved_int8_folder(models::CausalLM& source, const std::str
   return dir;
 }
 
-// A folder without tokenizer.json loads and generates from token ids: the tokens of
-// models::generate over the same weights, no text; what needs text is an error
-// naming the folder.
+// A folder without tokenizer.json, or with one this library cannot read, loads and
+// generates from token ids: the tokens of models::generate over the same weights, no
+// text; what needs text is an error naming the folder, or what the reader found.
 TEST(Loading, AFolderWithoutATokenizerGeneratesFromTokenIds) {
   namespace fs = std::filesystem;
   torch::manual_seed(97);
@@ -263,6 +263,15 @@ TEST(Loading, AFolderWithoutATokenizerGeneratesFromTokenIds) {
                                    "' has no tokenizer.json; give prompts as token ids (generate_from_ids)";
   expect_error([&] { lm.tokenizer(); }, no_tokenizer);
   expect_error([&] { lm.generate({"hello"}); }, no_tokenizer);
+  // One this library cannot read: the same for ids, and its reader's words for text.
+  write_text(dir / "tokenizer.json", R"({"model": {"type": "Unigram", "vocab": []}})");
+  auto unread = models::LanguageModel::from_pretrained(dir.string());
+  EXPECT_FALSE(unread.has_tokenizer());
+  const auto again_ids = unread.generate_from_ids(prompts, options);
+  for (size_t b = 0; b < prompts.size(); ++b) EXPECT_EQ(again_ids[b].ids, want[b].ids) << "prompt " << b;
+  expect_error([&] { unread.tokenizer(); }, "LanguageModel: tokenizer: '" + (dir / "tokenizer.json").string() +
+                                                "' is a Unigram tokenizer; this library reads BPE");
+  expect_error([&] { unread.generate({"hello"}); }, "(token ids need no tokenizer: generate_from_ids)");
   fs::remove_all(dir);
   fs::remove_all(from);
 }

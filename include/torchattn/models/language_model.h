@@ -35,8 +35,10 @@ class LanguageModel {
   /// Loads `folder`: config.json (model_type llama, qwen2 or mistral; another type is
   /// an error naming the supported ones), model.safetensors or its sharded index
   /// (tied or untied embeddings), tokenizer.json, and the chat template if any. A
-  /// folder without tokenizer.json loads too: it generates from token ids
-  /// (generate_from_ids), and what needs text (generate, tokenizer()) is an error.
+  /// folder without tokenizer.json, or with one this library cannot read, loads too:
+  /// it generates from token ids (generate_from_ids), and what needs text (generate,
+  /// tokenizer()) is an error naming the folder, or what the tokenizer's reader
+  /// found. A tokenizer that reads but belongs to another model is an error here.
   /// Weights are checked strictly (a missing, extra or misshapen tensor is an error
   /// naming it and its file), then moved to `options`' device and dtype.
   /// A folder that save_pretrained wrote (torchattn_weights.json beside the weights)
@@ -85,11 +87,12 @@ class LanguageModel {
   const DecoderConfig& config() const { return model_->config(); }
 
  private:
-  LanguageModel(CausalLM model, std::optional<Tokenizer> tokenizer, std::optional<std::string> chat_template,
-                std::string folder);
+  LanguageModel(CausalLM model, std::optional<Tokenizer> tokenizer, std::string tokenizer_error,
+                std::optional<std::string> chat_template, std::string folder);
   CausalLM model_;
   std::string folder_;  // the folder it was loaded from
   std::optional<Tokenizer> tokenizer_;
+  std::string tokenizer_error_;  // why tokenizer.json did not read, where it did not
   std::optional<std::string> chat_template_;
   std::optional<int64_t> end_of_turn_;
 };

@@ -13,7 +13,7 @@
 //   out *= row.inverse();                     // 1 / sum; 0 for a row that saw nothing
 //
 // add() turns the block's scores into numerators exp(s - max), max the largest score so
-// far (a score of -inf gives exactly 0, and is never subtracted from), adds them to the
+// far (a score of -inf, or more than 87 below the max, gives exactly 0), adds them to the
 // sum in W-lane accumulators, key j into lane j % W from key 0, and returns the factor
 // exp(old max - new max) by which what was accumulated against the old max must be
 // multiplied (1 where the max did not grow; 0 before anything was added). A score of
@@ -35,6 +35,9 @@ namespace torchattn::kernels::cpu {
 
 template <class S>
 struct RowSoftmax {
+  /// Below max - 87 a numerator is 0 (exp(-87) is 1.6e-38, near the smallest normal float).
+  static constexpr float kFloor = -87.0f;
+
   float max = simd::kNegInf;
   float sum = 0.0f;
 
@@ -59,17 +62,23 @@ struct RowSoftmax {
     const float new_max = block_max > max ? block_max : max;
     const float rescale = max == simd::kNegInf ? 0.0f : (new_max == max ? 1.0f : std::exp(max - new_max));
     const V m = S::set1(new_max);
+    // A score more than kFloor below the max weighs 0 (the polynomial exp clamps there,
+    // and libm's gives a subnormal at most): its value is never read. A score of -inf
+    // always: where the max is -inf too, every score is.
+    const bool hidden = new_max == simd::kNegInf;
     V total = S::zero(), scores = S::zero();  // scores: their sum, NaN where one is NaN
     for (int64_t j = 0; j < whole; j += W) {
       const V x = S::load(s + j);
-      const V p = S::zero_where_equal(x, simd::kNegInf, S::exp_neg(S::sub(x, m)));
+      const V d = S::sub(x, m);
+      const V p = hidden ? S::zero() : S::below(d, kFloor, S::zero(), S::exp_neg(d));
       S::store(s + j, p);
       total = S::add(total, p);
       scores = S::add(scores, x);
     }
     if (tail > 0) {  // the same, over the tail's lanes
       const V x = S::load_or(s + whole, tail, simd::kNegInf);
-      const V p = S::zero_where_equal(x, simd::kNegInf, S::exp_neg(S::sub(x, m)));
+      const V d = S::sub(x, m);
+      const V p = hidden ? S::zero() : S::below(d, kFloor, S::zero(), S::exp_neg(d));
       S::store(s + whole, p, tail);
       total = S::add(total, p);
       scores = S::add(scores, x);

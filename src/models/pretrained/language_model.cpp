@@ -16,16 +16,18 @@
 
 namespace torchattn::models {
 
-LanguageModel::LanguageModel(CausalLM model, std::optional<Tokenizer> tokenizer,
+LanguageModel::LanguageModel(CausalLM model, std::optional<Tokenizer> tokenizer, std::string tokenizer_error,
                              std::optional<std::string> chat_template, std::string folder)
     : model_(std::move(model)), folder_(std::move(folder)), tokenizer_(std::move(tokenizer)),
-      chat_template_(std::move(chat_template)) {
+      tokenizer_error_(std::move(tokenizer_error)), chat_template_(std::move(chat_template)) {
   if (chat_template_ && tokenizer_) end_of_turn_ = tokenizer_->id_of("<|im_end|>");
 }
 
 const Tokenizer& LanguageModel::tokenizer() const {
-  TORCH_CHECK(tokenizer_.has_value(), "LanguageModel: '", folder_,
+  TORCH_CHECK(tokenizer_.has_value() || !tokenizer_error_.empty(), "LanguageModel: '", folder_,
               "' has no tokenizer.json; give prompts as token ids (generate_from_ids)");
+  TORCH_CHECK(tokenizer_.has_value(), "LanguageModel: ", tokenizer_error_,
+              " (token ids need no tokenizer: generate_from_ids)");
   return *tokenizer_;
 }
 
@@ -47,9 +49,15 @@ LanguageModel LanguageModel::from_pretrained(const std::string& folder, const Lo
   TORCH_CHECK(context <= config.max_position_embeddings, "LoadOptions::context_length: expected at most ",
               config.max_position_embeddings, " (the max_position_embeddings of '", config_path, "'), got ", context);
   std::optional<Tokenizer> tokenizer;
+  std::string tokenizer_error;
   if (const fs::path file = fs::path(folder) / "tokenizer.json"; fs::exists(file)) {
-    tokenizer.emplace(file.string());
-    check_tokenizer(folder, config, *tokenizer);
+    // One this library cannot read leaves the ids; one of another model is an error.
+    try {
+      tokenizer.emplace(file.string());
+    } catch (const c10::Error& e) {
+      tokenizer_error = e.what_without_backtrace();
+    }
+    if (tokenizer) check_tokenizer(folder, config, *tokenizer);
   }
   const auto saved = saved_weight_format(folder);
   CausalLM model = saved ? CausalLM(config, context, *saved) : CausalLM(config, context, Init::ForLoading);
@@ -74,7 +82,8 @@ LanguageModel LanguageModel::from_pretrained(const std::string& folder, const Lo
     model->eval();
     if (options.weight_format() != torchattn::WeightFormat::Float32) model->freeze_weights(options.weight_format());
   }
-  return LanguageModel(std::move(model), std::move(tokenizer), read_chat_template(folder), folder);
+  return LanguageModel(std::move(model), std::move(tokenizer), std::move(tokenizer_error), read_chat_template(folder),
+                       folder);
 }
 
 void LanguageModel::save_pretrained(const std::string& folder) const { save_frozen_folder(model_, folder_, folder); }
