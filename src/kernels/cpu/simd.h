@@ -167,6 +167,19 @@ struct Scalar {
 };
 
 #if defined(TORCHATTN_SIMD_X86)
+// The first n (1 <= n <= 16) bytes of b to p (SSE2, under every x86 type's narrow).
+inline void store_first_bytes(uint8_t* p, __m128i b, int n) {
+  if (n == 16) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), b);
+  } else if (n == 8) {
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), b);
+  } else {
+    alignas(16) uint8_t bytes[16];
+    _mm_store_si128(reinterpret_cast<__m128i*>(bytes), b);
+    std::memcpy(p, bytes, static_cast<size_t>(n));
+  }
+}
+
 #define TORCHATTN_SIMD_AVX2 __attribute__((target("avx2,fma"))) static
 #define TORCHATTN_SIMD_AVX512 __attribute__((target("avx512f,fma"))) static
 
@@ -265,14 +278,7 @@ struct Avx2 {
   TORCHATTN_SIMD_AVX2 void narrow(uint8_t* p, V v, int n) {
     const __m256i i = _mm256_cvtps_epi32(v);
     const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
-    const __m128i b = _mm_packus_epi16(w, w);
-    if (n == W) {
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(p), b);
-    } else {
-      alignas(16) uint8_t bytes[16];
-      _mm_store_si128(reinterpret_cast<__m128i*>(bytes), b);
-      std::memcpy(p, bytes, static_cast<size_t>(n));
-    }
+    store_first_bytes(p, _mm_packus_epi16(w, w), n);
   }
   TORCHATTN_SIMD_AVX2 V widen(const int8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
@@ -365,14 +371,7 @@ struct Avx512 {
   }
   // To a register, then stored (vpmovdb's masked form to memory is slow on AMD's Zen).
   TORCHATTN_SIMD_AVX512 void narrow(uint8_t* p, V v, int n) {
-    const __m128i b = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v));
-    if (n == W) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(p), b);
-    } else {
-      alignas(16) uint8_t bytes[16];
-      _mm_store_si128(reinterpret_cast<__m128i*>(bytes), b);
-      std::memcpy(p, bytes, static_cast<size_t>(n));
-    }
+    store_first_bytes(p, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)), n);
   }
   TORCHATTN_SIMD_AVX512 V widen(const int8_t* p) {
     return _mm512_maskz_cvtepi32_ps(0xFFFF, _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
