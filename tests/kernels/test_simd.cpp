@@ -159,6 +159,53 @@ struct Width {
     return S::W;
   }
 };
+
+// The integer operations of the types that have them (Avx2, Avx512Vnni; the int8
+// products): out gets, in order, kBytes / 4 lanes each of dot(acc, a, b) (Avx2's
+// dot_signed with a as magnitudes and s as signs; Avx512Vnni's dot_unsigned of a),
+// iload(a, n) as bytes, ibroadcast4(a), then sum_four(x0..x3) (4 lanes) and
+// reduce_add(x0) (1), where x_j = iload(a + j * kBytes) as int32 lanes. Returns false
+// for a type without them.
+struct ByteOps {
+  static constexpr Isa kWidest = Isa::Avx512Vnni;
+  template <class S>
+  static bool run(const uint8_t* a, const int8_t* s, const int8_t* b, const int32_t* acc, int n, int32_t* out) {
+    if constexpr (requires { typename S::I; }) {
+      using I = typename S::I;
+      constexpr int kLanes = S::kBytes / 4;
+      I d;
+      if constexpr (S::kIsa == Isa::Avx512Vnni) {
+        d = S::dot_unsigned(S::iload(acc), S::iload(a), S::iload(b));
+      } else {
+        d = S::dot_signed(S::iload(acc), S::iload(a), S::iload(s), S::iload(b));
+      }
+      std::memcpy(out, &d, sizeof d);
+      const I part = S::iload(a, n), four = S::ibroadcast4(a);
+      std::memcpy(out + kLanes, &part, sizeof part);
+      std::memcpy(out + 2 * kLanes, &four, sizeof four);
+      const I x0 = S::iload(a), x1 = S::iload(a + S::kBytes), x2 = S::iload(a + 2 * S::kBytes),
+              x3 = S::iload(a + 3 * S::kBytes);
+      const __m128i sums = S::sum_four(x0, x1, x2, x3);
+      std::memcpy(out + 3 * kLanes, &sums, sizeof sums);
+      out[3 * kLanes + 4] = S::reduce_add(x0);
+      return true;
+    } else {
+      return false;
+    }
+  }
+};
+
+struct InOrder {
+  static constexpr Isa kWidest = Isa::Avx2;
+  template <class S>
+  static float run(const float* t, const float* x, float acc) {
+    if constexpr (S::kIsa == Isa::Avx2) {
+      return K::simd::Four::fma_in_order(K::simd::Four::load(t), K::simd::Four::load(x), acc);
+    } else {
+      return acc;
+    }
+  }
+};
 TORCHATTN_SIMD_KERNELS_END
 
 int lanes_of(Isa isa) { return K::simd::run_on<Width>(isa); }
@@ -281,6 +328,78 @@ std::set<uint32_t> dot_in_order(const float* a, const float* b, int64_t n, int l
   std::set<uint32_t> out;
   for (const float t : totals) out.insert(float_bits(t));
   return out;
+}
+
+// The integer register's operations against plain integer arithmetic, lane for lane:
+// the byte products exact (AVX2's int16 pairs at their largest, 2 * 127 * 127, do not
+// saturate), partial loads zero past n, the sums of four registers and of one.
+TEST(Simd, TheByteProductsAndIntegerSumsAreExact) {
+  torch::manual_seed(6);
+  constexpr int kMax = 64;
+  std::vector<uint8_t> a(4 * kMax);
+  std::vector<int8_t> sgn(kMax), b(kMax);
+  std::vector<int32_t> acc(kMax / 4);
+  const auto ra = torch::randint(0, 256, {4 * kMax}), rb = torch::randint(-127, 128, {kMax}),
+             rs = torch::randint(-1, 2, {kMax}), racc = torch::randint(-100000, 100000, {kMax / 4});
+  for (int i = 0; i < 4 * kMax; ++i) a[i] = static_cast<uint8_t>(ra[i].item<int64_t>());
+  for (int i = 0; i < kMax; ++i) {
+    b[i] = static_cast<int8_t>(rb[i].item<int64_t>());
+    sgn[i] = static_cast<int8_t>(rs[i].item<int64_t>() * 100);  // negative, zero or positive
+  }
+  for (int i = 0; i < kMax / 4; ++i) acc[i] = static_cast<int32_t>(racc[i].item<int64_t>());
+  b[0] = b[1] = -127;  // a pair at AVX2's largest: 2 * 127 * 127
+  sgn[0] = sgn[1] = 1;
+  a[0] = a[1] = 127;
+  int tried = 0;
+  for (const Isa isa : K::supported_isas()) {
+    SCOPED_TRACE(K::isa_name(isa));
+    const int bytes = isa == Isa::Avx512Vnni ? 64 : isa == Isa::Avx2 ? 32 : 0;
+    if (bytes == 0) continue;
+    const int lanes = bytes / 4, n = bytes - 5;
+    std::vector<int32_t> out(3 * lanes + 5, 0);
+    std::vector<uint8_t> mag(a.begin(), a.end());
+    if (isa == Isa::Avx2) {
+      for (int i = 0; i < bytes; ++i) mag[i] = a[i] & 0x7f;  // vpmaddubsw's magnitudes: at most 127
+    }
+    ASSERT_TRUE(K::simd::run_on<ByteOps>(isa, mag.data(), sgn.data(), b.data(), acc.data(), n, out.data()));
+    ++tried;
+    for (int l = 0; l < lanes; ++l) {
+      int32_t want = acc[l];
+      for (int k = 4 * l; k < 4 * l + 4; ++k) {
+        const int32_t w = isa == Isa::Avx2 ? (sgn[k] > 0 ? b[k] : sgn[k] < 0 ? -b[k] : 0) : b[k];
+        want += static_cast<int32_t>(mag[k]) * w;
+      }
+      EXPECT_EQ(out[l], want) << "dot, lane " << l;
+      int32_t part = 0, four = 0;
+      std::memcpy(&four, mag.data(), 4);
+      for (int k = 0; k < 4; ++k) {
+        const int i = 4 * l + k;
+        part |= static_cast<int32_t>(i < n ? mag[i] : 0) << (8 * k);
+      }
+      EXPECT_EQ(out[lanes + l], part) << "iload(p, n), lane " << l;
+      EXPECT_EQ(out[2 * lanes + l], four) << "ibroadcast4, lane " << l;
+    }
+    for (int j = 0; j < 4; ++j) {
+      int64_t want = 0;
+      for (int l = 0; l < lanes; ++l) {
+        int32_t x;
+        std::memcpy(&x, mag.data() + j * bytes + 4 * l, 4);
+        want += x;
+      }
+      EXPECT_EQ(out[3 * lanes + j], static_cast<int32_t>(want)) << "sum_four, register " << j;
+      if (j == 0) {
+        EXPECT_EQ(out[3 * lanes + 4], static_cast<int32_t>(want)) << "reduce_add";
+      }
+    }
+  }
+  // Four's fused multiply-adds, one at a time in order.
+  if (K::best_isa() >= Isa::Avx2) {
+    EXPECT_GT(tried, 0);
+    const float t[4] = {1e8f, -3.0f, 1.0f / 3.0f, 7e-8f}, x[4] = {1.0f + 1e-7f, 1e8f, 3.0f, 1.0f};
+    float want = 0.5f;
+    for (int k = 0; k < 4; ++k) want = std::fma(t[k], x[k], want);
+    EXPECT_EQ(float_bits(K::simd::run_on<InOrder>(Isa::Avx2, t, x, 0.5f)), float_bits(want));
+  }
 }
 
 TEST(Simd, DotAndAxpyFollowTheirDocumentedOrderOnEveryIsa) {

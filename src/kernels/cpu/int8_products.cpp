@@ -102,57 +102,6 @@ QuantizedRows quantize_rows(const float* x, int64_t rows, int64_t in, Int8Kernel
   return r;
 }
 
-// The portable loop: the same integers and the same float32 steps as the kernels.
-// Outputs [begin, end) of the part for every row.
-void portable(const QuantizedRows& xr, int64_t rows, const int8::Int8Call& c, int64_t begin, int64_t end) {
-  for (int64_t o = begin; o < end; ++o) {
-    for (int64_t m = 0; m < rows; ++m) {
-      const uint8_t* xm = xr.bytes.data() + m * xr.padded_in;
-      float acc = 0.0f;
-      for (int64_t g = 0; g < xr.groups; ++g) {
-        const int64_t g0 = g * kGroup, g1 = std::min(c.in, g0 + kGroup);
-        int32_t d = 0;
-        for (int64_t i = g0; i < g1; ++i) d += (static_cast<int32_t>(xm[i]) - 128) * c.q[o * c.in + i];
-        const float t = static_cast<float>(d) * c.scale[o * xr.groups + g];
-        acc = std::fma(t, xr.scale[m * xr.groups + g], acc);
-      }
-      c.y[m * c.ldy + o] = c.bias != nullptr ? acc + c.bias[o] : acc;
-    }
-  }
-}
-
-// The kernel's own rows (at most kFewRows, on this thread) or panels (more, parallel).
-void rows_of(Int8Kernel kernel, const QuantizedRows& xr, int64_t rows, const int8::Int8Call& c, int64_t begin,
-             int64_t end) {
-  switch (kernel) {
-#if defined(TORCHATTN_SIMD_X86)
-    case Int8Kernel::Vnni:
-      int8::vnni_rows(xr, rows, c, begin, end);
-      return;
-    case Int8Kernel::Avx2:
-      int8::avx2_rows(xr, rows, c, begin, end);
-      return;
-#endif
-    default:
-      portable(xr, rows, c, begin, end);
-  }
-}
-
-void panels_of(Int8Kernel kernel, const QuantizedRows& xr, int64_t rows, const int8::Int8Call& c) {
-  switch (kernel) {
-#if defined(TORCHATTN_SIMD_X86)
-    case Int8Kernel::Vnni:
-      int8::vnni_panels(xr, rows, c);
-      return;
-    case Int8Kernel::Avx2:
-      int8::avx2_panels(xr, rows, c);
-      return;
-#endif
-    default:
-      at::parallel_for(0, c.out, 1, [&](int64_t b, int64_t e) { portable(xr, rows, c, b, e); });
-  }
-}
-
 }  // namespace
 
 const char* int8_kernel_name(Isa isa) {
@@ -182,9 +131,7 @@ at::Tensor int8_products_linear(const at::Tensor& x, at::ArrayRef<QuantizedWeigh
   at::Tensor y = at::empty({rows, total}, x.options());
   if (rows == 0 || total == 0) return y;
   QuantizedRows xr = quantize_rows(x.const_data_ptr<float>(), rows, in, kernel);
-#if defined(TORCHATTN_SIMD_X86)
-  if (kernel == Int8Kernel::Avx2) int8::avx2_prepare(xr);
-#endif
+  int8::prepare(isa, xr);
   std::vector<int8::Int8Call> calls;
   float* y0 = y.mutable_data_ptr<float>();
   int64_t col = 0;
@@ -194,7 +141,7 @@ at::Tensor int8_products_linear(const at::Tensor& x, at::ArrayRef<QuantizedWeigh
     col += p.data.size(0);
   }
   if (rows > int8::kFewRows) {
-    for (const auto& c : calls) panels_of(kernel, xr, rows, c);
+    for (const auto& c : calls) int8::kernel_panels(isa, xr, rows, c);
     return y;
   }
   // Every part's outputs [0, total) split over the threads at once.
@@ -203,7 +150,7 @@ at::Tensor int8_products_linear(const at::Tensor& x, at::ArrayRef<QuantizedWeigh
     int64_t first = 0;
     for (const auto& c : calls) {
       const int64_t b = std::max(begin, first), e = std::min(end, first + c.out);
-      if (b < e) rows_of(kernel, xr, rows, c, b - first, e - first);
+      if (b < e) int8::kernel_rows(isa, xr, rows, c, b - first, e - first);
       first += c.out;
     }
   });

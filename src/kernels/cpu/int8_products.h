@@ -16,20 +16,22 @@
 // Every rounding step is named above, so the AVX-512 VNNI kernels, the AVX2 kernels and
 // the portable loop give the same bits, whatever the number of rows.
 //
-// AVX2 (int8_products_avx2.cpp; no VNNI): vpmaddubsw multiplies unsigned bytes by
-// signed ones into int16 pairs, so the bytes go in as |qx| against the weights given
-// qx's sign (vpsignb: products and sums unchanged, each pair at most 2 * 127 * 127,
-// inside int16), and vpmaddwd sums the pairs into int32 lanes of four products, the
-// same 4-byte groups as VNNI's. Four vector instructions per 32 products where VNNI
-// needs one per 64, but twice the products per instruction of a float32 FMA.
-//
-// AVX-512 VNNI (int8_products_vnni.cpp): x goes in as unsigned bytes
-// qx + 128 with 128 * sum(q) taken back. Up to 16 rows (decoding) the weights are read
-// in place, a group of 64 of an output in one register, the int32 sums of four such
-// registers added across them together (one row of x: four groups of one output;
-// more: four outputs); more rows repack the weights a panel of 32 outputs at a time
-// into VNNI's 4-byte groups (one output a lane, no sum across). A group of inputs that
-// holds a NaN or an infinity gives NaN outputs, never a silent number.
+// The kernels (int8_tiles.cpp) are written once over simd.h's integer registers and
+// entered through run_on; what differs between the instruction sets is how x's bytes
+// meet the weights:
+// - AVX2 (no VNNI): vpmaddubsw multiplies unsigned bytes by signed ones into int16
+//   pairs, so the bytes go in as |qx| against the weights given qx's sign (vpsignb:
+//   products and sums unchanged, each pair at most 2 * 127 * 127, inside int16), and
+//   vpmaddwd sums the pairs into int32 lanes of four products, the same 4-byte groups as
+//   VNNI's. Four vector instructions per 32 products where VNNI needs one per 64, but
+//   twice the products per instruction of a float32 FMA.
+// - AVX-512 VNNI: x goes in as unsigned bytes qx + 128 with 128 * sum(q) taken back.
+// Up to 16 rows (decoding) the weights are read in place, four groups of 64 of an output
+// summed across their registers together (one row of x: one stream of weight rows with
+// VNNI, four side by side with AVX2; more rows: four outputs at a time); more rows
+// repack the weights a panel of two registers of outputs at a time into 4-byte groups
+// (one output a lane, no sum across). A group of inputs that holds a NaN or an infinity
+// gives NaN outputs, never a silent number.
 
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/quantized_linear.h"

@@ -1,10 +1,10 @@
 #pragma once
 
 // The rows of x as the int8 product kernels read them (int8_products.h): quantized per
-// group of kInt8Group inputs, and the kernels of each instruction set over them
-// (int8_products_avx2.cpp, int8_products_vnni.cpp; the portable loop in
-// int8_products.cpp).
+// group of kInt8Group inputs, and the kernels over them (int8_tiles.cpp: the portable
+// loop, AVX2's and VNNI's, written once over simd.h's types).
 
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/quantized_linear.h"
 
 #include <ATen/Parallel.h>
@@ -66,15 +66,14 @@ void run_panels(const Int8Call& c, int64_t rows, const Repack& repack, const Til
   });
 }
 
-// Each instruction set's kernels, the numbers of int8_products.h:
-// - *_rows: at most kFewRows rows of x, outputs [begin, end) of the part, on the
+// The kernel of `isa` (int8_products.h: the one each Isa runs), the numbers of
+// int8_products.h:
+// - prepare: x's operands the kernel reads besides bytes (AVX2's mag and sgn);
+// - kernel_rows: at most kFewRows rows of x, outputs [begin, end) of the part, on the
 //   calling thread (the caller splits every part's outputs over the threads at once);
-// - *_panels: more rows, every output of the part, over the intra-op threads.
-// AVX2 (any x86 CPU with AVX2; xr with mag and sgn); AVX-512 VNNI (best_isa() Avx512Vnni).
-void avx2_prepare(QuantizedRows& xr);  // fills mag and sgn from bytes
-void avx2_rows(const QuantizedRows& xr, int64_t rows, const Int8Call& c, int64_t begin, int64_t end);
-void avx2_panels(const QuantizedRows& xr, int64_t rows, const Int8Call& c);
-void vnni_rows(const QuantizedRows& xr, int64_t rows, const Int8Call& c, int64_t begin, int64_t end);
-void vnni_panels(const QuantizedRows& xr, int64_t rows, const Int8Call& c);
+// - kernel_panels: more rows, every output of the part, over the intra-op threads.
+void prepare(Isa isa, QuantizedRows& xr);
+void kernel_rows(Isa isa, const QuantizedRows& xr, int64_t rows, const Int8Call& c, int64_t begin, int64_t end);
+void kernel_panels(Isa isa, const QuantizedRows& xr, int64_t rows, const Int8Call& c);
 
 }  // namespace torchattn::kernels::cpu::int8
