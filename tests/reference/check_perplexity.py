@@ -74,7 +74,7 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--chars", type=int, default=21000, help="the text's length (0: all of it)")
-    ap.add_argument("--json", help="write the figures here (apps/bench/report_weights.py reads them)")
+    ap.add_argument("--json", help="write the figures here (apps/bench/generate/report_weights.py reads them)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     os.makedirs(args.work, exist_ok=True)

@@ -5,7 +5,7 @@ the debugging prints removed and one addition: a `scale=None` keyword. None keep
 notebook's division by sqrt(d_k); a number multiplies the scores instead, as
 torchattn's `.scale(s)` does. torchattn is checked against this file: golden
 fixtures (tests/reference/make_golden.py), the installed-package check
-(tests/consumer/check_consumer.py) and the benchmarks (apps/bench/bench_python.py).
+(tests/consumer/check_consumer.py) and the benchmarks (apps/bench/attention/bench_python.py).
 """
 
 import numpy as np

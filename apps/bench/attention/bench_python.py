@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests", "reference"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "tests", "reference"))
 import notebook_reference as nr  # noqa: E402
 
 D, H = 768, 12

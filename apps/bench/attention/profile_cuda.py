@@ -4,7 +4,7 @@ SDPA kernel ATen picks, what each kernel costs the first time it meets a sequenc
 length, the attention core against a GEMM, three projections against one fused GEMM,
 and the ways to run one decoding step over a fixed-size cache (eager and graph-replayed).
 
-    python3 apps/bench/profile_cuda.py [--quick] [--json out.json]
+    python3 apps/bench/attention/profile_cuda.py [--quick] [--json out.json]
 
 It is the evidence behind torchattn's CUDA kernel choice (apps/bench/results/benchmarks-cuda.md)."""
 

@@ -3,7 +3,7 @@
 profile_cuda.py into apps/bench/results/benchmarks-cuda.md and apps/bench/results/benchmarks-cuda.png: the GPU and
 versions they ran on, the issue's targets with PASS/FAIL, and the tables behind them.
 
-    python3 apps/bench/report_cuda.py --cpp cpp-cuda.json --py py-cuda.json \\
+    python3 apps/bench/attention/report_cuda.py --cpp cpp-cuda.json --py py-cuda.json \\
         [--profile profile-cuda.json] [--smi nvidia-smi.txt] [--out apps/bench/results]
 
 Needs no torch. Draws the PNG with matplotlib; where it is missing (a GPU machine's
@@ -100,7 +100,7 @@ def header(cpp, py, smi):
     if cpp.get("quick"):
         md += ["> **Smoke run** (`--quick`): small sizes and few repetitions, not the issue's; "
                "the targets below are not meaningful.", ""]
-    md += ["Made by `make bench DEVICE=cuda` (`bash apps/bench/run.sh --device cuda`, apps/bench): "
+    md += ["Made by `make bench DEVICE=cuda` (`bash apps/bench/run.sh --device cuda`, apps/bench/attention): "
            "`torchattn_bench --device cuda` (C++), `bench_python_cuda.py` (the Python peers) and "
            "`profile_cuda.py` (ATen alone) one after the other on the same GPU. Every variant is checked "
            "against the others (same weights, same input: outputs and input gradients within 2e-2 relative "
@@ -329,7 +329,7 @@ def memory(cpp):
 def profile(prof):
     md = ["## ATen alone (profile_cuda.py, Python, same GPU)", "",
           "The evidence behind Backend::Auto's kernel choice, measured with ATen and no torchattn "
-          "(`python3 apps/bench/profile_cuda.py`).", "",
+          "(`python3 apps/bench/attention/profile_cuda.py`).", "",
           "Which kernel `torch._fused_sdp_choice` picks: "
           + ", ".join(f"{k} -> {v}" for k, v in prof.get("choice", {}).items()) + ".", ""]
     if prof.get("cold"):

@@ -5,7 +5,7 @@ MultiHeadAttention, torch.nn.MultiheadAttention (causal) and an SDPA module (thr
 forward+backward at the C++ benchmark's main points, on its weights (seed 0) and inputs
 (seed 1). Each is checked against the SDPA module before it is timed; writes JSON.
 
-    python3 apps/bench/bench_python_cuda.py [--quick] [--json out.json] [--device cuda]
+    python3 apps/bench/attention/bench_python_cuda.py [--quick] [--json out.json] [--device cuda]
 
 Times are CUDA events around one call with the GPU idle before it (as the C++ side),
 the variants called round-robin; medians. --device cpu runs the same checks, with
@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests", "reference"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "tests", "reference"))
 import notebook_reference as nr  # noqa: E402
 from bench_python import SDPAAttention  # noqa: E402  (this folder)
 

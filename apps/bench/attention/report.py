@@ -6,26 +6,15 @@ import argparse
 import datetime
 import json
 import os
-import platform
-import subprocess
+import sys
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-
-def machine():
-    cpu = "unknown CPU"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB, {platform.system()} {platform.machine()}"
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from machine import machine  # noqa: E402  (apps/bench/machine.py)
 
 
 def table(headers, rows):
@@ -51,7 +40,7 @@ def main():
         return None
 
     md = ["# Benchmarks", "",
-          "Made by `make bench` (apps/bench): `torchattn_bench` (C++) and `bench_python.py` run one after the other "
+          "Made by `make bench` (apps/bench/attention): `torchattn_bench` (C++) and `bench_python.py` run one after the other "
           "on the same machine, the same weights (seed 0) and the same inputs; each variant is checked against the "
           "notebook math before it is timed. Medians of repeated runs after a warm-up; GFLOP/s count the useful "
           "work (projections plus the causal half of the attention). Regenerate with `make bench`.", "",

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """apps/bench/results/weights.md: SmolLM2-135M's weight formats on the CPU. torchattn
 in float32, bfloat16, int8 and dynamic-int8 (torchattn_generate_bench --dtype, at 1 and 2 threads)
-beside CTranslate2 int8 and float32 (bench_ctranslate2.py, the same threads) and, with
---llama, llama.cpp F32 and Q8_0 (bench_llama_cpp.py, the same threads), with the
+beside CTranslate2 int8 and float32 (ctranslate2_generate.py, the same threads) and, with
+--llama, llama.cpp F32 and Q8_0 (llama_cpp_generate.py, the same threads), with the
 perplexity each format gives (check_perplexity.py --json), and the issue's targets.
 
 With --serve FILE (bench_serve.py --server-args "--dtype int8"), torchattn_serve's 16
@@ -19,8 +19,10 @@ import datetime
 import json
 import os
 import statistics
+import sys
 
-from report import machine  # apps/bench/report.py
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from machine import machine  # noqa: E402  (apps/bench/machine.py: the same machine line as every page)
 
 
 def cpu_flags():
@@ -83,7 +85,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ours", nargs="+", required=True)
     ap.add_argument("--ct2", nargs="+", required=True)
-    ap.add_argument("--llama", nargs="+", default=[], help="bench_llama_cpp.py's JSON files as TYPE:THREADS:FILE")
+    ap.add_argument("--llama", nargs="+", default=[], help="llama_cpp_generate.py's JSON files as TYPE:THREADS:FILE")
     ap.add_argument("--ppl", required=True)
     ap.add_argument("--serve", help="bench_serve.py's JSON of an int8 server")
     ap.add_argument("--serve-formats", help="bench_serve_formats.py's JSON: int8 and float32 servers in rounds")
@@ -101,7 +103,7 @@ def main():
           "`--dtype float32|bfloat16|int8|dynamic-int8` (bfloat16 or int8 weights, float32 activations; int8 on an "
           "x86 CPU with AVX2 or AVX-512 VNNI quantizes its inputs per group of 64 too, in prefill and decoding, and "
           "sums int8 products; "
-          "dynamic-int8: PyTorch's quantize_dynamic scheme, int8 inputs too; docs/models.md) and CTranslate2 (`bench_ctranslate2.py`, the folder converted with its own "
+          "dynamic-int8: PyTorch's quantize_dynamic scheme, int8 inputs too; docs/models.md) and CTranslate2 (`ctranslate2_generate.py`, the folder converted with its own "
           "converter) one after the other, each at 1 and at 2 intra-op threads, in "
           f"{rounds} round{'s' if rounds > 1 else ''}: every runtime, format and thread count runs once a round, "
           "and each figure is that configuration's median over the rounds, so that a shared machine's drift "
@@ -197,7 +199,7 @@ def main():
         runs = {r["clients"]: r for r in j["runs"]}
         hf = {r["batch"]: r for r in j["transformers"]}
         md += ["", "## Serving in int8", "",
-               f"`apps/serve/bench_serve.py --server-args \"{j['server_args']}\"` (the serving page's benchmark, "
+               f"`apps/bench/serve/bench_serve.py --server-args \"{j['server_args']}\"` (the serving page's benchmark, "
                f"{j['threads']} server threads, the clients on the same cores), in the same run as transformers' "
                "batched `generate` in float32 on the same prompts:", "",
                "| clients | torchattn_serve int8, tokens/s | transformers batch, tokens/s | ratio |", "|---|---|---|---|"]
@@ -212,7 +214,7 @@ def main():
         j = json.load(open(a.serve_formats))
         by = {(r["round"], r["dtype"]): r for r in j["runs"]}
         md += ["", "## The int8 server against our float32 server", "",
-               f"`apps/serve/bench_serve_formats.py`: {j['clients']} clients, each streaming two chat completions "
+               f"`apps/bench/serve/bench_serve_formats.py`: {j['clients']} clients, each streaming two chat completions "
                f"of {j['new_tokens']} tokens back to back, against `torchattn_serve --dtype float32` and then "
                f"`--dtype int8`, {j['rounds']} interleaved rounds, {j['threads']} server threads and the clients on "
                "the same cores. A step is one forward of the engine over every running request's rows (decoding "
@@ -232,7 +234,7 @@ def main():
         div = json.load(open(a.divergence))
         rows = div["prompts"]
         md += ["", "## Greedy tokens against float32", "",
-               f"`apps/bench/greedy_divergence.py`: `torchattn_generate --greedy` on {len(rows)} prompts, "
+               f"`apps/bench/generate/greedy_divergence.py`: `torchattn_generate --greedy` on {len(rows)} prompts, "
                f"{div['tokens']} new tokens each, in each format; the first new token (0-based) that differs from "
                "float32's, or `-` where all are equal.", "",
                "| prompt | bfloat16 | int8 |", "|---|---|---|"]

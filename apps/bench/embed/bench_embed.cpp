@@ -1,7 +1,7 @@
 // torchattn_embed_bench: sentences per second of SentenceEncoder::embed at batch 1
 // (one call per sentence) and batch 32 (one call for 32 sentences), on the sentences
-// apps/embed/bench_sentence_transformers.py measured sentence-transformers' encode on
-// (one per line), medians of repeated runs. apps/bench/report_embed.py sets them side
+// apps/bench/peers/sentence_transformers_embed.py measured sentence-transformers' encode on
+// (one per line), medians of repeated runs. apps/bench/embed/report_embed.py sets them side
 // by side. Measured twice in one run: as loaded by default (the linear layers'
 // weights packed for oneDNN) and with LoadOptions().pack_weights(false).
 //

@@ -1,8 +1,8 @@
 // torchattn_generate_bench: SmolLM2-135M (or any Llama-family folder) with torchattn on
 // the CPU: peak RSS of a generation, prefill of a long prompt, decoding tokens/s, and
 // the machine's memory read bandwidth measured in the same run (the bound decoding is
-// held against). apps/generate/bench_transformers.py measures transformers the same
-// way; apps/bench/report_generate.py sets them side by side.
+// held against). apps/bench/peers/transformers_generate.py measures transformers the same
+// way; apps/bench/generate/report_generate.py sets them side by side.
 //
 //   torchattn_generate_bench --model DIR [--threads 2] [--dtype float32|bfloat16|int8|dynamic-int8]
 //                            [--json out.json] [--quick]

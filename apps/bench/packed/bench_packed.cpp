@@ -1,6 +1,6 @@
 // torchattn_bench_packed: documents packed end to end against the same documents as a
 // padded batch and against one long sequence, one case a process (so that each peak
-// resident set is the case's own), for apps/bench/bench_packed.py.
+// resident set is the case's own), for apps/bench/packed/bench_packed.py.
 //
 //   torchattn_bench_packed --case module-packed|module-batch|core-packed|core-long
 //                          [--docs 64] [--len 256] [--reps 5] [--threads 2]

@@ -17,7 +17,7 @@ import platform
 import statistics
 import time
 
-import bench_serve  # apps/serve/bench_serve.py: the server, the clients and the prompts
+import bench_serve  # apps/bench/serve/bench_serve.py: the server, the clients and the prompts
 from transformers import AutoTokenizer
 
 FORMATS = ("float32", "int8")

@@ -4,10 +4,10 @@ measurements as torchattn_generate_bench (peak RSS after loading and generating,
 decoding tokens/s after a 32-token prompt, a warm 512-token prefill, and the memory
 read bandwidth), with transformers' own generate and forward, float32 on the CPU.
 
-Usage: .venv/bin/python apps/generate/bench_transformers.py --model DIR [--threads 2] [--json out.json] [--quick]
+Usage: .venv/bin/python apps/bench/peers/transformers_generate.py --model DIR [--threads 2] [--json out.json] [--quick]
            [--new-tokens N] [--long-prompts 512,2048] [--cold-load] [--decode-only]
 
-The options after --quick as bench_llama_cpp.py's.
+The options after --quick as llama_cpp_generate.py's.
 """
 
 import statistics
@@ -18,7 +18,7 @@ import transformers
 from transformers import AutoModelForCausalLM
 from transformers.generation.streamers import BaseStreamer
 
-from bench_common import measure, peer_arguments, report
+from harness import measure, peer_arguments, report
 
 
 class Clock(BaseStreamer):
@@ -63,7 +63,7 @@ def main():
         if r > 0:
             bandwidth.append(big.numel() * 4 / (time.perf_counter() - t) / 1e9)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    res = {"tool": "bench_transformers.py", "transformers": transformers.__version__, "torch": str(torch.__version__),
+    res = {"tool": "transformers_generate.py", "transformers": transformers.__version__, "torch": str(torch.__version__),
            "threads": torch.get_num_threads(), "weight_bytes": weight_bytes, "prompt": 32, **res,
            "first_prefill_s": statistics.median(first), "bandwidth_gbps": statistics.median(bandwidth)}
     report(a, f"transformers {transformers.__version__}, torch {torch.__version__}, {res['threads']} threads", res,

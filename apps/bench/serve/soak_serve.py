@@ -18,7 +18,7 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import bench_serve  # apps/serve/bench_serve.py: the server and the prompts
+import bench_serve  # apps/bench/serve/bench_serve.py: the server and the prompts
 import openai
 
 KV_TOKENS = 32768

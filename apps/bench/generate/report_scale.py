@@ -3,8 +3,8 @@
 1.07B parameters, random weights from a config) on the CPU. torchattn in float32, bfloat16
 and int8 (torchattn_generate_bench, the bfloat16 and int8 weights from folders of their
 own), int8 quantized at load from the float32 folder, beside transformers float32
-(bench_transformers.py), CTranslate2 int8 (bench_ctranslate2.py) and llama.cpp F32 and
-Q8_0 (bench_llama_cpp.py): warm and cold load, peak RSS, prefills of 512 and 2048 tokens,
+(transformers_generate.py), CTranslate2 int8 (ctranslate2_generate.py) and llama.cpp F32 and
+Q8_0 (llama_cpp_generate.py): warm and cold load, peak RSS, prefills of 512 and 2048 tokens,
 decoding tokens/s, each at 1 and 2 threads for decoding, with the issue's targets.
 
 Usage: report_scale.py --runs NAME:THREADS:FILE ... [--folders NAME:DIR ...] [--out DIR]
@@ -16,9 +16,11 @@ gets each number's median over them. --folders: the weights each NAME loads (the
 import argparse
 import datetime
 import os
+import sys
 
-from report import machine  # apps/bench/report.py
-from report_weights import best, cpu_flags, load, paired
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from machine import machine  # noqa: E402  (apps/bench/machine.py: the same machine line as every page)
+from report_weights import best, cpu_flags, load, paired  # noqa: E402
 
 ORDER = ["ours-float32", "ours-bfloat16", "ours-int8", "ours-int8-unverified", "ours-int8-at-load",
          "transformers-float32", "ct2-int8", "llama-f32", "llama-q8_0"]

@@ -1,20 +1,21 @@
 #!/usr/bin/env python3
 """sentence-transformers' encode at batch 1 (one call per sentence) and batch 32 (one
 call for 32 sentences) on all-MiniLM-L6-v2, medians of repeated runs; the same
-measurements as apps/embed/bench_embed.cpp, which reads the sentences this writes.
+measurements as torchattn_embed_bench (apps/bench/embed/bench_embed.cpp), which reads the
+sentences this writes; the timed rounds are the peers' harness's (harness.py).
 
 Sentences: about 20 words each, consecutive words of the fortunes text (Debian's
 `fortunes` package; the first 64 chunks).
 
-Usage: bench_sentence_transformers.py --model DIR --sentences-out FILE [--threads 2] [--json out.json] [--quick]
+Usage: sentence_transformers_embed.py --model DIR --sentences-out FILE [--threads 2] [--json out.json] [--quick]
 """
 
 import argparse
 import json
 import statistics
-import time
 
 import torch
+from harness import rounds
 from sentence_transformers import SentenceTransformer
 
 FORTUNES = "/usr/share/games/fortunes/fortunes"
@@ -44,16 +45,9 @@ def main():
     singles = s[:16] if a.quick else s
     with torch.inference_mode():
         model.encode(batch, batch_size=32, **kw)  # warm-up
-        one, many = [], []
-        for _ in range(2 if a.quick else 5):
-            t = time.perf_counter()
-            for x in singles:
-                model.encode([x], batch_size=1, **kw)
-            one.append(len(singles) / (time.perf_counter() - t))
-        for _ in range(2 if a.quick else 7):
-            t = time.perf_counter()
-            model.encode(batch, batch_size=32, **kw)
-            many.append(32 / (time.perf_counter() - t))
+        one = [len(singles) / t for t in rounds(2 if a.quick else 5, lambda: [
+            model.encode([x], batch_size=1, **kw) for x in singles])]
+        many = [32 / t for t in rounds(2 if a.quick else 7, lambda: model.encode(batch, batch_size=32, **kw))]
         # The floor under batch 1: the model's linear layers alone (torch.addmm with its
         # weights) on one sentence's rows, and transformers' forward without the rest
         # of encode.
@@ -67,17 +61,10 @@ def main():
             for m in linears:
                 torch.addmm(m.bias, inputs[m.in_features], m.weight.t())
 
-        gemm_ms, forward_ms = [], []
         encoded = [tok(x, return_tensors="pt") for x in singles]
-        for _ in range(2 if a.quick else 5):
-            t = time.perf_counter()
-            for _ in range(len(singles)):
-                gemms()
-            gemm_ms.append((time.perf_counter() - t) / len(singles) * 1e3)
-            t = time.perf_counter()
-            for e in encoded:
-                bert(**e)
-            forward_ms.append((time.perf_counter() - t) / len(singles) * 1e3)
+        per_sentence_ms = 1e3 / len(singles)
+        gemm_ms = [t * per_sentence_ms for t in rounds(2 if a.quick else 5, lambda: [gemms() for _ in singles])]
+        forward_ms = [t * per_sentence_ms for t in rounds(2 if a.quick else 5, lambda: [bert(**e) for e in encoded])]
     r = {"tool": "sentence-transformers", "threads": torch.get_num_threads(),
          "batch1_per_s": statistics.median(one), "batch32_per_s": statistics.median(many),
          "batch1_rows": rows, "linear_layers": len(linears), "batch1_gemm_ms": statistics.median(gemm_ms),

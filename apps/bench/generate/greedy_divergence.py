@@ -3,7 +3,7 @@
 each first differs. torchattn_generate --greedy --print-ids on each prompt in each
 format (weights.md's quality section); writes JSON.
 
-    python3 apps/bench/greedy_divergence.py --cli build/apps/generate/torchattn_generate \
+    python3 apps/bench/generate/greedy_divergence.py --cli build/apps/generate/torchattn_generate \
         --model .cache/smollm2 [--tokens 32] [--json bench-out/divergence.json]
 
 For each prompt and format: the index of the first generated token that differs from

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..")
 
 
 def cpu_model_and_flags():
@@ -79,7 +79,7 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true", help="small shapes, one round (a smoke run)")
     a = ap.parse_args()
-    bench = os.path.join(a.build, "apps", "bench", "torchattn_bench_packed")
+    bench = os.path.join(a.build, "apps", "bench", "packed", "torchattn_bench_packed")
     train_gpt = os.path.join(a.build, "apps", "train_gpt", "train_gpt")
     rounds = 1 if a.quick else a.rounds
     shape = ["--docs", "8", "--len", "64"] if a.quick else []
@@ -145,7 +145,7 @@ def main():
     cpu, flags = cpu_model_and_flags()
     import torch  # the versions line only
     md = ["# Packed documents: no padding, attention within each document", "",
-          "Made by `bash apps/bench/run.sh --packed-only` (apps/bench/bench_packed.py): each configuration in a process "
+          "Made by `bash apps/bench/run.sh --packed-only` (apps/bench/packed/bench_packed.py): each configuration in a process "
           f"of its own, the sides interleaved, {rounds} round{'s' if rounds > 1 else ''}; each figure below is that "
           "configuration's median over the rounds and each ratio the median of the rounds' ratios. "
           f"{a.threads} intra-op threads.", "",

@@ -5,11 +5,11 @@ torchattn_generate_bench measures it: decoding tokens/s after a 32-token prompt 
 new tokens, greedy, the median of 3), a warm prefill of 512 tokens (its first token,
 the median of 5 after a warm-up) and the peak RSS, at the given intra-op threads.
 
-Usage: .venv/bin/python apps/generate/bench_ctranslate2.py --model DIR --compute-type int8 --threads 1
+Usage: .venv/bin/python apps/bench/peers/ctranslate2_generate.py --model DIR --compute-type int8 --threads 1
            --work DIR [--json out.json] [--quick]
            [--name NAME] [--new-tokens N] [--long-prompts 512,2048] [--cold-load] [--decode-only]
 
-The options after --quick as bench_llama_cpp.py's (--name: the converted folder's prefix
+The options after --quick as llama_cpp_generate.py's (--name: the converted folder's prefix
 in --work, default ct2).
 """
 
@@ -20,7 +20,7 @@ import time
 import ctranslate2
 from transformers import AutoTokenizer
 
-from bench_common import measure, peer_arguments, report
+from harness import measure, peer_arguments, report
 
 
 def main():
@@ -50,7 +50,7 @@ def main():
         total = time.perf_counter() - t
         n = len(r[0].sequences_ids[0])
         if total <= first:  # a few tokens, timed as less than the first alone
-            raise SystemExit(f"bench_ctranslate2: {n} tokens took {total:.4f} s, the first alone {first:.4f} s: "
+            raise SystemExit(f"ctranslate2_generate: {n} tokens took {total:.4f} s, the first alone {first:.4f} s: "
                              "too few to time decoding; ask for more --new-tokens")
         return (n - 1) / (total - first)
 
@@ -61,7 +61,7 @@ def main():
         first_token)
     res = {"tool": "ctranslate2", "version": ctranslate2.__version__, "compute_type": a.compute_type,
            "threads": a.threads, **res}
-    report(a, f"bench_ctranslate2: {a.compute_type}, {a.threads} threads", res)
+    report(a, f"ctranslate2_generate: {a.compute_type}, {a.threads} threads", res)
 
 
 if __name__ == "__main__":
