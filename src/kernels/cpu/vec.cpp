@@ -14,7 +14,7 @@ namespace {
 TORCHATTN_SIMD_KERNELS_BEGIN
 
 struct Dot {
-  static constexpr Isa kWidest = Isa::Avx2;
+  static constexpr Isa kWidest = Isa::Avx512;
   // sum_i a[i] * b[i] over n floats: W-lane FMAs (none for one lane), then the rest
   // one by one (see vec.h).
   template <class S>
@@ -40,7 +40,7 @@ struct Dot {
 };
 
 struct Axpy {
-  static constexpr Isa kWidest = Isa::Avx2;
+  static constexpr Isa kWidest = Isa::Avx512;
   // y[i] += alpha * x[i] over n floats: W lanes at a time (FMA), then one by one.
   template <class S>
   static void run(float alpha, const float* x, float* y, int64_t n) {
@@ -57,7 +57,7 @@ struct Axpy {
 // out_stride apart), each row summed as vec.h says, the same operations whatever R
 // (the loads of x shared by the rows).
 struct Matvec {
-  static constexpr Isa kWidest = Isa::Avx2;
+  static constexpr Isa kWidest = kMatvecWidest;
   template <class S, int R>
   static void rows(const float* x, const float* w, int64_t stride, int64_t n, float* out, int64_t out_stride) {
     using V = typename S::V;
@@ -128,27 +128,22 @@ TORCHATTN_SIMD_KERNELS_END
 
 }  // namespace
 
-Isa vec_isa() {
-  static const Isa isa = std::min(best_isa(), Dot::kWidest);
-  return isa;
-}
-
-float dot(const float* a, const float* b, int64_t n) { return simd::run_on<Dot>(vec_isa(), a, b, n); }
+float dot(const float* a, const float* b, int64_t n) { return simd::run_on<Dot>(best_isa(), a, b, n); }
 
 float dot(const float* a, const float* b, int64_t n, Isa isa) {
-  check_isa_at_most(isa, vec_isa(), "dot");
+  check_isa_at_most(isa, best_isa(), "dot");
   return simd::run_on<Dot>(isa, a, b, n);
 }
 
-void axpy(float alpha, const float* x, float* y, int64_t n) { simd::run_on<Axpy>(vec_isa(), alpha, x, y, n); }
+void axpy(float alpha, const float* x, float* y, int64_t n) { simd::run_on<Axpy>(best_isa(), alpha, x, y, n); }
 
 void axpy(float alpha, const float* x, float* y, int64_t n, Isa isa) {
-  check_isa_at_most(isa, vec_isa(), "axpy");
+  check_isa_at_most(isa, best_isa(), "axpy");
   simd::run_on<Axpy>(isa, alpha, x, y, n);
 }
 
 void dots(const float* a, const float* b, int64_t stride, int64_t count, int64_t n, float* out) {
-  simd::run_on<Dots>(vec_isa(), a, b, stride, count, n, out);
+  simd::run_on<Dots>(best_isa(), a, b, stride, count, n, out);
 }
 
 int matvec_streams() {
@@ -158,17 +153,17 @@ int matvec_streams() {
 }
 
 void matvec(const float* x, const float* w, int64_t n, int64_t count, float* out) {
-  simd::run_on<Matvec>(vec_isa(), x, w, n, count, out, matvec_streams());
+  simd::run_on<Matvec>(best_isa(), x, w, n, count, out, matvec_streams());
 }
 
 void matvec(const float* x, const float* w, int64_t n, int64_t count, float* out, Isa isa, int streams) {
-  check_isa_at_most(isa, vec_isa(), "matvec");
+  check_isa_at_most(isa, best_isa(), "matvec");
   TORCH_CHECK(streams == 1 || streams == 4, "matvec: expected 1 or 4 streams, got ", streams);
   simd::run_on<Matvec>(isa, x, w, n, count, out, streams);
 }
 
 void axpys(const float* alpha, const float* x, int64_t stride, int64_t count, float* y, int64_t n) {
-  simd::run_on<Axpys>(vec_isa(), alpha, x, stride, count, y, n);
+  simd::run_on<Axpys>(best_isa(), alpha, x, stride, count, y, n);
 }
 
 }  // namespace torchattn::kernels::cpu
