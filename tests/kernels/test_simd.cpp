@@ -163,12 +163,14 @@ struct Width {
 // products): out gets, in order, kBytes / 4 lanes each of dot(acc, a, b) (Avx2's
 // dot_signed with a as magnitudes and s as signs; Avx512Vnni's dot_unsigned of a),
 // iload(a, n) as bytes, ibroadcast4(a), then sum_four(x0..x3) (4 lanes) and
-// reduce_add(x0) (1), where x_j = iload(a + j * kBytes) as int32 lanes. Returns false
-// for a type without them.
+// reduce_add(x0) (1), where x_j = iload(wide + j * kLanes) (int32 lanes whose sums fit
+// in int32, as the kernels' sums of byte products do). Returns false for a type without
+// them.
 struct ByteOps {
   static constexpr Isa kWidest = Isa::Avx512Vnni;
   template <class S>
-  static bool run(const uint8_t* a, const int8_t* s, const int8_t* b, const int32_t* acc, int n, int32_t* out) {
+  static bool run(const uint8_t* a, const int8_t* s, const int8_t* b, const int32_t* acc, const int32_t* wide, int n,
+                  int32_t* out) {
     if constexpr (requires { typename S::I; }) {
       using I = typename S::I;
       constexpr int kLanes = S::kBytes / 4;
@@ -182,8 +184,8 @@ struct ByteOps {
       const I part = S::iload(a, n), four = S::ibroadcast4(a);
       std::memcpy(out + kLanes, &part, sizeof part);
       std::memcpy(out + 2 * kLanes, &four, sizeof four);
-      const I x0 = S::iload(a), x1 = S::iload(a + S::kBytes), x2 = S::iload(a + 2 * S::kBytes),
-              x3 = S::iload(a + 3 * S::kBytes);
+      const I x0 = S::iload(wide), x1 = S::iload(wide + kLanes), x2 = S::iload(wide + 2 * kLanes),
+              x3 = S::iload(wide + 3 * kLanes);
       const __m128i sums = S::sum_four(x0, x1, x2, x3);
       std::memcpy(out + 3 * kLanes, &sums, sizeof sums);
       out[3 * kLanes + 4] = S::reduce_add(x0);
@@ -341,12 +343,14 @@ std::set<uint32_t> dot_in_order(const float* a, const float* b, int64_t n, int l
 TEST(Simd, TheByteProductsAndIntegerSumsAreExact) {
   torch::manual_seed(6);
   constexpr int kMax = 64;
-  std::vector<uint8_t> a(4 * kMax);
+  std::vector<uint8_t> a(kMax);
   std::vector<int8_t> sgn(kMax), b(kMax);
-  std::vector<int32_t> acc(kMax / 4);
-  const auto ra = torch::randint(0, 256, {4 * kMax}), rb = torch::randint(-127, 128, {kMax}),
+  std::vector<int32_t> acc(kMax / 4), wide(kMax);
+  const auto rw = torch::randint(-1000000, 1000000, {kMax});
+  for (int i = 0; i < kMax; ++i) wide[i] = static_cast<int32_t>(rw[i].item<int64_t>());
+  const auto ra = torch::randint(0, 256, {kMax}), rb = torch::randint(-127, 128, {kMax}),
              rs = torch::randint(-1, 2, {kMax}), racc = torch::randint(-100000, 100000, {kMax / 4});
-  for (int i = 0; i < 4 * kMax; ++i) a[i] = static_cast<uint8_t>(ra[i].item<int64_t>());
+  for (int i = 0; i < kMax; ++i) a[i] = static_cast<uint8_t>(ra[i].item<int64_t>());
   for (int i = 0; i < kMax; ++i) {
     b[i] = static_cast<int8_t>(rb[i].item<int64_t>());
     sgn[i] = static_cast<int8_t>(rs[i].item<int64_t>() * 100);  // negative, zero or positive
@@ -366,7 +370,8 @@ TEST(Simd, TheByteProductsAndIntegerSumsAreExact) {
     if (isa == Isa::Avx2) {
       for (int i = 0; i < bytes; ++i) mag[i] = a[i] & 0x7f;  // vpmaddubsw's magnitudes: at most 127
     }
-    ASSERT_TRUE(K::simd::run_on<ByteOps>(isa, mag.data(), sgn.data(), b.data(), acc.data(), n, out.data()));
+    ASSERT_TRUE(
+        K::simd::run_on<ByteOps>(isa, mag.data(), sgn.data(), b.data(), acc.data(), wide.data(), n, out.data()));
     ++tried;
     for (int l = 0; l < lanes; ++l) {
       int32_t want = acc[l];
@@ -386,11 +391,7 @@ TEST(Simd, TheByteProductsAndIntegerSumsAreExact) {
     }
     for (int j = 0; j < 4; ++j) {
       int64_t want = 0;
-      for (int l = 0; l < lanes; ++l) {
-        int32_t x;
-        std::memcpy(&x, mag.data() + j * bytes + 4 * l, 4);
-        want += x;
-      }
+      for (int l = 0; l < lanes; ++l) want += wide[j * lanes + l];
       EXPECT_EQ(out[3 * lanes + j], static_cast<int32_t>(want)) << "sum_four, register " << j;
       if (j == 0) {
         EXPECT_EQ(out[3 * lanes + 4], static_cast<int32_t>(want)) << "reduce_add";
