@@ -149,6 +149,7 @@ generate: configure
 
 golden: setup
 	$(PY) tests/reference/make_golden.py
+	$(PY) tests/reference/make_flex_golden.py
 
 install: build
 	cmake --install $(BUILD) --prefix $(or $(PREFIX),install)

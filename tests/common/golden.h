@@ -51,6 +51,7 @@ inline torch::Dtype dtype_from_name(const std::string& name) {
   if (name == "float16") return torch::kFloat16;
   if (name == "bfloat16") return torch::kBFloat16;
   if (name == "int64") return torch::kInt64;
+  if (name == "int32") return torch::kInt32;
   if (name == "int8") return torch::kInt8;
   if (name == "bool") return torch::kBool;
   throw std::runtime_error("golden: unknown dtype " + name);
