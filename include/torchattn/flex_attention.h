@@ -20,13 +20,18 @@
 //     return score + 0.5 * (h + 1) * (kv - q); };
 //   at::Tensor y = torchattn::flex_attention(q, k, v, alibi, mask).output;
 //
-// The forward (CPU, float32 and float64) is the header flex/cpu_forward.h, instantiated
-// in the caller's translation unit. docs/flex.md shows the library's variants as mods.
+// The forward and backward (CPU, float32 and float64) are the headers flex/cpu_forward.h
+// and flex/cpu_backward.h, instantiated in the caller's translation unit; autograd
+// reaches the backward through flex/autograd.h. docs/flex.md shows the library's
+// variants as mods.
 
+#include <torchattn/flex/autograd.h>
 #include <torchattn/flex/block_mask.h>
+#include <torchattn/flex/cpu_backward.h>
 #include <torchattn/flex/cpu_forward.h>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
@@ -75,14 +80,28 @@ struct FlexResult {
 /// h / (H / Hkv), grouped heads). block_mask: made for (B or 1, H or 1, Tq, Tk).
 ///
 /// A query that sees no key (its every block empty or masked) gets zeros and a
-/// log-sum-exp of -inf (PyTorch's choice). A NaN score (from the inputs or score_mod),
-/// or a +inf one, makes that query's output and log-sum-exp NaN.
+/// log-sum-exp of -inf (PyTorch's choice), and passes no gradient. A NaN score (from the
+/// inputs or score_mod), or a +inf one, makes that query's output and log-sum-exp NaN.
+///
+/// Differentiable in q, k and v (where one requires grad and grad mode is on): the
+/// backward runs score_mod on flex::Dual scores for its derivative (dual.h: call math
+/// functions unqualified). Gradients for tensors a score_mod captures are not computed.
 template <class ScoreMod, class MaskMod>
 FlexResult flex_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, ScoreMod score_mod,
                           const BlockMask<MaskMod>& block_mask, const FlexOptions& options = {}) {
   const flex::Shapes s = flex::check_inputs(q, k, v, block_mask.shape, options.scale);
-  auto [out, lse] = flex::cpu_forward(q, k, v, s, score_mod, block_mask);
-  return {std::move(out), options.return_lse ? std::move(lse) : at::Tensor()};
+  if (!(at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))) {
+    auto [out, lse] = flex::cpu_forward(q, k, v, s, score_mod, block_mask);
+    return {std::move(out), options.return_lse ? std::move(lse) : at::Tensor()};
+  }
+  auto backward = c10::make_intrusive<flex::Backward>();
+  backward->run = [s, score_mod, block_mask](const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_,
+                                             const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout) {
+    return flex::cpu_backward(q_, k_, v_, out, lse, dout, s, score_mod, block_mask);
+  };
+  auto outputs = flex::FlexFunction::apply(
+      q, k, v, [&] { return flex::cpu_forward(q, k, v, s, score_mod, block_mask); }, backward);
+  return {std::move(outputs[0]), options.return_lse ? std::move(outputs[1]) : at::Tensor()};
 }
 
 /// Every key visible (no block mask).

@@ -1,7 +1,8 @@
 // flex_attention and create_block_mask (include/torchattn/flex_attention.h) against
 // PyTorch's torch.nn.attention.flex_attention on the same mods (tests/golden/flex.txt,
 // tests/reference/make_flex_golden.py): the block masks' four tensors equal, outputs and
-// log-sum-exps within 1e-12 in float64 and 2e-6 in float32, over causal, sliding
+// log-sum-exps within 1e-12 in float64 and 2e-6 in float32 (and the gradients of q, k
+// and v against autograd through the same math in float64), over causal, sliding
 // window, prefix-LM, documents (a mask per batch), dilated, ALiBi, softcapping, a
 // relative bias table and no mask, with lengths that are not a multiple of the block,
 // Tq != Tk, grouped heads and one query row. Then what the block mask saves (mask_mod
@@ -72,10 +73,12 @@ struct Alibi {
     return s + static_cast<T>(slopes[static_cast<size_t>(h)] * static_cast<float>(kv - q));
   }
 };
+// Math functions called unqualified: the backward's scores are flex::Dual numbers.
 struct Softcap {
   template <class T>
   T operator()(T s, int64_t, int64_t, int64_t, int64_t) const {
-    return T(20) * std::tanh(s / T(20));
+    using std::tanh;
+    return T(20) * tanh(s / T(20));
   }
 };
 // A captured bias table, one float32 per distance q - kv (sin(0.37 i)).
@@ -93,10 +96,10 @@ struct Relative {
 };
 
 struct Inputs {
-  torch::Tensor q, k, v;
+  torch::Tensor q, k, v, dout;
 };
 
-// q, k, v as make_flex_golden.py draws them (its inputs()), their sums checked.
+// q, k, v and dout as make_flex_golden.py draws them (its inputs()), their sums checked.
 Inputs inputs_of(const golden::Case& c) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(c.integer("seed")));
   const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
@@ -106,9 +109,11 @@ Inputs inputs_of(const golden::Case& c) {
   in.q = at::randn({B, H, Tq, D}, gen, f64);
   in.k = at::randn({B, Hkv, Tk, D}, gen, f64);
   in.v = at::randn({B, Hkv, Tk, D}, gen, f64);
+  in.dout = at::randn({B, H, Tq, D}, gen, f64);
   EXPECT_NEAR(in.q.sum().item<double>(), c.tensor("q_sum").item<double>(), 1e-9) << "q is not PyTorch's";
   EXPECT_NEAR(in.k.sum().item<double>(), c.tensor("k_sum").item<double>(), 1e-9) << "k is not PyTorch's";
   EXPECT_NEAR(in.v.sum().item<double>(), c.tensor("v_sum").item<double>(), 1e-9) << "v is not PyTorch's";
+  EXPECT_NEAR(in.dout.sum().item<double>(), c.tensor("dout_sum").item<double>(), 1e-9) << "dout is not PyTorch's";
   return in;
 }
 
@@ -144,6 +149,20 @@ void check_case(const golden::Case& c, ScoreMod score_mod, MaskMod mask_mod, boo
     EXPECT_EQ(r.output.scalar_type(), dtype);
     EXPECT_LE(max_error(r.output, c.tensor(std::string("out_") + tag)), bound);
     EXPECT_LE(max_error(r.lse, c.tensor(std::string("lse_") + tag)), bound);
+    // The gradients, against autograd through the same math in float64.
+    const auto leaf = [&](const torch::Tensor& t) { return t.to(dtype).clone().requires_grad_(); };
+    auto q = leaf(in.q), k = leaf(in.k), v = leaf(in.v);
+    const auto g = torchattn::flex_attention(q, k, v, score_mod, mask, opts);
+    EXPECT_TRUE(torch::equal(g.output, r.output));
+    EXPECT_FALSE(g.lse.requires_grad());
+    g.output.backward(in.dout.to(dtype));
+    // float32 against float64's exact-to-rounding sums: the bound relative where a
+    // gradient (a sum over up to a few hundred queries) passes 1 in magnitude.
+    for (const auto& [t, name] : {std::pair{q, "dq_f64"}, {k, "dk_f64"}, {v, "dv_f64"}}) {
+      const auto& want = c.tensor(name);
+      const torch::Tensor scaled = (t.grad().to(torch::kDouble) - want).abs() / want.abs().clamp_min(1.0);
+      EXPECT_LE(scaled.max().item<double>(), bound) << name;
+    }
   }
 }
 
@@ -217,8 +236,8 @@ TEST(FlexAttention, MaskModRunsOnPartialBlocksOnly) {
   EXPECT_GT(mask.full_kv_num_blocks.sum().item<int64_t>(), 0);
 }
 
-// A query that sees no key gets zeros and a log-sum-exp of -inf; the others are
-// unchanged. A NaN (or +inf) score makes its query's row NaN, and only that row.
+// A query that sees no key gets zeros, a log-sum-exp of -inf and no gradient; the
+// others are unchanged. A NaN (or +inf) score makes its query's row NaN, and only that row.
 TEST(FlexAttention, AQueryThatSeesNothingGetsZerosAndANaNScoreShows) {
   torch::manual_seed(3);
   const auto q = torch::randn({1, 1, 20, 8}, torch::kFloat64), k = torch::randn({1, 1, 20, 8}, torch::kFloat64),
@@ -231,6 +250,12 @@ TEST(FlexAttention, AQueryThatSeesNothingGetsZerosAndANaNScoreShows) {
   EXPECT_TRUE(torch::isneginf(r.lse[0][0].slice(0, 0, 5)).all().item<bool>());
   EXPECT_TRUE(torch::isfinite(r.lse[0][0].slice(0, 5)).all().item<bool>());
   EXPECT_GT(head.slice(0, 5).abs().sum().item<double>(), 0.0);
+  // ... and passes no gradient.
+  const auto qg = q.clone().requires_grad_();
+  torchattn::flex_attention(qg, k, v, torchattn::create_block_mask(late, 1, 1, 20, 20, 8)).output.sum().backward();
+  EXPECT_TRUE(torch::equal(qg.grad()[0][0].slice(0, 0, 5), torch::zeros({5, 8}, torch::kFloat64)));
+  EXPECT_TRUE(torch::isfinite(qg.grad()).all().item<bool>());
+  EXPECT_GT(qg.grad()[0][0].slice(0, 5).abs().sum().item<double>(), 0.0);
 
   const auto nan_at_7 = [](auto s, int64_t, int64_t, int64_t q_idx, int64_t kv_idx) {
     return q_idx == 7 && kv_idx == 3 ? std::numeric_limits<decltype(s)>::quiet_NaN() : s;

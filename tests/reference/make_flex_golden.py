@@ -3,9 +3,11 @@
 eager, CPU) and create_block_mask on the mods that tests/backends/test_flex_attention.cpp
 writes as C++ lambdas, for the C++ flex_attention to equal.
 
-Each case: the seed of q, k and v (float64, drawn in that order; float32 their rounding)
-and their sums, the block mask's four tensors, PyTorch's output and log-sum-exp in
-float64 and float32. The mods here and in the C++ test are the same formulas; a
+Each case: the seed of q, k, v and dout (float64, drawn in that order; float32 their
+rounding) and their sums, the block mask's four tensors, PyTorch's output and
+log-sum-exp in float64 and float32, and the gradients of q, k and v for dout in float64
+(PyTorch's flex_attention has no backward on the CPU: autograd through the same math on
+whole score matrices, whose output equals flex_attention's). The mods here and in the C++ test are the same formulas; a
 case's parameters say which (`mod`) and with what numbers.
 
 Run `make golden` (or `.venv/bin/python tests/reference/make_flex_golden.py`)."""
@@ -56,14 +58,14 @@ def mods(name, H, Tq, Tk):
 CASES = [
     # name, mod, B, H, Hkv, Tq, Tk, D, block: lengths not a multiple of the block, Tq != Tk,
     # grouped heads, one query row.
-    ("causal_edges", "causal", 1, 2, 2, 200, 300, 8, 128),
-    ("causal_grouped", "causal", 2, 2, 1, 150, 150, 8, 64),
-    ("window", "window", 1, 2, 1, 200, 200, 8, 32),
-    ("prefix", "prefix", 1, 3, 3, 130, 130, 8, 32),
-    ("documents", "documents", 2, 2, 2, 200, 200, 8, 32),
-    ("dilated", "dilated", 1, 2, 2, 100, 100, 8, 16),
-    ("alibi", "alibi", 1, 4, 2, 150, 150, 8, 64),
-    ("softcap", "softcap", 2, 2, 1, 70, 90, 8, 32),
+    ("causal_edges", "causal", 1, 2, 2, 100, 150, 8, 64),
+    ("causal_grouped", "causal", 2, 2, 1, 100, 100, 8, 32),
+    ("window", "window", 1, 2, 1, 120, 120, 8, 32),
+    ("prefix", "prefix", 1, 2, 2, 100, 100, 8, 32),
+    ("documents", "documents", 2, 1, 1, 150, 150, 8, 32),
+    ("dilated", "dilated", 1, 2, 2, 70, 70, 8, 16),
+    ("alibi", "alibi", 1, 4, 2, 80, 80, 8, 32),
+    ("softcap", "softcap", 2, 2, 1, 50, 70, 8, 32),
     ("relative", "relative", 1, 2, 2, 60, 77, 8, 16),
     ("decode_row", "causal", 1, 4, 1, 1, 300, 16, 128),
     ("no_mask", "none", 1, 2, 2, 33, 45, 8, 128),
@@ -71,13 +73,35 @@ CASES = [
 
 
 def inputs(name, B, H, Hkv, Tq, Tk, D):
-    """q, k, v in float64 from a generator of the case's own seed: the C++ test draws the
-    same (torch::randn with that generator, in this order) and checks their sums."""
+    """q, k, v and the output's gradient dout in float64 from a generator of the case's
+    own seed: the C++ test draws the same (torch::randn with that generator, in this
+    order) and checks their sums."""
     gen = torch.Generator().manual_seed(seed_of(name))
     q = torch.randn(B, H, Tq, D, generator=gen, dtype=torch.float64)
     k = torch.randn(B, Hkv, Tk, D, generator=gen, dtype=torch.float64)
     v = torch.randn(B, Hkv, Tk, D, generator=gen, dtype=torch.float64)
-    return q, k, v
+    dout = torch.randn(B, H, Tq, D, generator=gen, dtype=torch.float64)
+    return q, k, v, dout
+
+
+def dense(q, k, v, mask_mod, score_mod):
+    """flex_attention's math on whole score matrices (PyTorch's flex_attention has no
+    backward on the CPU, so its gradients come from autograd through this): the mods
+    broadcast over index tensors, as create_block_mask's vmap calls them one by one."""
+    B, H, Tq, _ = q.shape
+    Tk = k.shape[2]
+    group = H // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    b = torch.arange(B)[:, None, None, None]
+    h = torch.arange(H)[None, :, None, None]
+    qi = torch.arange(Tq)[None, None, :, None]
+    ki = torch.arange(Tk)[None, None, None, :]
+    if score_mod is not None:
+        s = score_mod(s, b, h, qi, ki)
+    if mask_mod is not None:
+        s = s.masked_fill(~mask_mod(b, h, qi, ki).expand_as(s), float("-inf"))
+    return torch.softmax(s, -1) @ v
 
 
 def seed_of(name):
@@ -87,8 +111,8 @@ def seed_of(name):
 def flex_cases(w):
     for name, mod, B, H, Hkv, Tq, Tk, D, block in CASES:
         mask_mod, score_mod, per_batch = mods(mod, H, Tq, Tk)
-        q, k, v = inputs(name, B, H, Hkv, Tq, Tk, D)
-        tensors = {"q_sum": q.sum(), "k_sum": k.sum(), "v_sum": v.sum()}
+        q, k, v, dout = inputs(name, B, H, Hkv, Tq, Tk, D)
+        tensors = {"q_sum": q.sum(), "k_sum": k.sum(), "v_sum": v.sum(), "dout_sum": dout.sum()}
         bm = None
         if mask_mod is not None:
             bm = create_block_mask(mask_mod, B if per_batch else None, None, Tq, Tk, device="cpu", BLOCK_SIZE=block)
@@ -100,6 +124,12 @@ def flex_cases(w):
                                     return_lse=True, enable_gqa=H != Hkv)
             tensors[f"out_{tag}"] = o
             tensors[f"lse_{tag}"] = lse
+        # The gradients in float64 (autograd through dense(), checked against flex's output).
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        o = dense(*leaves, mask_mod, score_mod)
+        assert (o - tensors["out_f64"]).abs().max() < 1e-12, name
+        for t, g in zip(("q", "k", "v"), torch.autograd.grad(o, leaves, dout)):
+            tensors[f"d{t}_f64"] = g
         w.case(f"flex_{name}", {"mod": mod, "seed": seed_of(name), "B": B, "H": H, "Hkv": Hkv, "Tq": Tq, "Tk": Tk, "D": D, "block": block,
                                 "per_batch": int(per_batch)}, tensors)
 
