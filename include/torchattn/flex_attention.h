@@ -90,6 +90,9 @@ template <class ScoreMod, class MaskMod>
 FlexResult flex_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, ScoreMod score_mod,
                           const BlockMask<MaskMod>& block_mask, const FlexOptions& options = {}) {
   const flex::Shapes s = flex::check_inputs(q, k, v, block_mask.shape, options.scale);
+  flex::check_block_mask(block_mask.shape, block_mask.kv_num_blocks, block_mask.kv_indices, "kv_num_blocks");
+  flex::check_block_mask(block_mask.shape, block_mask.full_kv_num_blocks, block_mask.full_kv_indices,
+                         "full_kv_num_blocks");
   if (!(at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))) {
     auto [out, lse] = flex::cpu_forward(q, k, v, s, score_mod, block_mask);
     return {std::move(out), options.return_lse ? std::move(lse) : at::Tensor()};

@@ -202,6 +202,14 @@ TEST(FlexAttention, TheOverloadsAreTheFullCall) {
                                              torchattn::create_block_mask(torchattn::VisibleKeys{}, 1, 1, 40, 50))
                        .output));
   EXPECT_FALSE(torchattn::flex_attention(q, k, v, mask).lse.defined());
+  // VisibleKeys' block mask is counted, not asked: the same as any mask_mod that sees all.
+  const auto counted = torchattn::create_block_mask(torchattn::VisibleKeys{}, 1, 1, 40, 50, 16);
+  const auto asked = torchattn::create_block_mask([](int64_t, int64_t, int64_t, int64_t) { return true; }, 1, 1, 40, 50,
+                                                  16);
+  EXPECT_TRUE(torch::equal(counted.kv_num_blocks, asked.kv_num_blocks));
+  EXPECT_TRUE(torch::equal(counted.kv_indices, asked.kv_indices));
+  EXPECT_TRUE(torch::equal(counted.full_kv_num_blocks, asked.full_kv_num_blocks));
+  EXPECT_TRUE(torch::equal(counted.full_kv_indices, asked.full_kv_indices));
   // The scale, before score_mod: 0.5 here is the default's 1 / sqrt(8) times sqrt(2).
   const auto scaled = torchattn::flex_attention(q, k, v, mask, torchattn::FlexOptions().with_scale(0.5)).output;
   const auto by_q = torchattn::flex_attention(q * std::sqrt(2.0), k, v, mask).output;
@@ -283,6 +291,20 @@ TEST(FlexAttention, MisuseIsAClearError) {
                "flex_attention: expected k of head size 8 (q's), got 4");
   expect_error([&] { torchattn::flex_attention(q[0], k, v, mask); },
                "flex_attention: expected q, k and v of 4 dimensions [B, H, T, D], got 3, 4 and 4");
+  // A block mask changed by hand: its tensors are checked before the kernel walks them.
+  auto bad = mask;
+  bad.kv_indices = mask.kv_indices.clone();
+  bad.kv_num_blocks = mask.kv_num_blocks.clone().fill_(1);
+  bad.kv_indices.fill_(7);
+  expect_error([&] { torchattn::flex_attention(q, k, v, bad); },
+               "flex_attention: block_mask's kv_num_blocks lists the key block 7, expected 0 to 0");
+  bad.kv_num_blocks.fill_(2);
+  expect_error([&] { torchattn::flex_attention(q, k, v, bad); },
+               "flex_attention: block_mask's kv_num_blocks holds 2, expected 0 to 1");
+  bad = mask;
+  bad.full_kv_indices = torch::zeros({1, 1, 1}, torch::kInt32);
+  expect_error([&] { torchattn::flex_attention(q, k, v, bad); },
+               "flex_attention: expected block_mask's full_kv_num_blocks of int32 [1, 1, 1] and its indices [..., 1]");
   expect_error([&] { torchattn::create_block_mask(Causal{}, 0, 1, 10, 10); },
                "create_block_mask: expected B and H of at least 1, got B 0 and H 1");
   expect_error([&] { torchattn::create_block_mask(Causal{}, 1, 1, 10, 10, 0); },

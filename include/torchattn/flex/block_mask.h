@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -82,9 +83,16 @@ BlockMask<MaskMod> create_block_mask(MaskMod mask_mod, int64_t B, int64_t H, int
     for (int64_t h = 0; h < H; ++h) {
       for (int64_t qb = 0; qb < nq; ++qb) {
         std::fill(seen.begin(), seen.end(), 0);
-        for (int64_t i = qb * block_size; i < std::min(q_len, (qb + 1) * block_size); ++i) {
-          for (int64_t j = 0; j < kv_len; ++j) {
-            if (m.mask_mod(b, h, i, j)) ++seen[static_cast<size_t>(j / block_size)];
+        const int64_t rows = std::min(q_len, (qb + 1) * block_size) - qb * block_size;
+        if constexpr (std::is_same_v<MaskMod, VisibleKeys>) {  // every key: counted, not asked
+          for (int64_t kb = 0; kb < nk; ++kb) {
+            seen[static_cast<size_t>(kb)] = rows * (std::min(kv_len, (kb + 1) * block_size) - kb * block_size);
+          }
+        } else {
+          for (int64_t i = qb * block_size; i < qb * block_size + rows; ++i) {
+            for (int64_t j = 0; j < kv_len; ++j) {
+              if (m.mask_mod(b, h, i, j)) ++seen[static_cast<size_t>(j / block_size)];
+            }
           }
         }
         const int64_t row = (b * H + h) * nq + qb;
@@ -113,5 +121,37 @@ BlockMask<MaskMod> create_block_mask(MaskMod mask_mod, int64_t B, int64_t H, int
   }
   return m;
 }
+
+namespace flex {
+
+/// The checks of a block mask's tensors (a BlockMask's fields are public: one built or
+/// changed by hand must still be one the kernels can walk): int32 CPU tensors of
+/// [batch, heads, q_blocks] and [batch, heads, q_blocks, kv_blocks], contiguous, counts
+/// in [0, kv_blocks] and the counted indices in [0, kv_blocks).
+inline void check_block_mask(const BlockMaskShape& shape, const at::Tensor& count, const at::Tensor& index,
+                             const char* name) {
+  const int64_t nq = shape.q_blocks(), nk = shape.kv_blocks();
+  TORCH_CHECK(shape.block_size >= 1 && shape.batch >= 1 && shape.heads >= 1,
+              "flex_attention: expected a block_mask of block_size, batch and heads of at least 1");
+  TORCH_CHECK(count.defined() && index.defined() && count.scalar_type() == at::kInt &&
+                  index.scalar_type() == at::kInt && count.device().is_cpu() && index.device().is_cpu() &&
+                  count.is_contiguous() && index.is_contiguous() &&
+                  count.sizes() == at::IntArrayRef({shape.batch, shape.heads, nq}) &&
+                  index.sizes() == at::IntArrayRef({shape.batch, shape.heads, nq, nk}),
+              "flex_attention: expected block_mask's ", name, " of int32 [", shape.batch, ", ", shape.heads, ", ", nq,
+              "] and its indices [..., ", nk, "] on the CPU, contiguous (as create_block_mask makes them)");
+  const int32_t* c = count.const_data_ptr<int32_t>();
+  const int32_t* ix = index.const_data_ptr<int32_t>();
+  for (int64_t r = 0; r < count.numel(); ++r) {
+    TORCH_CHECK(c[r] >= 0 && c[r] <= nk, "flex_attention: block_mask's ", name, " holds ", c[r], ", expected 0 to ",
+                nk);
+    for (int32_t j = 0; j < c[r]; ++j) {
+      TORCH_CHECK(ix[r * nk + j] >= 0 && ix[r * nk + j] < nk, "flex_attention: block_mask's ", name,
+                  " lists the key block ", ix[r * nk + j], ", expected 0 to ", nk - 1);
+    }
+  }
+}
+
+}  // namespace flex
 
 }  // namespace torchattn
