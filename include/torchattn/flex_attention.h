@@ -29,6 +29,7 @@
 #include <torchattn/flex/block_mask.h>
 #include <torchattn/flex/cpu_backward.h>
 #include <torchattn/flex/cpu_forward.h>
+#include <torchattn/flex/inputs.h>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
@@ -40,14 +41,6 @@
 #include <utility>
 
 namespace torchattn {
-
-/// A score_mod that keeps the score (flex_attention without one).
-struct IdentityScore {
-  template <class T>
-  T operator()(T score, int64_t /*b*/, int64_t /*h*/, int64_t /*q_idx*/, int64_t /*kv_idx*/) const {
-    return score;
-  }
-};
 
 /// What flex_attention takes besides the tensors and the mods.
 struct FlexOptions {

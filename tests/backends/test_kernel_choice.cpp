@@ -5,7 +5,7 @@
 #include "backends/sdpa.h"
 
 #include "common/tolerances.h"
-#include "kernels/cpu/cpu_features.h"
+#include <torchattn/kernels/cpu/cpu_features.h>
 
 #include <ATen/SDPBackend.h>
 

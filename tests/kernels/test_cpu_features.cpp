@@ -3,7 +3,7 @@
 // unit_isa_avx512, unit_isa_avx2 and unit_isa_scalar run these and the kernels' tests again under it
 // (tests/CMakeLists.txt).
 
-#include "kernels/cpu/cpu_features.h"
+#include <torchattn/kernels/cpu/cpu_features.h>
 #include "kernels/cpu/int8_products.h"
 
 #include <c10/util/Exception.h>

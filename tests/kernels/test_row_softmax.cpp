@@ -5,9 +5,9 @@
 // rows of every length around the vector widths; the whole row as one block gives the
 // two-pass numbers; a row that sees nothing gives zeros and a NaN score shows as NaN.
 
-#include "kernels/cpu/cpu_features.h"
-#include "kernels/cpu/row_softmax.h"
-#include "kernels/cpu/simd.h"
+#include <torchattn/kernels/cpu/cpu_features.h>
+#include <torchattn/kernels/cpu/row_softmax.h>
+#include <torchattn/kernels/cpu/simd.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

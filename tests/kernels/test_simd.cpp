@@ -8,10 +8,10 @@
 
 #include "common/expect_error.h"
 
-#include "kernels/cpu/cpu_features.h"
+#include <torchattn/kernels/cpu/cpu_features.h>
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/prefill_attention.h"
-#include "kernels/cpu/simd.h"
+#include <torchattn/kernels/cpu/simd.h>
 #include "kernels/cpu/vec.h"
 
 #include <gtest/gtest.h>

@@ -54,6 +54,22 @@ struct BlockMask {
   at::Tensor full_kv_num_blocks;
   at::Tensor full_kv_indices;
   MaskMod mask_mod;
+
+  /// The blocks of keys that block qb of queries of batch b and head h computes:
+  /// index[0], count[0] the full ones, index[1], count[1] the partial ones (the tensors
+  /// checked, as flex::check_block_mask does).
+  struct KeyBlocks {
+    const int32_t* index[2];
+    int32_t count[2];
+  };
+  KeyBlocks key_blocks(int64_t b, int64_t h, int64_t qb) const {
+    const int64_t nk = shape.kv_blocks();
+    const int64_t row = ((shape.batch == 1 ? 0 : b) * shape.heads + (shape.heads == 1 ? 0 : h)) * shape.q_blocks() + qb;
+    return {{full_kv_indices.template const_data_ptr<int32_t>() + row * nk,
+             kv_indices.template const_data_ptr<int32_t>() + row * nk},
+            {full_kv_num_blocks.template const_data_ptr<int32_t>()[row],
+             kv_num_blocks.template const_data_ptr<int32_t>()[row]}};
+  }
 };
 
 /// The block mask of mask_mod, any callable (int64_t b, int64_t h, int64_t q_idx,

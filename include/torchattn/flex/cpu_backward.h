@@ -3,15 +3,18 @@
 // flex_attention's backward on the CPU (flex_attention.h): the gradients of q, k and v
 // from the output's, recomputing each kept score from q and k and its softmax weight
 // from the forward's log-sum-exp. score_mod runs on a Dual (dual.h) for its derivative
-// with respect to the score. One task per batch and key head (at::parallel_for), which
-// owns that head's dk and dv and the dq of the query heads that read it:
+// with respect to the score. float32 runs the tiled SIMD kernel (cpu_backward_tiles.h);
+// float64, the precision of references, runs backward_rows below, one key at a time.
+// One task per batch and key head (at::parallel_for), which owns that head's dk and dv
+// and the dq of the query heads that read it:
 //
 //   p = exp(z - lse),  z = score_mod(s),  s = scale q . k
 //   dv += p dout;  dp = dout . v;  dz = p (dp - dout . out);  ds = dz dz/ds
 //   dq += scale ds k;  dk += scale ds q
 
 #include <torchattn/flex/block_mask.h>
-#include <torchattn/flex/cpu_forward.h>
+#include <torchattn/flex/cpu_backward_tiles.h>
+#include <torchattn/flex/inputs.h>
 #include <torchattn/flex/dual.h>
 
 #include <ATen/Parallel.h>
@@ -40,11 +43,7 @@ void backward_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   const T* op = out.const_data_ptr<T>();
   const T* lp = lse.const_data_ptr<T>();
   const T* gp = dout.const_data_ptr<T>();
-  const int64_t bs = mask.shape.block_size, nq = mask.shape.q_blocks(), nk = mask.shape.kv_blocks();
-  const int32_t* partial_count = mask.kv_num_blocks.template const_data_ptr<int32_t>();
-  const int32_t* partial_index = mask.kv_indices.template const_data_ptr<int32_t>();
-  const int32_t* full_count = mask.full_kv_num_blocks.template const_data_ptr<int32_t>();
-  const int32_t* full_index = mask.full_kv_indices.template const_data_ptr<int32_t>();
+  const int64_t bs = mask.shape.block_size, nq = mask.shape.q_blocks();
   const int64_t group = s.H / s.Hkv, D = s.D, Dv = s.Dv;
   const T scale = static_cast<T>(s.scale);
   at::parallel_for(0, s.B * s.Hkv, 1, [&](int64_t begin, int64_t end) {
@@ -57,11 +56,7 @@ void backward_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
         const int64_t bh = b * s.H + h;
         for (int64_t qb = 0; qb < nq; ++qb) {
-          const int64_t row = ((mask.shape.batch == 1 ? 0 : b) * mask.shape.heads + (mask.shape.heads == 1 ? 0 : h)) *
-                                  nq +
-                              qb;
-          const int32_t* blocks[2] = {full_index + row * nk, partial_index + row * nk};
-          const int32_t counts[2] = {full_count[row], partial_count[row]};
+          const auto blocks = mask.key_blocks(b, h, qb);
           for (int64_t i = qb * bs; i < std::min(s.Tq, (qb + 1) * bs); ++i) {
             const T l = lp[bh * s.Tq + i];
             if (l == -std::numeric_limits<T>::infinity()) continue;  // saw no key: no gradient
@@ -72,8 +67,8 @@ void backward_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
             T delta = 0;
             for (int64_t e = 0; e < Dv; ++e) delta += gi[e] * oi[e];
             for (int kind = 0; kind < 2; ++kind) {
-              for (int32_t c = 0; c < counts[kind]; ++c) {
-                const int64_t j0 = static_cast<int64_t>(blocks[kind][c]) * bs, j1 = std::min(s.Tk, j0 + bs);
+              for (int32_t c = 0; c < blocks.count[kind]; ++c) {
+                const int64_t j0 = static_cast<int64_t>(blocks.index[kind][c]) * bs, j1 = std::min(s.Tk, j0 + bs);
                 for (int64_t j = j0; j < j1; ++j) {
                   if (kind == 1 && !mask.mask_mod(b, h, i, j)) continue;
                   const T* kj = kh + j * D;
@@ -114,8 +109,7 @@ std::array<at::Tensor, 3> cpu_backward(const at::Tensor& q_in, const at::Tensor&
     backward_rows<double>(q, k, v, o, l, dout, s, score_mod, mask, dq.mutable_data_ptr<double>(),
                           dk.mutable_data_ptr<double>(), dv.mutable_data_ptr<double>());
   } else {
-    backward_rows<float>(q, k, v, o, l, dout, s, score_mod, mask, dq.mutable_data_ptr<float>(),
-                         dk.mutable_data_ptr<float>(), dv.mutable_data_ptr<float>());
+    backward_tiles(q, k, v, o, l, dout, s, score_mod, mask, dq, dk, dv);
   }
   return {dq, dk, dv};
 }

@@ -2,12 +2,16 @@
 
 // flex_attention's forward on the CPU (flex_attention.h), a template the caller's
 // translation unit instantiates with its own score_mod and mask_mod, so that the
-// compiler inlines them into the loops. Each task is one block of queries of one batch
-// and head (at::parallel_for over them); each query row runs an online softmax over the
-// blocks of keys its block mask keeps: the full blocks without mask_mod, then the
-// partial ones with it; empty blocks are never read.
+// compiler inlines them into the loops. float32 runs the tiled SIMD kernel
+// (cpu_forward_tiles.h); float64, the precision of references, runs forward_rows below:
+// each task one block of queries of one batch and head (at::parallel_for over them),
+// each query row an online softmax over the blocks of keys its block mask keeps (the
+// full blocks without mask_mod, then the partial ones with it; empty blocks never
+// read), one key at a time.
 
 #include <torchattn/flex/block_mask.h>
+#include <torchattn/flex/cpu_forward_tiles.h>
+#include <torchattn/flex/inputs.h>
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -24,49 +28,7 @@
 
 namespace torchattn::flex {
 
-/// The sizes of one flex_attention call.
-struct Shapes {
-  int64_t B, H, Hkv, Tq, Tk, D, Dv;
-  double scale;
-};
-
-/// The checks of flex_attention's inputs against each other and against the block
-/// mask's shape; returns the sizes and the scale (1 / sqrt(D) unless given).
-inline Shapes check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const BlockMaskShape& mask,
-                           std::optional<double> scale) {
-  TORCH_CHECK(q.defined() && k.defined() && v.defined(), "flex_attention: expected defined q, k and v");
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-              "flex_attention: expected q, k and v of 4 dimensions [B, H, T, D], got ", q.dim(), ", ", k.dim(), " and ",
-              v.dim());
-  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
-              "flex_attention: expected CPU tensors (the CUDA kernel is not written yet), got q on ", q.device(),
-              ", k on ", k.device(), ", v on ", v.device());
-  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
-              "flex_attention: expected q of float32 or float64, got ", q.scalar_type());
-  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
-              "flex_attention: expected q, k and v of one dtype, got ", q.scalar_type(), ", ", k.scalar_type(), " and ",
-              v.scalar_type());
-  const Shapes s{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3), 0.0};
-  TORCH_CHECK(k.size(0) == s.B && v.size(0) == s.B, "flex_attention: expected k and v of batch ", s.B, " (q's), got ",
-              k.size(0), " and ", v.size(0));
-  TORCH_CHECK(v.size(1) == s.Hkv && v.size(2) == s.Tk, "flex_attention: expected v of ", s.Hkv, " heads and ", s.Tk,
-              " positions (k's), got ", v.size(1), " and ", v.size(2));
-  TORCH_CHECK(k.size(3) == s.D, "flex_attention: expected k of head size ", s.D, " (q's), got ", k.size(3));
-  TORCH_CHECK(s.Hkv >= 1 && s.H % s.Hkv == 0, "flex_attention: expected q's heads (", s.H, ") a multiple of k's (",
-              s.Hkv, ")");
-  TORCH_CHECK(s.Tq >= 1 && s.Tk >= 1 && s.D >= 1, "flex_attention: expected at least one query, key and feature, got ",
-              s.Tq, " queries, ", s.Tk, " keys, head size ", s.D);
-  TORCH_CHECK((mask.batch == 1 || mask.batch == s.B) && (mask.heads == 1 || mask.heads == s.H) && mask.q_len == s.Tq &&
-                  mask.kv_len == s.Tk,
-              "flex_attention: block_mask was made for B ", mask.batch, ", H ", mask.heads, ", q_len ", mask.q_len,
-              " and kv_len ", mask.kv_len, ", got q of B ", s.B, ", H ", s.H, " and ", s.Tq, " positions and k of ",
-              s.Tk, " (make it with create_block_mask for these sizes; B or H of 1 serve any)");
-  const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(s.D)));
-  TORCH_CHECK(std::isfinite(sc), "flex_attention: expected a finite scale, got ", sc);
-  return {s.B, s.H, s.Hkv, s.Tq, s.Tk, s.D, s.Dv, sc};
-}
-
-/// The forward for element type T (float or double): out [B, H, Tq, Dv] and lse [B, H,
+/// The forward for element type T (double; float too, one key at a time): out [B, H, Tq, Dv] and lse [B, H,
 /// Tq] as flex_attention.h says, the scores, the softmax and the weighted sum in T.
 template <class T, class ScoreMod, class MaskMod>
 void forward_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Shapes& s,
@@ -75,11 +37,7 @@ void forward_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const T* kp = k.const_data_ptr<T>();
   const T* vp = v.const_data_ptr<T>();
   const auto qs = q.strides(), ks = k.strides(), vs = v.strides();
-  const int64_t bs = mask.shape.block_size, nq = mask.shape.q_blocks(), nk = mask.shape.kv_blocks();
-  const int32_t* partial_count = mask.kv_num_blocks.template const_data_ptr<int32_t>();
-  const int32_t* partial_index = mask.kv_indices.template const_data_ptr<int32_t>();
-  const int32_t* full_count = mask.full_kv_num_blocks.template const_data_ptr<int32_t>();
-  const int32_t* full_index = mask.full_kv_indices.template const_data_ptr<int32_t>();
+  const int64_t bs = mask.shape.block_size, nq = mask.shape.q_blocks();
   const int64_t group = s.H / s.Hkv;
   const T scale = static_cast<T>(s.scale);
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
@@ -87,10 +45,7 @@ void forward_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     std::vector<T> scores(static_cast<size_t>(bs)), acc(static_cast<size_t>(s.Dv));
     for (int64_t task = begin; task < end; ++task) {
       const int64_t qb = task % nq, h = (task / nq) % s.H, b = task / (nq * s.H), hk = h / group;
-      const int64_t row = ((mask.shape.batch == 1 ? 0 : b) * mask.shape.heads + (mask.shape.heads == 1 ? 0 : h)) * nq +
-                          qb;
-      const int32_t* blocks[2] = {full_index + row * nk, partial_index + row * nk};
-      const int32_t counts[2] = {full_count[row], partial_count[row]};
+      const auto blocks = mask.key_blocks(b, h, qb);
       const T* kh = kp + b * ks[0] + hk * ks[1];
       const T* vh = vp + b * vs[0] + hk * vs[1];
       for (int64_t i = qb * bs; i < std::min(s.Tq, (qb + 1) * bs); ++i) {
@@ -99,8 +54,8 @@ void forward_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         bool nan = false;
         std::fill(acc.begin(), acc.end(), T(0));
         for (int kind = 0; kind < 2; ++kind) {  // 0: full blocks, 1: partial ones
-          for (int32_t c = 0; c < counts[kind]; ++c) {
-            const int64_t j0 = static_cast<int64_t>(blocks[kind][c]) * bs, j1 = std::min(s.Tk, j0 + bs);
+          for (int32_t c = 0; c < blocks.count[kind]; ++c) {
+            const int64_t j0 = static_cast<int64_t>(blocks.index[kind][c]) * bs, j1 = std::min(s.Tk, j0 + bs);
             T block_max = kNegInf;
             for (int64_t j = j0; j < j1; ++j) {
               T sc = kNegInf;
@@ -156,7 +111,7 @@ std::tuple<at::Tensor, at::Tensor> cpu_forward(const at::Tensor& q, const at::Te
   if (q.scalar_type() == at::kDouble) {
     forward_rows<double>(q, k, v, s, score_mod, mask, out.mutable_data_ptr<double>(), lse.mutable_data_ptr<double>());
   } else {
-    forward_rows<float>(q, k, v, s, score_mod, mask, out.mutable_data_ptr<float>(), lse.mutable_data_ptr<float>());
+    forward_tiles(q, k, v, s, score_mod, mask, out, lse);
   }
   return {out, lse};
 }

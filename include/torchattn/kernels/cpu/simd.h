@@ -20,12 +20,16 @@
 //   };
 //   run_on<Twice>(best_isa(), x, y);
 //
+// A public header (with cpu_features.h and row_softmax.h) so that kernels instantiated
+// in a user's translation unit, flex_attention's (flex/cpu_forward_tiles.h), are
+// written on it too; its names stay the kernels' own, torchattn::kernels::cpu.
+//
 // The operations round as the instructions do, so a kernel's numbers depend on its
 // vector type only through what it asks for (FMA or multiply then add, lane widths,
 // the order of its reductions). Lanes hold NaN only from NaN inputs; what the masking
 // operations make of a NaN lane is each instruction set's own (noted where it differs).
 
-#include "kernels/cpu/cpu_features.h"
+#include <torchattn/kernels/cpu/cpu_features.h>
 
 #include <cmath>
 #include <cstdint>
