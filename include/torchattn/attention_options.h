@@ -1,6 +1,7 @@
 #pragma once
 
 #include <torchattn/backend.h>
+#include <torchattn/flex/variant.h>
 
 #include <ATen/core/Tensor.h>
 
@@ -25,6 +26,12 @@ struct AttentionOptions {
   /// softmax denominator, so a row may give its keys less than all of its weight.
   /// Undefined: none.
   at::Tensor sinks = at::Tensor();
+  /// A flex_attention variant (torchattn::flex_variant, flex_attention.h): its
+  /// mask_mod decides which keys each query sees (with the causal mask when the call
+  /// is causal) and its score_mod changes the scaled scores. CPU, float32 or float64;
+  /// not with softcap, sinks, key padding masks, ALiBi, a window, a static-shape cache,
+  /// paged attention or dropout (write those into the mods). Empty: none.
+  FlexVariant flex = {};
 };
 
 /// The earlier name of AttentionOptions.

@@ -30,14 +30,19 @@
 #include <torchattn/flex/cpu_backward.h>
 #include <torchattn/flex/cpu_forward.h>
 #include <torchattn/flex/inputs.h>
+#include <torchattn/flex/variant.h>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <array>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <optional>
+#include <type_traits>
 #include <utility>
 
 namespace torchattn {
@@ -115,6 +120,88 @@ template <class MaskMod>
 FlexResult flex_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const BlockMask<MaskMod>& block_mask, const FlexOptions& options = {}) {
   return flex_attention(q, k, v, IdentityScore{}, block_mask, options);
+}
+
+namespace flex {
+
+/// A flex_variant's mask_mod at a call's positions: query q_idx at q_idx + offset, and
+/// with `causal` the keys after it hidden.
+template <class MaskMod>
+struct MaskAtPositions {
+  MaskMod mask_mod;
+  int64_t offset;
+  bool causal;
+  bool operator()(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx) const {
+    const int64_t position = q_idx + offset;
+    return (!causal || kv_idx <= position) && mask_mod(b, h, position, kv_idx);
+  }
+};
+
+/// A flex_variant's score_mod at a call's positions.
+template <class ScoreMod>
+struct ScoreAtPositions {
+  ScoreMod score_mod;
+  int64_t offset;
+  template <class T>
+  auto operator()(T score, int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx) const {
+    return score_mod(score, b, h, q_idx + offset, kv_idx);
+  }
+};
+
+}  // namespace flex
+
+/// How flex_variant asks a mask_mod for each call's block mask.
+struct FlexVariantOptions {
+  /// Ask mask_mod for every batch (b = 0 .. B - 1), every head; false: once, with b
+  /// (h) = 0, the pattern serving every batch (head): a mask_mod that reads b (h) needs
+  /// true.
+  bool per_batch = false;
+  bool per_head = false;
+  /// The block mask's block size.
+  int64_t block_size = 128;
+};
+
+/// score_mod and mask_mod as a FlexVariant (flex/variant.h) for
+/// MultiHeadAttentionOptions::flex and functional::AttentionOptions::flex, their kernels
+/// instantiated here, in the caller's translation unit. Each call runs flex_attention
+/// with q_idx = call.q_offset + i (a KV cache's decoding step passes its position) and,
+/// for a causal call, keys after the query hidden as well; its block mask is made for
+/// the call's sizes and kept for the next call of the same sizes and positions (a
+/// training loop's), so mask_mod must give the same answer for the same arguments. The
+/// mods are copied into the variant (and must be copyable); a copy of the variant
+/// shares the kept mask (guarded for calls from several threads).
+template <class ScoreMod, class MaskMod>
+FlexVariant flex_variant(ScoreMod score_mod, MaskMod mask_mod, const FlexVariantOptions& options = {}) {
+  TORCH_CHECK(options.block_size >= 1, "flex_variant: expected a block_size of at least 1, got ", options.block_size);
+  struct Kept {
+    std::mutex mutex;
+    std::array<int64_t, 6> sizes{};
+    std::optional<BlockMask<flex::MaskAtPositions<MaskMod>>> mask;
+  };
+  auto kept = std::make_shared<Kept>();
+  return [score_mod = std::move(score_mod), mask_mod = std::move(mask_mod), options,
+          kept](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlexCall& call) -> at::Tensor {
+    TORCH_CHECK(q.dim() == 4 && k.dim() == 4, "flex_variant: expected q and k of 4 dimensions [B, H, T, D], got ",
+                q.dim(), " and ", k.dim());
+    const int64_t B = options.per_batch ? q.size(0) : 1, H = options.per_head ? q.size(1) : 1;
+    const std::array<int64_t, 6> sizes{B, H, q.size(2), k.size(2), call.q_offset, call.causal ? 1 : 0};
+    const BlockMask<flex::MaskAtPositions<MaskMod>> mask = [&] {
+      const std::lock_guard<std::mutex> lock(kept->mutex);
+      if (!kept->mask || kept->sizes != sizes) {
+        kept->mask.emplace(create_block_mask(flex::MaskAtPositions<MaskMod>{mask_mod, call.q_offset, call.causal}, B, H,
+                                             q.size(2), k.size(2), options.block_size));
+        kept->sizes = sizes;
+      }
+      return *kept->mask;
+    }();
+    const FlexOptions flex_options = FlexOptions().with_scale(call.scale);
+    if constexpr (std::is_same_v<ScoreMod, IdentityScore>) {
+      return flex_attention(q, k, v, IdentityScore{}, mask, flex_options).output;
+    } else {
+      return flex_attention(q, k, v, flex::ScoreAtPositions<ScoreMod>{score_mod, call.q_offset}, mask, flex_options)
+          .output;
+    }
+  };
 }
 
 }  // namespace torchattn

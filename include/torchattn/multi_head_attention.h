@@ -92,6 +92,14 @@ struct MultiHeadAttentionOptions {
   /// query position) to its scaled scores, positions counting real tokens only.
   /// Needs causal(true); not with rope. Default: false.
   TORCH_ARG(bool, alibi) = false;
+  /// A flex_attention variant (torchattn::flex_variant, flex_attention.h, made in the
+  /// caller's translation unit): the user's own score_mod and mask_mod in place of the
+  /// attention's scores and masks, in forward, forward_cached (decoding passes each
+  /// query's position as q_idx) and forward_packed (each document alone, from 0). With
+  /// causal(true) the causal mask applies too. Not with softcap, sinks, alibi, window,
+  /// key padding masks, static-shape caches, forward_paged or dropout in training
+  /// (write them into the mods). Default: empty, none.
+  TORCH_ARG(FlexVariant, flex) = {};
   /// Cross-attention (forward_cross): the features of the context that W_key and
   /// W_value read, as torch.nn.MultiheadAttention's kdim and vdim. Unset: d_in.
   /// forward, forward_cached and forward_paged need both equal to d_in.

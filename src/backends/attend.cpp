@@ -9,6 +9,7 @@
 #include "backends/sdpa.h"
 #include "base/checks.h"
 #include "backends/attend.h"
+#include "backends/attend_flex.h"
 #include "kernels/cpu/decode_attention.h"
 #include "kernels/cuda/static_decode_attention.h"
 #include "backends/score_scale.h"
@@ -127,6 +128,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
               ": expected q's heads a multiple of k's (grouped-query attention), got q ", q.sizes(), " and k ",
               k.sizes());
   const int64_t Tq = q.size(-2), Tk = k.size(-2);
+  if (config.flex) return attend_flex(q, k, v, spec, config);
   if (needs_blocked_attention(config)) {
     // Softcapping and sinks: no fused kernel takes them; blocks of queries (every
     // backend: the Reference's math, without Tq x Tk memory).

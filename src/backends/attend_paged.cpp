@@ -1,4 +1,5 @@
 #include "backends/attend_paged.h"
+#include "backends/attend_flex.h"
 
 #include "backends/alibi.h"
 #include "backends/attend.h"
@@ -20,6 +21,7 @@ at::Tensor paged_by_token(const at::Tensor& storage, bool keys) {
 
 at::Tensor attend_paged(const at::Tensor& q, const PagedKeys& pool, const std::optional<int64_t>& window,
                         const functional::AttentionOptions& config, const at::Tensor& alibi_slopes) {
+  check_no_flex(config, "forward_paged");
   const at::Tensor& keys = pool.keys;
   const at::Tensor& values = pool.values;
   const int64_t N = q.size(0), H = q.size(1), d = q.size(2);

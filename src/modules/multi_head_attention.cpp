@@ -391,6 +391,7 @@ functional::AttentionOptions MultiHeadAttentionImpl::attention_options(bool infe
       .backend = options.backend(),
       .softcap = options.softcap(),
       .sinks = sinks,
+      .flex = options.flex(),
   };
 }
 

@@ -1,0 +1,32 @@
+#include "backends/attend_flex.h"
+
+#include "backends/grouped_heads.h"
+#include "backends/score_scale.h"
+
+#include <c10/util/Exception.h>
+
+namespace torchattn::backends {
+
+at::Tensor attend_flex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MaskSpec& spec,
+                       const functional::AttentionOptions& config) {
+  constexpr const char* fn = "attention with a flex variant (AttentionOptions::flex)";
+  TORCH_CHECK(q.dim() == 4, fn, ": expected q of [B, H, T, d], got ", q.sizes());
+  TORCH_CHECK(!spec.is_static(), fn,
+              ": expected a dynamic-shape KV cache (make_kv_cache(batch, /*static_shapes=*/false)), got a "
+              "static-shape one");
+  TORCH_CHECK(!spec.key_padding.defined() && !spec.key_bias.defined(), fn,
+              ": expected no key padding mask or key bias (write them into mask_mod or score_mod)");
+  TORCH_CHECK(!spec.score_bias.defined(), fn, ": expected no ALiBi (alibi: write it as a score_mod)");
+  TORCH_CHECK(!spec.window, fn, ": expected no window (window ", spec.window.value_or(0), ": write it into mask_mod)");
+  TORCH_CHECK(!config.softcap, fn, ": expected no softcap (", config.softcap.value_or(0.0),
+              ": write it as a score_mod)");
+  TORCH_CHECK(!config.sinks.defined(), fn, ": expected no attention sinks");
+  TORCH_CHECK(dropout_p(config) == 0.0, fn, ": expected no dropout in training, got dropout ", config.dropout);
+  return config.flex(q, k, v, FlexCall{spec.past, spec.causal, score_scale(config, q.size(-1))});
+}
+
+void check_no_flex(const functional::AttentionOptions& config, const char* what) {
+  TORCH_CHECK(!config.flex, what, ": runs no flex variant (AttentionOptions::flex); use forward or forward_cached");
+}
+
+}  // namespace torchattn::backends
