@@ -14,6 +14,7 @@
 #include <torchattn/causal_attention.h>
 #include <torchattn/checkpoint_facts.h>
 #include <torchattn/decode_graph.h>
+#include <torchattn/flex/variants.h>
 #include <torchattn/flex_attention.h>
 #include <torchattn/functional.h>
 #include <torchattn/interop.h>

@@ -1,10 +1,13 @@
 #include "backends/alibi.h"
 
+#include <torchattn/flex/variants.h>
+
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/pow.h>
 #include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/tensor.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
@@ -13,20 +16,8 @@ namespace torchattn::backends {
 
 at::Tensor alibi_slopes(int64_t num_heads) {
   TORCH_CHECK(num_heads >= 1, "alibi_slopes: expected num_heads >= 1, got ", num_heads);
-  int64_t n = 1;
-  while (n * 2 <= num_heads) n *= 2;
-  // BLOOM: base = 2^(-(2^-(log2(n) - 3))) as a float32 tensor, raised to int32 powers.
-  const auto base_of = [](int64_t m) {
-    return std::pow(2.0, -std::pow(2.0, -(std::log2(static_cast<double>(m)) - 3.0)));
-  };
-  const at::Tensor base = at::scalar_tensor(base_of(n), at::kFloat);
-  at::Tensor slopes = at::pow(base, at::arange(1, 1 + n, at::kInt));
-  if (n != num_heads) {
-    const at::Tensor extra_base = at::scalar_tensor(base_of(2 * n), at::kFloat);
-    const int64_t left = std::min(n, num_heads - n);
-    slopes = at::cat({slopes, at::pow(extra_base, at::arange(1, 1 + 2 * left, 2, at::kInt))});
-  }
-  return slopes;
+  // The formula's one place is the public flex::Alibi (float32 values held as doubles).
+  return at::tensor(flex::Alibi::bloom_slopes(num_heads), at::kDouble).to(at::kFloat);
 }
 
 at::Tensor alibi_bias(const at::Tensor& slopes, const at::Tensor& key_padding, int64_t Tq, int64_t Tk,
