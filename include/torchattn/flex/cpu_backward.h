@@ -5,7 +5,7 @@
 // from the forward's log-sum-exp. score_mod runs on a Dual (dual.h) for its derivative
 // with respect to the score. float32 runs the tiled SIMD kernel (cpu_backward_tiles.h);
 // float64, the precision of references, runs backward_rows below, one key at a time.
-// One task per batch and key head (at::parallel_for), which owns that head's dk and dv
+// One task per batch and key head (kernels::cpu::parallel_for), which owns that head's dk and dv
 // and the dq of the query heads that read it:
 //
 //   p = exp(z - lse),  z = score_mod(s),  s = scale q . k
@@ -17,7 +17,7 @@
 #include <torchattn/flex/inputs.h>
 #include <torchattn/flex/dual.h>
 
-#include <ATen/Parallel.h>
+#include <torchattn/kernels/cpu/parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/zeros.h>
 
@@ -46,7 +46,7 @@ void backward_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   const int64_t bs = mask.shape.block_size, nq = mask.shape.q_blocks();
   const int64_t group = s.H / s.Hkv, D = s.D, Dv = s.Dv;
   const T scale = static_cast<T>(s.scale);
-  at::parallel_for(0, s.B * s.Hkv, 1, [&](int64_t begin, int64_t end) {
+  kernels::cpu::parallel_for(0, s.B * s.Hkv, 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / s.Hkv, hk = task % s.Hkv;
       const T* kh = kp + (b * s.Hkv + hk) * s.Tk * D;

@@ -23,7 +23,7 @@
 #include <torchattn/kernels/cpu/cpu_features.h>
 #include <torchattn/kernels/cpu/simd.h>
 
-#include <ATen/Parallel.h>
+#include <torchattn/kernels/cpu/parallel.h>
 #include <ATen/core/Tensor.h>
 
 #include <algorithm>
@@ -201,7 +201,7 @@ void backward_tiles(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
                            dq.mutable_data_ptr<float>(), dk.mutable_data_ptr<float>(),
                            dv.mutable_data_ptr<float>()};
   const kernels::cpu::Isa isa = kernels::cpu::best_isa();
-  at::parallel_for(0, s.B * s.Hkv, 1, [&](int64_t begin, int64_t end) {
+  kernels::cpu::parallel_for(0, s.B * s.Hkv, 1, [&](int64_t begin, int64_t end) {
     kernels::cpu::simd::run_on<Kernel>(isa, a, s, score_mod, mask, begin, end);
   });
 }

@@ -4,7 +4,7 @@
 // translation unit instantiates with its own score_mod and mask_mod, so that the
 // compiler inlines them into the loops. float32 runs the tiled SIMD kernel
 // (cpu_forward_tiles.h); float64, the precision of references, runs forward_rows below:
-// each task one block of queries of one batch and head (at::parallel_for over them),
+// each task one block of queries of one batch and head (kernels::cpu::parallel_for over them),
 // each query row an online softmax over the blocks of keys its block mask keeps (the
 // full blocks without mask_mod, then the partial ones with it; empty blocks never
 // read), one key at a time.
@@ -13,7 +13,7 @@
 #include <torchattn/flex/cpu_forward_tiles.h>
 #include <torchattn/flex/inputs.h>
 
-#include <ATen/Parallel.h>
+#include <torchattn/kernels/cpu/parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
@@ -41,7 +41,7 @@ void forward_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const int64_t group = s.H / s.Hkv;
   const T scale = static_cast<T>(s.scale);
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
-  at::parallel_for(0, s.B * s.H * nq, 1, [&](int64_t begin, int64_t end) {
+  kernels::cpu::parallel_for(0, s.B * s.H * nq, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> scores(static_cast<size_t>(bs)), acc(static_cast<size_t>(s.Dv));
     for (int64_t task = begin; task < end; ++task) {
       const int64_t qb = task % nq, h = (task / nq) % s.H, b = task / (nq * s.H), hk = h / group;

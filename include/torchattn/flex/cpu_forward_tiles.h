@@ -28,7 +28,7 @@
 #include <torchattn/kernels/cpu/row_softmax.h>
 #include <torchattn/kernels/cpu/simd.h>
 
-#include <ATen/Parallel.h>
+#include <torchattn/kernels/cpu/parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 
@@ -193,7 +193,7 @@ void forward_tiles(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor
   const kernels::cpu::Isa isa = kernels::cpu::best_isa();
   const int64_t R = kernels::cpu::simd::run_on<typename Kernel::TileRows>(isa);
   const int64_t tasks = s.B * s.H * mask.shape.q_blocks() * ((mask.shape.block_size + R - 1) / R);
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+  kernels::cpu::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     kernels::cpu::simd::run_on<Kernel>(isa, a, s, score_mod, mask, begin, end);
   });
 }
