@@ -30,6 +30,7 @@
 #include <torchattn/flex/cpu_backward.h>
 #include <torchattn/flex/cpu_forward.h>
 #include <torchattn/flex/inputs.h>
+#include <torchattn/flex/lanes.h>
 #include <torchattn/flex/variant.h>
 
 #include <ATen/core/Tensor.h>
@@ -140,10 +141,11 @@ struct MaskAtPositions {
 /// A flex_variant's score_mod at a call's positions.
 template <class ScoreMod>
 struct ScoreAtPositions {
+  static constexpr bool kScoresInLanes = runs_in_lanes<ScoreMod>;
   ScoreMod score_mod;
   int64_t offset;
-  template <class T>
-  auto operator()(T score, int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx) const {
+  template <class T, class I>
+  auto operator()(T score, int64_t b, int64_t h, int64_t q_idx, I kv_idx) const {
     return score_mod(score, b, h, q_idx + offset, kv_idx);
   }
 };

@@ -4,10 +4,12 @@
 // leave out: head sizes of whole vector tiles (64, 128) and with a tail (80, 33), block
 // sizes that are not a multiple of the tile's rows (12, 100), queries and keys past the
 // last whole block, grouped heads, strided q and v, and each instruction set
-// (ctest's unit_isa_* entries cap it); outputs, log-sum-exps and the gradients of q, k
-// and v (the tiled backward, flex/cpu_backward_tiles.h). Then the rows that see no key
-// and a NaN score, in float32.
+// (ctest's unit_isa_* entries cap it), score_mods key by key and W keys at a time
+// (flex/lanes.h: the ready-made Softcap and Alibi, a user's mod through in_lanes); outputs, log-sum-exps and the
+// gradients of q, k and v (the tiled backward, flex/cpu_backward_tiles.h). Then the rows that see no key and a NaN
+// score, in float32.
 
+#include <torchattn/flex/variants.h>
 #include <torchattn/flex_attention.h>
 
 #include <gtest/gtest.h>
@@ -93,6 +95,16 @@ TEST_P(FlexTiles, Float32TilesMatchFloat64Rows) {
     expect_tiles_match_rows(c, softcap, torchattn::VisibleKeys{});
   } else if (c.mod == "alibi_causal") {
     expect_tiles_match_rows(c, alibi, causal);
+  } else if (c.mod == "softcap_lanes") {  // the ready-made mods run W keys at a time (lanes.h)
+    expect_tiles_match_rows(c, torchattn::flex::Softcap(20.0), torchattn::VisibleKeys{});
+  } else if (c.mod == "alibi_lanes_causal") {
+    expect_tiles_match_rows(c, torchattn::flex::Alibi(c.H), causal);
+  } else if (c.mod == "in_lanes_window") {  // a user's mod marked for lanes, on partial blocks too
+    const auto distance = [](auto s, int64_t, int64_t h, int64_t q, auto kv) {
+      using T = decltype(s);
+      return s - T(0.125) * static_cast<T>(h + 1) * static_cast<T>(q - kv) + T(0.5) * tanh(s);
+    };
+    expect_tiles_match_rows(c, torchattn::flex::in_lanes(distance), window);
   } else {
     FAIL() << "no mod " << c.mod;
   }
@@ -106,7 +118,10 @@ INSTANTIATE_TEST_SUITE_P(
                       TileCase{"documents_d33", "documents", 2, 2, 1, 150, 150, 33, 33, 32, true},
                       TileCase{"softcap_d64_block100", "softcap", 1, 2, 2, 205, 190, 64, 48, 100, false},
                       TileCase{"alibi_causal_d64", "alibi_causal", 1, 4, 2, 257, 257, 64, 64, 128, false},
-                      TileCase{"one_row", "causal", 1, 4, 1, 1, 301, 64, 64, 128, false}),
+                      TileCase{"one_row", "causal", 1, 4, 1, 1, 301, 64, 64, 128, false},
+                      TileCase{"softcap_lanes_d64", "softcap_lanes", 1, 2, 1, 150, 181, 64, 64, 128, false},
+                      TileCase{"alibi_lanes_block12", "alibi_lanes_causal", 1, 4, 2, 77, 77, 64, 64, 12, true},
+                      TileCase{"in_lanes_window_d33", "in_lanes_window", 2, 2, 2, 90, 90, 33, 33, 32, false}),
     [](const ::testing::TestParamInfo<TileCase>& info) { return info.param.name; });
 
 // float32: a row that sees no key gets zeros and a log-sum-exp of -inf; a NaN score

@@ -157,7 +157,7 @@ TEST(FlexFunctional, AttentionOptionsTakeAVariant) {
   torchattn::functional::AttentionOptions config;
   config.flex = torchattn::flex_variant(torchattn::IdentityScore{}, prefix);
   const auto got = torchattn::functional::attention(q, k, v, /*causal_mask=*/at::Tensor(), /*past=*/0, config);
-  const auto visible = torch::arange(20).unsqueeze(1) >= torch::arange(20).unsqueeze(0) | (torch::arange(20) < 6);
+  const auto visible = (torch::arange(20).unsqueeze(1) >= torch::arange(20).unsqueeze(0)) | (torch::arange(20) < 6);
   const auto want = at::scaled_dot_product_attention(q, k, v, visible);
   EXPECT_LE(max_diff(got, want), 1e-12);
 }

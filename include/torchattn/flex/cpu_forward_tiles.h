@@ -12,8 +12,9 @@
 // full ones, then the partial ones), in order:
 //   1. the scores of the tile, R rows x the block's keys, scaled (registers: R rows x
 //      2 vectors of keys, over keys packed transposed);
-//   2. mask_mod per key of a partial block (-inf where it hides), score_mod per kept
-//      score (skipped for IdentityScore);
+//   2. score_mod per kept score (skipped for IdentityScore; W keys at a time for a mod
+//      that runs on Lanes, lanes.h), mask_mod per key of a partial block (-inf where it
+//      hides);
 //   3. the online softmax of each row (RowSoftmax): numerators, and the factor for
 //      what the row had accumulated;
 //   4. the row's accumulated values, rescaled, plus numerators x values (registers:
@@ -24,6 +25,7 @@
 #include <torchattn/flex/block_mask.h>
 #include <torchattn/flex/cpu_tiles.h>
 #include <torchattn/flex/inputs.h>
+#include <torchattn/flex/lanes.h>
 #include <torchattn/kernels/cpu/cpu_features.h>
 #include <torchattn/kernels/cpu/row_softmax.h>
 #include <torchattn/kernels/cpu/simd.h>
@@ -119,6 +121,20 @@ struct ForwardTiles {
             for (int64_t r = 0; r < rows; ++r) {
               float* sr = scores.data() + r * stride;
               const int64_t i = t0 + r;
+              if constexpr (kModsScores && runs_in_lanes<ScoreMod>) {  // W keys at a time (lanes.h)
+                for (int64_t j = 0; j < n; j += W) {                   // lanes past n: the pad's, never read
+                  Lanes<S> in;
+                  S::store(in.x, S::load(sr + j));
+                  const Lanes<S> out = score_mod(in, b, h, i, LaneIndex<S>{j0 + j});
+                  S::store(sr + j, S::load(out.x));
+                }
+                if (kind == 1) {
+                  for (int64_t j = 0; j < n; ++j) {
+                    if (!mask.mask_mod(b, h, i, j0 + j)) sr[j] = kernels::cpu::simd::kNegInf;
+                  }
+                }
+                continue;
+              }
               for (int64_t j = 0; j < n; ++j) {
                 if (kind == 1 && !mask.mask_mod(b, h, i, j0 + j)) {
                   sr[j] = kernels::cpu::simd::kNegInf;

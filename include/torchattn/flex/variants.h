@@ -185,8 +185,11 @@ struct Alibi {
     TORCH_CHECK(offset >= 0, "flex::Alibi: expected an offset >= 0, got ", offset);
   }
 
-  template <class T>
-  T operator()(T score, int64_t /*b*/, int64_t h, int64_t q_idx, int64_t kv_idx) const {
+  /// The float32 forward runs it W keys at a time (lanes.h).
+  static constexpr bool kScoresInLanes = true;
+
+  template <class T, class I = int64_t>
+  T operator()(T score, int64_t /*b*/, int64_t h, int64_t q_idx, I kv_idx) const {
     return score + static_cast<T>(slopes[static_cast<size_t>(h)]) * static_cast<T>(kv_idx - offset - q_idx);
   }
 
@@ -218,9 +221,12 @@ struct Softcap {
   explicit Softcap(double softcap_) : softcap(softcap_) {
     TORCH_CHECK(softcap > 0.0 && std::isfinite(softcap), "flex::Softcap: expected a finite softcap > 0, got ", softcap);
   }
-  template <class T>
-  T operator()(T score, int64_t /*b*/, int64_t /*h*/, int64_t /*q_idx*/, int64_t /*kv_idx*/) const {
-    using std::tanh;  // unqualified: the backward's scores are flex::Dual numbers
+  /// The float32 forward runs it W keys at a time (lanes.h).
+  static constexpr bool kScoresInLanes = true;
+
+  template <class T, class I = int64_t>
+  T operator()(T score, int64_t /*b*/, int64_t /*h*/, int64_t /*q_idx*/, I /*kv_idx*/) const {
+    using std::tanh;  // unqualified: the backward's scores are flex::Dual numbers, the forward's Lanes
     const T cap = static_cast<T>(softcap);
     return cap * tanh(score / cap);
   }
