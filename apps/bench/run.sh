@@ -7,8 +7,11 @@
 # transformers' batched generate, apps/bench/results/serve.md. A Llama-3.2-1B-shaped
 # model beside transformers, CTranslate2 and llama.cpp: apps/bench/results/scale.md. Pass
 # --quick for a smoke run, --generate-only, --embed-only, --serve-only, --weights-only,
-# --packed-only, --scale-only or --attention-only (benchmarks.md) for one part alone. Packed documents (forward_packed against a padded batch and one long
+# --packed-only, --scale-only, --flex-only or --attention-only (benchmarks.md) for one part alone. Packed documents (forward_packed against a padded batch and one long
 # sequence, train_gpt --pack/--pad/--checkpoint-activations): apps/bench/results/packed.md.
+# FlexAttention against our dedicated kernels, ATen's SDPA and PyTorch's torch.compile'd
+# flex_attention (T=4096; FLEX_T and FLEX_ROUNDS change the length and the rounds):
+# apps/bench/results/flex.md.
 #
 #   bash apps/bench/run.sh [--device cpu|cuda] [--quick]
 #
@@ -33,6 +36,7 @@ weights_only=0
 packed_only=0
 scale_only=0
 attention_only=0
+flex_only=0
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -46,6 +50,7 @@ while [ $# -gt 0 ]; do
     --packed-only) packed_only=1; shift ;;
     --scale-only) scale_only=1; shift ;;
     --attention-only) attention_only=1; shift ;;
+    --flex-only) flex_only=1; shift ;;
     *) args+=("$1"); shift ;;
   esac
 done
@@ -277,6 +282,34 @@ case "$device" in
       figures
       exit 0
     fi
+    # FlexAttention (apps/bench/results/flex.md): torchattn_bench_flex's interleaved rounds
+    # in one process, then PyTorch's compiled flex_attention on the same mods, merged.
+    flex() {
+      local fargs=()
+      [ "$quick" = 1 ] && fargs=(--quick)
+      [ -n "${FLEX_T:-}" ] && fargs+=(--T "$FLEX_T")
+      [ -n "${FLEX_ROUNDS:-}" ] && fargs+=(--rounds "$FLEX_ROUNDS")
+      ./build/apps/bench/flex/torchattn_bench_flex --threads 2 --json "$out/flex-cpp.json" ${fargs[@]+"${fargs[@]}"}
+      # The AVX2 path on the same machine (where the CPU has AVX-512; else the run above is
+      # it): torchattn's kernels, ATen's, oneDNN's and MKL's all capped at AVX2, as an AVX2-only CPU.
+      local avx2=()
+      if grep -q avx512f /proc/cpuinfo; then
+        TORCHATTN_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
+          ./build/apps/bench/flex/torchattn_bench_flex --threads 2 --json "$out/flex-cpp-avx2.json" \
+          ${fargs[@]+"${fargs[@]}"}
+        avx2=(--cpp-avx2 "$out/flex-cpp-avx2.json")
+      fi
+      .venv/bin/python apps/bench/flex/bench_python.py --threads 2 --json "$out/flex-py.json" \
+        ${fargs[@]+"${fargs[@]}"}
+      .venv/bin/python apps/bench/flex/report.py --cpp "$out/flex-cpp.json" --py "$out/flex-py.json" \
+        ${avx2[@]+"${avx2[@]}"} --out "$docs" >/dev/null
+      echo "bench: wrote $docs/flex.md"
+    }
+    if [ "$flex_only" = 1 ]; then
+      flex
+      figures
+      exit 0
+    fi
     # The attention module against the Reference, LibTorch's and Python's (benchmarks.md).
     attention() {
       ./build/apps/bench/attention/torchattn_bench --threads 2 --json "$out/cpp.json" ${args[@]+"${args[@]}"}
@@ -343,6 +376,7 @@ case "$device" in
     [ "$generate_only" = 1 ] || serve
     [ "$generate_only" = 1 ] || weights
     [ "$generate_only" = 1 ] || packed
+    [ "$generate_only" = 1 ] || flex
     [ "$generate_only" = 1 ] || scale
     ;;
   cuda)
