@@ -157,7 +157,7 @@ struct MultiHeadAttentionOptions {
 /// many threads on a module in eval mode; a cache belongs to one thread.
 class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImpl>, public CheckpointFacts {
  public:
-  explicit MultiHeadAttentionImpl(const MultiHeadAttentionOptions& options);
+  explicit MultiHeadAttentionImpl(MultiHeadAttentionOptions options);
   /// Mirrors Python's
   /// `MultiHeadAttention(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False)`.
   MultiHeadAttentionImpl(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, int64_t num_heads,

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace torchattn {
@@ -25,7 +26,7 @@ namespace {
 constexpr const char* kMultiHeadAttention = "MultiHeadAttention";
 }  // namespace
 
-MultiHeadAttentionImpl::MultiHeadAttentionImpl(const MultiHeadAttentionOptions& options_) : options(options_) {
+MultiHeadAttentionImpl::MultiHeadAttentionImpl(MultiHeadAttentionOptions options_) : options(std::move(options_)) {
   reset();
 }
 
