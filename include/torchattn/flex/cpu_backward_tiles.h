@@ -153,26 +153,7 @@ struct BackwardTiles {
                     }
                   }
                   // dq += ds k, RO rows x NO vectors of columns at a time.
-                  for (int64_t r0 = 0; r0 < rows; r0 += RO) {
-                    const int64_t stored = std::min(RO, rows - r0);
-                    const float* wrow[RO];
-                    float* arow[RO];
-                    V factor[RO];
-                    for (int64_t r = 0; r < RO; ++r) {
-                      const int64_t rr = t0 + r0 + std::min(r, stored - 1);
-                      wrow[r] = ds.data() + rr * stride;
-                      arow[r] = dqg + rr * D;
-                      factor[r] = one;
-                    }
-                    for (int64_t c0 = 0; c0 < D; c0 += NO * W) {
-                      const int64_t cols = std::min<int64_t>(NO * W, D - c0);
-                      if (cols == NO * W) {
-                        weigh_values<S, RO, NO, true>(wrow, arow, factor, stored, kh + j0 * D + c0, D, n, c0, cols);
-                      } else {
-                        weigh_values<S, RO, NO, false>(wrow, arow, factor, stored, kh + j0 * D + c0, D, n, c0, cols);
-                      }
-                    }
-                  }
+                  weigh_rows<S, RO, NO>(dst, stride, dqg + t0 * D, D, nullptr, rows, kh + j0 * D, D, n, D);
                 }
                 // dk += ds^T q, dv += p^T dout over the group's rows.
                 add_outer<S, 4, W == 16 ? 4 : 2>(ds.data(), stride, qg, D, grows, dkh + j0 * D, D, n, D);

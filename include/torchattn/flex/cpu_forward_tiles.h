@@ -147,26 +147,7 @@ struct ForwardTiles {
           // 3. Numerators, and each row's factor for what it holds.
           for (int64_t r = 0; r < rows; ++r) rescale[r] = softmax[r].add(scores.data() + r * stride, n);
           // 4. acc = acc * rescale + numerators x values, RO rows x NO vectors at a time.
-          for (int64_t r0 = 0; r0 < rows; r0 += RO) {
-            const int64_t stored = std::min(RO, rows - r0);
-            const float* prow[RO];
-            float* arow[RO];
-            V factor[RO];
-            for (int64_t r = 0; r < RO; ++r) {
-              const int64_t rr = r0 + std::min(r, stored - 1);
-              prow[r] = scores.data() + rr * stride;
-              arow[r] = acc.data() + rr * Dv;
-              factor[r] = S::set1(rescale[rr]);
-            }
-            for (int64_t c0 = 0; c0 < Dv; c0 += NO * W) {
-              const int64_t cols = std::min<int64_t>(NO * W, Dv - c0);
-              if (cols == NO * W) {
-                weigh_values<S, RO, NO, true>(prow, arow, factor, stored, vh + j0 * a.v_t + c0, a.v_t, n, c0, cols);
-              } else {
-                weigh_values<S, RO, NO, false>(prow, arow, factor, stored, vh + j0 * a.v_t + c0, a.v_t, n, c0, cols);
-              }
-            }
-          }
+          weigh_rows<S, RO, NO>(scores.data(), stride, acc.data(), Dv, rescale, rows, vh + j0 * a.v_t, a.v_t, n, Dv);
         }
       }
       // The rows' outputs: acc / sum; the log-sum-exp max + log(sum) (-inf for a row

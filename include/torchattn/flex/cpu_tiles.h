@@ -6,7 +6,8 @@
 //   score_tile:   R rows x n keys of a . b over keys packed transposed (scores, and the
 //                 backward's dout . v);
 //   weigh_values: acc rows = acc * factor + sum over keys of weight x a key's row (the
-//                 forward's numerators x values, the backward's dq += ds k);
+//                 forward's numerators x values, the backward's dq += ds k), over
+//                 every column by weigh_rows;
 //   add_outer:    per key, row += sum over query rows of weight x a query's row (the
 //                 backward's dk += ds^T q and dv += p^T dout).
 // No helper returns a vector: a function of no target passing one by value changes
@@ -106,6 +107,36 @@ static void weigh_values(const float* const* prow, float* const* arow, const typ
         S::store(arow[r] + c0 + m * W, sum[r][m]);
       } else {
         S::store(arow[r] + c0 + m * W, sum[r][m], last);
+      }
+    }
+  }
+}
+
+/// acc rows r < rows (row r at acc + r * acc_t) become acc * factor[r] (factor null: 1)
+/// + sum_{j < n} w[r * w_t + j] x[j * x_t + c] for the columns c < cols: weigh_values
+/// over RO rows x NO vectors of columns at a time.
+template <class S, int64_t RO, int64_t NO>
+void weigh_rows(const float* w, int64_t w_t, float* acc, int64_t acc_t, const float* factor, int64_t rows,
+                const float* x, int64_t x_t, int64_t n, int64_t cols) {
+  using V = typename S::V;
+  constexpr int W = S::W;
+  for (int64_t r0 = 0; r0 < rows; r0 += RO) {
+    const int64_t stored = std::min(RO, rows - r0);
+    const float* wrow[RO];
+    float* arow[RO];
+    V f[RO];
+    for (int64_t r = 0; r < RO; ++r) {
+      const int64_t rr = r0 + std::min(r, stored - 1);
+      wrow[r] = w + rr * w_t;
+      arow[r] = acc + rr * acc_t;
+      f[r] = S::set1(factor ? factor[rr] : 1.0f);
+    }
+    for (int64_t c0 = 0; c0 < cols; c0 += NO * W) {
+      const int64_t width = std::min<int64_t>(NO * W, cols - c0);
+      if (width == NO * W) {
+        weigh_values<S, RO, NO, true>(wrow, arow, f, stored, x + c0, x_t, n, c0, width);
+      } else {
+        weigh_values<S, RO, NO, false>(wrow, arow, f, stored, x + c0, x_t, n, c0, width);
       }
     }
   }
