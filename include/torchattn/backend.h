@@ -13,7 +13,10 @@ namespace torchattn {
 /// - `SDPA`: `at::scaled_dot_product_attention`, ATen's choice of fused kernel (cuDNN
 ///   included). Its dropout draws another random stream than the Reference's.
 /// - `Auto` (default): as SDPA, but on CUDA flash or memory-efficient where ATen would
-///   pick cuDNN, and the Reference in training mode with dropout > 0.
+///   pick cuDNN, except for a whole-sequence call (as many queries as keys) at a shape
+///   it has run before in this process, which takes cuDNN (its plan built once, at the
+///   shape's second call; docs/gpu.md); and the Reference in training mode with
+///   dropout > 0.
 ///
 /// Example: `CausalAttentionOptions(768, 768, 1024).backend(Backend::SDPA)`.
 enum class Backend { Auto, Reference, SDPA };

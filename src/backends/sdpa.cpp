@@ -1,6 +1,7 @@
 #include "backends/sdpa.h"
 
 #include "backends/grouped_heads.h"
+#include "backends/repeated_shapes.h"
 #include "kernels/cpu/decode_attention.h"
 #include "kernels/cpu/prefill_attention.h"
 #include "backends/score_scale.h"
@@ -17,6 +18,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace torchattn::backends {
 
@@ -40,6 +42,33 @@ bool aligned_for_fused(const at::Tensor& t) {
   return true;
 }
 
+// What tells two calls apart for cuDNN's plans: the sizes and strides' order of q, k,
+// v and the mask, dtypes, device, causal, dropout and whether a gradient follows.
+std::vector<int64_t> call_shape(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
+                                bool enable_gqa) {
+  std::vector<int64_t> shape = {
+      static_cast<int64_t>(q.device().index()),
+      static_cast<int64_t>(q.scalar_type()),
+      is_causal ? 1 : 0,
+      dropout_p > 0.0 ? 1 : 0,
+      enable_gqa ? 1 : 0,
+      c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()) ? 1 : 0};
+  auto add = [&](const at::Tensor& t) {
+    shape.push_back(t.dim());
+    shape.push_back(static_cast<int64_t>(t.scalar_type()));
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      shape.push_back(t.size(d));
+      shape.push_back(t.stride(d));
+    }
+  };
+  add(q);
+  add(k);
+  add(v);
+  if (mask) add(*mask);
+  return shape;
+}
+
 }  // namespace
 
 at::Tensor efficient_bias(const at::Tensor& attn_mask, const at::Tensor& q, int64_t Tk) {
@@ -59,7 +88,8 @@ at::Tensor efficient_bias(const at::Tensor& attn_mask, const at::Tensor& q, int6
 }
 
 FusedKernel choose_fused_kernel(const KernelQuery& q) {
-  if (!q.cuda || q.allow_cudnn || q.aten_choice != static_cast<int64_t>(at::SDPBackend::cudnn_attention)) {
+  if (!q.cuda || q.allow_cudnn || q.repeated ||
+      q.aten_choice != static_cast<int64_t>(at::SDPBackend::cudnn_attention)) {
     return FusedKernel::ATen;
   }
   const bool same_dims = q.head_dim == q.v_head_dim && aligned_head(q.head_dim);
@@ -76,11 +106,11 @@ FusedKernel choose_fused_kernel(const KernelQuery& q) {
 
 at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in,
                            const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
-                           std::optional<double> scale, bool allow_cudnn, bool enable_gqa) {
+                           std::optional<double> scale, Cudnn cudnn, bool enable_gqa) {
   at::Tensor k = k_in, v = v_in;
   FusedKernel kernel = FusedKernel::ATen;
-  if (q.is_cuda() && q.dim() == 4 && !allow_cudnn && q.numel() > 0 && k.numel() > 0 && aligned_for_fused(q) &&
-      aligned_for_fused(k) && aligned_for_fused(v)) {
+  if (q.is_cuda() && q.dim() == 4 && cudnn != Cudnn::Allowed && q.numel() > 0 && k.numel() > 0 &&
+      aligned_for_fused(q) && aligned_for_fused(k) && aligned_for_fused(v)) {
     const auto& ctx = at::globalContext();
     KernelQuery query;
     query.cuda = true;
@@ -94,6 +124,10 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k_in, const at
     query.v_head_dim = v.size(-1);
     query.flash_enabled = ctx.userEnabledFlashSDP();
     query.efficient_enabled = ctx.userEnabledMemEfficientSDP();
+    if (cudnn == Cudnn::Repeated && query.Tq == query.Tk &&
+        query.aten_choice == static_cast<int64_t>(at::SDPBackend::cudnn_attention)) {
+      query.repeated = cudnn_shapes().seen_before(call_shape(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa));
+    }
     kernel = choose_fused_kernel(query);
   }
   if (kernel != FusedKernel::ATen && enable_gqa && k.size(1) != q.size(1)) {
@@ -156,8 +190,9 @@ at::Tensor causal_prefill_kernel(const at::Tensor& q, const at::Tensor& k, const
   return kernels::cpu::prefill_attention(q, k, v, score_scale(config, q.size(-1)));
 }
 
-// The SDPA backend: Backend::SDPA is ATen's own choice of kernel; Auto never takes
-// cuDNN (its per-shape plans, and its known troubles inside CUDA-graph capture with
+// The SDPA backend: Backend::SDPA is ATen's own choice of kernel; Auto takes cuDNN
+// only at a whole-sequence shape it has run before (see sdpa.h), never in decoding
+// (cuDNN's per-shape plans, and its known troubles inside CUDA-graph capture with
 // masks and long keys, which is what a static-shape decoding step is). `mask` has a
 // query dimension of Tq or 1 and a head dimension of 1.
 //
@@ -185,15 +220,17 @@ at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
       return out;
     }
   }
-  const bool allow_cudnn = config.backend == Backend::SDPA;
+  const Cudnn cudnn = config.backend == Backend::SDPA ? Cudnn::Allowed : Cudnn::Repeated;
   const int64_t G = query_groups(q, k);
   if (G > 1 && q.size(-2) == 1 && !is_causal && !per_head_mask) {
     const int64_t B = q.size(0), H = q.size(1);
+    // A decoding step: never a cuDNN plan under Auto, whatever G and the keys are.
     const at::Tensor folded = q.reshape({B, H / G, G, q.size(-1)});
-    return fused_attention(folded, k, v, mask, dropout_p(config), false, config.scale, allow_cudnn)
+    return fused_attention(folded, k, v, mask, dropout_p(config), false, config.scale,
+                           cudnn == Cudnn::Allowed ? Cudnn::Allowed : Cudnn::Never)
         .reshape({B, H, 1, v.size(-1)});
   }
-  return fused_attention(q, k, v, mask, dropout_p(config), is_causal, config.scale, allow_cudnn,
+  return fused_attention(q, k, v, mask, dropout_p(config), is_causal, config.scale, cudnn,
                          /*enable_gqa=*/G > 1);
 }
 

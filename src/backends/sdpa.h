@@ -4,11 +4,14 @@
 //
 // On CUDA, ATen's at::scaled_dot_product_attention prefers cuDNN where it can
 // (Hopper, fp16/bf16). cuDNN builds an execution plan for every new shape: tens of
-// milliseconds at every new sequence length. Unless the user asked for
-// Backend::SDPA (ATen's own choice), torchattn calls
-// ATen's flash or memory-efficient kernel instead, which have no per-shape set-up.
-// Nothing process-wide is changed: the choice is made per call, and kernels the
-// user switched off (at::globalContext().setSDPUseFlash(false), ...) are respected.
+// milliseconds at every new sequence length, and then the fastest kernel at that
+// shape. Backend::SDPA is ATen's own choice. Backend::Auto takes cuDNN only for a
+// whole-sequence call (as many queries as keys: training, an encoder, a first
+// prefill) whose shape it has run before in this process (repeated_shapes.h); a new
+// shape, a decoding step or a cached chunk takes ATen's flash or memory-efficient
+// kernel, which have no per-shape set-up, so decoding and serving never stall at a
+// new length. No ATen setting is changed: the choice is made per call, and kernels
+// the user switched off (at::globalContext().setSDPUseCuDNN(false), ...) stay off.
 
 #include <torchattn/attention_options.h>
 
@@ -35,6 +38,9 @@ struct KernelQuery {
   int64_t aten_choice = 0;
   /// The call may use cuDNN: Backend::SDPA.
   bool allow_cudnn = false;
+  /// Auto's whole-sequence call at a shape it has run before (Cudnn::Repeated): ATen's
+  /// choice, whose cuDNN plan is then built once and kept.
+  bool repeated = false;
   c10::ScalarType dtype = c10::ScalarType::Float;
   bool has_mask = false;
   bool is_causal = false;
@@ -44,7 +50,11 @@ struct KernelQuery {
   bool efficient_enabled = true;
 };
 
-/// ATen's choice unless it is cuDNN and cuDNN is not allowed; then flash where it
+/// When a call may take cuDNN: Backend::SDPA always; Auto at a whole-sequence shape
+/// it has run before.
+enum class Cudnn { Never, Repeated, Allowed };
+
+/// ATen's choice unless it is cuDNN and cuDNN is neither allowed nor repeated; then flash where it
 /// applies (fp16/bf16, no mask, head_dim a multiple of 8 up to 256), else the
 /// memory-efficient kernel (fp32/fp16/bf16, head_dim a multiple of 8), else ATen.
 FusedKernel choose_fused_kernel(const KernelQuery& query);
@@ -61,10 +71,12 @@ at::Tensor efficient_bias(const at::Tensor& attn_mask, const at::Tensor& q, int6
 /// head h): ATen's grouped path; the flash and efficient calls get the key and
 /// value heads repeated.
 /// attn_mask: bool (true = attend) or additive floating of q's dtype, broadcastable
-/// to [B, H, Tq, Tk], or none.
+/// to [B, H, Tq, Tk], or none. `cudnn` Repeated: where ATen would take cuDNN and
+/// Tq == Tk, the call's shape (sizes, dtype, device, mask, causal, dropout, gradient)
+/// is looked up in cudnn_shapes() and recorded there.
 at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
-                           std::optional<double> scale, bool allow_cudnn, bool enable_gqa = false);
+                           std::optional<double> scale, Cudnn cudnn, bool enable_gqa = false);
 
 /// The most keys for which Backend::Auto takes the causal prefill kernel on a CPU with
 /// `isa` (where it measured faster than ATen's; the figures in sdpa.cpp): 512 with AVX2,

@@ -3,6 +3,7 @@
 // the device-parametrized tests when a GPU is present.
 
 #include "backends/sdpa.h"
+#include "backends/repeated_shapes.h"
 
 #include "common/tolerances.h"
 #include <torchattn/kernels/cpu/cpu_features.h>
@@ -12,8 +13,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <limits>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace {
 
@@ -53,6 +57,14 @@ std::vector<ChoiceCase> choice_cases() {
   add("ATenPickingFlashIsKept", [](KernelQuery& q) { q.aten_choice = kFlash; }, FusedKernel::ATen);
   add("ATenPickingMathIsKept", [](KernelQuery& q) { q.aten_choice = kMath; }, FusedKernel::ATen);
   add("CudnnAllowedIsKept", [](KernelQuery& q) { q.allow_cudnn = true; }, FusedKernel::ATen);
+  add("CudnnAtARepeatedShapeIsKept", [](KernelQuery& q) { q.repeated = true; }, FusedKernel::ATen);
+  add(
+      "RepeatedShapeKeepsATensFlash",
+      [](KernelQuery& q) {
+        q.repeated = true;
+        q.aten_choice = kFlash;
+      },
+      FusedKernel::ATen);
   add("CudnnBecomesFlash", [](KernelQuery&) {}, FusedKernel::Flash);
   add("CausalSquareBecomesFlash", [](KernelQuery& q) { q.is_causal = true; }, FusedKernel::Flash);
   add("HalfBecomesFlash", [](KernelQuery& q) { q.dtype = c10::ScalarType::Half; }, FusedKernel::Flash);
@@ -93,6 +105,37 @@ TEST_P(KernelChoice, AvoidsCudnnPlansUnlessAllowed) {
 INSTANTIATE_TEST_SUITE_P(Table, KernelChoice, ::testing::ValuesIn(choice_cases()),
                          [](const ::testing::TestParamInfo<ChoiceCase>& info) { return info.param.name; });
 
+// Auto's memory of the shapes it has run: a shape is new once, repeated afterwards;
+// past its capacity nothing more is recorded, so unrecorded shapes stay new (flash,
+// no cuDNN plan asked for).
+TEST(RepeatedShapes, NewOnceThenRepeatedWithinItsCapacity) {
+  torchattn::backends::RepeatedShapes shapes(2);
+  EXPECT_FALSE(shapes.seen_before({1, 2, 3}));
+  EXPECT_TRUE(shapes.seen_before({1, 2, 3}));
+  EXPECT_FALSE(shapes.seen_before({1, 2, 4}));
+  EXPECT_FALSE(shapes.seen_before({1, 2}));
+  EXPECT_FALSE(shapes.seen_before({1, 2})) << "past the capacity nothing is recorded";
+  EXPECT_TRUE(shapes.seen_before({1, 2, 4}));
+  EXPECT_EQ(shapes.size(), 2U);
+  EXPECT_EQ(torchattn::backends::cudnn_shapes().capacity(), torchattn::backends::kMaxCudnnShapes);
+}
+
+TEST(RepeatedShapes, CountsEachShapeOnceAcrossThreads) {
+  torchattn::backends::RepeatedShapes shapes(1000);
+  std::atomic<int> first_calls{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int64_t i = 0; i < 200; ++i) {
+        if (!shapes.seen_before({i % 50, 7})) ++first_calls;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(first_calls.load(), 50);
+  EXPECT_EQ(shapes.size(), 50U);
+}
+
 TEST(EfficientBias, IsTheBoolMaskAsZeroOrMinusInfWithAlignedRows) {
   torch::manual_seed(5);
   for (int64_t Tk : {1, 15, 16, 17, 40}) {
@@ -127,8 +170,9 @@ TEST(FusedAttention, OnTheCpuIsATensSdpa) {
   auto q = torch::randn({2, 2, 7, 8}), k = torch::randn({2, 2, 9, 8}), v = torch::randn({2, 2, 9, 8});
   auto keep = torch::rand({7, 9}) < 0.8;
   keep.select(1, 0).fill_(true);
-  for (bool allow : {false, true}) {
-    auto got = torchattn::backends::fused_attention(q, k, v, keep, 0.0, false, std::nullopt, allow);
+  using torchattn::backends::Cudnn;
+  for (Cudnn cudnn : {Cudnn::Never, Cudnn::Repeated, Cudnn::Allowed}) {
+    auto got = torchattn::backends::fused_attention(q, k, v, keep, 0.0, false, std::nullopt, cudnn);
     EXPECT_TRUE(torch::equal(got, at::scaled_dot_product_attention(q, k, v, keep)));
   }
 }

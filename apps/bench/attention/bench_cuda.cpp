@@ -575,7 +575,9 @@ void section_sweep(Setup& s) {
   }
 }
 
-// ---- stall: the first forward at a new length vs the second ----
+// ---- stall: the first forward at a new length, the second and the third ----
+// Auto takes flash at a shape's first call and ATen's choice (cuDNN on Hopper, which
+// builds its plan then) from the second; the third is the steady state.
 void section_stall(Setup& s) {
   const Sizes& z = s.z;
   const auto dtype = at::kBFloat16;
@@ -583,8 +585,8 @@ void section_stall(Setup& s) {
   auto autob = make_mha(z.stall_d, z.stall_heads, last_T, true, s.device, dtype);
   auto sdpa = with_backend(autob, Backend::SDPA);
   torch::NoGradGuard no_grad;
-  fmt::print("\n[stall] B=1 d={} H={} bf16 forward at never-seen lengths: first call vs second (ms)\n", z.stall_d,
-             z.stall_heads);
+  fmt::print("\n[stall] B=1 d={} H={} bf16 forward at never-seen lengths: first, second and third call (ms)\n",
+             z.stall_d, z.stall_heads);
   std::vector<std::tuple<std::string, MultiHeadAttention, int64_t>> runs = {{"default", autob, z.stall_auto_T0},
                                                                             {"sdpa", sdpa, z.stall_sdpa_T0}};
   for (auto& [name, m, T0] : runs) {
@@ -598,13 +600,15 @@ void section_stall(Setup& s) {
     for (int64_t i = 0; i < z.stall_lengths; ++i) {
       xs.push_back(torch::randn({1, T0 + i, z.stall_d}).to(s.device, dtype));
     }
-    std::vector<double> first, second;
+    std::vector<double> first, second, third;
     at::Tensor y;
     for (const at::Tensor& x : xs) first.push_back(s.timer.ms([&] { y = m->forward(x); }));
     for (const at::Tensor& x : xs) second.push_back(s.timer.ms([&] { y = m->forward(x); }));
+    for (const at::Tensor& x : xs) third.push_back(s.timer.ms([&] { y = m->forward(x); }));
     check_close("stall " + name + " vs hand", rel_err(y, hand_forward(*autob, xs.back())), tolerance(dtype));
     for (size_t i = 0; i < xs.size(); ++i) {
-      fmt::print("  {:<8} T={:<5} first {:8.3f}  second {:8.3f}\n", name, xs[i].size(1), first[i], second[i]);
+      fmt::print("  {:<8} T={:<5} first {:8.3f}  second {:8.3f}  third {:8.3f}\n", name, xs[i].size(1), first[i],
+                 second[i], third[i]);
       s.rows.push_back(Row()
                            .s("section", "stall")
                            .s("variant", name)
@@ -613,7 +617,8 @@ void section_stall(Setup& s) {
                            .n("d", z.stall_d)
                            .n("H", z.stall_heads)
                            .n("first_ms", first[i])
-                           .n("second_ms", second[i]));
+                           .n("second_ms", second[i])
+                           .n("third_ms", third[i]));
     }
   }
 }
