@@ -16,7 +16,9 @@ at::Tensor token_positions(int64_t T, const KVCache* cache, const at::Tensor& ke
       return at::arange(T, long_options);
     }
     if (cache->static_shapes()) {
-      return cache->position() + at::arange(T, long_options);
+      // One token (a decoding step): the cache's position itself, read before this
+      // step's append advances it (stream order), so the step launches no kernel here.
+      return T == 1 ? cache->position() : cache->position() + at::arange(T, long_options);
     }
     return at::arange(cache->length(), cache->length() + T, long_options);
   }

@@ -19,7 +19,9 @@ namespace torchattn::block {
 /// Returns int64 on `device`: [T] when no token so far or now is padding (past +
 /// arange(T), past taken from the device for a static-shape cache), else [B, T]
 /// (the real tokens before each one; a padding token gets the position of the real
-/// token before it, or 0, and is never seen). No host synchronisation.
+/// token before it, or 0, and is never seen). No host synchronisation. One token of a
+/// static-shape cache without padding: the cache's position() itself, not a copy: read
+/// it before the cache's next append.
 at::Tensor token_positions(int64_t T, const KVCache* cache, const at::Tensor& key_padding_mask,
                            const at::Device& device);
 

@@ -133,8 +133,9 @@ int64_t KVCache::append(const at::Tensor& k, const at::Tensor& v, const at::Tens
   at::Tensor index;
   if (static_shapes_) {
     // Written where the device says, so that a captured graph writes at the
-    // position of each replay.
-    index = position_ + at::arange(t_new, position_.options());
+    // position of each replay. A decoding step's one token is written at position_
+    // itself (read before the add_ below, in stream order): no index kernels.
+    index = t_new == 1 ? position_ : position_ + at::arange(t_new, position_.options());
     keys_.index_copy_(-2, index, k);
     values_.index_copy_(-2, index, v);
   } else {
