@@ -147,7 +147,25 @@ TORCH_MODULE(Linear);
 /// (fast: forward_fast) gives it, bit for bit. Layers frozen to one bfloat16 or int8
 /// format (and Int8Inputs) run as one product: x quantized once, and in decoding one
 /// parallel region over all their outputs; their outputs are then views of it.
+/// Off the CPU, `fast` layers whose weights (and biases) place_together laid out end
+/// to end run as one at::linear over them when no gradient is computed: one GEMM
+/// instead of one per layer, equal to each layer's within its dtype's rounding (the
+/// BLAS picks its kernel by the product's shape).
 std::vector<at::Tensor> linear_group(const at::Tensor& x, std::initializer_list<LinearImpl*> layers, bool fast);
+
+/// Moves the layers' weights into one storage, end to end in the order given, and their
+/// biases into another: the parameters keep their values, shapes, dtype, device and
+/// identity (set_data), so optimizers, checkpoints and hooks see no change; only their
+/// memory is shared. Then linear_group computes them as one product on a GPU. Nothing is
+/// copied where they are already so. The layers need the same in_features, dtype and
+/// device, all or none with a bias, and weights of their own (not frozen, loaded);
+/// else an error naming what differs. A later move (to()) gives each its own storage
+/// again.
+void place_together(std::initializer_list<LinearImpl*> layers);
+
+/// Whether place_together's layout holds: the weights (and biases) of `layers`
+/// contiguous, in one storage, end to end in order.
+bool placed_together(std::initializer_list<const LinearImpl*> layers);
 
 /// A float32 CPU tensor of `sizes` that holds no weights of its own: one element (0)
 /// seen at every index (strides 0). What a layer built for loading starts with.

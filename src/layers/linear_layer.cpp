@@ -3,6 +3,7 @@
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/quantized_linear.h"
 #include "layers/linear.h"
+#include "layers/placed_together.h"
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/linear.h>
@@ -138,6 +139,27 @@ std::pair<at::Tensor, at::Tensor> LinearImpl::frozen_weight() const { return eng
 
 at::Tensor LinearImpl::weight_rows(const at::Tensor& ids) const { return engine_->weight_rows(ids); }
 
+namespace {
+
+// y [..., sum of widths] -> its columns, widths[i] at a time, as views of y.
+std::vector<at::Tensor> columns(const at::Tensor& y, const std::vector<int64_t>& widths) {
+  std::vector<at::Tensor> out;
+  int64_t col = 0;
+  for (const int64_t w : widths) {
+    out.push_back(y.narrow(-1, col, w));
+    col += w;
+  }
+  return out;
+}
+
+std::vector<int64_t> rows_of(const std::vector<at::Tensor>& weights) {
+  std::vector<int64_t> rows;
+  for (const auto& w : weights) rows.push_back(w.size(0));
+  return rows;
+}
+
+}  // namespace
+
 std::vector<at::Tensor> linear_group(const at::Tensor& x, std::initializer_list<LinearImpl*> layers, bool fast) {
   std::vector<at::Tensor> out;
   out.reserve(layers.size());
@@ -158,13 +180,9 @@ std::vector<at::Tensor> linear_group(const at::Tensor& x, std::initializer_list<
     if (kernels::cpu::quantized_linear_applies(x, parts)) {
       const auto products = first->engine_->int8_inputs() == Int8Inputs::Quantized ? kernels::cpu::Int8Products::Auto
                                                                                    : kernels::cpu::Int8Products::Float;
-      const at::Tensor y = kernels::cpu::quantized_linear(x, parts, products);
-      int64_t col = 0;
-      for (const auto& p : parts) {
-        out.push_back(y.narrow(-1, col, p.data.size(0)));
-        col += p.data.size(0);
-      }
-      return out;
+      std::vector<int64_t> widths;
+      for (const auto& p : parts) widths.push_back(p.data.size(0));
+      return columns(kernels::cpu::quantized_linear(x, parts, products), widths);
     }
   }
   // Float32 layers that decoding's matrix-vector kernel takes (a few rows, no gradient,
@@ -180,15 +198,24 @@ std::vector<at::Tensor> linear_group(const at::Tensor& x, std::initializer_list<
     weights.push_back(l->weight);
     biases.push_back(l->bias);
   }
-  if (small) {
-    const at::Tensor y = kernels::cpu::small_linear(x, weights, biases);
-    int64_t col = 0;
-    for (const auto& w : weights) {
-      out.push_back(y.narrow(-1, col, w.size(0)));
-      col += w.size(0);
-    }
-    return out;
+  if (small) return columns(kernels::cpu::small_linear(x, weights, biases), rows_of(weights));
+  // Off the CPU (whose kernels keep each layer's bits above): layers placed end to end
+  // as one GEMM, without a gradient to compute.
+  bool joined = fast && layers.size() > 1 && !x.is_cpu();
+  weights.clear();
+  biases.clear();
+  for (const LinearImpl* l : layers) {
+    joined = joined && !l->frozen() && !is_placeholder(l->weight) && !is_placeholder(l->bias) &&
+             !(c10::GradMode::is_enabled() &&
+               (l->weight.requires_grad() || (l->bias.defined() && l->bias.requires_grad())));
+    if (!joined) break;
+    weights.push_back(l->weight);
+    if (l->bias.defined()) biases.push_back(l->bias);
   }
+  joined = joined && !(c10::GradMode::is_enabled() && x.requires_grad()) && torchattn::layers::end_to_end(weights) &&
+           (biases.empty() || (biases.size() == weights.size() && torchattn::layers::end_to_end(biases))) &&
+           x.scalar_type() == weights.front().scalar_type() && x.device() == weights.front().device();
+  if (joined) return columns(torchattn::layers::joined_linear(x, weights, biases), rows_of(weights));
   for (LinearImpl* l : layers) out.push_back(l->run(x, fast));
   return out;
 }

@@ -4,6 +4,7 @@
 // they are, not copied) and chooses the kernel; linear_group runs frozen layers as one
 // product with each layer's own bits.
 
+#include "common/devices.h"
 #include "common/expect_error.h"
 
 #include "kernels/cpu/quantized_linear.h"
@@ -201,5 +202,109 @@ TEST(LinearLayer, PackedInferenceFollowsItsPolicyAndLetsGradientsThrough) {
   l->set_inference({.on = false}, WeightFormat::BFloat16);
   EXPECT_EQ(l->format_bytes(), 0) << "packing off: the copy goes";
 }
+
+namespace placed {
+
+// Three layers as an attention's q, k and v: grouped-query sizes, with or without bias.
+std::vector<Linear> qkv(bool bias, torch::Device device = torch::kCPU) {
+  std::vector<Linear> out;
+  for (const int64_t features : {48, 16, 16}) {
+    Linear l(LinearOptions(32, features).bias(bias));
+    l->to(device);
+    out.push_back(l);
+  }
+  return out;
+}
+
+}  // namespace placed
+
+// place_together lays the weights end to end in one storage (biases in another)
+// without changing what any layer holds or computes, or which tensors its parameters
+// are; a second call copies nothing; training still reaches every parameter.
+TEST(LinearLayer, PlaceTogetherSharesOneStorageAndChangesNoValue) {
+  for (const bool bias : {true, false}) {
+    SCOPED_TRACE(bias ? "bias" : "no bias");
+    torch::manual_seed(86);
+    auto layers = placed::qkv(bias);
+    Linear &q = layers[0], &k = layers[1], &v = layers[2];
+    const auto x = torch::randn({2, 5, 32});
+    std::vector<at::Tensor> before, params;
+    for (auto& l : layers) {
+      before.push_back(l(x).detach());
+      for (const auto& p : l->parameters()) params.push_back(p);
+    }
+    EXPECT_FALSE(torchattn::placed_together({q.get(), k.get(), v.get()}));
+    torchattn::place_together({q.get(), k.get(), v.get()});
+    EXPECT_TRUE(torchattn::placed_together({q.get(), k.get(), v.get()}));
+    EXPECT_FALSE(torchattn::placed_together({k.get(), q.get(), v.get()})) << "order matters";
+    EXPECT_TRUE(k->weight.is_alias_of(q->weight));
+    EXPECT_EQ(k->weight.data_ptr<float>(), q->weight.data_ptr<float>() + 48 * 32);
+    EXPECT_EQ(v->weight.data_ptr<float>(), k->weight.data_ptr<float>() + 16 * 32);
+    if (bias) EXPECT_EQ(v->bias.data_ptr<float>(), q->bias.data_ptr<float>() + 64);
+    size_t i = 0;
+    for (size_t j = 0; j < 3; ++j) {
+      EXPECT_TRUE(layers[j]->weight.requires_grad() && layers[j]->weight.is_leaf());
+      EXPECT_TRUE(torch::equal(layers[j](x), before[j]));
+      for (const auto& p : layers[j]->parameters()) EXPECT_TRUE(p.is_same(params[i++])) << "a parameter was replaced";
+    }
+    const float* q_data = q->weight.data_ptr<float>();
+    torchattn::place_together({q.get(), k.get(), v.get()});
+    EXPECT_EQ(q->weight.data_ptr<float>(), q_data) << "placed already: nothing is copied";
+    // A CPU group keeps each layer's own bits, placed or not.
+    {
+      torch::NoGradGuard no_grad;
+      for (const auto& in : {x, x.narrow(1, 0, 1)}) {
+        const auto group = torchattn::linear_group(in, {q.get(), k.get(), v.get()}, /*fast=*/true);
+        for (size_t j = 0; j < 3; ++j) EXPECT_TRUE(torch::equal(group[j], layers[j]->forward_fast(in)));
+      }
+    }
+    // Training: each parameter gets its own gradient, and an optimizer's step writes
+    // through to the shared storage.
+    const auto loss = q(x).sum() + k(x).square().sum() + v(x).mean();
+    loss.backward();
+    for (auto& l : layers) ASSERT_TRUE(l->weight.grad().defined() && l->weight.grad().sizes() == l->weight.sizes());
+    const auto k_before = k->weight.detach().clone();
+    torch::optim::SGD(k->parameters(), 0.5).step();
+    EXPECT_TRUE(torch::equal(k->weight.detach(), k_before - 0.5 * k->weight.grad()));
+    EXPECT_TRUE(torchattn::placed_together({q.get(), k.get(), v.get()}));
+  }
+}
+
+TEST(LinearLayer, PlaceTogetherRefusesLayersThatCannotShareAndNamesThem) {
+  torch::manual_seed(87);
+  Linear a(LinearOptions(32, 8)), b(LinearOptions(24, 8)), c(LinearOptions(32, 8).bias(false));
+  Linear d(LinearOptions(32, 8)), e(LinearOptions(32, 8).init(false));
+  expect_error([&] { torchattn::place_together({a.get(), b.get()}); },
+               "place_together: layer 1 takes 24 input features, layer 0 32");
+  expect_error([&] { torchattn::place_together({a.get(), c.get()}); },
+               "place_together: layer 1 has no bias, layer 0 has one");
+  d->to(torch::kFloat64);
+  expect_error([&] { torchattn::place_together({a.get(), d.get()}); },
+               "place_together: layer 1 has Double weights on cpu, layer 0 Float on cpu");
+  expect_error([&] { torchattn::place_together({a.get(), e.get()}); },
+               "place_together: layer 1 has no weights of its own (frozen, or built for loading and not loaded)");
+  EXPECT_FALSE(a->weight.is_alias_of(d->weight)) << "a refusal changes nothing";
+}
+
+#ifdef TORCHATTN_TESTS_CUDA
+// Off the CPU, placed layers run as one GEMM: each output a view of one product,
+// equal to the layer's own within the dtype's rounding.
+TEST(LinearLayer, PlacedLayersOnAGpuRunAsOneProduct) {
+  devices::skip_unless_present(torch::kCUDA);
+  if (testing::Test::IsSkipped() || testing::Test::HasFatalFailure()) return;
+  for (const bool bias : {true, false}) {
+    torch::manual_seed(88);
+    auto layers = placed::qkv(bias, torch::kCUDA);
+    torchattn::place_together({layers[0].get(), layers[1].get(), layers[2].get()});
+    const auto x = torch::randn({3, 1, 32}).to(torch::kCUDA);
+    torch::NoGradGuard no_grad;
+    const auto group = torchattn::linear_group(x, {layers[0].get(), layers[1].get(), layers[2].get()}, true);
+    for (size_t j = 0; j < 3; ++j) {
+      EXPECT_TRUE(torch::allclose(group[j], layers[j](x), 1e-5, 1e-5)) << "layer " << j;
+    }
+    EXPECT_EQ(group[1].data_ptr<float>(), group[0].data_ptr<float>() + 48) << "not one product";
+  }
+}
+#endif
 
 }  // namespace

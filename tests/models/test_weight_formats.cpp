@@ -303,4 +303,37 @@ TEST(FrozenDecoder, DynamicInt8KeepsTheTiedTableAndIsNotSaved) {
                "dynamic-int8");
 }
 
+// place_projections_together (what a move to a GPU does): every layer's q, k and v
+// share one storage end to end, gate and up another; on the CPU the logits, the cached
+// decoding and the parameters' names are what they were, bit for bit; a frozen model
+// has no float32 weights to place and says so.
+TEST(PlacedProjections, ShareStoragesAndChangeNoLogitOnTheCpu) {
+  models::CausalLM model = small_model(/*tied=*/false);
+  const auto ids = torch::tensor({{5, 9, 17, 3, 40, 2}}, torch::kLong);
+  torch::NoGradGuard no_grad;
+  const auto before = model->forward(ids);
+  auto caches = model->make_kv_caches(1);
+  model->forward(ids.narrow(1, 0, 5), &caches);
+  const auto step_before = model->forward(ids.narrow(1, 5, 1), &caches);
+  const auto names = model->named_parameters().keys();
+
+  model->place_projections_together();
+  for (const auto& layer : *model->layers) {
+    auto* l = layer->as<models::DecoderLayerImpl>();
+    EXPECT_TRUE(torchattn::placed_together(
+        {l->self_attn->W_query.get(), l->self_attn->W_key.get(), l->self_attn->W_value.get()}));
+    EXPECT_TRUE(torchattn::placed_together({l->gate_proj.get(), l->up_proj.get()}));
+  }
+  EXPECT_TRUE(torch::equal(model->forward(ids), before));
+  caches = model->make_kv_caches(1);
+  model->forward(ids.narrow(1, 0, 5), &caches);
+  EXPECT_TRUE(torch::equal(model->forward(ids.narrow(1, 5, 1), &caches), step_before));
+  EXPECT_EQ(model->named_parameters().keys(), names);
+
+  models::CausalLM frozen = small_model(false);
+  frozen->freeze_weights(WeightFormat::BFloat16);
+  expect_error([&] { frozen->place_projections_together(); },
+               "place_together: layer 0 has no weights of its own (frozen, or built for loading and not loaded)");
+}
+
 }  // namespace

@@ -128,9 +128,16 @@ class CausalLMImpl : public torch::nn::Module {
   /// Each layer's tensors are let go as soon as it is frozen (a file's mapped pages
   /// then go back: peak memory of about one copy of the weights).
   void load_frozen_state(torchattn::NamedTensors tensors, torchattn::WeightFormat format);
+  /// Each layer's q, k and v projections into one storage, and its MLP's gate and up
+  /// into another (torchattn::place_together: values, shapes and parameters kept), so
+  /// that decoding on a GPU computes each group as one product. A move to a GPU does it,
+  /// and generate on CUDA (a model loaded there); on the CPU, where the products' own
+  /// kernels run, it changes nothing but the memory's layout. Needs weights of its own.
+  void place_projections_together();
   /// torch::nn::Module's moves; a frozen model (weight_format() not Float32) stays on
   /// the CPU in float32, its formats' only home: a move elsewhere is an error that
   /// changes nothing (it used to be taken, and the next call failed inside a kernel).
+  /// On a GPU afterwards, place_projections_together.
   void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
   void to(torch::Dtype dtype, bool non_blocking = false) override;
   void to(torch::Device device, bool non_blocking = false) override;
@@ -204,6 +211,8 @@ class CausalLMImpl : public torch::nn::Module {
   at::Tensor head(const at::Tensor& x);
   // ids -> the embeddings the first layer takes (Gemma 2: scaled).
   at::Tensor embed(const at::Tensor& ids);
+  // place_projections_together where a move left float32-format weights off the CPU.
+  void placed_after_move();
 
   // The output head: lm_head, or (tied) a Linear of its own over embed_tokens' table.
   torchattn::Linear output_head() const { return lm_head ? lm_head : tied_head_; }

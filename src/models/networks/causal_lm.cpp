@@ -264,19 +264,36 @@ void check_frozen_move(const CausalLMImpl& model, const std::optional<torch::Dev
 
 }  // namespace
 
+void CausalLMImpl::place_projections_together() {
+  for (const auto& layer : *layers) {
+    auto* l = layer->as<DecoderLayerImpl>();
+    torchattn::place_together({l->self_attn->W_query.get(), l->self_attn->W_key.get(), l->self_attn->W_value.get()});
+    torchattn::place_together({l->gate_proj.get(), l->up_proj.get()});
+  }
+}
+
+void CausalLMImpl::placed_after_move() {
+  if (!embed_tokens->weight.is_cpu() && weight_format() == torchattn::WeightFormat::Float32) {
+    place_projections_together();
+  }
+}
+
 void CausalLMImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
   check_frozen_move(*this, device, dtype);
   torch::nn::Module::to(device, dtype, non_blocking);
+  placed_after_move();
 }
 
 void CausalLMImpl::to(torch::Dtype dtype, bool non_blocking) {
   check_frozen_move(*this, std::nullopt, dtype);
   torch::nn::Module::to(dtype, non_blocking);
+  placed_after_move();
 }
 
 void CausalLMImpl::to(torch::Device device, bool non_blocking) {
   check_frozen_move(*this, device, std::nullopt);
   torch::nn::Module::to(device, non_blocking);
+  placed_after_move();
 }
 
 void CausalLMImpl::freeze_weights(torchattn::WeightFormat format) {
