@@ -95,20 +95,25 @@ std::vector<GenerationResult> generate(CausalLMImpl& model, const std::vector<st
   at::Tensor mask = padded
                         ? at::tensor(at::ArrayRef<uint8_t>(pad), at::kByte).view({batch, longest}).to(device, at::kBool)
                         : at::Tensor();
+  // Plain greedy decoding takes the argmax on the model's device, inside the step (and
+  // its CUDA graph): one id a prompt comes back, not the vocabulary's logits.
+  const bool argmax_in_step = steps.greedy_on_device();
+  const auto choice = [&](const at::Tensor& logits) { return argmax_in_step ? logits.argmax(-1) : logits; };
   steps.begin();
   for (int64_t i = 0; i < options.max_new_tokens() && !steps.finished(); ++i) {
-    at::Tensor logits;
+    at::Tensor out;  // [B, 1, vocab] logits, or [B, 1] ids
     if (graphs && i > 0) {
       if (!step) {
         step = std::make_unique<torchattn::DecodeGraph>(
-            [&](const at::Tensor& t) { return model.forward(t, &caches, {}, /*last_only=*/true); }, cache_ptrs);
+            [&](const at::Tensor& t) { return choice(model.forward(t, &caches, {}, /*last_only=*/true)); }, cache_ptrs);
       }
-      logits = (*step)(ids);
+      out = (*step)(ids);
     } else {
-      logits = model.forward(ids, &caches, i == 0 ? mask : at::Tensor(), /*last_only=*/true);
+      out = choice(model.forward(ids, &caches, i == 0 ? mask : at::Tensor(), /*last_only=*/true));
     }
     // A finished sequence goes on with token 0, whose outputs nobody reads.
-    const std::vector<int64_t> next = steps.choose(logits.select(1, 0), std::nullopt, 0);
+    const std::vector<int64_t> next = argmax_in_step ? steps.chosen(out.select(1, 0), 0)
+                                                     : steps.choose(out.select(1, 0), std::nullopt, 0);
     ids = at::tensor(next, at::kLong).view({batch, 1}).to(device);
   }
   return steps.results();

@@ -56,20 +56,50 @@ std::vector<int64_t> GenerationSteps::choose(const at::Tensor& logits, std::opti
     } else {
       next[b] = samplers_[b].next(row);
     }
-    results_[b].ids.push_back(next[b]);
-    if (options_.logprobs() >= 0) results_[b].logprobs.push_back(token_logprobs(row, next[b], options_.logprobs()));
-    if (options_.on_token()) options_.on_token()(b, next[b]);
-    if (std::find(stop_.begin(), stop_.end(), next[b]) != stop_.end()) {
-      results_[b].stopped = true;
-      done_[b] = true;
-      --remaining_;
-    }
+    record(b, next[b], row);
   }
+  step_done();
+  return next;
+}
+
+std::vector<int64_t> GenerationSteps::chosen(const at::Tensor& ids, int64_t filler) {
+  TORCH_CHECK(ids.dim() == 1 && ids.size(0) == static_cast<int64_t>(results_.size()) && ids.scalar_type() == at::kLong,
+              "GenerationSteps: expected the chosen ids as int64 [", results_.size(), "], got ", ids.scalar_type(), " ",
+              ids.sizes());
+  const at::Tensor host = ids.to(at::kCPU);
+  const int64_t* id = host.data_ptr<int64_t>();
+  std::vector<int64_t> next(results_.size(), filler);
+  for (size_t b = 0; b < results_.size(); ++b) {
+    if (done_[b]) continue;
+    next[b] = id[b];
+    samplers_[b].chose(next[b]);
+    record(b, next[b], at::Tensor());
+  }
+  step_done();
+  return next;
+}
+
+bool GenerationSteps::greedy_on_device() const {
+  return options_.logprobs() < 0 &&
+         std::all_of(samplers_.begin(), samplers_.end(), [](const Sampler& s) { return s.greedy(); });
+}
+
+void GenerationSteps::record(size_t b, int64_t token, const at::Tensor& row) {
+  results_[b].ids.push_back(token);
+  if (options_.logprobs() >= 0) results_[b].logprobs.push_back(token_logprobs(row, token, options_.logprobs()));
+  if (options_.on_token()) options_.on_token()(b, token);
+  if (std::find(stop_.begin(), stop_.end(), token) != stop_.end()) {
+    results_[b].stopped = true;
+    done_[b] = true;
+    --remaining_;
+  }
+}
+
+void GenerationSteps::step_done() {
   if (steps_++ == 0) {
     prefill_ = seconds_since(start_);
     start_ = std::chrono::steady_clock::now();
   }
-  return next;
 }
 
 std::vector<GenerationResult> GenerationSteps::results() {

@@ -33,6 +33,13 @@ class GenerationSteps {
   /// prompt's token (`forced` where given), calls on_token, and marks the ones that
   /// stop. Returns the tokens to feed next, `filler` for the finished ones.
   std::vector<int64_t> choose(const at::Tensor& logits, std::optional<int64_t> forced, int64_t filler);
+  /// The same where the tokens were chosen already, on the model's device, by an
+  /// argmax of the logits (greedy_on_device): `ids` [B] int64, any device.
+  std::vector<int64_t> chosen(const at::Tensor& ids, int64_t filler);
+  /// Whether every prompt's choice is a plain argmax of the logits that needs nothing
+  /// else of them: greedy, no logit bias, no penalties, no logprobs. The step may then
+  /// take the argmax itself (inside a CUDA graph) and hand chosen() the ids.
+  bool greedy_on_device() const;
 
   /// Starts the clock: the prefill's time runs from here to the first choose().
   void begin() { start_ = std::chrono::steady_clock::now(); }
@@ -41,6 +48,11 @@ class GenerationSteps {
   std::vector<GenerationResult> results();
 
  private:
+  // Records prompt b's token (`row` its logits, for logprobs, or undefined), calls
+  // on_token and marks a stop.
+  void record(size_t b, int64_t token, const at::Tensor& row);
+  // After a step's choices: the prefill's time at the first.
+  void step_done();
   const GenerationOptions& options_;  // the caller's, on_token included
   std::vector<int64_t> stop_;
   std::vector<Sampler> samplers_;
