@@ -186,11 +186,13 @@ def lr_at(step, steps, warmup, lr):
     return lr * (LR_FLOOR + (1 - LR_FLOOR) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))))
 
 
-def make_optimizer(model, lr, weight_decay):
+def make_optimizer(model, lr, weight_decay, fused=False):
+    """AdamW as PyTorch's default picks it (foreach on CUDA), or fused=True."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=ADAM_BETAS)
+                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=ADAM_BETAS,
+                             fused=True if fused else None)
 
 
 def autocast(device, amp):
@@ -253,6 +255,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=100, help="linear warm-up steps, then cosine decay to lr/10")
     p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay on matrices")
     p.add_argument("--clip", type=float, default=1.0, help="gradient-norm clipping")
+    p.add_argument("--fused-adamw", action="store_true",
+                   help="AdamW(fused=True), as train_gpt --optimizer fused (default: PyTorch's own choice)")
     p.add_argument("--eval-every", type=int, default=250, help="steps between eval losses (0: only at the end)")
     p.add_argument("--eval-batches", type=int, default=8, help="batches in one eval loss")
     p.add_argument("--seed", type=int, default=1337, help="weights and batches")
@@ -292,7 +296,7 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     model = GPT(args).to(device)
     torch.manual_seed(args.seed)  # train_gpt: seed + rank, rank 0
-    opt = make_optimizer(model, args.lr, args.weight_decay)
+    opt = make_optimizer(model, args.lr, args.weight_decay, args.fused_adamw)
     n_params = sum(p.numel() for p in model.parameters())
     tokens_per_step = args.batch_size * args.context
     print(f"train_gpt_peer: {source}; {n_params} parameters; {args.batch_size} sequences of {args.context} bytes; "

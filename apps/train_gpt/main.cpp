@@ -29,6 +29,9 @@
 // default there): weights, gradients and AdamW state stay float32 (master weights),
 // matrix products and attention run in bf16. --precision fp32 turns autocast off.
 // Sampling then replays each decoding step from a CUDA graph (torchattn::DecodeGraph).
+// --optimizer fused (the default on CUDA) runs AdamW as one fused kernel a parameter
+// group and clips without waiting for the GPU (optimizer.h); loop (the CPU's default)
+// is LibTorch's torch::optim::AdamW and clip_grad_norm_.
 // Data-parallel runs (--nproc, --world-size) stay on the CPU over Gloo.
 
 #include "cli_checks.h"
@@ -36,6 +39,7 @@
 #include "documents.h"
 #include "fmt.h"
 #include "gpt.h"
+#include "optimizer.h"
 
 #include <torchattn/interop.h>
 
@@ -217,7 +221,8 @@ int main(int argc, char** argv) {
   double lr = 3e-3, weight_decay = 0.1, clip = 1.0, temperature = 0.8;
   uint64_t seed = 1337;
   int threads = 0, nproc = 1;
-  std::string out_dir = "runs/gpt", resume, prompt = "Q: What", device_name = "cpu", precision = "auto";
+  std::string out_dir = "runs/gpt", resume, prompt = "Q: What", device_name = "cpu", precision = "auto",
+              optimizer = "auto";
   std::vector<std::string> data;
   train_gpt::DistOptions dist;
   app.add_option("--data", data, "UTF-8 text file(s) (default: the fortunes of Debian's fortunes package)");
@@ -249,6 +254,10 @@ int main(int argc, char** argv) {
   app.add_option("--device", device_name, "cpu, or cuda (one GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--precision", precision, "auto (bf16 on cuda, fp32 on cpu), fp32, or bf16 (CUDA autocast)")
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
+  app.add_option("--optimizer", optimizer,
+                 "auto (fused on cuda, loop on cpu), loop (torch::optim::AdamW, clip_grad_norm_), or fused "
+                 "(at::_fused_adamw_, a clip that does not wait for the device)")
+      ->check(CLI::IsMember({"auto", "loop", "fused"}));
   app.add_option("--nproc", nproc, "local ranks to start (data-parallel over c10d/Gloo)")->check(apps::at_least(1));
   app.add_option("--rank", dist.rank, "this process's rank (multi-machine)")->check(apps::at_least(0));
   app.add_option("--world-size", dist.world_size, "ranks in all (multi-machine)")->check(apps::at_least(1));
@@ -298,6 +307,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   const bool amp = device.is_cuda() && precision != "fp32";
+  const bool fused = train_gpt::optimizer_kind(optimizer, device.is_cuda()) == train_gpt::OptimizerKind::Fused;
   if (nproc > 1 && dist.world_size == 1) {
     std::vector<std::string> args(argv, argv + argc);
     for (size_t i = 0; i < args.size(); ++i) {  // drop --nproc N
@@ -344,13 +354,17 @@ int main(int argc, char** argv) {
     torch::manual_seed(seed + static_cast<uint64_t>(ddp.rank()));
     std::vector<torch::Tensor> decay, no_decay;
     for (auto& p : model->named_parameters()) (p.value().dim() >= 2 ? decay : no_decay).push_back(p.value());
-    torch::optim::AdamW opt(
-        {torch::optim::OptimizerParamGroup(
-             decay, std::make_unique<torch::optim::AdamWOptions>(
-                        torch::optim::AdamWOptions(lr).betas({0.9, 0.95}).weight_decay(weight_decay))),
-         torch::optim::OptimizerParamGroup(no_decay,
-                                           std::make_unique<torch::optim::AdamWOptions>(
-                                               torch::optim::AdamWOptions(lr).betas({0.9, 0.95}).weight_decay(0.0)))});
+    const std::vector<torch::optim::OptimizerParamGroup> groups = {
+        torch::optim::OptimizerParamGroup(
+            decay, std::make_unique<torch::optim::AdamWOptions>(
+                       torch::optim::AdamWOptions(lr).betas({0.9, 0.95}).weight_decay(weight_decay))),
+        torch::optim::OptimizerParamGroup(no_decay,
+                                          std::make_unique<torch::optim::AdamWOptions>(
+                                              torch::optim::AdamWOptions(lr).betas({0.9, 0.95}).weight_decay(0.0)))};
+    // The same state either way: checkpoints of one load into the other.
+    std::unique_ptr<torch::optim::AdamW> optimizer_owner = fused ? std::make_unique<train_gpt::FusedAdamW>(groups)
+                                                                 : std::make_unique<torch::optim::AdamW>(groups);
+    torch::optim::AdamW& opt = *optimizer_owner;
 
     int64_t start = 0;
     fs::create_directories(out_dir);
@@ -436,6 +450,8 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "train_gpt: uniform-guess loss ln(256) = {:.3f}\n", std::log(256.0));
       fmt::print(stderr, "train_gpt: device {}, {}\n", device.str(),
                  amp ? "bf16 autocast, float32 master weights" : "float32");
+      fmt::print(stderr, "train_gpt: optimizer {}\n",
+                 fused ? "fused (at::_fused_adamw_, foreach clip)" : "loop (torch::optim::AdamW, clip_grad_norm_)");
     }
     const fs::path csv_path = fs::path(out_dir) / "loss.csv";
     std::vector<std::string> kept;  // on resume, the rows up to the checkpoint's step
@@ -483,7 +499,11 @@ int main(int argc, char** argv) {
       opt.zero_grad();
       loss.backward();
       ddp.average_gradients(*model);
-      torch::nn::utils::clip_grad_norm_(model->parameters(), clip);
+      if (fused) {
+        train_gpt::clip_grad_norm(model->parameters(), clip);
+      } else {
+        torch::nn::utils::clip_grad_norm_(model->parameters(), clip);
+      }
       const double step_lr = lr_at(step, steps, warmup, lr);
       for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(step_lr);
       opt.step();

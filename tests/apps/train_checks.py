@@ -11,6 +11,12 @@
                                             row against a padded batch) end with the same
                                             weights (<= 1e-5); --checkpoint-activations
                                             changes no weight, packed or not (bit for bit)
+  train_checks.py optimizer --exe E --dir D --optimizer fused (at::_fused_adamw_, the
+                                            foreach clip) against loop (LibTorch's AdamW
+                                            and clip_grad_norm_): the same weights within
+                                            float32 rounding (<= 1e-5); an interrupted fused
+                                            run resumes exactly; a loop checkpoint resumes
+                                            under fused
 """
 
 import argparse
@@ -104,12 +110,35 @@ def pack(exe, d):
     return 0 if ok else 1
 
 
+def optimizer(exe, d):
+    args = ["--steps", "10", "--batch-size", "4", "--clip", "0.05"]  # a clip that acts
+    run(exe, *args, "--optimizer", "loop", "--out", f"{d}/loop")
+    p, _ = run(exe, *args, "--optimizer", "fused", "--out", f"{d}/fused")
+    run(exe, *args, "--optimizer", "fused", "--out", f"{d}/resumed", "--save-every", "5", "--die-at-step", "7",
+        "--die-rank", "0", expect=3)
+    run(exe, *args, "--optimizer", "fused", "--out", f"{d}/resumed", "--resume", f"{d}/resumed")
+    run(exe, *args, "--optimizer", "loop", "--out", f"{d}/switched", "--save-every", "5", "--die-at-step", "7",
+        "--die-rank", "0", expect=3)
+    run(exe, *args, "--optimizer", "fused", "--out", f"{d}/switched", "--resume", f"{d}/switched")
+    fused_vs_loop = max_diff(f"{d}/loop/final_rank0.pt", f"{d}/fused/final_rank0.pt")
+    resumed = max_diff(f"{d}/fused/final_rank0.pt", f"{d}/resumed/final_rank0.pt")
+    switched = max_diff(f"{d}/loop/final_rank0.pt", f"{d}/switched/final_rank0.pt")
+    named = "train_gpt: optimizer fused (at::_fused_adamw_, foreach clip)" in p.stderr
+    print(f"--optimizer fused vs loop, 10 steps: max |param diff| {fused_vs_loop:.2e}")
+    print(f"fused, interrupted at step 7 and resumed from step 5: max |param diff| {resumed:.1e}")
+    print(f"loop's step-5 checkpoint resumed under fused: max |param diff| against loop {switched:.2e}")
+    ok = fused_vs_loop <= 1e-5 and resumed == 0.0 and switched <= 1e-5 and named
+    print("ok" if ok else "FAIL")
+    return 0 if ok else 1
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("check", choices=["ddp", "failure", "resume", "pack"])
+    ap.add_argument("check", choices=["ddp", "failure", "resume", "pack", "optimizer"])
     ap.add_argument("--exe", required=True)
     ap.add_argument("--dir", required=True)
     a = ap.parse_args()
     shutil.rmtree(a.dir, ignore_errors=True)
     os.makedirs(a.dir)
-    sys.exit({"ddp": ddp, "failure": failure, "resume": resume, "pack": pack}[a.check](a.exe, a.dir))
+    sys.exit({"ddp": ddp, "failure": failure, "resume": resume, "pack": pack,
+              "optimizer": optimizer}[a.check](a.exe, a.dir))
