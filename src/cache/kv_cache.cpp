@@ -1,6 +1,7 @@
 #include <torchattn/kv_cache.h>
 
 #include "cache/append_watch.h"
+#include "kernels/cuda/static_cache_write.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
@@ -133,11 +134,23 @@ int64_t KVCache::append(const at::Tensor& k, const at::Tensor& v, const at::Tens
   at::Tensor index;
   if (static_shapes_) {
     // Written where the device says, so that a captured graph writes at the
-    // position of each replay. A decoding step's one token is written at position_
-    // itself (read before the add_ below, in stream order): no index kernels.
-    index = t_new == 1 ? position_ : position_ + at::arange(t_new, position_.options());
-    keys_.index_copy_(-2, index, k);
-    values_.index_copy_(-2, index, v);
+    // position of each replay: on CUDA keys and values in one kernel that reads the
+    // position itself, else index_copy_. A decoding step's one token is written at
+    // position_ itself (read before the add_ below, in stream order): no index kernels.
+    bool written = false;
+#ifdef TORCHATTN_WITH_CUDA
+    if (kernels::cuda::static_cache_write_applies(keys_, values_, k, v, position_)) {
+      kernels::cuda::static_cache_write(keys_, values_, k, v, position_);
+      written = true;
+    }
+#endif
+    if (!written || key_padding_mask.defined() || padding_.defined()) {
+      index = t_new == 1 ? position_ : position_ + at::arange(t_new, position_.options());
+    }
+    if (!written) {
+      keys_.index_copy_(-2, index, k);
+      values_.index_copy_(-2, index, v);
+    }
   } else {
     keys_.narrow(-2, length_, t_new).copy_(k);
     values_.narrow(-2, length_, t_new).copy_(v);
