@@ -33,6 +33,7 @@ constexpr int kKeysPerWarp = kChunk / kWarps;
 constexpr int kKeyBatch = 4;  // keys whose loads a warp issues before reducing any
 constexpr int kPerLane = kStaticDecodeMaxHeadDim / 32;
 constexpr int kCombineThreads = 128;
+constexpr int kCombineWarps = kCombineThreads / 32;
 constexpr int64_t kMaxGridY = 65535;
 
 static_assert(kStaticDecodeMaxHeadDim <= kThreads, "a value dimension per thread in the weighted sum");
@@ -72,8 +73,9 @@ __device__ float warp_max(float x) {
   return x;
 }
 
-// The block's maximum (kMax) or sum of x, on every thread. scratch: kWarps + 1 floats.
-template <bool kMax>
+// The maximum (kMax) or sum of x over a block of kBlockWarps warps, on every thread.
+// scratch: kBlockWarps + 1 floats.
+template <bool kMax, int kBlockWarps = kWarps>
 __device__ float block_reduce(float x, float* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   x = kMax ? warp_max(x) : warp_sum(x);
@@ -82,14 +84,14 @@ __device__ float block_reduce(float x, float* scratch) {
   }
   __syncthreads();
   if (warp == 0) {
-    float y = lane < kWarps ? scratch[lane] : (kMax ? -INFINITY : 0.0f);
+    float y = lane < kBlockWarps ? scratch[lane] : (kMax ? -INFINITY : 0.0f);
     y = kMax ? warp_max(y) : warp_sum(y);
     if (lane == 0) {
-      scratch[kWarps] = y;
+      scratch[kBlockWarps] = y;
     }
   }
   __syncthreads();
-  const float r = scratch[kWarps];
+  const float r = scratch[kBlockWarps];
   __syncthreads();  // scratch is reused by the next reduction
   return r;
 }
@@ -227,26 +229,40 @@ __global__ void __launch_bounds__(kThreads) static_decode_partial(Params p) {
   }
 }
 
+// One block a query row. The chunks' maxima and sums are read once, a chunk a thread,
+// and reduced across the block (M, then L); then thread d sums value dimension d over
+// the chunks with loads that do not wait on each other (no branch in the loop: a chunk
+// with no visible key, whose acc was never written, is selected out, not skipped).
 template <typename T>
 __global__ void __launch_bounds__(kCombineThreads) static_decode_combine(Params p) {
+  __shared__ float scratch[kCombineWarps + 1];
   const int64_t row = blockIdx.x;
   const float* m = p.part_m + row * p.chunks;
   const float* l = p.part_l + row * p.chunks;
   const float* acc = p.part_acc + row * p.chunks * p.Dv;
   float M = -INFINITY;
-  for (int64_t c = 0; c < p.chunks; ++c) {
+  for (int64_t c = threadIdx.x; c < p.chunks; c += kCombineThreads) {
     if (l[c] > 0.0f) {
       M = fmaxf(M, m[c]);
     }
   }
+  M = block_reduce<true, kCombineWarps>(M, scratch);
+  float L = 0.0f;
+  if (M != -INFINITY) {
+    for (int64_t c = threadIdx.x; c < p.chunks; c += kCombineThreads) {
+      const float lc = l[c];
+      L += lc > 0.0f ? lc * expf(m[c] - M) : 0.0f;
+    }
+  }
+  L = block_reduce<false, kCombineWarps>(L, scratch);
   T* out = static_cast<T*>(p.out) + row * p.Dv;
   for (int d = threadIdx.x; d < p.Dv; d += kCombineThreads) {
-    float L = 0.0f, o = 0.0f;
-    for (int64_t c = 0; c < p.chunks; ++c) {
-      if (l[c] > 0.0f) {  // chunks with no visible key left their acc unwritten
-        const float w = expf(m[c] - M);
-        L += l[c] * w;
-        o += acc[c * p.Dv + d] * w;
+    float o = 0.0f;
+    if (L > 0.0f) {
+#pragma unroll 8
+      for (int64_t c = 0; c < p.chunks; ++c) {
+        const float lc = l[c], mc = m[c], a = acc[c * p.Dv + d];
+        o += lc > 0.0f ? a * expf(mc - M) : 0.0f;
       }
     }
     out[d] = static_cast<T>(L > 0.0f ? o / L : 0.0f);
