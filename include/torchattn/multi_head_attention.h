@@ -173,6 +173,14 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   /// Saves the parameters, buffers and the options that `load` checks.
   void save(torch::serialize::OutputArchive& archive) const override;
 
+  /// torch::nn::Module's moves. Off the CPU afterwards, W_query, W_key and W_value lie
+  /// end to end in one storage (torchattn::place_together: the same parameters and
+  /// values), so that decoding computes them as one product; not once frozen, nor
+  /// with kdim or vdim other than d_in.
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override;
+
   /// Loads strictly: a missing or extra key, a differing shape, dtype or rank, or a
   /// saved option that differs (such as num_heads) is a c10::Error naming the key, and
   /// the module is left unchanged. See docs/checkpoints.md.
@@ -320,6 +328,8 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   void sync_linears();
   // Refuses `what` (save, load, cross-attention) once frozen.
   void check_not_frozen(const char* what) const;
+  // After a move: q, k and v placed together off the CPU (see to()).
+  void place_projections();
   // Identifies this module's caches (a new id at every reset(), so clones differ).
   uint64_t cache_owner_ = 0;
   // The RoPE cos/sin tables per device, or null without rope.

@@ -138,6 +138,33 @@ std::string MultiHeadAttentionImpl::shape_hint(const std::string& key) const {
          std::to_string(head_dim()) + " features)";
 }
 
+void MultiHeadAttentionImpl::place_projections() {
+  const bool self_attention = options.kdim().value_or(options.d_in()) == options.d_in() &&
+                              options.vdim().value_or(options.d_in()) == options.d_in();
+  bool own = true;  // weights of its own: loaded, not frozen
+  for (const Linear* l : {&W_query, &W_key, &W_value}) {
+    own = own && !(*l)->frozen() && !is_placeholder((*l)->weight) && !is_placeholder((*l)->bias);
+  }
+  if (self_attention && own && !W_query->weight.is_cpu()) {
+    place_together({W_query.get(), W_key.get(), W_value.get()});
+  }
+}
+
+void MultiHeadAttentionImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  torch::nn::Cloneable<MultiHeadAttentionImpl>::to(device, dtype, non_blocking);
+  place_projections();
+}
+
+void MultiHeadAttentionImpl::to(torch::Dtype dtype, bool non_blocking) {
+  torch::nn::Cloneable<MultiHeadAttentionImpl>::to(dtype, non_blocking);
+  place_projections();
+}
+
+void MultiHeadAttentionImpl::to(torch::Device device, bool non_blocking) {
+  torch::nn::Cloneable<MultiHeadAttentionImpl>::to(device, non_blocking);
+  place_projections();
+}
+
 void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
   stream << "torchattn::MultiHeadAttention(d_in=" << options.d_in() << ", d_out=" << options.d_out()
          << ", context_length=" << options.context_length() << ", num_heads=" << options.num_heads()

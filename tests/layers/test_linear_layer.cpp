@@ -240,7 +240,9 @@ TEST(LinearLayer, PlaceTogetherSharesOneStorageAndChangesNoValue) {
     EXPECT_TRUE(k->weight.is_alias_of(q->weight));
     EXPECT_EQ(k->weight.data_ptr<float>(), q->weight.data_ptr<float>() + 48 * 32);
     EXPECT_EQ(v->weight.data_ptr<float>(), k->weight.data_ptr<float>() + 16 * 32);
-    if (bias) EXPECT_EQ(v->bias.data_ptr<float>(), q->bias.data_ptr<float>() + 64);
+    if (bias) {
+      EXPECT_EQ(v->bias.data_ptr<float>(), q->bias.data_ptr<float>() + 64);
+    }
     size_t i = 0;
     for (size_t j = 0; j < 3; ++j) {
       EXPECT_TRUE(layers[j]->weight.requires_grad() && layers[j]->weight.is_leaf());

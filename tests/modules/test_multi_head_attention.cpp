@@ -507,3 +507,34 @@ TEST_P(Concurrency, EightThreadsGetTheSerialResults) {
 INSTANTIATE_TEST_SUITE_P(Backends, Concurrency, ::testing::Values(Backend::Reference, Backend::SDPA, Backend::Auto));
 
 }  // namespace
+
+namespace {
+
+// A move places W_query, W_key and W_value end to end in one storage off the CPU only
+// (there decoding computes them as one product); on the CPU, whose kernels keep each
+// projection's bits, a move leaves each its own storage. The parameters stay the same
+// names and values either way.
+TEST(MultiHeadAttentionMoves, PlaceTheProjectionsTogetherOffTheCpuOnly) {
+  torch::manual_seed(91);
+  torchattn::MultiHeadAttention m(torchattn::MultiHeadAttentionOptions(32, 32, 16, 4).num_kv_heads(2).qkv_bias(true));
+  const auto names = m->named_parameters().keys();
+  m->to(torch::kFloat64);
+  EXPECT_FALSE(torchattn::placed_together({m->W_query.get(), m->W_key.get(), m->W_value.get()}));
+#ifdef TORCHATTN_TESTS_CUDA
+  devices::skip_unless_present(torch::Device(torch::kCUDA, 0));
+  if (testing::Test::IsSkipped() || testing::Test::HasFatalFailure()) return;
+  const auto x = torch::randn({2, 5, 32}, torch::kFloat64);
+  torch::NoGradGuard no_grad;
+  const auto y = m(x);
+  m->to(torch::kCUDA);
+  EXPECT_TRUE(torchattn::placed_together({m->W_query.get(), m->W_key.get(), m->W_value.get()}));
+  EXPECT_EQ(m->named_parameters().keys(), names);
+  EXPECT_TRUE(torch::allclose(m(x.to(torch::kCUDA)).cpu(), y, 1e-10, 1e-10));
+  auto cache = m->make_kv_cache(2, /*static_shapes=*/true);
+  m->forward_cached(x.narrow(1, 0, 4).to(torch::kCUDA), cache);
+  EXPECT_TRUE(torch::allclose(m->forward_cached(x.narrow(1, 4, 1).to(torch::kCUDA), cache).cpu(), y.narrow(1, 4, 1),
+                              1e-10, 1e-10));
+#endif
+}
+
+}  // namespace
