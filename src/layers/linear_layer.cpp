@@ -154,6 +154,7 @@ std::vector<at::Tensor> columns(const at::Tensor& y, const std::vector<int64_t>&
 
 std::vector<int64_t> rows_of(const std::vector<at::Tensor>& weights) {
   std::vector<int64_t> rows;
+  rows.reserve(weights.size());
   for (const auto& w : weights) rows.push_back(w.size(0));
   return rows;
 }
@@ -181,6 +182,7 @@ std::vector<at::Tensor> linear_group(const at::Tensor& x, std::initializer_list<
       const auto products = first->engine_->int8_inputs() == Int8Inputs::Quantized ? kernels::cpu::Int8Products::Auto
                                                                                    : kernels::cpu::Int8Products::Float;
       std::vector<int64_t> widths;
+      widths.reserve(parts.size());
       for (const auto& p : parts) widths.push_back(p.data.size(0));
       return columns(kernels::cpu::quantized_linear(x, parts, products), widths);
     }

@@ -51,6 +51,7 @@ namespace {
 
 std::vector<at::Tensor> weights_of(const std::vector<const LinearImpl*>& layers) {
   std::vector<at::Tensor> out;
+  out.reserve(layers.size());
   for (const LinearImpl* l : layers) out.push_back(l->weight);
   return out;
 }
@@ -63,11 +64,12 @@ std::vector<at::Tensor> biases_of(const std::vector<const LinearImpl*>& layers) 
   return out;
 }
 
-// The parameters `parts` (values kept) as consecutive views of one new storage.
-void join(std::vector<at::Tensor> parts) {
+// The parameters `parts` (values kept) as consecutive views of one new storage; each
+// handle shares its parameter's TensorImpl, so set_data reaches the parameter.
+void join(const std::vector<at::Tensor>& parts) {
   const at::Tensor joined = at::cat(parts, 0);
   int64_t row = 0;
-  for (at::Tensor& p : parts) {
+  for (const at::Tensor& p : parts) {
     const int64_t rows = p.size(0);
     p.set_data(joined.narrow(0, row, rows));
     row += rows;

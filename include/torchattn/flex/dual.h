@@ -20,10 +20,12 @@ struct Dual {
   constexpr Dual() = default;
   constexpr Dual(T value, T derivative) : v(value), d(derivative) {}
   /// A constant: any arithmetic value (derivative 0).
-  template <class U, class = std::enable_if_t<std::is_arithmetic_v<U>>>
+  template <class U>
+    requires std::is_arithmetic_v<U>
   constexpr Dual(U value) : v(static_cast<T>(value)) {}  // NOLINT(google-explicit-constructor)
   /// The value alone (a cast back to T).
-  template <class U, class = std::enable_if_t<std::is_arithmetic_v<U>>>
+  template <class U>
+    requires std::is_arithmetic_v<U>
   explicit constexpr operator U() const {
     return static_cast<U>(v);
   }
@@ -50,14 +52,16 @@ constexpr Dual<T> operator/(Dual<T> a, Dual<T> b) {
   return {a.v / b.v, (a.d * b.v - a.v * b.d) / (b.v * b.v)};
 }
 // With a plain number on either side.
-#define TORCHATTN_DUAL_MIXED(op)                                                 \
-  template <class T, class U, class = std::enable_if_t<std::is_arithmetic_v<U>>> \
-  constexpr Dual<T> operator op(Dual<T> a, U b) {                                \
-    return a op Dual<T>(b);                                                      \
-  }                                                                              \
-  template <class T, class U, class = std::enable_if_t<std::is_arithmetic_v<U>>> \
-  constexpr Dual<T> operator op(U a, Dual<T> b) {                                \
-    return Dual<T>(a) op b;                                                      \
+#define TORCHATTN_DUAL_MIXED(op)                  \
+  template <class T, class U>                     \
+    requires std::is_arithmetic_v<U>              \
+  constexpr Dual<T> operator op(Dual<T> a, U b) { \
+    return a op Dual<T>(b);                       \
+  }                                               \
+  template <class T, class U>                     \
+    requires std::is_arithmetic_v<U>              \
+  constexpr Dual<T> operator op(U a, Dual<T> b) { \
+    return Dual<T>(a) op b;                       \
   }
 TORCHATTN_DUAL_MIXED(+)
 TORCHATTN_DUAL_MIXED(-)

@@ -34,19 +34,23 @@ struct LaneIndex {
   int64_t step = 1;
 };
 
-template <class S, class I, class = std::enable_if_t<std::is_integral_v<I>>>
+template <class S, class I>
+  requires std::is_integral_v<I>
 LaneIndex<S> operator+(LaneIndex<S> a, I c) {
   return {a.base + static_cast<int64_t>(c), a.step};
 }
-template <class S, class I, class = std::enable_if_t<std::is_integral_v<I>>>
+template <class S, class I>
+  requires std::is_integral_v<I>
 LaneIndex<S> operator+(I c, LaneIndex<S> a) {
   return a + c;
 }
-template <class S, class I, class = std::enable_if_t<std::is_integral_v<I>>>
+template <class S, class I>
+  requires std::is_integral_v<I>
 LaneIndex<S> operator-(LaneIndex<S> a, I c) {
   return {a.base - static_cast<int64_t>(c), a.step};
 }
-template <class S, class I, class = std::enable_if_t<std::is_integral_v<I>>>
+template <class S, class I>
+  requires std::is_integral_v<I>
 LaneIndex<S> operator-(I c, LaneIndex<S> a) {
   return {static_cast<int64_t>(c) - a.base, -a.step};
 }
@@ -54,11 +58,13 @@ template <class S>
 LaneIndex<S> operator-(LaneIndex<S> a) {
   return {-a.base, -a.step};
 }
-template <class S, class I, class = std::enable_if_t<std::is_integral_v<I>>>
+template <class S, class I>
+  requires std::is_integral_v<I>
 LaneIndex<S> operator*(I c, LaneIndex<S> a) {
   return {static_cast<int64_t>(c) * a.base, static_cast<int64_t>(c) * a.step};
 }
-template <class S, class I, class = std::enable_if_t<std::is_integral_v<I>>>
+template <class S, class I>
+  requires std::is_integral_v<I>
 LaneIndex<S> operator*(LaneIndex<S> a, I c) {
   return c * a;
 }
@@ -70,7 +76,8 @@ struct Lanes {
 
   Lanes() = default;
   /// Every lane `value` (a constant).
-  template <class U, class = std::enable_if_t<std::is_arithmetic_v<U>>>
+  template <class U>
+    requires std::is_arithmetic_v<U>
   Lanes(U value) {  // NOLINT(google-explicit-constructor): as a score's type is made from numbers
     S::store(x, S::set1(static_cast<float>(value)));
   }
@@ -80,20 +87,22 @@ struct Lanes {
   }
 };
 
-#define TORCHATTN_FLEX_LANES_OPERATOR(op, fn)                                    \
-  template <class S>                                                             \
-  Lanes<S> operator op(const Lanes<S>& a, const Lanes<S>& b) {                   \
-    Lanes<S> r;                                                                  \
-    S::store(r.x, S::fn(S::load(a.x), S::load(b.x)));                            \
-    return r;                                                                    \
-  }                                                                              \
-  template <class S, class U, class = std::enable_if_t<std::is_arithmetic_v<U>>> \
-  Lanes<S> operator op(const Lanes<S>& a, U b) {                                 \
-    return a op Lanes<S>(b);                                                     \
-  }                                                                              \
-  template <class S, class U, class = std::enable_if_t<std::is_arithmetic_v<U>>> \
-  Lanes<S> operator op(U a, const Lanes<S>& b) {                                 \
-    return Lanes<S>(a) op b;                                                     \
+#define TORCHATTN_FLEX_LANES_OPERATOR(op, fn)                  \
+  template <class S>                                           \
+  Lanes<S> operator op(const Lanes<S>& a, const Lanes<S>& b) { \
+    Lanes<S> r;                                                \
+    S::store(r.x, S::fn(S::load(a.x), S::load(b.x)));          \
+    return r;                                                  \
+  }                                                            \
+  template <class S, class U>                                  \
+    requires std::is_arithmetic_v<U>                           \
+  Lanes<S> operator op(const Lanes<S>& a, U b) {               \
+    return a op Lanes<S>(b);                                   \
+  }                                                            \
+  template <class S, class U>                                  \
+    requires std::is_arithmetic_v<U>                           \
+  Lanes<S> operator op(U a, const Lanes<S>& b) {               \
+    return Lanes<S>(a) op b;                                   \
   }
 TORCHATTN_FLEX_LANES_OPERATOR(+, add)
 TORCHATTN_FLEX_LANES_OPERATOR(-, sub)
