@@ -160,7 +160,8 @@ std::vector<at::Tensor> linear_group(const at::Tensor& x, std::initializer_list<
 /// copied where they are already so. The layers need the same in_features, dtype and
 /// device, all or none with a bias, and weights of their own (not frozen, loaded);
 /// else an error naming what differs. A later move (to()) gives each its own storage
-/// again.
+/// again. The old storages go: place before capturing a CUDA graph that reads them,
+/// and not while another thread runs the layers.
 void place_together(std::initializer_list<LinearImpl*> layers);
 
 /// Whether place_together's layout holds: the weights (and biases) of `layers`

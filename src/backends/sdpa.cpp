@@ -15,8 +15,12 @@
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
+#ifdef TORCHATTN_WITH_CUDA
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#endif
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -42,14 +46,28 @@ bool aligned_for_fused(const at::Tensor& t) {
   return true;
 }
 
-// What tells two calls apart for cuDNN's plans: the sizes and strides' order of q, k,
-// v and the mask, dtypes, device, causal, dropout and whether a gradient follows.
+// Whether the current CUDA stream is being captured into a graph: cuDNN is kept out of
+// captures (its plans are built on first use, and its known troubles there).
+bool capturing_cuda_graph() {
+#ifdef TORCHATTN_WITH_CUDA
+  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+#else
+  return false;
+#endif
+}
+
+// What tells two calls apart for cuDNN's plans: the sizes and strides of q, k, v and
+// the mask, dtypes, device, scale, causal, dropout and whether a gradient follows.
 std::vector<int64_t> call_shape(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
-                                bool enable_gqa) {
+                                std::optional<double> scale, bool enable_gqa) {
+  int64_t scale_bits = -1;  // unset: the default 1/sqrt(d)
+  if (scale) std::memcpy(&scale_bits, &*scale, sizeof(scale_bits));
   std::vector<int64_t> shape = {
       static_cast<int64_t>(q.device().index()),
       static_cast<int64_t>(q.scalar_type()),
+      scale ? 1 : 0,
+      scale_bits,
       is_causal ? 1 : 0,
       dropout_p > 0.0 ? 1 : 0,
       enable_gqa ? 1 : 0,
@@ -125,8 +143,9 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k_in, const at
     query.flash_enabled = ctx.userEnabledFlashSDP();
     query.efficient_enabled = ctx.userEnabledMemEfficientSDP();
     if (cudnn == Cudnn::Repeated && query.Tq == query.Tk &&
-        query.aten_choice == static_cast<int64_t>(at::SDPBackend::cudnn_attention)) {
-      query.repeated = cudnn_shapes().seen_before(call_shape(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa));
+        query.aten_choice == static_cast<int64_t>(at::SDPBackend::cudnn_attention) && !capturing_cuda_graph()) {
+      query.repeated = cudnn_shapes().seen_before(
+          call_shape(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa));
     }
     kernel = choose_fused_kernel(query);
   }

@@ -71,9 +71,10 @@ at::Tensor efficient_bias(const at::Tensor& attn_mask, const at::Tensor& q, int6
 /// head h): ATen's grouped path; the flash and efficient calls get the key and
 /// value heads repeated.
 /// attn_mask: bool (true = attend) or additive floating of q's dtype, broadcastable
-/// to [B, H, Tq, Tk], or none. `cudnn` Repeated: where ATen would take cuDNN and
-/// Tq == Tk, the call's shape (sizes, dtype, device, mask, causal, dropout, gradient)
-/// is looked up in cudnn_shapes() and recorded there.
+/// to [B, H, Tq, Tk], or none. `cudnn` Repeated: where ATen would take cuDNN, Tq == Tk
+/// and no CUDA graph is being captured, the call's shape (sizes, strides, dtype,
+/// device, mask, scale, causal, dropout, gradient) is looked up in cudnn_shapes() and
+/// recorded there.
 at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                            std::optional<double> scale, Cudnn cudnn, bool enable_gqa = false);

@@ -4,6 +4,7 @@
 
 #include <ATen/ops/cat.h>
 #include <ATen/ops/linear.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -20,7 +21,8 @@ bool end_to_end(const std::vector<at::Tensor>& parts) {
     if (!t.defined() || !t.is_contiguous()) return false;
     if (i == 0) continue;
     const at::Tensor& before = parts[i - 1];
-    if (!t.is_alias_of(parts[0]) || t.scalar_type() != before.scalar_type() ||
+    if (!t.is_alias_of(parts[0]) || t.scalar_type() != before.scalar_type() || t.dim() != parts[0].dim() ||
+        t.sizes().slice(1) != parts[0].sizes().slice(1) ||
         t.storage_offset() != before.storage_offset() + before.numel()) {
       return false;
     }
@@ -105,6 +107,9 @@ void place_together(std::initializer_list<LinearImpl*> layers) {
                 " bias, layer 0 ", (first->bias.defined() ? "has one" : "none"));
   }
   if (together(std::vector<const LinearImpl*>(layers.begin(), layers.end()))) return;
+  // Normal tensors even inside the caller's InferenceMode (parameters must stay usable
+  // for autograd), and no graph.
+  const c10::InferenceMode normal_tensors(false);
   const torch::NoGradGuard no_grad;
   std::vector<at::Tensor> weights, biases;
   for (LinearImpl* l : layers) {

@@ -10,7 +10,7 @@
 namespace torchattn::layers {
 
 /// Whether the tensors (all defined) are contiguous, in one storage, each starting
-/// where the one before ends.
+/// where the one before ends, all of one dtype and of the same sizes but the first.
 bool end_to_end(const std::vector<at::Tensor>& parts);
 
 /// The tensors end_to_end joins, as one view along dimension 0 of the first one's

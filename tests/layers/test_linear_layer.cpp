@@ -8,6 +8,7 @@
 #include "common/expect_error.h"
 
 #include "kernels/cpu/quantized_linear.h"
+#include "layers/placed_together.h"
 
 #include <torchattn/linear.h>
 
@@ -270,6 +271,33 @@ TEST(LinearLayer, PlaceTogetherSharesOneStorageAndChangesNoValue) {
     EXPECT_TRUE(torch::equal(k->weight.detach(), k_before - 0.5 * k->weight.grad()));
     EXPECT_TRUE(torchattn::placed_together({q.get(), k.get(), v.get()}));
   }
+}
+
+// end_to_end needs one storage, consecutive offsets and the same sizes but the first:
+// a [2, 8] right after a [4, 16] is not a [6, 16]. place_together inside the caller's
+// InferenceMode keeps the parameters normal tensors (usable for training later).
+TEST(LinearLayer, EndToEndNeedsOneShapeAndPlacingKeepsNormalTensors) {
+  const auto base = torch::randn({4 * 16 + 2 * 16});
+  const auto a = base.narrow(0, 0, 64).view({4, 16});
+  EXPECT_TRUE(torchattn::layers::end_to_end({a, base.narrow(0, 64, 32).view({2, 16})}));
+  EXPECT_FALSE(torchattn::layers::end_to_end({a, base.narrow(0, 64, 16).view({2, 8})})) << "other trailing sizes";
+  EXPECT_FALSE(torchattn::layers::end_to_end({a, base.narrow(0, 80, 16).view({1, 16})})) << "a gap";
+  EXPECT_FALSE(torchattn::layers::end_to_end({a, torch::randn({2, 16})})) << "another storage";
+  EXPECT_TRUE(
+      torch::equal(torchattn::layers::joined_view({a, base.narrow(0, 64, 32).view({2, 16})}), base.view({6, 16})));
+
+  torch::manual_seed(89);
+  auto layers = placed::qkv(/*bias=*/true);
+  {
+    c10::InferenceMode inference;
+    torchattn::place_together({layers[0].get(), layers[1].get(), layers[2].get()});
+  }
+  for (auto& l : layers) {
+    EXPECT_FALSE(l->weight.is_inference());
+    EXPECT_FALSE(l->bias.is_inference());
+  }
+  layers[1](torch::randn({2, 32})).sum().backward();
+  EXPECT_TRUE(layers[1]->weight.grad().defined());
 }
 
 TEST(LinearLayer, PlaceTogetherRefusesLayersThatCannotShareAndNamesThem) {

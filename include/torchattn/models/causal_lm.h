@@ -130,9 +130,10 @@ class CausalLMImpl : public torch::nn::Module {
   void load_frozen_state(torchattn::NamedTensors tensors, torchattn::WeightFormat format);
   /// Each layer's q, k and v projections into one storage, and its MLP's gate and up
   /// into another (torchattn::place_together: values, shapes and parameters kept), so
-  /// that decoding on a GPU computes each group as one product. A move to a GPU does it,
-  /// and generate on CUDA (a model loaded there); on the CPU, where the products' own
-  /// kernels run, it changes nothing but the memory's layout. Needs weights of its own.
+  /// that decoding on a GPU computes each group as one product. A move to a GPU does it;
+  /// on the CPU, where the products' own kernels run, it changes nothing but the
+  /// memory's layout. The old storages go: call it before capturing a DecodeGraph over
+  /// the model, not while another thread runs it. Needs weights of its own.
   void place_projections_together();
   /// torch::nn::Module's moves; a frozen model (weight_format() not Float32) stays on
   /// the CPU in float32, its formats' only home: a move elsewhere is an error that

@@ -67,11 +67,9 @@ std::vector<GenerationResult> generate(CausalLMImpl& model, const std::vector<st
     stop.insert(stop.end(), model.config().eos_token_ids.begin(), model.config().eos_token_ids.end());
   generation::GenerationSteps steps(prompts, options, std::move(stop));
 
-  const auto device = model.embed_tokens->weight.device();
-  // A model loaded onto the GPU: q, k and v (gate and up) as one product each.
-  if (device.is_cuda()) model.place_projections_together();
   c10::InferenceMode inference;
   model.eval();
+  const auto device = model.embed_tokens->weight.device();
   const bool graphs = device.is_cuda() && batch == 1;
   // Caches of the tokens this call holds at most, not of the model's whole context.
   auto caches = model.make_kv_caches(batch, /*static_shapes=*/graphs, longest + options.max_new_tokens());
