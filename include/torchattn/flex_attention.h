@@ -31,6 +31,7 @@
 #include <torchattn/flex/cpu_forward.h>
 #include <torchattn/flex/inputs.h>
 #include <torchattn/flex/lanes.h>
+#include <torchattn/flex/mods.h>
 #include <torchattn/flex/variant.h>
 
 #include <ATen/core/Tensor.h>
@@ -82,38 +83,57 @@ struct FlexResult {
 /// log-sum-exp of -inf (PyTorch's choice), and passes no gradient. A NaN score (from the
 /// inputs or score_mod), or a +inf one, makes that query's output and log-sum-exp NaN.
 ///
-/// Differentiable in q, k and v (where one requires grad and grad mode is on): the
-/// backward runs score_mod on flex::Dual scores for its derivative (dual.h: call math
-/// functions unqualified). Gradients for tensors a score_mod captures are not computed.
+/// Differentiable in q, k and v (where one requires grad and grad mode is on), through
+/// the output and the log-sum-exp: the backward runs score_mod on flex::Dual scores for
+/// its derivative (dual.h: call math functions unqualified; a cast of the score to a
+/// number does not compile). Gradients for tensors a score_mod captures are not
+/// computed, and there is no second derivative: a backward through the gradients
+/// (create_graph, then backward again) is an error naming flex_attention.
+///
+/// score_mod and mask_mod of another signature are a compile error naming the expected
+/// one (flex/mods.h); a ready-made mod's table is checked against the call's heads and
+/// lengths (flex/variants.h).
 template <class ScoreMod, class MaskMod>
 FlexResult flex_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, ScoreMod score_mod,
                           const BlockMask<MaskMod>& block_mask, const FlexOptions& options = {}) {
-  const flex::Shapes s = flex::check_inputs(q, k, v, block_mask.shape, options.scale);
-  flex::check_block_mask(block_mask.shape, block_mask.kv_num_blocks, block_mask.kv_indices, "kv_num_blocks");
-  flex::check_block_mask(block_mask.shape, block_mask.full_kv_num_blocks, block_mask.full_kv_indices,
-                         "full_kv_num_blocks");
-  if (!(at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))) {
-    auto [out, lse] = flex::cpu_forward(q, k, v, s, score_mod, block_mask);
-    return {std::move(out), options.return_lse ? std::move(lse) : at::Tensor()};
+  if constexpr (!(flex::CheckedScoreMod<ScoreMod>::value && flex::CheckedMaskMod<MaskMod>::value)) {
+    return {};  // their static_asserts said why; no kernel is instantiated
+  } else {
+    const flex::Shapes s = flex::check_inputs(q, k, v, block_mask.shape, options.scale);
+    flex::check_block_mask(block_mask.shape, block_mask.full_kv_num_blocks, block_mask.full_kv_indices,
+                           block_mask.kv_num_blocks, block_mask.kv_indices);
+    const flex::ModSizes sizes{s.B, s.H, s.Tq, s.Tk};
+    flex::check_mod(score_mod, sizes);
+    flex::check_mod(block_mask.mask_mod, sizes);
+    if (!(at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))) {
+      auto [out, lse] = flex::cpu_forward(q, k, v, s, score_mod, block_mask);
+      return {std::move(out), options.return_lse ? std::move(lse) : at::Tensor()};
+    }
+    auto backward = c10::make_intrusive<flex::Backward>();
+    backward->run = [s, score_mod, block_mask](const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_,
+                                               const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
+                                               const at::Tensor& dlse) {
+      return flex::cpu_backward(q_, k_, v_, out, lse, dout, dlse, s, score_mod, block_mask);
+    };
+    auto outputs = flex::FlexFunction::apply(
+        q, k, v, [&] { return flex::cpu_forward(q, k, v, s, score_mod, block_mask); }, backward);
+    return {std::move(outputs[0]), options.return_lse ? std::move(outputs[1]) : at::Tensor()};
   }
-  auto backward = c10::make_intrusive<flex::Backward>();
-  backward->run = [s, score_mod, block_mask](const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_,
-                                             const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout) {
-    return flex::cpu_backward(q_, k_, v_, out, lse, dout, s, score_mod, block_mask);
-  };
-  auto outputs = flex::FlexFunction::apply(
-      q, k, v, [&] { return flex::cpu_forward(q, k, v, s, score_mod, block_mask); }, backward);
-  return {std::move(outputs[0]), options.return_lse ? std::move(outputs[1]) : at::Tensor()};
 }
 
 /// Every key visible (no block mask).
 template <class ScoreMod>
 FlexResult flex_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, ScoreMod score_mod,
                           const FlexOptions& options = {}) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4, "flex_attention: expected q and k of 4 dimensions [B, H, T, D], got ",
-              q.dim(), " and ", k.dim());
-  const auto mask = create_block_mask(VisibleKeys{}, 1, 1, q.size(2), k.size(2));
-  return flex_attention(q, k, v, std::move(score_mod), mask, options);
+  if constexpr (!flex::CheckedScoreMod<ScoreMod>::value) {
+    return {};
+  } else {
+    TORCH_CHECK(q.defined() && k.defined() && q.dim() == 4 && k.dim() == 4,
+                "flex_attention: expected q and k of 4 dimensions [B, H, T, D], got ", q.defined() ? q.dim() : 0,
+                " and ", k.defined() ? k.dim() : 0);
+    const auto mask = create_block_mask(VisibleKeys{}, 1, 1, q.size(2), k.size(2));
+    return flex_attention(q, k, v, std::move(score_mod), mask, options);
+  }
 }
 
 /// The scores as they are (no score_mod).
@@ -136,6 +156,10 @@ struct MaskAtPositions {
     const int64_t position = q_idx + offset;
     return (!causal || kv_idx <= position) && mask_mod(b, h, position, kv_idx);
   }
+  /// mask_mod's own check, its queries at their positions.
+  void check(const ModSizes& sizes) const {
+    check_mod(mask_mod, {sizes.batch, sizes.heads, sizes.q_len + offset, sizes.kv_len});
+  }
 };
 
 /// A flex_variant's score_mod at a call's positions.
@@ -147,6 +171,9 @@ struct ScoreAtPositions {
   template <class T, class I>
   auto operator()(T score, int64_t b, int64_t h, int64_t q_idx, I kv_idx) const {
     return score_mod(score, b, h, q_idx + offset, kv_idx);
+  }
+  void check(const ModSizes& sizes) const {
+    check_mod(score_mod, {sizes.batch, sizes.heads, sizes.q_len + offset, sizes.kv_len});
   }
 };
 
@@ -174,36 +201,40 @@ struct FlexVariantOptions {
 /// shares the kept mask (guarded for calls from several threads).
 template <class ScoreMod, class MaskMod>
 FlexVariant flex_variant(ScoreMod score_mod, MaskMod mask_mod, const FlexVariantOptions& options = {}) {
-  TORCH_CHECK(options.block_size >= 1, "flex_variant: expected a block_size of at least 1, got ", options.block_size);
-  struct Kept {
-    std::mutex mutex;
-    std::array<int64_t, 6> sizes{};
-    std::optional<BlockMask<flex::MaskAtPositions<MaskMod>>> mask;
-  };
-  auto kept = std::make_shared<Kept>();
-  return [score_mod = std::move(score_mod), mask_mod = std::move(mask_mod), options,
-          kept](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlexCall& call) -> at::Tensor {
-    TORCH_CHECK(q.dim() == 4 && k.dim() == 4, "flex_variant: expected q and k of 4 dimensions [B, H, T, D], got ",
-                q.dim(), " and ", k.dim());
-    const int64_t B = options.per_batch ? q.size(0) : 1, H = options.per_head ? q.size(1) : 1;
-    const std::array<int64_t, 6> sizes{B, H, q.size(2), k.size(2), call.q_offset, call.causal ? 1 : 0};
-    const BlockMask<flex::MaskAtPositions<MaskMod>> mask = [&] {
-      const std::lock_guard<std::mutex> lock(kept->mutex);
-      if (!kept->mask || kept->sizes != sizes) {
-        kept->mask.emplace(create_block_mask(flex::MaskAtPositions<MaskMod>{mask_mod, call.q_offset, call.causal}, B, H,
-                                             q.size(2), k.size(2), options.block_size));
-        kept->sizes = sizes;
+  if constexpr (!(flex::CheckedScoreMod<ScoreMod>::value && flex::CheckedMaskMod<MaskMod>::value)) {
+    return {};
+  } else {
+    TORCH_CHECK(options.block_size >= 1, "flex_variant: expected a block_size of at least 1, got ", options.block_size);
+    struct Kept {
+      std::mutex mutex;
+      std::array<int64_t, 6> sizes{};
+      std::optional<BlockMask<flex::MaskAtPositions<MaskMod>>> mask;
+    };
+    auto kept = std::make_shared<Kept>();
+    return [score_mod = std::move(score_mod), mask_mod = std::move(mask_mod), options,
+            kept](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlexCall& call) -> at::Tensor {
+      TORCH_CHECK(q.dim() == 4 && k.dim() == 4, "flex_variant: expected q and k of 4 dimensions [B, H, T, D], got ",
+                  q.dim(), " and ", k.dim());
+      const int64_t B = options.per_batch ? q.size(0) : 1, H = options.per_head ? q.size(1) : 1;
+      const std::array<int64_t, 6> sizes{B, H, q.size(2), k.size(2), call.q_offset, call.causal ? 1 : 0};
+      const BlockMask<flex::MaskAtPositions<MaskMod>> mask = [&] {
+        const std::lock_guard<std::mutex> lock(kept->mutex);
+        if (!kept->mask || kept->sizes != sizes) {
+          kept->mask.emplace(create_block_mask(flex::MaskAtPositions<MaskMod>{mask_mod, call.q_offset, call.causal}, B,
+                                               H, q.size(2), k.size(2), options.block_size));
+          kept->sizes = sizes;
+        }
+        return *kept->mask;
+      }();
+      const FlexOptions flex_options = FlexOptions().with_scale(call.scale);
+      if constexpr (std::is_same_v<ScoreMod, IdentityScore>) {
+        return flex_attention(q, k, v, IdentityScore{}, mask, flex_options).output;
+      } else {
+        return flex_attention(q, k, v, flex::ScoreAtPositions<ScoreMod>{score_mod, call.q_offset}, mask, flex_options)
+            .output;
       }
-      return *kept->mask;
-    }();
-    const FlexOptions flex_options = FlexOptions().with_scale(call.scale);
-    if constexpr (std::is_same_v<ScoreMod, IdentityScore>) {
-      return flex_attention(q, k, v, IdentityScore{}, mask, flex_options).output;
-    } else {
-      return flex_attention(q, k, v, flex::ScoreAtPositions<ScoreMod>{score_mod, call.q_offset}, mask, flex_options)
-          .output;
-    }
-  };
+    };
+  }
 }
 
 }  // namespace torchattn

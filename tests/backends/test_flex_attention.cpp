@@ -96,10 +96,10 @@ struct Relative {
 };
 
 struct Inputs {
-  torch::Tensor q, k, v, dout;
+  torch::Tensor q, k, v, dout, dlse;
 };
 
-// q, k, v and dout as make_flex_golden.py draws them (its inputs()), their sums checked.
+// q, k, v, dout and dlse as make_flex_golden.py draws them (its inputs()), their sums checked.
 Inputs inputs_of(const golden::Case& c) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(c.integer("seed")));
   const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
@@ -110,10 +110,12 @@ Inputs inputs_of(const golden::Case& c) {
   in.k = at::randn({B, Hkv, Tk, D}, gen, f64);
   in.v = at::randn({B, Hkv, Tk, D}, gen, f64);
   in.dout = at::randn({B, H, Tq, D}, gen, f64);
+  in.dlse = at::randn({B, H, Tq}, gen, f64);
   EXPECT_NEAR(in.q.sum().item<double>(), c.tensor("q_sum").item<double>(), 1e-9) << "q is not PyTorch's";
   EXPECT_NEAR(in.k.sum().item<double>(), c.tensor("k_sum").item<double>(), 1e-9) << "k is not PyTorch's";
   EXPECT_NEAR(in.v.sum().item<double>(), c.tensor("v_sum").item<double>(), 1e-9) << "v is not PyTorch's";
   EXPECT_NEAR(in.dout.sum().item<double>(), c.tensor("dout_sum").item<double>(), 1e-9) << "dout is not PyTorch's";
+  EXPECT_NEAR(in.dlse.sum().item<double>(), c.tensor("dlse_sum").item<double>(), 1e-9) << "dlse is not PyTorch's";
   return in;
 }
 
@@ -154,15 +156,22 @@ void check_case(const golden::Case& c, ScoreMod score_mod, MaskMod mask_mod, boo
     auto q = leaf(in.q), k = leaf(in.k), v = leaf(in.v);
     const auto g = torchattn::flex_attention(q, k, v, score_mod, mask, opts);
     EXPECT_TRUE(torch::equal(g.output, r.output));
-    EXPECT_FALSE(g.lse.requires_grad());
-    g.output.backward(in.dout.to(dtype));
+    EXPECT_TRUE(g.lse.requires_grad());
+    g.output.backward(in.dout.to(dtype), /*retain_graph=*/true);
     // float32 against float64's exact-to-rounding sums: the bound relative where a
     // gradient (a sum over up to a few hundred queries) passes 1 in magnitude.
-    for (const auto& [t, name] : {std::pair{q, "dq_f64"}, {k, "dk_f64"}, {v, "dv_f64"}}) {
-      const auto& want = c.tensor(name);
-      const torch::Tensor scaled = (t.grad().to(torch::kDouble) - want).abs() / want.abs().clamp_min(1.0);
-      EXPECT_LE(scaled.max().item<double>(), bound) << name;
-    }
+    const auto expect_grads = [&](const char* suffix) {
+      for (const auto& [t, name] : {std::pair{q, "dq"}, {k, "dk"}, {v, "dv"}}) {
+        const auto& want = c.tensor(std::string(name) + suffix);
+        const torch::Tensor scaled = (t.grad().to(torch::kDouble) - want).abs() / want.abs().clamp_min(1.0);
+        EXPECT_LE(scaled.max().item<double>(), bound) << name << suffix;
+      }
+    };
+    expect_grads("_f64");
+    // Through the output and the log-sum-exp together (PyTorch's autograd on both).
+    for (auto* t : {&q, &k, &v}) t->mutable_grad() = torch::Tensor();
+    torch::autograd::backward({g.output, g.lse}, {in.dout.to(dtype), in.dlse.to(dtype)});
+    expect_grads("_lse_f64");
   }
 }
 

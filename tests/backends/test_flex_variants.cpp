@@ -404,7 +404,7 @@ TEST(FlexVariantMisuse, BadArgumentsAreClearErrors) {
                "flex::Documents: expected cu_seqlens [S + 1] int32 or int64, got Double [2]");
   // A block mask longer than the documents: an error when the mask is made.
   expect_error([] { torchattn::create_block_mask(flex::Documents(std::vector<int64_t>{0, 3, 8}), 1, 1, 10, 10); },
-               "flex::Documents: expected a block mask of the documents' 8 tokens, got query 0 and key 8");
+               "flex::Documents: cu_seqlens covers 8 tokens, but the keys are 10 and the queries 10 long");
   expect_error([] { flex::Alibi(0); }, "flex::Alibi: expected num_heads >= 1, got 0");
   expect_error([] { flex::Alibi(std::vector<double>{}); }, "flex::Alibi: expected at least one slope");
   expect_error([] { flex::Softcap(0.0); }, "flex::Softcap: expected a finite softcap > 0, got 0");

@@ -3,9 +3,10 @@
 eager, CPU) and create_block_mask on the mods that tests/backends/test_flex_attention.cpp
 writes as C++ lambdas, for the C++ flex_attention to equal.
 
-Each case: the seed of q, k, v and dout (float64, drawn in that order; float32 their
-rounding) and their sums, the block mask's four tensors, PyTorch's output and
-log-sum-exp in float64 and float32, and the gradients of q, k and v for dout in float64
+Each case: the seed of q, k, v, dout and dlse (float64, drawn in that order; float32
+their rounding) and their sums, the block mask's four tensors, PyTorch's output and
+log-sum-exp in float64 and float32, the gradients of q, k and v for dout in float64, and
+for dout and dlse together (the output's and the log-sum-exp's gradients) in float64
 (PyTorch's flex_attention has no backward on the CPU: autograd through the same math on
 whole score matrices, whose output equals flex_attention's). The mods here and in the C++ test are the same formulas; a
 case's parameters say which (`mod`) and with what numbers.
@@ -73,15 +74,16 @@ CASES = [
 
 
 def inputs(name, B, H, Hkv, Tq, Tk, D):
-    """q, k, v and the output's gradient dout in float64 from a generator of the case's
-    own seed: the C++ test draws the same (torch::randn with that generator, in this
-    order) and checks their sums."""
+    """q, k, v, the output's gradient dout and the log-sum-exp's dlse in float64 from a
+    generator of the case's own seed: the C++ test draws the same (torch::randn with that
+    generator, in this order) and checks their sums."""
     gen = torch.Generator().manual_seed(seed_of(name))
     q = torch.randn(B, H, Tq, D, generator=gen, dtype=torch.float64)
     k = torch.randn(B, Hkv, Tk, D, generator=gen, dtype=torch.float64)
     v = torch.randn(B, Hkv, Tk, D, generator=gen, dtype=torch.float64)
     dout = torch.randn(B, H, Tq, D, generator=gen, dtype=torch.float64)
-    return q, k, v, dout
+    dlse = torch.randn(B, H, Tq, generator=gen, dtype=torch.float64)
+    return q, k, v, dout, dlse
 
 
 def dense(q, k, v, mask_mod, score_mod):
@@ -101,7 +103,7 @@ def dense(q, k, v, mask_mod, score_mod):
         s = score_mod(s, b, h, qi, ki)
     if mask_mod is not None:
         s = s.masked_fill(~mask_mod(b, h, qi, ki).expand_as(s), float("-inf"))
-    return torch.softmax(s, -1) @ v
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
 
 
 def seed_of(name):
@@ -111,8 +113,9 @@ def seed_of(name):
 def flex_cases(w):
     for name, mod, B, H, Hkv, Tq, Tk, D, block in CASES:
         mask_mod, score_mod, per_batch = mods(mod, H, Tq, Tk)
-        q, k, v, dout = inputs(name, B, H, Hkv, Tq, Tk, D)
-        tensors = {"q_sum": q.sum(), "k_sum": k.sum(), "v_sum": v.sum(), "dout_sum": dout.sum()}
+        q, k, v, dout, dlse = inputs(name, B, H, Hkv, Tq, Tk, D)
+        tensors = {"q_sum": q.sum(), "k_sum": k.sum(), "v_sum": v.sum(), "dout_sum": dout.sum(),
+                   "dlse_sum": dlse.sum()}
         bm = None
         if mask_mod is not None:
             bm = create_block_mask(mask_mod, B if per_batch else None, None, Tq, Tk, device="cpu", BLOCK_SIZE=block)
@@ -126,10 +129,13 @@ def flex_cases(w):
             tensors[f"lse_{tag}"] = lse
         # The gradients in float64 (autograd through dense(), checked against flex's output).
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-        o = dense(*leaves, mask_mod, score_mod)
+        o, lse = dense(*leaves, mask_mod, score_mod)
         assert (o - tensors["out_f64"]).abs().max() < 1e-12, name
-        for t, g in zip(("q", "k", "v"), torch.autograd.grad(o, leaves, dout)):
+        assert torch.isfinite(lse).all(), name  # every query sees a key: lse's gradient is defined
+        for t, g in zip(("q", "k", "v"), torch.autograd.grad(o, leaves, dout, retain_graph=True)):
             tensors[f"d{t}_f64"] = g
+        for t, g in zip(("q", "k", "v"), torch.autograd.grad((o, lse), leaves, (dout, dlse))):
+            tensors[f"d{t}_lse_f64"] = g
         w.case(f"flex_{name}", {"mod": mod, "seed": seed_of(name), "B": B, "H": H, "Hkv": Hkv, "Tq": Tq, "Tk": Tk, "D": D, "block": block,
                                 "per_batch": int(per_batch)}, tensors)
 

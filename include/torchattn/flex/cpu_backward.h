@@ -9,7 +9,8 @@
 // and the dq of the query heads that read it:
 //
 //   p = exp(z - lse),  z = score_mod(s),  s = scale q . k
-//   dv += p dout;  dp = dout . v;  dz = p (dp - dout . out);  ds = dz dz/ds
+//   dv += p dout;  dp = dout . v;  dz = p (dp - delta);  ds = dz dz/ds
+//   delta = dout . out - dlse  (d lse / d z = p: the log-sum-exp's gradient dlse joins)
 //   dq += scale ds k;  dk += scale ds q
 
 #include <torchattn/flex/block_mask.h>
@@ -32,17 +33,18 @@
 namespace torchattn::flex {
 
 /// The gradients for element type T: dq, dk, dv (contiguous, zeroed) from q, k, v, the
-/// forward's out and lse and dout (contiguous, as the forward's).
+/// forward's out and lse, dout and dlse (contiguous, as the forward's).
 template <class T, class ScoreMod, class MaskMod>
 void backward_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-                   const at::Tensor& lse, const at::Tensor& dout, const Shapes& s, const ScoreMod& score_mod,
-                   const BlockMask<MaskMod>& mask, T* dq, T* dk, T* dv) {
+                   const at::Tensor& lse, const at::Tensor& dout, const at::Tensor& dlse, const Shapes& s,
+                   const ScoreMod& score_mod, const BlockMask<MaskMod>& mask, T* dq, T* dk, T* dv) {
   const T* qp = q.const_data_ptr<T>();
   const T* kp = k.const_data_ptr<T>();
   const T* vp = v.const_data_ptr<T>();
   const T* op = out.const_data_ptr<T>();
   const T* lp = lse.const_data_ptr<T>();
   const T* gp = dout.const_data_ptr<T>();
+  const T* dlp = dlse.const_data_ptr<T>();
   const int64_t bs = mask.shape.block_size, nq = mask.shape.q_blocks();
   const int64_t group = s.H / s.Hkv, D = s.D, Dv = s.Dv;
   const T scale = static_cast<T>(s.scale);
@@ -64,13 +66,13 @@ void backward_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
             const T* gi = gp + (bh * s.Tq + i) * Dv;
             const T* oi = op + (bh * s.Tq + i) * Dv;
             T* dqi = dq + (bh * s.Tq + i) * D;
-            T delta = 0;
+            T delta = -dlp[bh * s.Tq + i];
             for (int64_t e = 0; e < Dv; ++e) delta += gi[e] * oi[e];
             for (int kind = 0; kind < 2; ++kind) {
               for (int32_t c = 0; c < blocks.count[kind]; ++c) {
                 const int64_t j0 = static_cast<int64_t>(blocks.index[kind][c]) * bs, j1 = std::min(s.Tk, j0 + bs);
                 for (int64_t j = j0; j < j1; ++j) {
-                  if (kind == 1 && !mask.mask_mod(b, h, i, j)) continue;
+                  if (kind == 1 && !mask.visible(b, h, i, j)) continue;
                   const T* kj = kh + j * D;
                   const T* vj = vh + j * Dv;
                   T raw = 0;
@@ -97,19 +99,22 @@ void backward_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   });
 }
 
-/// dq, dk, dv of flex_attention from dout (sizes s; q, k, v, out, lse as the forward's).
+/// dq, dk, dv of flex_attention from dout and dlse, the output's and the log-sum-exp's
+/// gradients (sizes s; q, k, v, out, lse as the forward's).
 template <class ScoreMod, class MaskMod>
 std::array<at::Tensor, 3> cpu_backward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                        const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout_in,
-                                       const Shapes& s, const ScoreMod& score_mod, const BlockMask<MaskMod>& mask) {
+                                       const at::Tensor& dlse_in, const Shapes& s, const ScoreMod& score_mod,
+                                       const BlockMask<MaskMod>& mask) {
   const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
   const at::Tensor dout = dout_in.to(q.scalar_type()).contiguous(), o = out.contiguous(), l = lse.contiguous();
+  const at::Tensor dlse = dlse_in.to(q.scalar_type()).contiguous();
   at::Tensor dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
   if (q.scalar_type() == at::kDouble) {
-    backward_rows<double>(q, k, v, o, l, dout, s, score_mod, mask, dq.mutable_data_ptr<double>(),
+    backward_rows<double>(q, k, v, o, l, dout, dlse, s, score_mod, mask, dq.mutable_data_ptr<double>(),
                           dk.mutable_data_ptr<double>(), dv.mutable_data_ptr<double>());
   } else {
-    backward_tiles(q, k, v, o, l, dout, s, score_mod, mask, dq, dk, dv);
+    backward_tiles(q, k, v, o, l, dout, dlse, s, score_mod, mask, dq, dk, dv);
   }
   return {dq, dk, dv};
 }

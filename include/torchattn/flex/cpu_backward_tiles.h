@@ -10,7 +10,7 @@
 //     s = scale q . k and dp = dout . v (score tiles over k and v packed transposed);
 //     z = score_mod(s) on a Dual for dz/ds (skipped for IdentityScore), -inf where a
 //     partial block's mask_mod hides; p = exp(z - lse), ds = p (dp - delta) dz/ds scale
-//     with delta = dout . out of the row;
+//     with delta = dout . out - dlse of the row (dlse: the log-sum-exp's gradient);
 //     dq += ds k (weigh_values);
 //   then for the group: dk += ds^T q and dv += p^T dout (add_outer), each key's rows
 //   of dk and dv read and written once per group.
@@ -46,6 +46,7 @@ struct BackwardOperands {
   const float* out;   // [B, H, Tq, Dv]
   const float* lse;   // [B, H, Tq]
   const float* dout;  // [B, H, Tq, Dv]
+  const float* dlse;  // [B, H, Tq]
   int64_t tk_pad;
   float* dq;  // [B, H, Tq, D], zeroed
   float* dk;  // [B, Hkv, Tk, D], zeroed
@@ -95,7 +96,7 @@ struct BackwardTiles {
             float* dqg = a.dq + (bh * s.Tq + g0) * D;
             for (int64_t r = 0; r < grows; ++r) {
               const float* o = a.out + (bh * s.Tq + g0 + r) * Dv;
-              float d = 0.0f;
+              float d = -a.dlse[bh * s.Tq + g0 + r];
               for (int64_t e = 0; e < Dv; ++e) d += gg[r * Dv + e] * o[e];
               delta[static_cast<size_t>(r)] = d;
               const float l = a.lse[bh * s.Tq + g0 + r];
@@ -125,7 +126,7 @@ struct BackwardTiles {
                       float* zr = kModsScores ? dz.data() + r * stride : nullptr;
                       const int64_t i = g0 + t0 + r;
                       for (int64_t j = 0; j < n; ++j) {
-                        if (kind == 1 && !mask.mask_mod(b, h, i, j0 + j)) {
+                        if (kind == 1 && !mask.visible(b, h, i, j0 + j)) {
                           sr[j] = kernels::cpu::simd::kNegInf;
                           if constexpr (kModsScores) zr[j] = 0.0f;
                         } else if constexpr (kModsScores) {
@@ -167,20 +168,19 @@ struct BackwardTiles {
   }
 };
 
-/// dq, dk, dv (contiguous, zeroed) of a float32 call from contiguous q, k, v, out, lse
-/// and dout (sizes s).
+/// dq, dk, dv (contiguous, zeroed) of a float32 call from contiguous q, k, v, out, lse,
+/// dout and dlse (sizes s).
 template <class ScoreMod, class MaskMod>
 void backward_tiles(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-                    const at::Tensor& lse, const at::Tensor& dout, const Shapes& s, const ScoreMod& score_mod,
-                    const BlockMask<MaskMod>& mask, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
+                    const at::Tensor& lse, const at::Tensor& dout, const at::Tensor& dlse, const Shapes& s,
+                    const ScoreMod& score_mod, const BlockMask<MaskMod>& mask, at::Tensor& dq, at::Tensor& dk,
+                    at::Tensor& dv) {
   using Kernel = BackwardTiles<ScoreMod, MaskMod>;
   const at::Tensor kt = pack_transposed(k), vt = pack_transposed(v);
-  const BackwardOperands a{q.const_data_ptr<float>(),    k.const_data_ptr<float>(),
-                           kt.const_data_ptr<float>(),   vt.const_data_ptr<float>(),
-                           out.const_data_ptr<float>(),  lse.const_data_ptr<float>(),
-                           dout.const_data_ptr<float>(), kt.size(3),
-                           dq.mutable_data_ptr<float>(), dk.mutable_data_ptr<float>(),
-                           dv.mutable_data_ptr<float>()};
+  const BackwardOperands a{q.const_data_ptr<float>(),    k.const_data_ptr<float>(),    kt.const_data_ptr<float>(),
+                           vt.const_data_ptr<float>(),   out.const_data_ptr<float>(),  lse.const_data_ptr<float>(),
+                           dout.const_data_ptr<float>(), dlse.const_data_ptr<float>(), kt.size(3),
+                           dq.mutable_data_ptr<float>(), dk.mutable_data_ptr<float>(), dv.mutable_data_ptr<float>()};
   const kernels::cpu::Isa isa = kernels::cpu::best_isa();
   kernels::cpu::parallel_for(0, s.B * s.Hkv, 1, [&](int64_t begin, int64_t end) {
     kernels::cpu::simd::run_on<Kernel>(isa, a, s, score_mod, mask, begin, end);

@@ -59,7 +59,7 @@ void forward_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
             T block_max = kNegInf;
             for (int64_t j = j0; j < j1; ++j) {
               T sc = kNegInf;
-              if (kind == 0 || mask.mask_mod(b, h, i, j)) {
+              if (kind == 0 || mask.visible(b, h, i, j)) {
                 const T* kj = kh + j * ks[2];
                 T d = 0;
                 for (int64_t e = 0; e < s.D; ++e) d += qi[e * qs[3]] * kj[e * ks[3]];

@@ -130,13 +130,13 @@ struct ForwardTiles {
                 }
                 if (kind == 1) {
                   for (int64_t j = 0; j < n; ++j) {
-                    if (!mask.mask_mod(b, h, i, j0 + j)) sr[j] = kernels::cpu::simd::kNegInf;
+                    if (!mask.visible(b, h, i, j0 + j)) sr[j] = kernels::cpu::simd::kNegInf;
                   }
                 }
                 continue;
               }
               for (int64_t j = 0; j < n; ++j) {
-                if (kind == 1 && !mask.mask_mod(b, h, i, j0 + j)) {
+                if (kind == 1 && !mask.visible(b, h, i, j0 + j)) {
                   sr[j] = kernels::cpu::simd::kNegInf;
                 } else if constexpr (kModsScores) {
                   sr[j] = static_cast<float>(score_mod(sr[j], b, h, i, j0 + j));

@@ -5,7 +5,8 @@
 // score_mod(s) and its derivative d score_mod / d s (forward-mode differentiation).
 // score_mod, generic in its score's type, sees a Dual<T> there: arithmetic with Duals,
 // ints and floats, comparisons by value, and the functions below, called unqualified
-// (`using std::tanh; tanh(x)`: std::tanh itself takes no Dual).
+// (`using std::tanh; tanh(x)`: std::tanh itself takes no Dual). A cast of the score to
+// a number would drop its derivative: it does not compile.
 
 #include <cmath>
 #include <type_traits>
@@ -23,11 +24,17 @@ struct Dual {
   template <class U>
     requires std::is_arithmetic_v<U>
   constexpr Dual(U value) : v(static_cast<T>(value)) {}  // NOLINT(google-explicit-constructor)
-  /// The value alone (a cast back to T).
+  /// No cast to a number: in a score_mod's hands it would drop the derivative, and the
+  /// backward's gradients would be wrong with a right forward. A compile error instead.
   template <class U>
     requires std::is_arithmetic_v<U>
   explicit constexpr operator U() const {
-    return static_cast<U>(v);
+    static_assert(sizeof(U) == 0,
+                  "flex::Dual: a score_mod cannot cast its score to a number (static_cast<float>(score), "
+                  "double(score), (float)score): the cast drops the derivative that flex_attention's backward "
+                  "needs. Keep the score's own type: compute on `score` itself (score * 0.5, score + bias) and call "
+                  "math functions unqualified (using std::tanh; tanh(score))");
+    return U{};
   }
 };
 

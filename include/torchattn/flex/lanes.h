@@ -17,6 +17,7 @@
 // passes a vector by value changes GCC's ABI (it warns in the translation unit that
 // instantiates it); the kernel's compiler keeps them in registers once inlined.
 
+#include <torchattn/flex/mods.h>
 #include <torchattn/kernels/cpu/simd.h>
 
 #include <cstdint>
@@ -144,6 +145,7 @@ struct InLanes {
   auto operator()(T score, int64_t b, int64_t h, int64_t q_idx, I kv_idx) const {
     return mod(score, b, h, q_idx, kv_idx);
   }
+  void check(const ModSizes& sizes) const { check_mod(mod, sizes); }
 };
 
 /// score_mod, run W keys at a time by the float32 forward: `[](auto score, int64_t b,

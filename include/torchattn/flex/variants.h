@@ -21,6 +21,8 @@
 // of double, never from tensors, and call tanh unqualified, so that the backward's
 // flex::Dual scores go through them (dual.h).
 
+#include <torchattn/flex/mods.h>
+
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
@@ -32,6 +34,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -131,6 +134,13 @@ class Documents {
     return ids_[q_idx] == ids_[kv_idx] && (!causal_ || kv_idx <= q_idx);
   }
 
+  /// The documents cover the keys and the queries, each N tokens long.
+  void check(const ModSizes& sizes) const {
+    TORCH_CHECK(sizes.kv_len == tokens_ && sizes.q_len == tokens_, "flex::Documents: cu_seqlens covers ", tokens_,
+                " tokens, but the keys are ", sizes.kv_len, " and the queries ", sizes.q_len,
+                " long; expected both the documents' length (an N x N mask of the packed tokens)");
+  }
+
  private:
   static std::vector<int64_t> offsets_of(const at::Tensor& cu_seqlens) {
     TORCH_CHECK(cu_seqlens.defined(), "flex::Documents: expected cu_seqlens, got an undefined tensor");
@@ -149,17 +159,40 @@ class Documents {
   bool causal_ = true;
 };
 
+/// mask_mods combined by && (All = true) or || (All = false), each one's check kept.
+template <bool All, class... MaskMods>
+struct CombinedMasks {
+  std::tuple<MaskMods...> mask_mods;
+
+  bool operator()(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx) const {
+    return std::apply(
+        [&](const auto&... m) {
+          if constexpr (All) {
+            return (m(b, h, q_idx, kv_idx) && ...);
+          } else {
+            return (m(b, h, q_idx, kv_idx) || ...);
+          }
+        },
+        mask_mods);
+  }
+  void check(const ModSizes& sizes) const {
+    std::apply([&](const auto&... m) { (check_mod(m, sizes), ...); }, mask_mods);
+  }
+};
+
 /// True where every one of mask_mods is (PyTorch's and_masks): and_masks(Documents(cu),
 /// SlidingWindow(w)) is the packed path with a window.
 template <class... MaskMods>
-auto and_masks(MaskMods... mask_mods) {
-  return [=](int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx) { return (mask_mods(b, h, q_idx, kv_idx) && ...); };
+CombinedMasks<true, MaskMods...> and_masks(MaskMods... mask_mods) {
+  static_assert((CheckedMaskMod<MaskMods>::value && ...) || true);  // each wrong one: its own error
+  return {std::tuple<MaskMods...>(std::move(mask_mods)...)};
 }
 
 /// True where any one of mask_mods is (PyTorch's or_masks).
 template <class... MaskMods>
-auto or_masks(MaskMods... mask_mods) {
-  return [=](int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx) { return (mask_mods(b, h, q_idx, kv_idx) || ...); };
+CombinedMasks<false, MaskMods...> or_masks(MaskMods... mask_mods) {
+  static_assert((CheckedMaskMod<MaskMods>::value && ...) || true);  // each wrong one: its own error
+  return {std::tuple<MaskMods...>(std::move(mask_mods)...)};
 }
 
 // ---------------------------------------------------------------------------
@@ -173,8 +206,8 @@ auto or_masks(MaskMods... mask_mods) {
 /// num_heads, then every other power of 2^(-4/n) for the heads left over); Alibi(slopes)
 /// takes its own, one per query head. The bias is computed in the score's type from the
 /// slope and the distance (as backends::alibi_bias: float32 for float32). q must have at
-/// most as many heads as there are slopes. offset >= 0: Tk - Tq as the library's own
-/// ALiBi with a cache (its queries the last Tq keys).
+/// most as many heads as there are slopes (checked at each call: an error naming both). offset >= 0: Tk - Tq as the
+/// library's own ALiBi with a cache (its queries the last Tq keys).
 struct Alibi {
   std::vector<double> slopes;
   int64_t offset = 0;
@@ -191,6 +224,13 @@ struct Alibi {
   template <class T, class I = int64_t>
   T operator()(T score, int64_t /*b*/, int64_t h, int64_t q_idx, I kv_idx) const {
     return score + static_cast<T>(slopes[static_cast<size_t>(h)]) * static_cast<T>(kv_idx - offset - q_idx);
+  }
+
+  /// One slope per query head.
+  void check(const ModSizes& sizes) const {
+    TORCH_CHECK(static_cast<int64_t>(slopes.size()) >= sizes.heads, "flex::Alibi: has ", slopes.size(),
+                " slopes, but q has ", sizes.heads, " heads; expected one slope per query head (Alibi(", sizes.heads,
+                ") for BLOOM's)");
   }
 
   /// BLOOM's slopes for num_heads >= 1 heads, as float32 numbers (the same tensor
@@ -238,7 +278,8 @@ struct Softcap {
 /// to its score: one entry per distance up to max_distance either way, the farther
 /// distances sharing the last ones. A table of one row serves every head; otherwise q
 /// must have at most its rows of heads. offset >= 0 (as Causal's). The bias is the
-/// table's entry rounded to the score's type.
+/// table's entry rounded to the score's type. Rows other than 1 and fewer than q's heads
+/// are an error at the call naming both.
 class RelativeBias {
  public:
   explicit RelativeBias(const at::Tensor& table, int64_t offset = 0) : offset_(offset) {
@@ -258,6 +299,12 @@ class RelativeBias {
   }
 
   int64_t max_distance() const { return max_distance_; }
+
+  /// One row for every head, or a row per query head.
+  void check(const ModSizes& sizes) const {
+    TORCH_CHECK(rows_ == 1 || rows_ >= sizes.heads, "flex::RelativeBias: the table has ", rows_, " rows, but q has ",
+                sizes.heads, " heads; expected 1 row (every head) or one per query head");
+  }
 
   template <class T>
   T operator()(T score, int64_t /*b*/, int64_t h, int64_t q_idx, int64_t kv_idx) const {

@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <string_view>
+
+#include <unistd.h>
 
 namespace torchattn::kernels::cpu {
 
@@ -25,6 +28,12 @@ Isa read_cpu_isa() {
 constexpr Isa kEveryIsa[] = {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Vnni};
 
 }  // namespace
+
+int64_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return std::numeric_limits<int64_t>::max();
+  return static_cast<int64_t>(pages) * static_cast<int64_t>(page);
+}
 
 Isa parse_isa_cap(const char* value) {
   if (value == nullptr || *value == '\0') return Isa::Avx512Vnni;

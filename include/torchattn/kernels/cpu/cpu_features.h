@@ -53,6 +53,10 @@ Isa best_isa();
 /// Every instruction set the kernels may use, narrowest first: Scalar .. best_isa().
 std::vector<Isa> supported_isas();
 
+/// The bytes of memory this machine has (sysconf's physical pages), for the checks that
+/// refuse a structure that could never be held; int64's largest where it cannot tell.
+int64_t physical_memory_bytes();
+
 /// "scalar", "avx2", "avx512" or "avx512_vnni" (test names, messages, the cap's values).
 const char* isa_name(Isa isa);
 
