@@ -34,6 +34,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace models = torchattn::models;
@@ -154,6 +155,13 @@ int main(int argc, char** argv) {
       if (dtype_name == "dynamic-int8") {
         throw std::runtime_error("--save: dynamic-int8 weights are quantized at load, not saved; give --dtype "
                                  "bfloat16 or --dtype int8");
+      }
+      // The folder made before the model loads: a path that cannot be made is said at once.
+      std::error_code made;
+      std::filesystem::create_directories(save_dir, made);
+      if (made || !std::filesystem::is_directory(save_dir)) {
+        throw std::runtime_error(fmt::format("--save: cannot make the folder '{}': {}", save_dir,
+                                             made ? made.message() : "a file of that name is in the way"));
       }
       // Saving runs nothing: the smallest context.
       load.context_length(std::min<int64_t>(config.max_position_embeddings, 16));

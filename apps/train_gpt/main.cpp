@@ -112,6 +112,24 @@ size_t first_invalid_utf8(const std::vector<uint8_t>& bytes, size_t begin, size_
   return end;
 }
 
+// The share of `bytes` [begin, end) (valid UTF-8) that is printable text: characters
+// other than the C0 and C1 controls and DEL, tabs and line ends counted as text.
+double printable_share(const std::vector<uint8_t>& bytes, size_t begin, size_t end) {
+  size_t characters = 0, printable = 0;
+  for (size_t i = begin; i < end; ++i) {
+    const uint8_t b = bytes[i];
+    if ((b & 0xC0) == 0x80) continue;  // a continuation byte: its character counted at its lead
+    ++characters;
+    const bool c1 = b == 0xC2 && i + 1 < end && bytes[i + 1] >= 0x80 && bytes[i + 1] <= 0x9F;
+    const bool control = (b < 0x20 && b != '\t' && b != '\n' && b != '\r') || b == 0x7F || c1;
+    if (!control) ++printable;
+  }
+  return characters == 0 ? 1.0 : static_cast<double>(printable) / static_cast<double>(characters);
+}
+
+// Text's least share of printable characters (a text file of words has nearly all).
+constexpr double kLeastPrintable = 0.95;
+
 Text load_text(const std::vector<std::string>& files) {
   TORCH_CHECK(!files.empty(), "train_gpt: no text: pass --data FILE, or install Debian's `fortunes` package");
   std::vector<uint8_t> all;
@@ -125,6 +143,12 @@ Text load_text(const std::vector<std::string>& files) {
     TORCH_CHECK(bad == all.size(), "train_gpt: --data '", f, "': expected UTF-8 text, got the byte ",
                 fmt::format("0x{:02X}", all[std::min(bad, all.size() - 1)]), " at offset ", bad - begin,
                 ", which is not valid UTF-8 (a binary file?)");
+    const double share = printable_share(all, begin, all.size());
+    TORCH_CHECK(share >= kLeastPrintable, "train_gpt: --data '", f, "': expected text, got ",
+                fmt::format("{:.1f}% printable characters", 100.0 * share),
+                " (valid UTF-8, but mostly control "
+                "characters: text has at least ",
+                fmt::format("{:.0f}%", 100.0 * kLeastPrintable), ", its tabs and line ends counted as printable)");
   }
   TORCH_CHECK(all.size() > 10000, "train_gpt: expected at least 10000 bytes of text, got ", all.size());
   const size_t cut = all.size() * 9 / 10;

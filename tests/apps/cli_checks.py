@@ -47,6 +47,10 @@ def main():
     binary = os.path.join(empty, "bytes.bin")
     with open(binary, "wb") as f:
         f.write(bytes(range(256)) * 64)
+    # Valid UTF-8 that is not text: control characters, a few letters between them.
+    controls = os.path.join(empty, "controls.txt")
+    with open(controls, "wb") as f:
+        f.write((bytes(range(1, 9)) * 7 + b"ab\n") * 400)
     # A decoder's config of 8 positions (no weights: the flags are checked first).
     short = tempfile.mkdtemp(prefix="cli_checks_short_")
     with open(os.path.join(short, "config.json"), "w") as f:
@@ -73,7 +77,8 @@ def main():
             (["--d-model", "10", "--heads", "4"], "train_gpt: expected --d-model divisible by --heads (4), got --d-model 10"),
             (["--prompt", "abcdefgh", "--context", "4"], "expected a --prompt of 1 to 3 bytes (below --context 4), got 8"),
             (["--data", binary], "train_gpt: --data '" + binary + "': expected UTF-8 text, got the byte 0x80 at offset 128"),
-            (["--data", empty], "train_gpt: --data '" + empty + "' is a folder")],
+            (["--data", empty], "train_gpt: --data '" + empty + "' is a folder"),
+            (["--data", controls], "train_gpt: --data '" + controls + "': expected text, got 5.1% printable characters")],
         app("generate", "torchattn_generate"): [
             ([], "--model"), (["--model", os.path.join(empty, "none")], "--model"),
             (["--model", empty, "--max-new-tokens", "0"], "--max-new-tokens"),
@@ -85,7 +90,9 @@ def main():
             (["--model", empty, "--dtype", "int4"], "--dtype"),
             (["--model", empty, "--device", "cuda", "--dtype", "int8"], "--dtype int8: int8 weights run on the CPU only"),
             (["--model", empty, "--device", "cuda", "--dtype", "dynamic-int8"],
-             "--dtype dynamic-int8: int8 weights run on the CPU only")],
+             "--dtype dynamic-int8: int8 weights run on the CPU only"),
+            (["--model", short, "--dtype", "int8", "--save", os.path.join(binary, "sub")],
+             "--save: cannot make the folder '" + os.path.join(binary, "sub") + "': ")],
         app("perplexity", "torchattn_perplexity"): [
             ([], "--model"), (["--model", empty, "--file", os.path.join(empty, "none.txt")], "--file: cannot read"),
             (["--model", empty, "--file", "x", "--context", "1"], "--context"),

@@ -412,4 +412,38 @@ TEST(Loading, ASavedFolderWhoseNoteAndWeightsDisagreeIsNamed) {
   fs::remove_all(temp_path("note_source"));
 }
 
+// A saved folder records its head layout: a config.json with the same tensor shapes but
+// another split (4 heads of 16 read as 16 heads of 4) is refused, naming both; a float32
+// checkpoint dropped in place of the int8 weights (checks off) is named as one.
+TEST(Loading, ASavedFolderRefusesAnotherHeadLayoutAndAFloat32File) {
+  namespace fs = std::filesystem;
+  torch::manual_seed(93);
+  models::CausalLM source(small_config(false), 64);
+  const fs::path dir = saved_int8_folder(source, "layout");
+  EXPECT_HAS(read_text(dir / models::kSavedWeightsFile), "\"head_layout\"");
+  models::DecoderConfig swapped = small_config(false);  // 4 heads of 16 over 2: q [64, 64], k and v [32, 64]
+  swapped.num_heads = 16;
+  swapped.num_kv_heads = 8;
+  swapped.own_head_dim = 4;
+  const std::string error = error_of(
+      [&] { models::load_causal_lm(swapped, 64, dir.string(), WeightFormat::Int8, /*verify=*/false); });
+  EXPECT_HAS(error, "config.json' says 16 attention heads of 4 over 8 key-value heads, but the weights were saved for "
+                    "4 attention heads of 16 over 2 key-value heads");
+  EXPECT_HAS(error, "the same tensor shapes split otherwise would compute another model");
+  EXPECT_EQ(error_of([&] { models::load_causal_lm(small_config(false), 64, dir.string(), WeightFormat::Int8); }),
+            "(no error)");
+  // A Hugging Face float32 model.safetensors in the int8 folder, checks off and on.
+  models::CausalLM plain(small_config(false), 64);
+  save_state(plain, (dir / "model.safetensors").string());
+  for (const bool verify : {false, true}) {
+    const std::string dropped = error_of(
+        [&] { models::load_causal_lm(small_config(false), 64, dir.string(), WeightFormat::Int8, verify); });
+    EXPECT_HAS(dropped, "torchattn_weights.json' says \"weight_format\": \"int8\", but '" +
+                            (dir / "model.safetensors").string() +
+                            "' holds no int8 tensor: it is a float32 checkpoint");
+  }
+  fs::remove_all(dir);
+  fs::remove_all(temp_path("layout_source"));
+}
+
 }  // namespace

@@ -181,8 +181,9 @@ TEST(FrozenDecoder, ABadFrozenStateIsAnErrorNamingTheTensor) {
   nan_scale[3][1] = std::numeric_limits<float>::quiet_NaN();
   EXPECT_HAS(load(with(scale, nan_scale)),
              "CausalLM: expected '" + scale +
-                 "' as int8 quantization makes them (finite, in [0, 2.68e36] (the largest float32 / 127), and 0 "
-                 "only over a group of zero weights), got nan at row 3, group 1 (a damaged file?)");
+                 "' as int8 quantization makes them (finite, in [0, 2.68e36] (the largest float32 / 127), 0 only "
+                 "over a group of zero weights, and otherwise over a group whose largest |value| is 127, where "
+                 "quantization puts each group's largest weight), got nan at row 3, group 1 (a damaged file?)");
   EXPECT_HAS(load(with(scale, -get(scale))), "got -");
   EXPECT_HAS(load(with(scale, -get(scale))), " at row 0, group 0 (a damaged file?)");
   // Finite but out of quantization's reach: past the largest float32 / 127, or 0 over
@@ -193,6 +194,13 @@ TEST(FrozenDecoder, ABadFrozenStateIsAnErrorNamingTheTensor) {
   auto zero_scale = get(scale).clone();
   zero_scale[7][0] = 0.0f;
   EXPECT_HAS(load(with(scale, zero_scale)), "got 0 at row 7, group 0 (a damaged file?)");
+  // Values that quantization cannot have made for their scale: a group whose largest
+  // |value| is not 127 (its bytes halved, or zeroed but for a few).
+  const std::string data = "layers.1.down_proj.weight";
+  auto halved = get(data).clone();
+  halved[6].narrow(0, 64, 64).div_(2, "trunc");
+  const float kept = get(scale)[6][1].item<float>();
+  EXPECT_HAS(load(with(data, halved)), "got " + c10::str(kept) + " at row 6, group 1 (a damaged file?)");
   // A zero scale over a group of zeros is what quantization makes of zero weights.
   auto zero_group = get("layers.1.down_proj.weight").clone();
   zero_group[7].narrow(0, 0, 64).zero_();

@@ -97,9 +97,10 @@ enum class FinishReason {
   Stop,       // a stop token (or the model's EOS) came; it is the last token
   Length,     // max_new_tokens, or the model's context_length
   Cancelled,  // cancel() was called
+  Error,      // the request could not go on: TokenEvent::error says why (the model's logits were not finite)
 };
 
-/// "stop", "length" or "cancelled".
+/// "stop", "length", "cancelled" or "error".
 const char* finish_reason_name(FinishReason reason);
 
 /// What a request's callback hears: a new token, and with the last event, why it
@@ -111,6 +112,7 @@ struct TokenEvent {
   int64_t prompt_tokens = 0;
   int64_t generated = 0;                  // tokens generated so far, this one included
   std::optional<TokenLogprobs> logprobs;  // with a token, when GenerationOptions::logprobs >= 0
+  std::string error;                      // with FinishReason::Error: why, in words (no token then)
 };
 
 using TokenCallback = std::function<void(const TokenEvent&)>;

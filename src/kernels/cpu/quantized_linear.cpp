@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <vector>
 
@@ -460,18 +461,23 @@ int64_t first_unproducible_scale(const at::Tensor& data_in, const at::Tensor& sc
   const float* s = scale.const_data_ptr<float>();
   // The largest scale quantize_int8_groups makes: the largest float32 over 127.
   const float largest = std::numeric_limits<float>::max() / 127.0f;
+  // A scale s > 0 is a group's largest |weight| / 127, so that weight's value is +-127;
+  // below the smallest normal float the division rounds too coarsely to say.
+  const float normal = std::numeric_limits<float>::min();
   const int64_t none = out * groups;
   std::atomic<int64_t> first_bad{none};
   at::parallel_for(0, out, std::max<int64_t>(1, 65536 / std::max<int64_t>(groups, 1)), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end && r * groups < first_bad.load(std::memory_order_relaxed); ++r) {
       for (int64_t g = 0; g < groups; ++g) {
         const float v = s[r * groups + g];
-        // NaN fails both comparisons; a zero scale only over a group of zeros (the
-        // weights' scan is paid only there).
+        // NaN fails both comparisons; a zero scale only over a group of zeros, any
+        // other only over a group that reaches 127.
         bool good = v >= 0.0f && v <= largest;
-        if (good && v == 0.0f) {
+        if (good && (v == 0.0f || v >= normal)) {
           const int64_t lo = g * kInt8Group, hi = std::min(in, lo + kInt8Group);
-          for (int64_t i = lo; i < hi; ++i) good &= q[r * in + i] == 0;
+          int most = 0;
+          for (int64_t i = lo; i < hi; ++i) most = std::max(most, std::abs(static_cast<int>(q[r * in + i])));
+          good = v == 0.0f ? most == 0 : most == 127;
         }
         if (!good) {
           int64_t seen = first_bad.load();

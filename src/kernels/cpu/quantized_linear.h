@@ -89,12 +89,15 @@ at::Tensor quantized_linear(const at::Tensor& x, at::ArrayRef<QuantizedWeight> p
 /// data: int8 [out, in], scale: float32 [out, int8_groups(in)] (CPU), as a file holds
 /// them -> the flat index (row * groups + group) of the first scale that
 /// quantize_int8_groups cannot make, or -1 when there is none. It makes scales that are
-/// finite, in [0, the largest float32 / 127], and 0 only over a group whose int8 values
-/// are all 0. One pass over the scales (and over the values of zero-scale groups).
+/// finite, in [0, the largest float32 / 127], 0 only over a group whose int8 values are
+/// all 0, and any other (a normal float) only over a group whose largest |value| is 127:
+/// the scale is the group's largest |weight| / 127, which quantizes to +-127. One pass
+/// over the scales and the values (a group of 64 bytes each).
 int64_t first_unproducible_scale(const at::Tensor& data, const at::Tensor& scale);
 /// Those scales in words, for errors.
 inline constexpr const char* kProducibleScales =
-    "finite, in [0, 2.68e36] (the largest float32 / 127), and 0 only over a group of zero weights";
+    "finite, in [0, 2.68e36] (the largest float32 / 127), 0 only over a group of zero weights, and otherwise over "
+    "a group whose largest |value| is 127, where quantization puts each group's largest weight";
 
 /// The rows `ids` (int64, any shape [...]) of data [out, in] as float32 [..., in],
 /// dequantized: an embedding table stored like a linear layer's weight. An id outside

@@ -2,6 +2,7 @@
 
 #include <torchattn/decode_graph.h>
 
+#include "models/generation/finite_logits.h"
 #include "models/generation/generation_steps.h"
 
 #include <ATen/ops/tensor.h>
@@ -96,7 +97,9 @@ std::vector<GenerationResult> generate(CausalLMImpl& model, const std::vector<st
   // Plain greedy decoding takes the argmax on the model's device, inside the step (and
   // its CUDA graph): one id a prompt comes back, not the vocabulary's logits.
   const bool argmax_in_step = steps.greedy_on_device();
-  const auto choice = [&](const at::Tensor& logits) { return argmax_in_step ? logits.argmax(-1) : logits; };
+  const auto choice = [&](const at::Tensor& logits) {
+    return argmax_in_step ? generation::argmax_or_minus_one(logits) : logits;
+  };
   steps.begin();
   for (int64_t i = 0; i < options.max_new_tokens() && !steps.finished(); ++i) {
     at::Tensor out;  // [B, 1, vocab] logits, or [B, 1] ids

@@ -1,5 +1,7 @@
 #include "models/generation/generation_steps.h"
 
+#include "models/generation/finite_logits.h"
+
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -47,8 +49,10 @@ GenerationSteps::GenerationSteps(const std::vector<std::vector<int64_t>>& prompt
 
 std::vector<int64_t> GenerationSteps::choose(const at::Tensor& logits, std::optional<int64_t> forced, int64_t filler) {
   std::vector<int64_t> next(results_.size(), filler);
+  const std::vector<bool> finite = finite_rows(logits);
   for (size_t b = 0; b < results_.size(); ++b) {
     if (done_[b]) continue;
+    TORCH_CHECK(finite[b], non_finite_logits("generate", steps_ + 1, "prompt " + std::to_string(b)));
     const at::Tensor row = logits[static_cast<int64_t>(b)];
     if (forced) {
       next[b] = *forced;
@@ -71,6 +75,8 @@ std::vector<int64_t> GenerationSteps::chosen(const at::Tensor& ids, int64_t fill
   std::vector<int64_t> next(results_.size(), filler);
   for (size_t b = 0; b < results_.size(); ++b) {
     if (done_[b]) continue;
+    // argmax_or_minus_one's mark of a row that was not finite.
+    TORCH_CHECK(id[b] >= 0, non_finite_logits("generate", steps_ + 1, "prompt " + std::to_string(b)));
     next[b] = id[b];
     samplers_[b].chose(next[b]);
     record(b, next[b], at::Tensor());

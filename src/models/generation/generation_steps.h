@@ -31,10 +31,12 @@ class GenerationSteps {
 
   /// logits: [B, vocab], the next token's for every prompt. Chooses each unfinished
   /// prompt's token (`forced` where given), calls on_token, and marks the ones that
-  /// stop. Returns the tokens to feed next, `filler` for the finished ones.
+  /// stop. Returns the tokens to feed next, `filler` for the finished ones. An
+  /// unfinished prompt's logits that are not finite are an error naming the step.
   std::vector<int64_t> choose(const at::Tensor& logits, std::optional<int64_t> forced, int64_t filler);
-  /// The same where the tokens were chosen already, on the model's device, by an
-  /// argmax of the logits (greedy_on_device): `ids` [B] int64, any device.
+  /// The same where the tokens were chosen already, on the model's device, by
+  /// argmax_or_minus_one (greedy_on_device): `ids` [B] int64, any device; -1, logits
+  /// that were not finite, is the same error.
   std::vector<int64_t> chosen(const at::Tensor& ids, int64_t filler);
   /// Whether every prompt's choice is a plain argmax of the logits that needs nothing
   /// else of them: greedy, no logit bias, no penalties, no logprobs. The step may then

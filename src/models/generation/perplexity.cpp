@@ -1,11 +1,15 @@
 #include <torchattn/models/perplexity.h>
 
+#include "models/generation/finite_logits.h"
+
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/log_softmax.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 namespace torchattn::models {
 
@@ -31,6 +35,15 @@ PerplexityResult perplexity(CausalLM& model, const std::vector<int64_t>& ids, in
     const at::Tensor window =
         at::from_blob(const_cast<int64_t*>(ids.data()) + w * context, {1, context}, at::kLong).clone().to(device);
     const at::Tensor logits = model->forward(window).narrow(1, 0, context - 1).to(at::kFloat);
+    const std::vector<bool> finite = generation::finite_rows(logits[0]);
+    for (int64_t t = 0; t < context - 1; ++t) {
+      // Named by the token predicted, in the caller's ids.
+      TORCH_CHECK(finite[static_cast<size_t>(t)],
+                  generation::non_finite_logits("perplexity", w * context + t + 1,
+                                                "window " + std::to_string(w + 1) + " of " + std::to_string(windows) +
+                                                    ", the logits of ids[" + std::to_string(w * context + t + 1) +
+                                                    "]"));
+    }
     const at::Tensor logp = at::log_softmax(logits, -1);
     const at::Tensor next = window.narrow(1, 1, context - 1).unsqueeze(-1);
     total -= logp.gather(-1, next).to(at::kDouble).sum().item<double>();

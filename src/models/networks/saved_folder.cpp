@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <system_error>
 
 namespace torchattn::models {
 
@@ -48,6 +49,25 @@ NamedTensors load_saved_weights(const std::string& folder, bool verify) {
   TORCH_CHECK(other == tensors.end(), where, " says \"weight_format\": \"", int8 ? "int8" : "bfloat16", "\", but '",
               weights_path, "' holds '", other->first, "' as ", int8 ? "bfloat16" : "int8",
               ": the two files are not from one save_pretrained. Save the folder again");
+  // A checkpoint of another kind dropped in (a Hugging Face float32 model.safetensors):
+  // none of its tensors are in the note's format.
+  const auto saved_dtype = int8 ? at::kChar : at::kBFloat16;
+  const bool any_saved = std::any_of(tensors.begin(), tensors.end(),
+                                     [&](const auto& named) { return named.second.scalar_type() == saved_dtype; });
+  if (!any_saved && !tensors.empty()) {
+    const auto first_float = std::find_if(tensors.begin(), tensors.end(), [](const auto& named) {
+      return at::isFloatingType(named.second.scalar_type());
+    });
+    const auto& example = first_float != tensors.end() ? *first_float : tensors.front();
+    const at::ScalarType dtype = example.second.scalar_type();
+    const std::string kind = dtype == at::kFloat ? "float32" : dtype == at::kHalf ? "float16" : c10::toString(dtype);
+    TORCH_CHECK(false, where, " says \"weight_format\": \"", int8 ? "int8" : "bfloat16", "\", but '", weights_path,
+                "' holds no ", int8 ? "int8" : "bfloat16", " tensor: it is a ", kind, " checkpoint ('", example.first,
+                "' is ", kind,
+                "; a Hugging Face model.safetensors?), not the weights save_pretrained wrote there. Put the saved "
+                "model.safetensors back, or load the Hugging Face folder itself (--dtype ",
+                int8 ? "int8" : "bfloat16", " quantizes it at load)");
+  }
   if (!verify) return tensors;
   const auto recorded = note.find("checksums");
   if (recorded == note.end()) {
@@ -85,9 +105,52 @@ NamedTensors load_saved_weights(const std::string& folder, bool verify) {
   return tensors;
 }
 
+namespace {
+
+// The head layout a save records: a config with the same tensor shapes but another split
+// into heads (4 heads of 16 read as 16 of 4) would load and compute another model.
+nlohmann::json head_layout(const DecoderConfig& config) {
+  return {{"num_attention_heads", config.num_heads},
+          {"num_key_value_heads", config.num_kv_heads},
+          {"head_dim", config.head_dim()}};
+}
+
+std::string layout_words(int64_t heads, int64_t kv_heads, int64_t head_dim) {
+  return std::to_string(heads) + " attention heads of " + std::to_string(head_dim) + " over " +
+         std::to_string(kv_heads) + " key-value heads";
+}
+
+// The config against the head layout the folder's note records (a save from before it
+// was recorded: not checked).
+void check_head_layout(const DecoderConfig& config, const std::string& folder) {
+  const std::string path = (std::filesystem::path(folder) / kSavedWeightsFile).string();
+  const nlohmann::json note = files::read_json_file(path, "LanguageModel::from_pretrained");
+  const auto recorded = note.find("head_layout");
+  if (recorded == note.end()) return;
+  const auto number = [&](const char* key) -> int64_t {
+    const auto it = recorded->is_object() ? recorded->find(key) : recorded->end();
+    TORCH_CHECK(it != recorded->end() && it->is_number_integer(), "LanguageModel::from_pretrained: '", path,
+                "': expected \"head_layout\": {\"num_attention_heads\", \"num_key_value_heads\", \"head_dim\"} as "
+                "integers, got ",
+                recorded->dump().substr(0, 200));
+    return it->get<int64_t>();
+  };
+  const int64_t heads = number("num_attention_heads"), kv_heads = number("num_key_value_heads"),
+                head_dim = number("head_dim");
+  TORCH_CHECK(heads == config.num_heads && kv_heads == config.num_kv_heads && head_dim == config.head_dim(),
+              "LanguageModel::from_pretrained: '", (std::filesystem::path(folder) / "config.json").string(), "' says ",
+              layout_words(config.num_heads, config.num_kv_heads, config.head_dim()),
+              ", but the weights were saved for ", layout_words(heads, kv_heads, head_dim), " (", path,
+              "'s head_layout): the same tensor shapes split otherwise would compute another model. Put back the "
+              "config.json saved with the weights");
+}
+
+}  // namespace
+
 torchattn::WeightFormat load_folder_weights(CausalLM& model, const std::string& folder, torchattn::WeightFormat format,
                                             bool verify) {
   if (const auto saved = saved_weight_format(folder)) {
+    check_head_layout(model->config(), folder);
     TORCH_CHECK(format == torchattn::WeightFormat::Float32 || format == *saved, "'", folder, "' holds ",
                 torchattn::to_string(*saved), " weights (", kSavedWeightsFile, "), asked for ",
                 torchattn::to_string(format));
@@ -118,10 +181,14 @@ void save_frozen_folder(const CausalLM& model, const std::string& source, const 
               format == torchattn::WeightFormat::Float32
                   ? ": its folder is '" + source + "'"
                   : " (quantized at load, not saved): load it from '" + source + "' with dynamic-int8 again");
-  TORCH_CHECK(!fs::exists(folder) || fs::weakly_canonical(folder) != fs::weakly_canonical(source),
-              "LanguageModel::save_pretrained: '", folder,
+  std::error_code ec;
+  const bool same = fs::exists(folder, ec) && fs::weakly_canonical(folder, ec) == fs::weakly_canonical(source, ec);
+  TORCH_CHECK(!same, "LanguageModel::save_pretrained: '", folder,
               "' is the folder the model was loaded from; write to another");
-  fs::create_directories(folder);
+  ec.clear();
+  fs::create_directories(folder, ec);
+  TORCH_CHECK(!ec && fs::is_directory(folder), "LanguageModel::save_pretrained: cannot make the folder '", folder,
+              "': ", ec ? ec.message() : std::string("a file of that name is in the way"));
   for (const char* name : {"config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                            "generation_config.json", "chat_template.jinja", "chat_template.json"}) {
     const fs::path from = fs::path(source) / name;
@@ -141,6 +208,7 @@ void save_frozen_folder(const CausalLM& model, const std::string& source, const 
   for (size_t i = 0; i < state.size(); ++i) by_name[state[i].first] = checksum_hex(sums[i]);
   note["checksums"] = {{"algorithm", "xxh64"}, {"tensors", std::move(by_name)}};
   if (format == torchattn::WeightFormat::Int8) note["int8_group"] = kInt8GroupSize;
+  note["head_layout"] = head_layout(model->config());
   const std::string path = (fs::path(folder) / kSavedWeightsFile).string();
   std::ofstream out(path);
   TORCH_CHECK(out, "LanguageModel::save_pretrained: cannot write '", path, "'");

@@ -1,5 +1,6 @@
 #include <torchattn/models/engine.h>
 
+#include "models/generation/finite_logits.h"
 #include "models/serving/scheduler.h"
 
 #include <ATen/ops/argmax.h>
@@ -21,6 +22,8 @@ const char* finish_reason_name(FinishReason reason) {
       return "length";
     case FinishReason::Cancelled:
       return "cancelled";
+    case FinishReason::Error:
+      return "error";
   }
   return "unknown";
 }
@@ -188,7 +191,7 @@ int64_t Engine::State::drop_cancelled(Events& events) {
   int64_t dropped = 0;
   for (auto& r : scheduler.take_cancelled(cache)) {
     events.push_back({std::move(r->callback), TokenEvent{r->id, std::nullopt, FinishReason::Cancelled, r->prompt_tokens,
-                                                         r->generated(), std::nullopt}});
+                                                         r->generated(), std::nullopt, ""}});
     ++dropped;
   }
   return dropped;
@@ -220,9 +223,11 @@ at::Tensor Engine::State::run_forward(const Batch& batch) {
 int64_t Engine::State::sample_and_finish(const serving::Plan& plan, const at::Tensor& logits, Events& events) {
   // Greedy rows take one argmax over them all; sampled ones their own Sampler.
   std::vector<int64_t> greedy;
+  std::vector<bool> finite;
   if (std::find(plan.samples.begin(), plan.samples.end(), true) != plan.samples.end()) {
     const at::Tensor top = logits.argmax(-1).to(at::kCPU);
     greedy.assign(top.const_data_ptr<int64_t>(), top.const_data_ptr<int64_t>() + top.numel());
+    finite = generation::finite_rows(logits);
   }
   std::vector<serving::Request*> done;
   size_t row = 0;
@@ -231,6 +236,17 @@ int64_t Engine::State::sample_and_finish(const serving::Plan& plan, const at::Te
     r.cached += plan.tokens[i].count;
     if (options.prefix_cache()) cache.publish(r.sequence, r.tokens);  // its blocks filled so far
     if (!plan.samples[i]) continue;
+    if (!finite[row]) {
+      // The model could not give this request a token: it ends with an error, the
+      // others go on (a server answers it, and serves on).
+      ++row;
+      events.push_back(
+          {r.callback,
+           TokenEvent{r.id, std::nullopt, FinishReason::Error, r.prompt_tokens, r.generated(), std::nullopt,
+                      generation::non_finite_logits("Engine", r.generated() + 1, "request " + std::to_string(r.id))}});
+      done.push_back(&r);
+      continue;
+    }
     const at::Tensor row_logits = logits[static_cast<int64_t>(row)];
     int64_t token = 0;
     if (r.sampler->greedy()) {
@@ -249,7 +265,8 @@ int64_t Engine::State::sample_and_finish(const serving::Plan& plan, const at::Te
     } else if (r.generated() >= r.max_new_tokens || static_cast<int64_t>(r.tokens.size()) >= model->context_length()) {
       end = FinishReason::Length;
     }
-    events.push_back({r.callback, TokenEvent{r.id, token, end, r.prompt_tokens, r.generated(), std::move(logprobs)}});
+    events.push_back(
+        {r.callback, TokenEvent{r.id, token, end, r.prompt_tokens, r.generated(), std::move(logprobs), ""}});
     if (end) done.push_back(&r);
   }
   for (serving::Request* r : done) scheduler.finish(r, cache);  // its callback was copied into events
@@ -276,6 +293,7 @@ std::vector<GenerationResult> Engine::generate(const std::vector<std::vector<int
                                                const GenerationOptions& options) {
   std::vector<GenerationResult> results(prompts.size());
   size_t left = prompts.size();
+  std::string failure;  // the first request's error, if one ended with one
   for (size_t i = 0; i < prompts.size(); ++i) {
     results[i].prompt_tokens = static_cast<int64_t>(prompts[i].size());
     submit(prompts[i], options, [&, i](const TokenEvent& e) {
@@ -285,6 +303,7 @@ std::vector<GenerationResult> Engine::generate(const std::vector<std::vector<int
       }
       if (e.finished) {
         results[i].stopped = *e.finished == FinishReason::Stop;
+        if (*e.finished == FinishReason::Error && failure.empty()) failure = e.error;
         --left;
       }
     });
@@ -292,6 +311,7 @@ std::vector<GenerationResult> Engine::generate(const std::vector<std::vector<int
   while (left > 0) {
     TORCH_CHECK(step(), "Engine: generate: no step could run with requests left");
   }
+  TORCH_CHECK(failure.empty(), failure);
   return results;
 }
 
