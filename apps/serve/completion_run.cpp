@@ -96,7 +96,10 @@ Delta CompletionRun::apply(const models::TokenEvent& event) {
       return delta;
     }
   }
-  if (event.finished) {
+  if (event.finished && *event.finished == models::FinishReason::Error) {
+    finish_reason_ = "error";
+    error_ = event.error;
+  } else if (event.finished) {
     delta.text += text_.finish();
     finish_reason_ = *event.finished == models::FinishReason::Length ? "length" : "stop";
   }

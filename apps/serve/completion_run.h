@@ -52,8 +52,11 @@ class CompletionRun {
 
   bool done() const { return !finish_reason_.empty(); }
   bool cancel_engine() const { return cancel_engine_; }
-  /// "stop" or "length" once done.
+  /// "stop" or "length" once done; "error" where the engine could not go on.
   const std::string& finish_reason() const { return finish_reason_; }
+  /// With finish_reason() "error": the engine's words (the model's logits were not
+  /// finite: damaged weights), for the answer's error.
+  const std::string& error() const { return error_; }
   const std::string& text() const { return text_.text(); }
   const std::vector<int64_t>& ids() const { return ids_; }
   /// One entry per generated token but the hidden ones (EOS, end of turn), when the
@@ -70,6 +73,7 @@ class CompletionRun {
   int64_t logprob_text_bytes_ = 0;  // the text of the tokens with logprob entries so far
   Usage usage_;
   std::string finish_reason_;
+  std::string error_;
   bool cancel_engine_ = false;
 };
 

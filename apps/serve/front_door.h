@@ -3,7 +3,8 @@
 // torchattn_serve's front door: HTTP/1.1 on Boost.Beast, every connection a coroutine
 // on one thread, bounding what a client can make the server hold:
 // - a request line of at most max_line_bytes (else 414) and a head of at most
-//   max_header_bytes more (else 431), read within header_timeout of its first byte;
+//   max_header_bytes more (else 431; also a single field's name or value past the
+//   65533 bytes Beast's fields hold), read within header_timeout of its first byte;
 // - a body of at most max_body_bytes in any transfer encoding (else 413, the connection
 //   closed), read within body_timeout; a Content-Length past it refused before any
 //   body is read (and before 100 Continue invites one);
@@ -118,8 +119,9 @@ class Service {
   virtual net::awaitable<void> serve(Exchange& exchange) = 0;
   /// The reply to a request the door refuses: `status`, the message, OpenAI's error code.
   virtual Reply refusal(int status, const std::string& message, const std::string& code) const = 0;
-  /// What serve() threw for `request` (the door then answers 500 if nothing was
-  /// written, and closes the connection).
+  /// What serve() threw for `request`, or the door itself while reading or answering
+  /// one (`request` then empty): the door answers 500 if nothing was written, closes
+  /// that connection and serves on. No exception ends the door.
   virtual void internal_error(const Request& request, const std::string& what) = 0;
   /// After each answer the door or the service wrote: `request` (empty when the head
   /// could not be read), its status, and whether the connection was then closed. A

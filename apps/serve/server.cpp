@@ -10,6 +10,7 @@
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core/string.hpp>
 #include <nlohmann/json.hpp>
 
 #include <c10/util/Exception.h>
@@ -47,6 +48,13 @@ std::string random_id(const char* prefix) {
 
 Reply error_reply(const ApiError& e) { return Reply{e.status, "application/json", error_json(e)}; }
 
+// `s` without the spaces and tabs around it.
+std::string_view trimmed(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
 bool is_completion_path(std::string_view path) { return path == "/v1/chat/completions" || path == "/v1/completions"; }
 
 // The target's path: what comes before a query.
@@ -58,6 +66,12 @@ std::string path_of(const Request& req) {
 ApiError too_large(size_t limit) {
   return ApiError(413, "invalid_request_error", "the request body is larger than " + std::to_string(limit) + " bytes",
                   "", "request_too_large");
+}
+
+// The error of a request the engine ended with an error (its model's logits were not
+// finite): the server's fault, not the request's, and the server serves on.
+ApiError model_error(const CompletionRun& run) {
+  return ApiError(500, "server_error", run.error(), "", "non_finite_logits");
 }
 
 // The error of a request whose channel was aborted: 503 at shutdown, else 500 (the engine failed).
@@ -176,7 +190,7 @@ struct Server::Impl final : Service {
     return error_reply(ApiError(status, type, message, "", code));
   }
   void internal_error(const Request& request, const std::string& what) override {
-    log("internal error on " + std::string(request.method_string()) + " " + path_of(request) + ": " + what);
+    log("internal error on " + request_name("", request).substr(1) + ": " + what);
   }
   void answered(const std::string& remote, const Request& request, int status, bool closed) override {
     const std::string path = path_of(request);
@@ -375,6 +389,13 @@ net::awaitable<void> Server::Impl::answer_whole(Exchange& exchange, const std::s
     }
     if (got == Channel::Pop::Event) run.apply(event);
   }
+  if (run.finish_reason() == "error") {
+    const ApiError e = model_error(run);
+    const Reply reply = error_reply(e);
+    co_await exchange.reply(reply);
+    log(completion_line(who, e.status, false, start, &run, true) + ": " + run.error());
+    co_return;
+  }
   const Reply reply{200, "application/json",
                     completion_json(s.request, s.completion_id, s.created, options.model_name(), run.text(),
                                     run.finish_reason(), run.usage(), run.ids(), run.logprobs())};
@@ -421,6 +442,14 @@ net::awaitable<bool> Server::Impl::stream_events(Exchange& exchange, const Submi
     }
     quiet_since = Clock::now();
     const Delta delta = run.apply(event);
+    if (run.finish_reason() == "error") {  // the stream ends with the error, as at shutdown
+      event_text = error_event(model_error(run));
+      bool ok = co_await exchange.send(event_text);
+      if (ok) ok = co_await exchange.send("data: [DONE]\n\n");
+      if (ok) ok = co_await exchange.end_stream();
+      log(request_name(exchange.remote(), exchange.request()) + ": " + run.error());
+      co_return ok;
+    }
     if (run.cancel_engine()) engine.cancel(s.id);
     const bool show = !delta.text.empty() || !delta.logprobs.empty() ||
                       (request.return_token_ids && !delta.ids.empty());
@@ -468,8 +497,33 @@ std::optional<Reply> Server::Impl::early(const Request& head) {
     } catch (const ApiError& e) {
       return error(e);
     }
-    // The door's parser has checked that a Content-Length is a number.
-    if (const auto length = head.find(http::field::content_length); length != head.end()) {
+    // The body's encodings: plain bytes, chunked or not; nothing decompresses here.
+    const auto transfer = head.find(http::field::transfer_encoding);
+    if (transfer != head.end() && !boost::beast::iequals(trimmed(transfer->value()), "chunked")) {
+      return error(ApiError(415, "invalid_request_error",
+                            "Transfer-Encoding '" + std::string(trimmed(transfer->value()).substr(0, 100)) +
+                                "' is not supported: send the body as it is, with Content-Length or "
+                                "Transfer-Encoding: chunked",
+                            "", "unsupported_encoding"));
+    }
+    const auto content_encoding = trimmed(head[http::field::content_encoding]);
+    if (!content_encoding.empty() && !boost::beast::iequals(content_encoding, "identity")) {
+      return error(ApiError(415, "invalid_request_error",
+                            "Content-Encoding '" + std::string(content_encoding.substr(0, 100)) +
+                                "' is not supported: send the JSON body uncompressed",
+                            "", "unsupported_encoding"));
+    }
+    const auto length = head.find(http::field::content_length);
+    if (transfer == head.end() && length == head.end()) {
+      return error(ApiError(411, "invalid_request_error",
+                            "POST " + path +
+                                " takes a JSON body: send it with a Content-Length header (or "
+                                "Transfer-Encoding: chunked); the request had neither",
+                            "", "length_required"));
+    }
+    // The door's parser has checked that a Content-Length is a number (one past 64 bits
+    // it refuses as too large).
+    if (length != head.end()) {
       const std::string_view digits = length->value();
       uint64_t bytes = 0;
       const auto [end, failed] = std::from_chars(digits.data(), digits.data() + digits.size(), bytes);

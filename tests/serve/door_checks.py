@@ -9,6 +9,9 @@ idle connections closed after 6 s), then:
 - a request line of 1 GB sent as fast as the server takes it: 414 or a closed
   connection, the peak resident memory grown by at most 16 MiB;
 - a request line of 9 KiB: 414; a header of 2 MiB and 70 KiB of small headers: 431;
+- one header value just under, at and past the 64 KiB of headers and the 65533 bytes a
+  field holds, and far past: 200 or 431, the server serving after each; a POST with no
+  length (411), Transfer-Encoding: gzip (415), a Content-Length past 64 bits (413);
 - a head that stops coming, and one that comes a byte at a time: closed once the head's
   time is up (2 s), not later;
 - a body that stops coming: closed after the body's time (6 s); a connection idle after
@@ -181,6 +184,33 @@ def big_heads(srv):
     check(status == 200, f"/health after them: {status}")
 
 
+def field_limits(srv):
+    """One header value around every size that matters (the 64 KiB of headers, the 65533
+    bytes Beast's fields hold, far past both): 431 past the limit, and the server serving
+    after each (a value of about 64 KiB once ended the process); then the refusals of a
+    POST's body that need no body: 411, 415, and a Content-Length past 64 bits."""
+    host = b"Host: x\r\n"
+    # header_bytes = 2 + (4 + 1 + 4) "Host: x" + (5 + n + 4) "X-Big: ..." = 20 + n
+    for n in [65515, 65516, 65517, 65533, 65534, 65535, 65536, 70000, 73728, 1 << 20]:
+        reply = exchange(srv.connect(), b"GET /health HTTP/1.1\r\n" + host + b"X-Big: " + b"v" * n + b"\r\n\r\n")
+        want = 200 if 20 + n <= 65536 else 431
+        status, _ = timed_get(srv, "/health", key=False)
+        check(status_of(reply) == want and status == 200,
+              f"a header value of {n} bytes: {status_of(reply)} (expected {want}), then /health {status}")
+    post = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+    reply = exchange(srv.connect(), (post + "\r\n").encode())
+    check(status_of(reply) == 411 and b"length_required" in reply and b"Content-Length" in reply,
+          f"a POST without Content-Length or a chunked body: {status_of(reply)}")
+    reply = exchange(srv.connect(), (post + "Transfer-Encoding: gzip\r\n\r\nabcd").encode())
+    check(status_of(reply) == 415 and b"Transfer-Encoding 'gzip'" in reply,
+          f"Transfer-Encoding: gzip: {status_of(reply)} {reply[-200:]!r}")
+    reply = exchange(srv.connect(), (post + "Content-Length: 12345678901234567890123\r\n\r\n").encode())
+    check(status_of(reply) == 413 and b"too large" in reply and b"not a number" not in reply,
+          f"a 23-digit Content-Length: {status_of(reply)} {reply[-200:]!r}")
+    status, _ = timed_get(srv, "/v1/models")
+    check(status == 200, f"/v1/models after them: {status}")
+
+
 def timeouts(srv):
     sock = srv.connect()
     sock.sendall(b"GET /health HTTP/1.1\r\n")
@@ -267,6 +297,7 @@ def main():
         half_open(srv)
         long_line(srv)
         big_heads(srv)
+        field_limits(srv)
         timeouts(srv)
         busy_cap(srv)
     finally:

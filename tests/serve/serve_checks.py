@@ -465,7 +465,7 @@ def front_door(exe, model, srv):
     sock.close()
     check(status_of(reply) == 413, f"Content-Length 100 MB, no body sent: {status_of(reply)}")
     # A multipart body: 415 before it is read; a POST with neither Content-Length nor
-    # Transfer-Encoding has no body (HTTP/1.1): an answer at once, not after a read timeout.
+    # Transfer-Encoding: 411 at once, not after a read timeout.
     status, body = srv.raw("POST", "/v1/completions", "--x\r\n\r\nhello\r\n--x--\r\n",
                            {"Content-Type": "multipart/form-data; boundary=x"})
     check(status == 415 and "must be JSON" in body["error"]["message"], f"a multipart body: {status}")
@@ -474,8 +474,8 @@ def front_door(exe, model, srv):
     sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n".encode())
     reply = sock.recv(65536).decode(errors="replace")
     sock.close()
-    check(status_of(reply) == 400 and time.time() - start < 2, f"a POST without a body: {status_of(reply)} in "
-          f"{time.time() - start:.2f} s")
+    check(status_of(reply) == 411 and "length_required" in reply and time.time() - start < 2,
+          f"a POST without a body: {status_of(reply)} in {time.time() - start:.2f} s")
     # Expect: 100-continue with a body past the limit or no key: refused before the body is invited.
     for headers, want in [(f"Authorization: Bearer {KEY}\r\nContent-Length: {100 << 20}\r\n", 413),
                           ("Content-Length: 10\r\n", 401)]:
@@ -677,6 +677,42 @@ def startup_checks(exe, model, work):
           in log and code == 0, f"--kv-tokens 1000 alone: {srv.line.strip()}")
 
 
+def damaged_weights(exe, model, work):
+    """A folder whose weights give NaN logits (its final norm's weights NaN): each request
+    ends with an error naming the step and the damage, a whole answer as a 500 with code
+    non_finite_logits, a stream as an error event; the server serves on (/health 200, the
+    next request answered the same way), never a garbage text."""
+    from safetensors.torch import load_file, save_file
+    damaged = os.path.join(work, "smollm2-nan")
+    os.makedirs(damaged, exist_ok=True)
+    for name in os.listdir(model):
+        if name != "model.safetensors" and not os.path.exists(os.path.join(damaged, name)):
+            os.symlink(os.path.abspath(os.path.join(model, name)), os.path.join(damaged, name))
+    tensors = load_file(os.path.join(model, "model.safetensors"))
+    tensors["model.norm.weight"] = torch.full_like(tensors["model.norm.weight"], float("nan"))
+    save_file(tensors, os.path.join(damaged, "model.safetensors"), metadata={"format": "pt"})
+    del tensors
+    srv = Server(exe, damaged, "--api-key", KEY, "--kv-tokens", "4096", "--model-name", "smollm2")
+    try:
+        for attempt in range(2):
+            status, body = srv.raw("POST", "/v1/completions", '{"model": "smollm2", "prompt": "Hi", "max_tokens": 4}')
+            err = (body or {}).get("error", {})
+            check(status == 500 and err.get("code") == "non_finite_logits" and
+                  "the model produced non-finite logits at step 1" in err.get("message", "") and
+                  "damaged" in err.get("message", ""),
+                  f"damaged weights, a whole answer ({attempt + 1}): {status} {err.get('message', body)!r:.160}")
+        try:
+            events = list(srv.client().completions.create(model="smollm2", prompt="Hi", max_tokens=4, stream=True))
+            check(False, f"damaged weights, a stream: no error, {len(events)} events")
+        except openai.APIError as e:
+            check("non-finite logits at step 1" in str(e), f"damaged weights, a stream: an error event {str(e)!r:.120}")
+        status, body = srv.raw("GET", "/health")
+        check(status == 200, f"damaged weights: /health {status} after the errors (the server serves on)")
+    finally:
+        code = srv.stop()
+    check(code == 0, f"damaged weights: exit {code}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--server", required=True)
@@ -702,6 +738,7 @@ def main():
     check(code == 0, f"SIGTERM: exit {code}")
     queue_limit_and_signal(a.server, a.model)
     startup_checks(a.server, a.model, a.log_dir)
+    damaged_weights(a.server, a.model, a.log_dir)
     return check.finish()
 
 
