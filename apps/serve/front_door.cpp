@@ -217,12 +217,14 @@ struct FrontDoor::Impl {
 
   // What escaped a connection's coroutine or a handler, to the service's log.
   void report(const std::exception_ptr& failure) {
-    std::string what = "unknown error";
+    std::string what;
     try {
       std::rethrow_exception(failure);
     } catch (const std::exception& e) {
       what = e.what();
-    } catch (...) {}
+    } catch (...) {
+      what = "an exception that is not a std::exception";
+    }
     const Request none;
     service.internal_error(none, what);
   }

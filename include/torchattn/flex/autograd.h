@@ -41,7 +41,7 @@ class FlexGradients : public torch::autograd::Function<FlexGradients> {
     return {dq, dk, dv};
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* /*ctx*/,
-                                                 torch::autograd::variable_list /*grads*/) {
+                                                 const torch::autograd::variable_list& /*grads*/) {
     TORCH_CHECK(false,
                 "flex_attention: no double backward: its gradients are computed by a kernel that is not itself "
                 "differentiable, so a backward through them (after autograd::grad with create_graph=true) cannot "
