@@ -77,9 +77,9 @@ sanitize: setup
 	ASAN_OPTIONS=$(ASAN_OPTIONS_CI) LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ./$(BUILD)-asan/tests/torchattn_tests --gtest_brief=1
 
-# libFuzzer on the public API for FUZZ_SECONDS, and on the safetensors parser, the
+# libFuzzer on the public API for FUZZ_SECONDS, and on the safetensors and GGUF parsers, the
 # tokenizers and torchattn_serve's request parsing for half as long each (seeded by
-# tests/fuzz/safetensors_seeds.py, tests/fuzz/tokenizer_seeds.py and tests/fuzz/serve_seeds.py, the
+# tests/fuzz/safetensors_seeds.py, tests/fuzz/gguf_seeds.py, tests/fuzz/tokenizer_seeds.py and tests/fuzz/serve_seeds.py, the
 # requests of the openai client), and on the server's front door over a socket (seeded by
 # tests/fuzz/door_seeds.py, heads and bodies around every limit), built with clang.
 FUZZ_SECONDS ?= 120
@@ -88,11 +88,12 @@ fuzz: setup
 	@bash tools/setup.sh fuzz
 	CC=clang-16 CXX=clang++-16 cmake -S . -B $(BUILD)-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Release \
 	  -DCMAKE_PREFIX_PATH="$(CMAKE_PREFIX)" -DTORCHATTN_FUZZ=ON -DTORCHATTN_BUILD_TESTS=OFF -DTORCHATTN_BUILD_APPS=OFF
-	cmake --build $(BUILD)-fuzz -j $(JOBS) --target fuzz_api fuzz_safetensors fuzz_tokenizer fuzz_serve_request \
-	  fuzz_front_door
+	cmake --build $(BUILD)-fuzz -j $(JOBS) --target fuzz_api fuzz_safetensors fuzz_gguf fuzz_tokenizer \
+	  fuzz_serve_request fuzz_front_door
 	mkdir -p $(BUILD)-fuzz/corpus $(BUILD)-fuzz/corpus-safetensors $(BUILD)-fuzz/corpus-tokenizer $(BUILD)-fuzz/corpus-serve \
-	  $(BUILD)-fuzz/corpus-door
+	  $(BUILD)-fuzz/corpus-door $(BUILD)-fuzz/corpus-gguf
 	$(PY) tests/fuzz/safetensors_seeds.py $(BUILD)-fuzz/corpus-safetensors
+	$(PY) tests/fuzz/gguf_seeds.py $(BUILD)-fuzz/corpus-gguf
 	$(PY) tests/fuzz/tokenizer_seeds.py $(BUILD)-fuzz/corpus-tokenizer
 	$(PY) tests/fuzz/serve_seeds.py $(BUILD)-fuzz/corpus-serve
 	$(PY) tests/fuzz/door_seeds.py $(BUILD)-fuzz/corpus-door
@@ -100,6 +101,8 @@ fuzz: setup
 	  -max_total_time=$(FUZZ_SECONDS) $(FUZZ_FLAGS) $(BUILD)-fuzz/corpus
 	ASAN_OPTIONS=$(ASAN_OPTIONS_CI) LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp ./$(BUILD)-fuzz/tests/fuzz/fuzz_safetensors \
 	  -max_total_time=$$(( $(FUZZ_SECONDS) / 2 )) $(FUZZ_FLAGS) $(BUILD)-fuzz/corpus-safetensors
+	ASAN_OPTIONS=$(ASAN_OPTIONS_CI) LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp ./$(BUILD)-fuzz/tests/fuzz/fuzz_gguf \
+	  -max_total_time=$$(( $(FUZZ_SECONDS) / 2 )) $(FUZZ_FLAGS) $(BUILD)-fuzz/corpus-gguf
 	ASAN_OPTIONS=$(ASAN_OPTIONS_CI) LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp ./$(BUILD)-fuzz/tests/fuzz/fuzz_tokenizer \
 	  -max_total_time=$$(( $(FUZZ_SECONDS) / 2 )) $(FUZZ_FLAGS) $(BUILD)-fuzz/corpus-tokenizer
 	ASAN_OPTIONS=$(ASAN_OPTIONS_CI) LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp ./$(BUILD)-fuzz/tests/fuzz/fuzz_serve_request \

@@ -1,5 +1,7 @@
 #include <torchattn/safetensors.h>
 
+#include "serialize/file_mapping.h"
+
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/util/Exception.h>
@@ -15,11 +17,6 @@
 #include <limits>
 #include <memory>
 #include <set>
-
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 namespace torchattn {
 
@@ -61,74 +58,6 @@ const char* name_of(at::ScalarType type) {
   }
   TORCH_CHECK(false, "save_safetensors: dtype ", type, " has no safetensors name");
 }
-
-// Asks the kernel to read the mapped file into the page cache in 2 MiB folios and to map
-// them with one page-table entry each (MADV_HUGEPAGE: a hint; where the kernel or its
-// settings refuse it, nothing changes). Decoding reads every weight once a token, as one
-// stream per thread: on 4 KiB pages the hardware prefetchers stop at every page and the
-// TLB misses every 4 KiB. Folios already in the page cache keep their size, so a file
-// first read without the hint stays in small folios until it is evicted.
-void prefer_huge_pages(uint8_t* p, size_t n) {
-#if defined(MADV_HUGEPAGE)
-  (void)::madvise(p, n, MADV_HUGEPAGE);
-#else
-  (void)p;
-  (void)n;
-#endif
-}
-
-// A read-only file mapped copy-on-write; unmapped when the last tensor over it goes.
-class Mapping {
- public:
-  explicit Mapping(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    TORCH_CHECK(fd >= 0, "safetensors: cannot open '", path, "': ", std::strerror(errno));
-    struct stat st{};
-    if (::fstat(fd, &st) != 0) {
-      const int err = errno;
-      ::close(fd);
-      TORCH_CHECK(false, "safetensors: cannot stat '", path, "': ", std::strerror(err));
-    }
-    size_ = static_cast<size_t>(st.st_size);
-    if (size_ > 0) {
-      // Writable and private: a caller that writes into a tensor gets its own copy
-      // of those pages; the file never changes.
-      void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-      const int err = errno;
-      ::close(fd);
-      TORCH_CHECK(p != MAP_FAILED, "safetensors: cannot map '", path, "': ", std::strerror(err));
-      data_ = static_cast<uint8_t*>(p);
-      prefer_huge_pages(data_, size_);
-    } else {
-      ::close(fd);
-    }
-  }
-  ~Mapping() {
-    if (data_ != nullptr) {
-      ::munmap(data_, size_);
-    }
-  }
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-
-  const uint8_t* data() const { return data_; }
-  size_t size() const { return size_; }
-
-  /// Gives back the whole pages of [p, p + n) (a tensor of this map that nothing uses
-  /// any more: its storage's deleter calls this), so that a model quantized layer by
-  /// layer after loading does not keep the float32 file resident until the last
-  /// tensor goes. The pages are this map's own (private): nothing else reads them.
-  static void release(const uint8_t* p, size_t n) {
-    const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-    const auto start = reinterpret_cast<uintptr_t>(p);
-    const uintptr_t first = (start + page - 1) / page * page, last = (start + n) / page * page;
-    if (last > first) ::madvise(const_cast<uint8_t*>(p) + (first - start), last - first, MADV_DONTNEED);
-  }
-
- private:
-  uint8_t* data_ = nullptr;
-  size_t size_ = 0;
-};
 
 struct Entry {
   std::string name;
@@ -252,7 +181,7 @@ NamedTensors tensors_of(const uint8_t* data, size_t size, const std::string& fil
       const size_t n = e.end - e.begin;
       t = at::from_blob(
           const_cast<uint8_t*>(p), e.shape,
-          [owner, n](void* data) { Mapping::release(static_cast<const uint8_t*>(data), n); }, options);
+          [owner, n](void* data) { serialize::FileMapping::release(static_cast<const uint8_t*>(data), n); }, options);
     } else {
       t = at::from_blob(const_cast<uint8_t*>(p), e.shape, options);
     }
@@ -262,7 +191,7 @@ NamedTensors tensors_of(const uint8_t* data, size_t size, const std::string& fil
 }
 
 NamedTensors load_file(const std::string& path) {
-  auto mapping = std::make_shared<Mapping>(path);
+  auto mapping = std::make_shared<serialize::FileMapping>(path, "safetensors");
   return tensors_of(mapping->data(), mapping->size(), path, mapping);
 }
 

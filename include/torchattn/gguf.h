@@ -1,0 +1,122 @@
+#pragma once
+
+// Reading GGUF files, llama.cpp's single-file format: the metadata (architecture, sizes,
+// the tokenizer, the chat template) and the tensors, each in one of ggml's block
+// formats. See docs/checkpoints.md.
+//
+//   auto file = torchattn::GgufFile::open("SmolLM2-135M-Instruct.Q4_1.gguf");
+//   std::string arch = file.string("general.architecture");          // "llama"
+//   int64_t layers = file.integer(arch + ".block_count");
+//   at::Tensor w = file.dequantize("blk.0.attn_q.weight");           // float32 [out, in]
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace torchattn {
+
+/// ggml's tensor types that torchattn reads: each a block of `block_size` values in
+/// `type_size` bytes (gguf_type_traits). Others (Q5_0, Q2_K, the IQ types, ...) are an
+/// error naming the type and the tensor when the file is opened.
+enum class GgufType : uint32_t {
+  F32 = 0,
+  F16 = 1,
+  Q4_0 = 2,
+  Q4_1 = 3,
+  Q8_0 = 8,
+  Q4_K = 12,
+  Q5_K = 13,
+  Q6_K = 14,
+  BF16 = 30,
+};
+
+/// "Q4_K", ...; for a code torchattn does not read, ggml's name where it has one.
+const char* gguf_type_name(uint32_t type);
+
+/// One metadata value: an integer (any of GGUF's integer types), a float, a bool, a
+/// string, or an array of values of one type.
+struct GgufValue {
+  enum class Kind { Integer, Float, Bool, String, Array };
+  Kind kind = Kind::Integer;
+  uint32_t type = 0;  // the file's own code: 0 uint8, ..., 8 string, 9 array, ..., 12 float64
+  int64_t integer = 0;
+  double number = 0.0;
+  bool boolean = false;
+  std::string string;
+  std::vector<GgufValue> array;
+};
+
+/// Where a tensor lies, as the file's tensor infos say (checked against the file).
+struct GgufTensorInfo {
+  std::string name;
+  uint32_t type = 0;
+  std::vector<int64_t> shape;  // PyTorch's order, outermost first: ggml's ne reversed
+  uint64_t offset = 0;         // from the start of the data section
+  uint64_t bytes = 0;
+};
+
+class GgufFile {
+ public:
+  /// Maps `path` (copy-on-write, never changed) and checks its header, metadata and
+  /// tensor infos against each other and the file's size: a truncated or hostile file
+  /// (a bad magic, GGUF version 1, counts or lengths past the file, an unknown value
+  /// type, arrays nested too deep, a duplicate key or tensor name, more than 4
+  /// dimensions, a shape whose elements overflow or whose rows are not whole blocks, an
+  /// unaligned or overlapping tensor, a tensor past the end) is a c10::Error naming the
+  /// file, and the key or the tensor.
+  static GgufFile open(const std::string& path);
+  /// The same over bytes in memory (not copied: `data` must outlive the file and its
+  /// raw() tensors). `name` is used in errors.
+  static GgufFile parse(const uint8_t* data, size_t size, const std::string& name = "<memory>");
+
+  /// The file's GGUF version (2 or 3).
+  uint32_t version() const { return version_; }
+  /// The metadata in file order.
+  const std::vector<std::pair<std::string, GgufValue>>& metadata() const { return metadata_; }
+  /// The tensors' infos in file order.
+  const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
+
+  /// The value of `key`, or null.
+  const GgufValue* find(const std::string& key) const;
+  bool has(const std::string& key) const { return find(key) != nullptr; }
+  /// `key`'s value as that kind: a missing key or one of another kind is an error naming
+  /// the key, what was expected and what came.
+  int64_t integer(const std::string& key) const;
+  double number(const std::string& key) const;  // a float or an integer
+  bool boolean(const std::string& key) const;
+  const std::string& string(const std::string& key) const;
+  std::vector<std::string> strings(const std::string& key) const;
+  std::vector<int64_t> integers(const std::string& key) const;
+  std::vector<double> numbers(const std::string& key) const;
+
+  /// The info of tensor `name`, or null.
+  const GgufTensorInfo* tensor(const std::string& name) const;
+  /// Tensor `name`'s values as float32 [shape]: each block dequantized as ggml's
+  /// reference code and the gguf Python package do, to the same float32 bits. An
+  /// unknown name is an error naming it.
+  at::Tensor dequantize(const std::string& name) const;
+  /// Tensor `name`'s bytes as the file holds them: uint8 [bytes], over the mapping.
+  at::Tensor raw(const std::string& name) const;
+
+ private:
+  GgufFile() = default;
+  const GgufTensorInfo& checked_tensor(const std::string& name) const;
+  const GgufValue& checked(const std::string& key, GgufValue::Kind kind, const char* what) const;
+
+  std::string path_;
+  std::shared_ptr<const void> owner_;  // keeps the mapping alive (null: the caller's bytes)
+  const uint8_t* data_ = nullptr;      // the data section
+  uint32_t version_ = 0;
+  std::vector<std::pair<std::string, GgufValue>> metadata_;
+  std::unordered_map<std::string, size_t> by_key_;
+  std::vector<GgufTensorInfo> tensors_;
+  std::unordered_map<std::string, size_t> by_name_;
+};
+
+}  // namespace torchattn

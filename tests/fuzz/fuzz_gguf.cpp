@@ -1,0 +1,28 @@
+// libFuzzer target: the GGUF reader (include/torchattn/gguf.h) on arbitrary bytes. The
+// only exception it accepts is c10::Error (a damaged file, named); every metadata value
+// is read through its accessor and every tensor that opens is dequantized and summed, so
+// a read past the bytes would be a sanitizer finding.
+
+#include <torchattn/gguf.h>
+
+#include <ATen/ops/sum.h>
+#include <c10/util/Exception.h>
+
+#include <cstddef>
+#include <cstdint>
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  try {
+    const auto f = torchattn::GgufFile::parse(data, size, "fuzz");
+    for (const auto& [key, value] : f.metadata()) {
+      if (value.kind == torchattn::GgufValue::Kind::String) (void)f.string(key).size();
+    }
+    for (const auto& t : f.tensors()) {
+      (void)at::sum(f.dequantize(t.name).to(at::kDouble)).item<double>();
+      (void)f.raw(t.name).sum().item<int64_t>();
+    }
+  } catch (const c10::Error&) {
+    // A damaged file, reported.
+  }
+  return 0;
+}

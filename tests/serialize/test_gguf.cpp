@@ -1,0 +1,207 @@
+// GgufFile (include/torchattn/gguf.h) on files built here byte by byte: a valid one read
+// back (metadata, shapes in PyTorch's order, F32 and Q8_0 values), then every way a
+// damaged or hostile file can be wrong, each a c10::Error naming the problem and never a
+// crash: every truncation, the magic, the version, counts and lengths past the end, an
+// unknown value type, arrays nested too deep or too long, a duplicate key or tensor,
+// dimensions (none, too many, zero, overflowing), a type torchattn does not read, rows
+// that are not whole blocks, an unaligned, overlapping or out-of-bounds tensor. The
+// files of llama.cpp's own writer are gguf_checks.cpp's (ctest -R gguf).
+
+#include "common/expect_error.h"
+
+#include <torchattn/gguf.h>
+
+#include <c10/util/Half.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+// A named namespace: this file shares a unity-build unit with test_safetensors.cpp.
+namespace gguf_test {
+
+// The bytes of a GGUF file, little-endian, as gguf's writer lays them out.
+class Bytes {
+ public:
+  template <class T>
+  Bytes& put(T v) {
+    s_.append(reinterpret_cast<const char*>(&v), sizeof(T));
+    return *this;
+  }
+  Bytes& str(const std::string& v) {
+    put<uint64_t>(v.size());
+    s_ += v;
+    return *this;
+  }
+  Bytes& raw(const std::string& v) {
+    s_ += v;
+    return *this;
+  }
+  Bytes& pad(size_t alignment) {
+    while (s_.size() % alignment != 0) s_.push_back('\0');
+    return *this;
+  }
+  const std::string& bytes() const { return s_; }
+  size_t size() const { return s_.size(); }
+
+ private:
+  std::string s_;
+};
+
+struct TensorInfo {
+  std::string name;
+  std::vector<uint64_t> ne;  // ggml's order, innermost first
+  uint32_t type;
+  uint64_t offset;
+};
+
+// A file: the header, `kv` (each already encoded: key, type, value), the tensor infos,
+// padding to `alignment`, then `data`. Counts as given unless overridden.
+std::string file_of(const std::vector<std::string>& kv, const std::vector<TensorInfo>& tensors, const std::string& data,
+                    size_t alignment = 32, int64_t kv_count = -1, int64_t tensor_count = -1, uint32_t version = 3) {
+  Bytes b;
+  b.raw("GGUF").put<uint32_t>(version);
+  b.put<uint64_t>(tensor_count >= 0 ? static_cast<uint64_t>(tensor_count) : tensors.size());
+  b.put<uint64_t>(kv_count >= 0 ? static_cast<uint64_t>(kv_count) : kv.size());
+  for (const auto& e : kv) b.raw(e);
+  for (const auto& t : tensors) {
+    b.str(t.name).put<uint32_t>(static_cast<uint32_t>(t.ne.size()));
+    for (const uint64_t n : t.ne) b.put<uint64_t>(n);
+    b.put<uint32_t>(t.type).put<uint64_t>(t.offset);
+  }
+  b.pad(alignment).raw(data);
+  return b.bytes();
+}
+
+std::string kv_string(const std::string& key, const std::string& value) {
+  return Bytes().str(key).put<uint32_t>(8).str(value).bytes();
+}
+template <class T>
+std::string kv_number(const std::string& key, uint32_t type, T value) {
+  return Bytes().str(key).put<uint32_t>(type).put<T>(value).bytes();
+}
+
+torchattn::GgufFile parse(const std::string& bytes) {
+  return torchattn::GgufFile::parse(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "f.gguf");
+}
+
+// F32 [2, 3] (ne {3, 2}) of 0..5, then Q8_0 [1, 32] of d = 0.5 and q = -16..15.
+std::string tensor_data() {
+  Bytes d;
+  for (int i = 0; i < 6; ++i) d.put<float>(static_cast<float>(i));
+  d.pad(32);
+  d.put<uint16_t>(c10::Half(0.5f).x);
+  for (int i = 0; i < 32; ++i) d.put<int8_t>(static_cast<int8_t>(i - 16));
+  return d.bytes();
+}
+
+std::vector<TensorInfo> two_tensors() { return {{"a.weight", {3, 2}, 0, 0}, {"b.weight", {32, 1}, 8, 32}}; }
+
+std::string valid_file() {
+  return file_of({kv_string("general.architecture", "llama"), kv_number<uint32_t>("llama.block_count", 4, 30)},
+                 two_tensors(), tensor_data());
+}
+
+TEST(Gguf, AValidFileReadsBack) {
+  const std::string bytes = valid_file();
+  const auto f = parse(bytes);
+  EXPECT_EQ(f.version(), 3u);
+  EXPECT_EQ(f.string("general.architecture"), "llama");
+  EXPECT_EQ(f.integer("llama.block_count"), 30);
+  ASSERT_EQ(f.tensors().size(), 2u);
+  EXPECT_EQ(f.tensor("a.weight")->shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_TRUE(torch::equal(f.dequantize("a.weight"), torch::arange(6, torch::kFloat).view({2, 3})));
+  EXPECT_TRUE(torch::equal(f.dequantize("b.weight"), (torch::arange(32, torch::kFloat) - 16).mul(0.5).view({1, 32})));
+  EXPECT_STREQ(torchattn::gguf_type_name(12), "Q4_K");
+  EXPECT_STREQ(torchattn::gguf_type_name(4), "unknown");
+}
+
+// Cut anywhere, the file is an error naming it, never a read past its end (make sanitize
+// runs this under AddressSanitizer).
+TEST(Gguf, EveryTruncationIsAnError) {
+  const std::string bytes = valid_file();
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    const std::string cut = bytes.substr(0, n);
+    const std::string error = error_of([&] { parse(cut); });
+    EXPECT_HAS(error, "gguf: 'f.gguf'");
+  }
+}
+
+TEST(Gguf, DamagedHeadersAndMetadataAreErrors) {
+  const auto data = tensor_data();
+  std::string bad = valid_file();
+  bad[0] = 'X';
+  expect_error([&] { parse(bad); }, "gguf: 'f.gguf' is not a GGUF file (its first bytes are not 'GGUF')");
+  expect_error([&] { parse(file_of({}, {}, "", 32, -1, -1, 1)); },
+               "gguf: 'f.gguf' is GGUF version 1; torchattn reads versions 2 and 3");
+  EXPECT_NO_THROW(parse(file_of({}, two_tensors(), data, 32, -1, -1, 2)));
+  expect_error([&] { parse(file_of({}, {}, "", 32, int64_t{1} << 40, 0)); },
+               "gguf: 'f.gguf' says 1099511627776 metadata keys and 0 tensors, more than its");
+  // A string longer than the file.
+  expect_error([&] { parse(file_of({Bytes().put<uint64_t>(1000).raw("k").bytes()}, {}, "")); },
+               "gguf: 'f.gguf': a metadata key at byte 24 is 1000 bytes long, past the file's end");
+  expect_error([&] { parse(file_of({Bytes().str("k").put<uint32_t>(13).put<uint32_t>(0).bytes()}, {}, "")); },
+               "gguf: 'f.gguf': key 'k' has the unknown value type 13");
+  expect_error([&] { parse(file_of({kv_number<uint8_t>("k", 7, 2)}, {}, "")); },
+               "gguf: 'f.gguf': key 'k' holds a bool of 2, expected 0 or 1");
+  expect_error([&] { parse(file_of({kv_number<uint64_t>("k", 10, ~uint64_t{0})}, {}, "")); },
+               "key 'k' holds the uint64 18446744073709551615, past what torchattn reads (int64)");
+  expect_error([&] { parse(file_of({kv_string("k", "a"), kv_string("k", "b")}, {}, "")); },
+               "gguf: 'f.gguf': key 'k' appears twice");
+  // Arrays: nested 9 deep; counts past the file; counts past what the reader holds.
+  Bytes deep;
+  deep.str("deep").put<uint32_t>(9);
+  for (int i = 0; i < 9; ++i) deep.put<uint32_t>(9).put<uint64_t>(1);
+  deep.put<uint32_t>(4).put<uint64_t>(1).put<uint32_t>(7);
+  expect_error([&] { parse(file_of({deep.bytes()}, {}, "")); },
+               "gguf: 'f.gguf': key 'deep' nests arrays more than 8 deep");
+  expect_error(
+      [&] { parse(file_of({Bytes().str("a").put<uint32_t>(9).put<uint32_t>(5).put<uint64_t>(1000).bytes()}, {}, "")); },
+      "gguf: 'f.gguf': key 'a' is an array of 1000 int32 values, past the file's end");
+  const std::string many = Bytes().str("a").put<uint32_t>(9).put<uint32_t>(0).put<uint64_t>(5000000).bytes() +
+                           std::string(5000000, '\1');
+  expect_error(
+      [&] { parse(file_of({many}, {}, "")); },
+      "gguf: 'f.gguf': key 'a' is an array of 5000000 values, past the 4194304 metadata values torchattn holds");
+  expect_error([&] { parse(file_of({kv_number<uint32_t>("general.alignment", 4, 24)}, two_tensors(), data)); },
+               "gguf: 'f.gguf': general.alignment is 24, expected a power of 2 up to 2^20");
+}
+
+TEST(Gguf, DamagedTensorInfosAreErrors) {
+  const auto data = tensor_data();
+  const auto with = [&](TensorInfo t) {
+    auto ts = two_tensors();
+    ts[1] = std::move(t);
+    return file_of({}, ts, data);
+  };
+  expect_error([&] { parse(with({"b", {}, 8, 32})); }, "tensor 'b' has 0 dimensions, expected 1 to 4");
+  expect_error([&] { parse(with({"b", {32, 1, 1, 1, 1}, 8, 32})); }, "tensor 'b' has 5 dimensions, expected 1 to 4");
+  expect_error([&] { parse(with({"b", {32, 0}, 8, 32})); }, "tensor 'b' has a dimension of 0");
+  expect_error([&] { parse(with({"b", {32, uint64_t{1} << 40, uint64_t{1} << 40}, 8, 32})); },
+               "tensor 'b' has a dimension of 1099511627776 (its elements past 2^62, or none)");
+  expect_error([&] { parse(with({"b", {32, 1}, 6, 32})); },
+               "tensor 'b' has type Q5_0, which torchattn does not read (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, "
+               "Q6_K)");
+  expect_error([&] { parse(with({"b", {32, 1}, 99, 32})); }, "tensor 'b' has type 99, which torchattn does not read");
+  expect_error([&] { parse(with({"b", {33, 1}, 8, 32})); },
+               "tensor 'b' of Q8_0 has rows of 33 values, not whole blocks of 32");
+  expect_error([&] { parse(with({"b", {32, 1}, 8, 16})); },
+               "tensor 'b' lies at offset 16, not a multiple of the alignment 32");
+  expect_error([&] { parse(with({"b", {32, 2}, 8, 32})); },
+               "tensor 'b' (68 bytes at offset 32) runs past the file's end (66 bytes of data)");
+  expect_error([&] { parse(with({"b", {8, 1}, 0, 0})); },
+               "tensor 'b' at offset 0 overlaps the tensor before it, which ends at");
+  expect_error([&] { parse(with({"a.weight", {32, 1}, 8, 32})); }, "gguf: 'f.gguf': tensor 'a.weight' appears twice");
+  expect_error([&] { parse(file_of({}, two_tensors(), data, 32, -1, int64_t{1} << 50)); },
+               "metadata keys and 1125899906842624 tensors, more than its");
+}
+
+TEST(Gguf, AFileThatIsNotThereIsNamed) {
+  expect_error([] { torchattn::GgufFile::open("/no/such/file.gguf"); },
+               "gguf: cannot open '/no/such/file.gguf': No such file or directory");
+}
+
+}  // namespace gguf_test
