@@ -15,6 +15,7 @@
 #include <torchattn/models/engine.h>
 #include <torchattn/models/folder_checks.h>
 #include <torchattn/models/generation.h>
+#include <torchattn/models/gguf_model.h>
 #include <torchattn/models/language_model.h>
 #include <torchattn/models/load_options.h>
 #include <torchattn/models/perplexity.h>

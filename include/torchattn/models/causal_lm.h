@@ -159,6 +159,9 @@ class CausalLMImpl : public torch::nn::Module {
   /// Loads a Hugging Face checkpoint (a .safetensors file, a sharded index, or a
   /// folder holding either) with hf_weights(): strict, see load_weights.
   void load_hf_weights(const std::string& path);
+  /// The same from tensors in memory under a Hugging Face checkpoint's names (a GGUF
+  /// file's: gguf_hf_tensors); `source` names them in errors.
+  void load_hf_tensors(const torchattn::NamedTensors& tensors, const std::string& source);
 
   /// One KV cache per layer for `batch` sequences (each layer's make_kv_cache) of
   /// `capacity` tokens (0: context_length).

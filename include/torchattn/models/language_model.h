@@ -1,7 +1,7 @@
 #pragma once
 
 // A Hugging Face decoder folder (llama, qwen2, qwen3, mistral: config.json, safetensors
-// weights, tokenizer.json) as one object: text in, text out.
+// weights, tokenizer.json), or a GGUF file, as one object: text in, text out.
 //
 //   auto lm = torchattn::models::LanguageModel::from_pretrained("SmolLM2-135M-Instruct");
 //   auto out = lm.generate({lm.chat_prompt("What is the capital of France?")},
@@ -46,6 +46,11 @@ class LanguageModel {
   /// the CPU in float32 activations; options' weight_format must be that format or
   /// float32 (the default), and a tensor that does not fit the config is an error
   /// naming it.
+  ///
+  /// `folder` may also be a GGUF file (llama.cpp's single file: general.architecture
+  /// llama or qwen2, a byte-level BPE tokenizer): its config, tokenizer and chat
+  /// template from the metadata, its weights dequantized to float32 (gguf_model.h), the
+  /// same model transformers loads from it; then options apply as for a folder.
   static LanguageModel from_pretrained(const std::string& folder, const LoadOptions& options = {});
   /// Writes a frozen model (LoadOptions::weight_format bfloat16 or int8) as a folder
   /// that from_pretrained loads: the source folder's config.json, tokenizer and chat
@@ -89,6 +94,7 @@ class LanguageModel {
  private:
   LanguageModel(CausalLM model, std::optional<Tokenizer> tokenizer, std::string tokenizer_error,
                 std::optional<std::string> chat_template, std::string folder);
+  static LanguageModel from_gguf(const std::string& path, const LoadOptions& options);
   CausalLM model_;
   std::string folder_;  // the folder it was loaded from
   std::optional<Tokenizer> tokenizer_;

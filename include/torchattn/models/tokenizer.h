@@ -14,6 +14,10 @@
 #include <string_view>
 #include <vector>
 
+namespace torchattn {
+class GgufFile;
+}  // namespace torchattn
+
 namespace torchattn::models {
 
 namespace text {
@@ -28,6 +32,13 @@ class Tokenizer {
 
   /// The same from a tokenizer.json's text in memory; `name` is used in errors.
   static Tokenizer from_json(std::string_view json_text, const std::string& name = "<memory>");
+
+  /// The tokenizer a GGUF file's metadata describes, as transformers builds it from the
+  /// file: tokenizer.ggml.model "gpt2" (byte-level BPE: its tokens, merges and control
+  /// tokens, tokenizer.ggml.pre "smollm", "gpt2" or "default" (GPT-2's split) or "qwen2"
+  /// (Qwen2's), a BOS token first where add_bos_token says so). Another model
+  /// (SentencePiece "llama") or pre-tokenizer is an error naming it and `name`.
+  static Tokenizer from_gguf(const torchattn::GgufFile& file, const std::string& name);
 
   /// Token ids of `text` (UTF-8), as transformers' `tokenizer(text)["input_ids"]`;
   /// add_special_tokens: the template's ([CLS] ... [SEP] for BERT; none for SmolLM2).

@@ -426,6 +426,13 @@ void CausalLMImpl::load_hf_weights(const std::string& path) {
   load_weights(*this, path, hf_weights());
 }
 
+void CausalLMImpl::load_hf_tensors(const torchattn::NamedTensors& tensors, const std::string& source) {
+  TORCH_CHECK(!output_head()->frozen(),
+              "CausalLM: load_hf_tensors needs float32 weights to load into; freeze_weights (",
+              torchattn::to_string(weight_format()), ") freed them");
+  load_weights(*this, tensors, hf_weights(), source);
+}
+
 std::vector<torchattn::KVCache> CausalLMImpl::make_kv_caches(int64_t batch, bool static_shapes,
                                                              int64_t capacity) const {
   std::vector<torchattn::KVCache> caches;

@@ -1,7 +1,9 @@
 #include <torchattn/models/language_model.h>
 
 #include <torchattn/models/chat.h>
+#include <torchattn/gguf.h>
 #include <torchattn/models/folder_checks.h>
+#include <torchattn/models/gguf_model.h>
 #include <torchattn/models/saved_folder.h>
 #include <torchattn/models/weights.h>
 #include <torchattn/safetensors.h>
@@ -31,10 +33,40 @@ const Tokenizer& LanguageModel::tokenizer() const {
   return *tokenizer_;
 }
 
+LanguageModel LanguageModel::from_gguf(const std::string& path, const LoadOptions& options) {
+  const auto file = torchattn::GgufFile::open(path);
+  const DecoderConfig config = gguf_decoder_config(file);
+  const int64_t context = options.context_length().value_or(std::min<int64_t>(config.max_position_embeddings, 4096));
+  TORCH_CHECK(context <= config.max_position_embeddings, "LoadOptions::context_length: expected at most ",
+              config.max_position_embeddings, " (the context_length of '", path, "'), got ", context);
+  // One this library cannot read (a SentencePiece vocabulary) leaves the ids.
+  std::optional<Tokenizer> tokenizer;
+  std::string tokenizer_error;
+  try {
+    tokenizer.emplace(Tokenizer::from_gguf(file, path));
+  } catch (const c10::Error& e) {
+    tokenizer_error = e.what_without_backtrace();
+  }
+  CausalLM model(config, context, Init::ForLoading);
+  model->pack_weights(options.pack_weights().value_or(false));
+  model->load_hf_tensors(gguf_hf_tensors(file, config), path);
+  if (options.device() != model->embed_tokens->weight.device() || options.dtype() != at::kFloat) {
+    model->to(options.device(), options.dtype());
+  }
+  model->eval();
+  if (options.weight_format() != torchattn::WeightFormat::Float32) model->freeze_weights(options.weight_format());
+  std::optional<std::string> chat_template;
+  if (file.has("tokenizer.chat_template")) chat_template = file.string("tokenizer.chat_template");
+  return LanguageModel(std::move(model), std::move(tokenizer), std::move(tokenizer_error), std::move(chat_template),
+                       path);
+}
+
 LanguageModel LanguageModel::from_pretrained(const std::string& folder, const LoadOptions& options) {
   namespace fs = std::filesystem;
   pretrained::check_load_options(options);
-  TORCH_CHECK(fs::is_directory(folder), "LanguageModel::from_pretrained: '", folder, "' is not a folder");
+  if (is_gguf_file(folder)) return from_gguf(folder, options);
+  TORCH_CHECK(fs::is_directory(folder), "LanguageModel::from_pretrained: '", folder,
+              "' is not a folder (nor a GGUF file)");
   const std::string config_path = (fs::path(folder) / "config.json").string();
   const std::string type = read_model_type(config_path);
   TORCH_CHECK(type == "llama" || type == "qwen2" || type == "qwen3" || type == "mistral" || type == "gemma2",
@@ -86,7 +118,12 @@ LanguageModel LanguageModel::from_pretrained(const std::string& folder, const Lo
                        folder);
 }
 
-void LanguageModel::save_pretrained(const std::string& folder) const { save_frozen_folder(model_, folder_, folder); }
+void LanguageModel::save_pretrained(const std::string& folder) const {
+  TORCH_CHECK(!is_gguf_file(folder_), "LanguageModel::save_pretrained: the model was loaded from the GGUF file '",
+              folder_, "', which has no folder of config and tokenizer files to save beside its weights; load the ",
+              "Hugging Face folder to save one");
+  save_frozen_folder(model_, folder_, folder);
+}
 
 std::string LanguageModel::chat_prompt(const std::string& message) const {
   TORCH_CHECK(chat_template_.has_value(), "LanguageModel::chat_prompt: this model folder has no chat template");

@@ -1,0 +1,37 @@
+#pragma once
+
+// A decoder in a GGUF file (llama.cpp's format; include/torchattn/gguf.h): its config
+// from the metadata and its weights under Hugging Face's names, as transformers' GGUF
+// loader makes them, so that LanguageModel::from_pretrained("model.gguf") builds the
+// same CausalLM as from the folder transformers would write (docs/models.md).
+//
+//   auto file = torchattn::GgufFile::open("SmolLM2-135M-Instruct.Q4_1.gguf");
+//   auto config = torchattn::models::gguf_decoder_config(file);
+//   torchattn::models::CausalLM model(config, 2048, torchattn::models::Init::ForLoading);
+//   model->load_hf_tensors(torchattn::models::gguf_hf_tensors(file, config), "SmolLM2.gguf");
+
+#include <torchattn/gguf.h>
+#include <torchattn/models/config.h>
+#include <torchattn/safetensors.h>
+
+namespace torchattn::models {
+
+/// A decoder's config from `file`'s metadata: general.architecture llama (Llama,
+/// SmolLM2, Mistral) or qwen2, its sizes ({arch}.block_count, .embedding_length,
+/// .feed_forward_length, .attention.head_count(_kv), .context_length), RoPE base
+/// (.rope.freq_base), norm epsilon, tied embeddings (no output.weight) and the
+/// tokenizer's BOS and EOS ids. Another architecture, RoPE scaling, or a rotary
+/// dimension other than the heads' is an error naming the key.
+DecoderConfig gguf_decoder_config(const torchattn::GgufFile& file);
+
+/// `file`'s tensors dequantized to float32 (GgufFile::dequantize) under transformers'
+/// names ("blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight"), a llama
+/// file's q and k weights un-permuted as transformers does (llama.cpp's converter
+/// interleaves each head's rotary halves): the state dict transformers loads from the
+/// file. A tensor of no known role is an error naming it.
+torchattn::NamedTensors gguf_hf_tensors(const torchattn::GgufFile& file, const DecoderConfig& config);
+
+/// Whether `path` names a GGUF file (a regular file beginning with "GGUF").
+bool is_gguf_file(const std::string& path);
+
+}  // namespace torchattn::models
