@@ -16,6 +16,7 @@
 
 #include "cli_checks.h"
 #include "fmt.h"
+#include "model_source.h"
 #include "reuse_memory.h"
 
 #include <torchattn/models.h>
@@ -63,7 +64,9 @@ int main(int argc, char** argv) {
   double temperature_value = 1.0, top_p_value = 1.0;
   int64_t top_k_value = 0;
   bool greedy = false, chat = false, print_ids = false;
-  app.add_option("--model", model_dir, "a Hugging Face model folder")->required()->check(CLI::ExistingDirectory);
+  app.add_option("--model", model_dir, "a Hugging Face model folder, or a GGUF file")
+      ->required()
+      ->check(apps::folder_or_gguf());
   auto* text = app.add_option("--prompt", prompt, "the prompt text");
   auto* ids_opt = app.add_option("--prompt-ids", prompt_ids, "the prompt as token ids, comma-separated");
   text->excludes(ids_opt);
@@ -124,9 +127,7 @@ int main(int argc, char** argv) {
       throw std::runtime_error("--device cuda: this LibTorch sees no CUDA device");
     }
     const std::filesystem::path dir(model_dir);
-    const models::DecoderConfig config = as_flag_error("--model", [&] {
-      return models::read_decoder_config((dir / "config.json").string());
-    });
+    const models::DecoderConfig config = as_flag_error("--model", [&] { return apps::decoder_config(model_dir); });
     const auto saved = models::saved_weight_format(model_dir);
     if (saved && cuda) {
       throw std::runtime_error(
@@ -189,11 +190,10 @@ int main(int argc, char** argv) {
     // LanguageModel::chat_prompt wraps it, with the folder's own tokenizer.
     int64_t prompt_tokens = static_cast<int64_t>(ids.size());
     if (text->count() > 0) {
-      const auto counter = as_flag_error("--prompt",
-                                         [&] { return models::Tokenizer((dir / "tokenizer.json").string()); });
+      const auto counter = as_flag_error("--prompt", [&] { return apps::tokenizer_of(model_dir); });
       std::string wrapped = prompt;
       if (chat) {
-        const auto tmpl = models::read_chat_template(model_dir);
+        const auto tmpl = apps::chat_template_of(model_dir);
         if (!tmpl) throw std::runtime_error("--chat: '" + model_dir + "' has no chat template");
         wrapped = as_flag_error("--chat", [&] { return models::chat_prompt(*tmpl, prompt); });
       }

@@ -11,6 +11,7 @@
 
 #include "cli_checks.h"
 #include "fmt.h"
+#include "model_source.h"
 
 #include <torchattn/models.h>
 
@@ -33,7 +34,7 @@ int main(int argc, char** argv) {
   std::string model_dir, file, dtype_name = "float32";
   int64_t context = 512;
   int threads = 0;
-  app.add_option("--model", model_dir, "a Hugging Face Llama-family folder")->required();
+  app.add_option("--model", model_dir, "a Hugging Face Llama-family folder, or a GGUF file")->required();
   app.add_option("--file", file, "the text (UTF-8)")->required();
   app.add_option("--dtype", dtype_name,
                  "the weights' format: float32, bfloat16, int8 or dynamic-int8 (float32 activations)")
@@ -56,17 +57,18 @@ int main(int argc, char** argv) {
     // --context against the model's positions, named as the flag (LoadOptions would
     // name its own option).
     const auto config_path = std::filesystem::path(model_dir) / "config.json";
-    if (std::filesystem::is_regular_file(config_path)) {
+    const bool gguf = torchattn::models::is_gguf_file(model_dir);
+    if (gguf || std::filesystem::is_regular_file(config_path)) {
       int64_t positions = 0;
       try {
-        positions = torchattn::models::read_decoder_config(config_path.string()).max_position_embeddings;
+        positions = apps::decoder_config(model_dir).max_position_embeddings;
       } catch (const c10::Error& e) {
         throw std::runtime_error(std::string("--model: ") + e.what_without_backtrace());
       }
       if (context > positions) {
-        throw std::runtime_error(fmt::format("--context: expected at most {} tokens (the max_position_embeddings of "
-                                             "'{}'), got {}",
-                                             positions, config_path.string(), context));
+        throw std::runtime_error(fmt::format("--context: expected at most {} tokens (the {} of '{}'), got {}",
+                                             positions, gguf ? "context_length" : "max_position_embeddings",
+                                             gguf ? model_dir : config_path.string(), context));
       }
     }
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

