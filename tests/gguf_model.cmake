@@ -37,7 +37,13 @@ if(GENERATE AND PERPLEXITY)
   if(NOT generated_gguf STREQUAL generated_folder OR generated_gguf STREQUAL "")
     message(FATAL_ERROR "torchattn_generate: the GGUF file gave\n${generated_gguf}\nthe folder\n${generated_folder}")
   endif()
-  if(NOT perplexity_gguf STREQUAL perplexity_folder OR NOT perplexity_gguf MATCHES "^perplexity ")
+  # The same weights, bit for bit; the products may round otherwise (the GEMM's path can
+  # depend on where the weights lie in memory: the folder's in the file's mapping, the
+  # file's freshly dequantized): equal to 1e-4.
+  execute_process(COMMAND "${PYTHON}" -c
+    "import sys; a, b = (float(s.split()[1]) for s in sys.argv[1:3]); sys.exit(0 if abs(a - b) <= 1e-4 * b else 1)"
+    "${perplexity_gguf}" "${perplexity_folder}" RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0 OR NOT perplexity_gguf MATCHES "^perplexity ")
     message(FATAL_ERROR "torchattn_perplexity: the GGUF file gave ${perplexity_gguf}, the folder ${perplexity_folder}")
   endif()
   message(STATUS "torchattn_generate and torchattn_perplexity: the GGUF file as the folder: ${perplexity_gguf}")

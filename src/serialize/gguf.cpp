@@ -104,9 +104,11 @@ GgufValue read_gguf_value(GgufCursor& in, uint32_t type, const std::string& key,
     case 0:
       v.integer = in.read<uint8_t>("a uint8");
       break;
-    case 1:
-      v.integer = in.read<int8_t>("an int8");
+    case 1: {
+      const auto b = in.read<uint8_t>("an int8");  // two's complement, read as a byte
+      v.integer = b < 128 ? int64_t{b} : int64_t{b} - 256;
       break;
+    }
     case 2:
       v.integer = in.read<uint16_t>("a uint16");
       break;

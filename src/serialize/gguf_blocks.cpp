@@ -74,13 +74,13 @@ void q4_1(const uint8_t* b, float* y) {
 void q4_k(const uint8_t* b, const uint8_t* qh, const uint8_t* qs, float* y) {
   const float d = half(b), dmin = half(b + 2);
   const uint8_t* scales = b + 4;
-  for (int s = 0; s < 8; ++s) {
+  for (int64_t s = 0; s < 8; ++s) {
     uint8_t sc = 0, m = 0;
-    scale_min(s, scales, sc, m);
+    scale_min(static_cast<int>(s), scales, sc, m);
     const float ds = d * static_cast<float>(sc), dm = dmin * static_cast<float>(m);
     const uint8_t* q = qs + 32 * (s / 2);
-    const int shift = 4 * (s % 2);
-    for (int l = 0; l < 32; ++l) {
+    const int64_t shift = 4 * (s % 2);
+    for (int64_t l = 0; l < 32; ++l) {
       int v = (q[l] >> shift) & 0x0F;
       if (qh != nullptr) v |= ((qh[l] >> s) & 1) << 4;
       const float scaled = ds * static_cast<float>(v);
@@ -103,7 +103,8 @@ void q6_k(const uint8_t* b, float* y) {
         const int low = (ql[64 * h + 32 * (r % 2) + l] >> (r < 2 ? 0 : 4)) & 0x0F;
         const int high = (qh[32 * h + l] >> (2 * r)) & 0x03;
         const int i = 128 * h + 32 * r + l;
-        const float ds = d * static_cast<float>(scales[i / 16]);
+        const int group = i / 16;  // 16 values share a scale
+        const float ds = d * static_cast<float>(scales[group]);
         y[i] = ds * static_cast<float>((low | (high << 4)) - 32);
       }
     }

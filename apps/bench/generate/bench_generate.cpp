@@ -54,7 +54,7 @@ using Clock = std::chrono::steady_clock;
 int64_t status_kb(const char* key) {
   std::ifstream in("/proc/self/status");
   for (std::string line; std::getline(in, line);) {
-    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(std::strlen(key)));
+    if (line.starts_with(key)) return std::stoll(line.substr(std::strlen(key)));
   }
   return -1;
 }

@@ -101,7 +101,7 @@ torchattn::NamedTensors gguf_hf_tensors(const torchattn::GgufFile& f, const Deco
       name = "model.norm.weight";
     } else if (t.name == "output.weight") {
       name = "lm_head.weight";
-    } else if (t.name.rfind("blk.", 0) == 0 && t.name.find('.', 4) != std::string::npos) {
+    } else if (t.name.starts_with("blk.") && t.name.find('.', 4) != std::string::npos) {
       const size_t dot = t.name.find('.', 4);
       const std::string layer = t.name.substr(4, dot - 4), role = t.name.substr(dot + 1);
       const auto it = layer_names().find(role);
