@@ -73,9 +73,11 @@ ASAN_OPTIONS_CI = detect_leaks=1:abort_on_error=1:detect_odr_violation=0
 sanitize: setup
 	cmake -S . -B $(BUILD)-asan -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$(CMAKE_PREFIX)" \
 	  -DTORCHATTN_SANITIZE=address,undefined -DTORCHATTN_BUILD_APPS=OFF -DTORCHATTN_BUILD_MODELS=OFF
-	cmake --build $(BUILD)-asan -j $(JOBS) --target torchattn_tests
-	ASAN_OPTIONS=$(ASAN_OPTIONS_CI) LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
-	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ./$(BUILD)-asan/tests/torchattn_tests --gtest_brief=1
+	cmake --build $(BUILD)-asan -j $(JOBS) --target torchattn_tests torchattn_flex_tile_tests
+	for t in torchattn_tests torchattn_flex_tile_tests; do \
+	  ASAN_OPTIONS=$(ASAN_OPTIONS_CI) LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ./$(BUILD)-asan/tests/$$t --gtest_brief=1 || exit 1; \
+	done
 
 # libFuzzer on the public API for FUZZ_SECONDS, and on the safetensors and GGUF parsers, the
 # tokenizers and torchattn_serve's request parsing for half as long each (seeded by
@@ -133,7 +135,7 @@ LINT_PATHS ?= src
 lint-configure: setup
 	@mkdir -p $(LINT_BUILD)
 	@cmake -S . -B $(LINT_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$(CMAKE_PREFIX)" \
-	  -DTORCHATTN_PYTHON=$(CURDIR)/$(PY) -DTORCHATTN_UNITY_BUILD=OFF -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
+	  -DTORCHATTN_PYTHON=$(CURDIR)/$(PY) -DTORCHATTN_UNITY_BUILD=OFF -DTORCHATTN_PCH=OFF -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
 	  >$(LINT_BUILD)/configure.log 2>&1 || { cat $(LINT_BUILD)/configure.log; exit 1; }
 lint: lint-configure
 	@LINT_BUILD=$(LINT_BUILD) JOBS=$(JOBS) LINT_PATHS="$(LINT_PATHS)" bash tools/lint.sh all

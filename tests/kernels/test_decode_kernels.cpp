@@ -18,6 +18,7 @@
 #include <cmath>
 #include <limits>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -49,9 +50,12 @@ struct DecodeCase {
 };
 
 std::string describe_decode(const DecodeCase& c) {
-  return "B" + std::to_string(c.B) + " H" + std::to_string(c.H) + "/" + std::to_string(c.Hkv) + " Tq" +
-         std::to_string(c.Tq) + " Tk" + std::to_string(c.Tk) + " d" + std::to_string(c.d) + "/" + std::to_string(c.dv) +
-         " mask=" + c.mask + (c.strided ? " strided" : "");
+  // A stream, not string operator+ chains: GCC 12 at -O3 warns inside libstdc++'s
+  // operator+(const char*, std::string&&) where nothing overflows (its bug 105651).
+  std::ostringstream out;
+  out << "B" << c.B << " H" << c.H << "/" << c.Hkv << " Tq" << c.Tq << " Tk" << c.Tk << " d" << c.d << "/" << c.dv
+      << " mask=" << c.mask << (c.strided ? " strided" : "");
+  return out.str();
 }
 
 TEST(DecodeAttention, MatchesTheMathOverShapesMasksAndLayouts) {
