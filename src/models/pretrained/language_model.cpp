@@ -36,9 +36,8 @@ const Tokenizer& LanguageModel::tokenizer() const {
 LanguageModel LanguageModel::from_gguf(const std::string& path, const LoadOptions& options) {
   const auto file = torchattn::GgufFile::open(path);
   const DecoderConfig config = gguf_decoder_config(file);
-  const int64_t context = options.context_length().value_or(std::min<int64_t>(config.max_position_embeddings, 4096));
-  TORCH_CHECK(context <= config.max_position_embeddings, "LoadOptions::context_length: expected at most ",
-              config.max_position_embeddings, " (the context_length of '", path, "'), got ", context);
+  const int64_t context = pretrained::context_length_for(options, config.max_position_embeddings,
+                                                         "the context_length of '" + path + "'");
   // One this library cannot read (a SentencePiece vocabulary) leaves the ids.
   std::optional<Tokenizer> tokenizer;
   std::string tokenizer_error;
@@ -77,9 +76,8 @@ LanguageModel LanguageModel::from_pretrained(const std::string& folder, const Lo
                                : "",
               "; supported: ", supported_model_types());
   const DecoderConfig config = read_decoder_config(config_path);
-  const int64_t context = options.context_length().value_or(std::min<int64_t>(config.max_position_embeddings, 4096));
-  TORCH_CHECK(context <= config.max_position_embeddings, "LoadOptions::context_length: expected at most ",
-              config.max_position_embeddings, " (the max_position_embeddings of '", config_path, "'), got ", context);
+  const int64_t context = pretrained::context_length_for(options, config.max_position_embeddings,
+                                                         "the max_position_embeddings of '" + config_path + "'");
   std::optional<Tokenizer> tokenizer;
   std::string tokenizer_error;
   if (const fs::path file = fs::path(folder) / "tokenizer.json"; fs::exists(file)) {

@@ -8,6 +8,10 @@
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <string_view>
+
 namespace torchattn::models::pretrained {
 
 inline void check_load_options(const LoadOptions& options) {
@@ -40,6 +44,16 @@ inline void check_load_options(const LoadOptions& options) {
                 "for the config's max_position_embeddings), got ",
                 *options.context_length());
   }
+}
+
+/// The context a model is made for: LoadOptions::context_length, or the model's own
+/// (`model_max`) up to 4096; more than the model's own is an error naming where that
+/// came from (`source`: "the max_position_embeddings of 'DIR/config.json'").
+inline int64_t context_length_for(const LoadOptions& options, int64_t model_max, std::string_view source) {
+  const int64_t context = options.context_length().value_or(std::min<int64_t>(model_max, 4096));
+  TORCH_CHECK(context <= model_max, "LoadOptions::context_length: expected at most ", model_max, " (", source,
+              "), got ", context);
+  return context;
 }
 
 }  // namespace torchattn::models::pretrained
