@@ -423,8 +423,8 @@ TEST(Simd, DotAndAxpyFollowTheirDocumentedOrderOnEveryIsa) {
       if (isa == K::best_isa()) {
         EXPECT_EQ(float_bits(K::dot(ap, bp, n)), float_bits(got));
       }
-      // axpy: one FMA per element with vectors (the tail too: the compiler contracts it
-      // for FMA targets), multiply then add on one lane.
+      // axpy: one FMA per element with vectors (the tail too, by std::fma whatever the
+      // optimization level), multiply then add on one lane.
       auto y = torch::randn({n});
       auto y_default = y.clone();
       std::vector<float> want(y.const_data_ptr<float>(), y.const_data_ptr<float>() + n);

@@ -41,15 +41,20 @@ struct Dot {
 
 struct Axpy {
   static constexpr Isa kWidest = Isa::Avx512;
-  // y[i] += alpha * x[i] over n floats: W lanes at a time (FMA), then one by one.
+  // y[i] += alpha * x[i] over n floats: W lanes at a time (FMA), then one by one, the
+  // tail fused as well on the vector targets (std::fma: the same bits at every
+  // optimization level, not left to the compiler's contraction), multiply then add on
+  // the scalar one.
   template <class S>
   static void run(float alpha, const float* x, float* y, int64_t n) {
     int64_t i = 0;
     if constexpr (S::W > 1) {
       const typename S::V a = S::set1(alpha);
       for (; i + S::W <= n; i += S::W) S::store(y + i, S::fma(a, S::load(x + i), S::load(y + i)));
+      for (; i < n; ++i) y[i] = std::fma(alpha, x[i], y[i]);
+    } else {
+      for (; i < n; ++i) y[i] += alpha * x[i];
     }
-    for (; i < n; ++i) y[i] += alpha * x[i];
   }
 };
 

@@ -28,8 +28,8 @@ float dot(const float* a, const float* b, int64_t n);
 /// dot() with the instructions of `isa`: one of supported_isas() (tests).
 float dot(const float* a, const float* b, int64_t n, Isa isa);
 
-/// y[i] += alpha * x[i] over n floats (vectors: one FMA each, the tail's contracted by
-/// the compiler; Scalar: multiply, then add).
+/// y[i] += alpha * x[i] over n floats (vectors: one FMA each, the tail fused as well, by
+/// std::fma; Scalar: multiply, then add).
 void axpy(float alpha, const float* x, float* y, int64_t n);
 /// axpy() with the instructions of `isa`, as for dot (tests).
 void axpy(float alpha, const float* x, float* y, int64_t n, Isa isa);
