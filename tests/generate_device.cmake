@@ -26,7 +26,7 @@ expect_cli_error("--top-p: expected a number in (0, 1], got 1.5" --prompt-ids 1,
 expect_cli_error("--temperature: expected a number > 0, got 0" --prompt-ids 1,2 --temperature 0)
 # --help states the defaults; sampling without --seed draws one and says which.
 execute_process(COMMAND "${CLI}" --help OUTPUT_VARIABLE help RESULT_VARIABLE rc)
-foreach(default "--max-new-tokens INT:>=1=64" "--top-k INT:>=1=all" "--seed TEXT:>=0=random" "--dtype TEXT:{float32,bfloat16,int8,dynamic-int8}=float32")
+foreach(default "--max-new-tokens INT:>=1=64" "--top-k INT:>=1=all" "--seed TEXT:>=0=random" "--dtype TEXT:{float32,bfloat16,int8,dynamic-int8,int4}=float32")
   string(FIND "${help}" "${default}" at)
   if(NOT rc EQUAL 0 OR at EQUAL -1)
     message(FATAL_ERROR "torchattn_generate --help does not show '${default}':\n${help}")
@@ -48,7 +48,7 @@ if(NOT rc EQUAL 0 OR NOT again STREQUAL out1)
 endif()
 # --save: a folder of int8 weights that --model loads as it is, with the same tokens as
 # freezing the float32 checkpoint at load; float32 is refused.
-expect_cli_error("--save: writes bfloat16 or int8 weights; give --dtype bfloat16 or --dtype int8"
+expect_cli_error("--save: writes bfloat16, int8 or int4 weights; give --dtype bfloat16, int8 or int4"
                  --save "${WORK_DIR}/int8")
 expect_cli_error("--save: dynamic-int8 weights are quantized at load, not saved"
                  --dtype dynamic-int8 --save "${WORK_DIR}/int8")

@@ -2,7 +2,7 @@
 // (model_type bert: BERT, MiniLM, ...), as sentence-transformers' encode.
 //
 //   torchattn_embed --model DIR [TEXT ...] [--file F] [--format jsonl|npy] [--output F]
-//                   [--batch-size N] [--truncate] [--device cpu|cuda] [--dtype float32|bfloat16|int8|dynamic-int8]
+//                   [--batch-size N] [--truncate] [--device cpu|cuda] [--dtype float32|bfloat16|int8|dynamic-int8|int4]
 //
 // Texts come from the arguments, or from --file (one per line; "-" is stdin), or
 // from stdin when neither is given. JSON lines (one array of floats per text, in
@@ -73,15 +73,15 @@ int main(int argc, char** argv) {
   app.add_option("--batch-size", batch_size, "texts per forward")->check(apps::at_least(1));
   app.add_flag("--truncate", truncate, "cut texts longer than the model's max length (else: an error)");
   app.add_option("--device", device_name, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--dtype", dtype_name, "the weights' format on the CPU: float32, bfloat16, int8 or dynamic-int8")
-      ->check(CLI::IsMember({"float32", "bfloat16", "int8", "dynamic-int8"}))
+  app.add_option("--dtype", dtype_name, "the weights' format on the CPU: float32, bfloat16, int8, dynamic-int8 or int4")
+      ->check(CLI::IsMember({"float32", "bfloat16", "int8", "dynamic-int8", "int4"}))
       ->capture_default_str();
   app.add_flag("--quiet", quiet, "no progress line on stderr");
   CLI11_PARSE(app, argc, argv);
 
   try {
     if (device_name == "cuda" && dtype_name != "float32") {
-      throw std::runtime_error("--dtype " + dtype_name + ": bfloat16 and int8 weights run on the CPU only");
+      throw std::runtime_error("--dtype " + dtype_name + ": bfloat16, int8 and int4 weights run on the CPU only");
     }
     if (!texts.empty() && file_opt->count() > 0)
       throw std::runtime_error("give texts as arguments or --file, not both");

@@ -5,12 +5,12 @@
 //
 //   torchattn_generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-new-tokens N]
 //                      [--greedy | --temperature T --top-k K --top-p P --seed S] [--chat]
-//                      [--device cpu|cuda] [--dtype float32|bfloat16|int8|dynamic-int8] [--print-ids]
+//                      [--device cpu|cuda] [--dtype float32|bfloat16|int8|dynamic-int8|int4] [--print-ids]
 //
-// --dtype on the CPU is the weights' format (torchattn::WeightFormat: bfloat16 or int8
-// weights, float32 activations, int8 products in an int8 prefill on AVX-512 VNNI CPUs;
-// dynamic-int8, PyTorch's quantize_dynamic scheme); on cuda the model's dtype (int8
-// and dynamic-int8: an error). This file reads the command line and checks what only
+// --dtype on the CPU is the weights' format (torchattn::WeightFormat: bfloat16, int8 or
+// int4 weights, float32 activations, int8 products in an int8 prefill on AVX-512 VNNI
+// CPUs; dynamic-int8, PyTorch's quantize_dynamic scheme); on cuda the model's dtype
+// (int8, int4 and dynamic-int8: an error). This file reads the command line and checks what only
 // it knows (which flag a value came from); loading, saving, the chat template, the
 // stop tokens and the text stream are LanguageModel's.
 
@@ -91,10 +91,10 @@ int main(int argc, char** argv) {
   app.add_flag("--chat", chat, "wrap the prompt in the model's <|im_start|> chat template");
   app.add_option("--device", device_name, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--dtype", dtype_name,
-                 "float32, bfloat16, int8 or dynamic-int8: on the CPU the weights' format (float32 activations; "
+                 "float32, bfloat16, int8, dynamic-int8 or int4: on the CPU the weights' format (float32 activations; "
                  "dynamic-int8: PyTorch's quantize_dynamic scheme), on cuda the "
                  "model's dtype (float32 or bfloat16)")
-      ->check(CLI::IsMember({"float32", "bfloat16", "int8", "dynamic-int8"}));
+      ->check(CLI::IsMember({"float32", "bfloat16", "int8", "dynamic-int8", "int4"}));
   app.add_flag("--print-ids", print_ids, "print the generated ids on a line after the text");
   bool no_verify = false;
   app.add_flag(
@@ -102,16 +102,15 @@ int main(int argc, char** argv) {
       "skip the check of a saved folder's weights against their recorded checksums (LoadOptions::verify_weights)");
   std::string save_dir;
   app.add_option("--save", save_dir,
-                 "write the model with its --dtype bfloat16 or int8 weights to this folder (a folder that "
+                 "write the model with its --dtype bfloat16, int8 or int4 weights to this folder (a folder that "
                  "--model, torchattn_serve and LanguageModel::from_pretrained load as it is) and exit");
   CLI11_PARSE(app, argc, argv);
 
   try {
     const bool cuda = device_name == "cuda";
-    if (cuda && (dtype_name == "int8" || dtype_name == "dynamic-int8")) {
-      throw std::runtime_error("--dtype " + dtype_name +
-                               ": int8 weights run on the CPU only; on cuda use --dtype "
-                               "bfloat16");
+    if (cuda && (dtype_name == "int8" || dtype_name == "dynamic-int8" || dtype_name == "int4")) {
+      throw std::runtime_error("--dtype " + dtype_name + ": " + (dtype_name == "int4" ? "int4" : "int8") +
+                               " weights run on the CPU only; on cuda use --dtype bfloat16");
     }
     if (text->count() == 0 && ids_opt->count() == 0 && save_dir.empty())
       throw std::runtime_error("give --prompt TEXT or --prompt-ids 1,2,3");
@@ -151,7 +150,7 @@ int main(int argc, char** argv) {
     if (!save_dir.empty()) {
       if (cuda) throw std::runtime_error("--save: writes CPU weights; leave out --device cuda");
       if (dtype_name == "float32" && !saved) {
-        throw std::runtime_error("--save: writes bfloat16 or int8 weights; give --dtype bfloat16 or --dtype int8");
+        throw std::runtime_error("--save: writes bfloat16, int8 or int4 weights; give --dtype bfloat16, int8 or int4");
       }
       if (dtype_name == "dynamic-int8") {
         throw std::runtime_error("--save: dynamic-int8 weights are quantized at load, not saved; give --dtype "

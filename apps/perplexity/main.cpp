@@ -1,7 +1,7 @@
 // torchattn_perplexity: the perplexity of a Hugging Face decoder folder over a text
 // file, to measure what a weight format costs (as llama.cpp's perplexity tool).
 //
-//   torchattn_perplexity --model DIR --file TEXT [--dtype float32|bfloat16|int8|dynamic-int8]
+//   torchattn_perplexity --model DIR --file TEXT [--dtype float32|bfloat16|int8|dynamic-int8|int4]
 //                        [--context 512] [--threads N]
 //
 // The whole file is tokenized with the model's tokenizer (no special tokens), cut into
@@ -37,8 +37,8 @@ int main(int argc, char** argv) {
   app.add_option("--model", model_dir, "a Hugging Face Llama-family folder, or a GGUF file")->required();
   app.add_option("--file", file, "the text (UTF-8)")->required();
   app.add_option("--dtype", dtype_name,
-                 "the weights' format: float32, bfloat16, int8 or dynamic-int8 (float32 activations)")
-      ->check(CLI::IsMember({"float32", "bfloat16", "int8", "dynamic-int8"}))
+                 "the weights' format: float32, bfloat16, int8, dynamic-int8 or int4 (float32 activations)")
+      ->check(CLI::IsMember({"float32", "bfloat16", "int8", "dynamic-int8", "int4"}))
       ->capture_default_str();
   app.add_option("--context", context, "tokens per window")->check(apps::at_least(2))->capture_default_str();
   app.add_option("--threads", threads, "intra-op threads (default: LibTorch's)")->check(apps::at_least(1));

@@ -57,8 +57,8 @@ int main(int argc, char** argv) {
   app.add_option("--model-name", server.model_name(), "the model's id in the API (default: the folder's name)");
   app.add_option_function<std::string>(
          "--dtype", [&](const std::string& name) { load.weight_format(torchattn::weight_format_from_string(name)); },
-         "the weights' format: float32, bfloat16, int8 or dynamic-int8 (float32 activations; docs/models.md)")
-      ->check(CLI::IsMember({"float32", "bfloat16", "int8", "dynamic-int8"}))
+         "the weights' format: float32, bfloat16, int8, dynamic-int8 or int4 (float32 activations; docs/models.md)")
+      ->check(CLI::IsMember({"float32", "bfloat16", "int8", "dynamic-int8", "int4"}))
       ->default_str("float32");
   app.add_flag_callback(
       "--no-verify-weights", [&] { load.verify_weights(false); },

@@ -23,7 +23,13 @@ namespace torchattn {
 ///   to 8 bits with its own scale and zero point, int32 sums. The reference: the numbers
 ///   of a model quantize_dynamic'd in Python. Quantized at load from float32 weights
 ///   (not saved); a row's output depends on the rows of its call.
-enum class WeightFormat { Float32, BFloat16, Int8, DynamicInt8 };
+/// - `Int4`: 4 bits a weight, asymmetric, a float16 step d and offset m per 32 inputs of
+///   each output feature (llama.cpp's Q4_1 block, 0.625 bytes a weight):
+///   w[o, i] ~ d[o, g] * q[o, i] + m[o, g], q in [0, 15], d = (max - min) / 15 and m =
+///   min over the group, each rounded to float16. Layers whose inputs are a multiple of
+///   32. The float32 inputs multiply the weights as they are (Int8Inputs does not
+///   apply). A GGUF file's Q4_0 and Q4_1 tensors load as these without a value changed.
+enum class WeightFormat { Float32, BFloat16, Int8, DynamicInt8, Int4 };
 
 /// What `Int8` weights multiply:
 /// - `Float` (default): the float32 inputs, each weight widened to float exactly.
@@ -43,17 +49,20 @@ enum class Int8Inputs { Float, Quantized };
 /// Inputs per int8 scale: the group of WeightFormat::Int8.
 inline constexpr int64_t kInt8GroupSize = 64;
 
-/// "float32", "bfloat16", "int8" or "dynamic-int8".
+/// Inputs per (d, m) pair: the group of WeightFormat::Int4.
+inline constexpr int64_t kInt4GroupSize = 32;
+
+/// "float32", "bfloat16", "int8", "dynamic-int8" or "int4".
 std::string_view to_string(WeightFormat format);
 
-/// Parses "float32", "bfloat16", "int8" or "dynamic-int8"; anything else is a
+/// Parses "float32", "bfloat16", "int8", "dynamic-int8" or "int4"; anything else is a
 /// c10::Error naming it.
 WeightFormat weight_format_from_string(std::string_view name);
 
 std::ostream& operator<<(std::ostream& os, WeightFormat format);
 
 /// An error naming `what` (the option or argument it came through, e.g.
-/// "LoadOptions::weight_format") unless `format` is one of the enum's four values (an
+/// "LoadOptions::weight_format") unless `format` is one of the enum's five values (an
 /// integer cast to WeightFormat is not).
 void check_weight_format(WeightFormat format, std::string_view what);
 

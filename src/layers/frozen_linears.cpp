@@ -1,10 +1,13 @@
 #include <torchattn/packed_linear.h>
 
+#include "kernels/cpu/int4_rows.h"
 #include "kernels/cpu/quantized_linear.h"
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 namespace torchattn {
 
@@ -15,6 +18,8 @@ std::string dtype_words(at::ScalarType t) {
   switch (t) {
     case at::kChar:
       return "int8";
+    case at::kByte:
+      return "int4 (uint8)";
     case at::kBFloat16:
       return "bfloat16";
     case at::kFloat:
@@ -43,6 +48,7 @@ void check_frozen_weights(WeightFormat format, const std::map<std::string, at::T
                           const std::string& prefix, const std::vector<std::string>& names,
                           const std::vector<at::Tensor>& like, const char* what) {
   const bool int8 = format == WeightFormat::Int8;
+  const bool int4 = format == WeightFormat::Int4;
   auto get = [&](const std::string& name) -> const at::Tensor& {
     const auto it = weights_by_name.find(name);
     TORCH_CHECK(it != weights_by_name.end(), what, ": the frozen ", to_string(format), " weights have no '", name, "'");
@@ -51,11 +57,34 @@ void check_frozen_weights(WeightFormat format, const std::map<std::string, at::T
   for (size_t i = 0; i < names.size(); ++i) {
     const std::string name = prefix + names[i];
     const at::Tensor& w = get(name);
-    TORCH_CHECK(w.scalar_type() == (int8 ? at::kChar : at::kBFloat16), what, ": expected the frozen '", name, "' ",
-                int8 ? "int8" : "bfloat16", " (the weight format asked for), got ", dtype_words(w.scalar_type()),
+    const at::ScalarType want = int8 ? at::kChar : int4 ? at::kByte : at::kBFloat16;
+    TORCH_CHECK(w.scalar_type() == want, what, ": expected the frozen '", name, "' ", dtype_words(want),
+                " (the weight format asked for), got ", dtype_words(w.scalar_type()),
                 " weights (saved in another format?)");
-    TORCH_CHECK(w.sizes() == like[i].sizes(), what, ": expected the frozen '", name, "' ", like[i].sizes(),
-                " (the model's shape), got ", w.sizes(), " (weights of another model?)");
+    // int4: two inputs a byte.
+    const std::vector<int64_t> shape = int4 && like[i].dim() == 2
+                                           ? std::vector<int64_t>{like[i].size(0), like[i].size(1) / 2}
+                                           : like[i].sizes().vec();
+    TORCH_CHECK(!int4 || (like[i].dim() == 2 && like[i].size(1) % kernels::cpu::kInt4Group == 0), what,
+                ": int4 weights take layers whose inputs are a multiple of ", kernels::cpu::kInt4Group, ", got '", name,
+                "' ", like[i].sizes());
+    TORCH_CHECK(w.sizes() == at::IntArrayRef(shape), what, ": expected the frozen '", name, "' ",
+                at::IntArrayRef(shape), int4 ? " (the model's shape, two inputs a byte)" : " (the model's shape)",
+                ", got ", w.sizes(), " (weights of another model?)");
+    if (int4) {
+      const at::Tensor& s = get(name + kFrozenScaleSuffix);
+      const int64_t groups = like[i].size(1) / kernels::cpu::kInt4Group;
+      TORCH_CHECK(s.scalar_type() == at::kHalf && s.dim() == 3 && s.size(0) == w.size(0) && s.size(1) == groups &&
+                      s.size(2) == 2,
+                  what, ": expected '", name, kFrozenScaleSuffix, "' float16 [", w.size(0), ", ", groups,
+                  ", 2] (d and m per group of ", kernels::cpu::kInt4Group, " inputs), got ", s.sizes(), " of ",
+                  dtype_words(s.scalar_type()));
+      const int64_t bad = kernels::cpu::first_non_finite_int4_scale(s);
+      TORCH_CHECK(bad < 0, what, ": expected finite '", name, kFrozenScaleSuffix, "', got an infinity or NaN at row ",
+                  bad / std::max<int64_t>(groups, 1), ", group ", bad % std::max<int64_t>(groups, 1),
+                  " (a damaged file?)");
+      continue;
+    }
     if (!int8) continue;
     const at::Tensor& s = get(name + kFrozenScaleSuffix);
     const int64_t groups = kernels::cpu::int8_groups(w.size(1));
@@ -77,7 +106,8 @@ void freeze_from_weights(PackedLinear& pack, const std::map<std::string, at::Ten
   std::vector<at::Tensor> weights, scales;
   for (const auto& name : names) {
     weights.push_back(weights_by_name.at(prefix + name));
-    if (pack.format() == WeightFormat::Int8) scales.push_back(weights_by_name.at(prefix + name + kFrozenScaleSuffix));
+    if (pack.format() == WeightFormat::Int8 || pack.format() == WeightFormat::Int4)
+      scales.push_back(weights_by_name.at(prefix + name + kFrozenScaleSuffix));
   }
   pack.freeze_from(weights, scales, biases);
 }

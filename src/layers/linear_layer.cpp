@@ -107,7 +107,7 @@ void LinearImpl::set_inference(const PackPolicy& pack, WeightFormat format, Int8
 void LinearImpl::freeze(WeightFormat format, Int8Inputs int8_inputs) {
   check_weight_format(format, "Linear: freeze");
   TORCH_CHECK(format != WeightFormat::Float32,
-              "Linear: freeze keeps bfloat16, int8 or dynamic-int8 weights, got float32");
+              "Linear: freeze keeps bfloat16, int8, int4 or dynamic-int8 weights, got float32");
   if (engine_->frozen()) {
     TORCH_CHECK(engine_->format() == format, "Linear: freeze: the weights are already ", to_string(engine_->format()),
                 ", asked for ", to_string(format));
@@ -127,8 +127,9 @@ void LinearImpl::bind(WeightFormat format, const at::Tensor& data, const at::Ten
   TORCH_CHECK(!bias.defined() || !is_placeholder(bias), "Linear: bind '", name,
               "': load the bias before binding the weights (it is still a placeholder)");
   auto engine = std::make_shared<PackedLinear>(format, int8_inputs);
-  const std::vector<at::Tensor> scales = format == WeightFormat::Int8 ? std::vector<at::Tensor>{scale}
-                                                                      : std::vector<at::Tensor>{};
+  const std::vector<at::Tensor> scales = format == WeightFormat::Int8 || format == WeightFormat::Int4
+                                             ? std::vector<at::Tensor>{scale}
+                                             : std::vector<at::Tensor>{};
   check_frozen_weights(format, {{name, data}, {name + kFrozenScaleSuffix, scale}}, "", {name}, {weight}, "Linear");
   engine->freeze_from({data}, scales, {bias});
   engine_ = std::move(engine);
@@ -167,7 +168,7 @@ std::vector<at::Tensor> linear_group(const at::Tensor& x, std::initializer_list<
   const LinearImpl* first = *layers.begin();
   const WeightFormat format = first->engine_->format();
   bool together = layers.size() > 1 && first->frozen() &&
-                  (format == WeightFormat::BFloat16 || format == WeightFormat::Int8);
+                  (format == WeightFormat::BFloat16 || format == WeightFormat::Int8 || format == WeightFormat::Int4);
   for (const LinearImpl* l : layers) {
     together = together && l->frozen() && l->engine_->format() == format &&
                l->engine_->int8_inputs() == first->engine_->int8_inputs();

@@ -1,6 +1,7 @@
 #include <torchattn/packed_linear.h>
 
 #include "kernels/cpu/dynamic_int8_linear.h"
+#include "kernels/cpu/int4_rows.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/needs_grad.h"
 #include "kernels/cpu/onednn_linear.h"
@@ -13,6 +14,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace torchattn {
@@ -53,8 +55,9 @@ struct PackedLinear::Packed {
 
   std::vector<Source> weights;
   std::vector<Source> biases;
-  at::Tensor weight;  // Float32: oneDNN's blocked layout; else bfloat16 or int8 dense; [sum out_i, in]
-  at::Tensor scale;   // Int8: float32 [sum out_i, groups of 64 inputs]
+  at::Tensor weight;  // Float32: oneDNN's blocked layout; else bfloat16 or int8 dense [sum out_i, in],
+                      // int4 uint8 [sum out_i, in / 2]
+  at::Tensor scale;   // Int8: float32 [sum out_i, groups of 64 inputs]; Int4: float16 [sum out_i, in / 32, 2]
   at::Tensor bias;    // [sum out_i] or undefined
   // DynamicInt8: each layer apart (its own weight scale); weight, scale and bias undefined.
   std::vector<std::shared_ptr<const kernels::cpu::DynamicInt8Weight>> dynamic;
@@ -129,6 +132,7 @@ at::Tensor PackedLinear::run(const Packed& packed, const at::Tensor& x) const {
       return kernels::cpu::onednn_linear_packed(x, packed.weight, packed.bias);
     case WeightFormat::BFloat16:
     case WeightFormat::Int8:
+    case WeightFormat::Int4:
       return kernels::cpu::quantized_linear(x, packed.weight, packed.scale, packed.bias,
                                             int8_inputs_ == Int8Inputs::Quantized ? kernels::cpu::Int8Products::Auto
                                                                                   : kernels::cpu::Int8Products::Float);
@@ -183,6 +187,13 @@ std::shared_ptr<const PackedLinear::Packed> PackedLinear::copy_of(at::ArrayRef<a
       fresh->bytes = dense.numel() + fresh->scale.numel() * static_cast<int64_t>(sizeof(float)) + bias_bytes;
       break;
     }
+    case WeightFormat::Int4: {
+      auto [q, scale] = kernels::cpu::quantize_int4_groups(dense);
+      fresh->weight = std::move(q);
+      fresh->scale = std::move(scale);
+      fresh->bytes = fresh->weight.numel() + fresh->scale.numel() * 2 + bias_bytes;
+      break;
+    }
     case WeightFormat::DynamicInt8:
       break;  // packed in the loop above
   }
@@ -208,7 +219,8 @@ bool PackedLinear::takes(const at::Tensor& x, at::ArrayRef<at::Tensor> weights, 
 
 void PackedLinear::freeze(at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Tensor> biases) {
   TORCH_CHECK(format_ != WeightFormat::Float32,
-              "PackedLinear: freeze keeps a bfloat16, int8 or dynamic-int8 copy as the weights, got format float32");
+              "PackedLinear: freeze keeps a bfloat16, int8, int4 or dynamic-int8 copy as the weights, got format "
+              "float32");
   TORCH_CHECK(!weights.empty(), "PackedLinear: freeze expected at least one weight, got none");
   TORCH_CHECK(biases.empty() || biases.size() == weights.size(),
               "PackedLinear: freeze expected no biases or one per weight (", weights.size(), "), got ", biases.size());
@@ -238,29 +250,50 @@ void PackedLinear::freeze(at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Ten
 
 void PackedLinear::freeze_from(at::ArrayRef<at::Tensor> weights, at::ArrayRef<at::Tensor> scales,
                                at::ArrayRef<at::Tensor> biases) {
-  TORCH_CHECK(format_ == WeightFormat::BFloat16 || format_ == WeightFormat::Int8,
-              "PackedLinear: freeze_from takes bfloat16 or int8 weights, got format ", to_string(format_),
+  TORCH_CHECK(format_ == WeightFormat::BFloat16 || format_ == WeightFormat::Int8 || format_ == WeightFormat::Int4,
+              "PackedLinear: freeze_from takes bfloat16, int8 or int4 weights, got format ", to_string(format_),
               format_ == WeightFormat::DynamicInt8 ? " (its weights are quantized from float32 by freeze, not loaded)"
                                                    : "");
   const bool int8 = format_ == WeightFormat::Int8;
-  const at::ScalarType dtype = int8 ? at::kChar : at::kBFloat16;
+  const bool int4 = format_ == WeightFormat::Int4;
+  const bool scaled = int8 || int4;
+  const at::ScalarType dtype = int8 ? at::kChar : int4 ? at::kByte : at::kBFloat16;
   TORCH_CHECK(!weights.empty(), "PackedLinear: freeze_from expected at least one weight, got none");
-  TORCH_CHECK(int8 ? scales.size() == weights.size() : scales.empty(), "PackedLinear: freeze_from expected ",
-              int8 ? "one scale tensor per weight (" + std::to_string(weights.size()) + ")" : "no scales (bfloat16)",
+  TORCH_CHECK(scaled ? scales.size() == weights.size() : scales.empty(), "PackedLinear: freeze_from expected ",
+              scaled ? "one scale tensor per weight (" + std::to_string(weights.size()) + ")" : "no scales (bfloat16)",
               ", got ", scales.size());
   TORCH_CHECK(biases.empty() || biases.size() == weights.size(), "PackedLinear: freeze_from expected no biases or one ",
               "per weight (", weights.size(), "), got ", biases.size());
   auto fresh = std::make_shared<Packed>();
-  fresh->in = weights[0].defined() && weights[0].dim() == 2 ? weights[0].size(1) : 0;
+  // int4: two inputs a byte.
+  const int64_t columns = weights[0].defined() && weights[0].dim() == 2 ? weights[0].size(1) : 0;
+  fresh->in = int4 ? 2 * columns : columns;
   std::vector<at::Tensor> parts_w, parts_s, parts_b;
   bool any_bias = false;
   for (size_t i = 0; i < weights.size(); ++i) {
     const at::Tensor& w = weights[i];
     TORCH_CHECK(w.defined() && w.is_cpu() && w.scalar_type() == dtype && w.dim() == 2 &&
                     w.size(1) == weights[0].size(1),
-                "PackedLinear: freeze_from expected weight ", i, " ", to_string(format_), " CPU [out, ",
+                "PackedLinear: freeze_from expected weight ", i, " ",
+                int4 ? "int4 (uint8, two a byte)" : to_string(format_), " CPU [out, ",
                 weights[0].defined() && weights[0].dim() == 2 ? std::to_string(weights[0].size(1)) : "in", "], got ",
                 w.defined() ? w.sizes() : at::IntArrayRef{}, " of ", w.defined() ? w.scalar_type() : at::kFloat);
+    if (int4) {
+      const at::Tensor& s = scales[i];
+      const int64_t groups = 2 * w.size(1) / kernels::cpu::kInt4Group;
+      TORCH_CHECK((2 * w.size(1)) % kernels::cpu::kInt4Group == 0 && s.defined() && s.is_cpu() &&
+                      s.scalar_type() == at::kHalf && s.dim() == 3 && s.size(0) == w.size(0) && s.size(1) == groups &&
+                      s.size(2) == 2,
+                  "PackedLinear: freeze_from expected the scales of int4 weight ", i, " float16 CPU [", w.size(0), ", ",
+                  groups, ", 2] (d and m per group of ", kernels::cpu::kInt4Group, " inputs; ", 2 * w.size(1),
+                  " inputs, a multiple of ", kernels::cpu::kInt4Group, "), got ",
+                  s.defined() ? s.sizes() : at::IntArrayRef{}, " of ", s.defined() ? s.scalar_type() : at::kFloat);
+      const int64_t bad = kernels::cpu::first_non_finite_int4_scale(s);
+      TORCH_CHECK(bad < 0, "PackedLinear: freeze_from expected finite int4 scales (d, m) of weight ", i,
+                  ", got an infinity or NaN at row ", bad / std::max<int64_t>(groups, 1), ", group ",
+                  bad % std::max<int64_t>(groups, 1));
+      parts_s.push_back(s.contiguous());
+    }
     if (int8) {
       const at::Tensor& s = scales[i];
       const int64_t groups = kernels::cpu::int8_groups(w.size(1));
@@ -290,10 +323,10 @@ void PackedLinear::freeze_from(at::ArrayRef<at::Tensor> weights, at::ArrayRef<at
   // One weight is kept as it comes (a view of a mapped checkpoint stays one: nothing
   // copied at load); several are joined into one product.
   fresh->weight = parts_w.size() == 1 ? parts_w[0] : at::cat(parts_w, 0);
-  if (int8) fresh->scale = parts_s.size() == 1 ? parts_s[0] : at::cat(parts_s, 0);
+  if (scaled) fresh->scale = parts_s.size() == 1 ? parts_s[0] : at::cat(parts_s, 0);
   fresh->bias = any_bias ? (parts_b.size() == 1 ? parts_b[0].clone() : at::cat(parts_b, 0)) : at::Tensor();
   fresh->bytes = fresh->weight.numel() * static_cast<int64_t>(fresh->weight.element_size()) +
-                 (int8 ? fresh->scale.numel() * static_cast<int64_t>(sizeof(float)) : 0) +
+                 (scaled ? fresh->scale.numel() * static_cast<int64_t>(fresh->scale.element_size()) : 0) +
                  (any_bias ? fresh->bias.numel() * static_cast<int64_t>(sizeof(float)) : 0);
   std::lock_guard<std::mutex> lock(mutex_);
   packed_ = std::move(fresh);
@@ -346,8 +379,9 @@ at::Tensor PackedLinear::weight_rows(const at::Tensor& ids) const {
     std::lock_guard<std::mutex> lock(mutex_);
     packed = packed_;
   }
-  TORCH_CHECK(packed && (format_ == WeightFormat::BFloat16 || format_ == WeightFormat::Int8),
-              "PackedLinear: weight_rows reads a bfloat16 or int8 copy, got ",
+  TORCH_CHECK(packed &&
+                  (format_ == WeightFormat::BFloat16 || format_ == WeightFormat::Int8 || format_ == WeightFormat::Int4),
+              "PackedLinear: weight_rows reads a bfloat16, int8 or int4 copy, got ",
               !packed ? std::string("no copy yet (freeze or forward first)")
                       : "a " + std::string(to_string(format_)) + " copy (the quantized engine's own form)");
   return kernels::cpu::dequantized_rows(packed->weight, packed->scale, ids);

@@ -282,7 +282,7 @@ void MultiHeadAttentionImpl::check_not_frozen(const char* what) const {
 
 void MultiHeadAttentionImpl::freeze_weights() {
   TORCH_CHECK(options.projections().format != WeightFormat::Float32, kMultiHeadAttention,
-              ": freeze_weights keeps bfloat16, int8 or dynamic-int8 copies, got projections.format float32");
+              ": freeze_weights keeps bfloat16, int8, int4 or dynamic-int8 copies, got projections.format float32");
   check_self_attention("freeze_weights");
   if (frozen()) return;
   options.projections().pack.on = true;
@@ -300,7 +300,7 @@ constexpr const char* kProjections[] = {"W_query", "W_key", "W_value", "out_proj
 void MultiHeadAttentionImpl::freeze_weights(const std::map<std::string, at::Tensor>& weights,
                                             const std::string& prefix) {
   TORCH_CHECK(options.projections().format != WeightFormat::Float32, kMultiHeadAttention,
-              ": freeze_weights keeps bfloat16, int8 or dynamic-int8 copies, got projections.format float32");
+              ": freeze_weights keeps bfloat16, int8, int4 or dynamic-int8 copies, got projections.format float32");
   check_self_attention("freeze_weights");
   TORCH_CHECK(!frozen(), kMultiHeadAttention, ": freeze_weights: already frozen");
   Linear layers[] = {W_query, W_key, W_value, out_proj};

@@ -53,6 +53,7 @@ inline torch::Dtype dtype_from_name(const std::string& name) {
   if (name == "int64") return torch::kInt64;
   if (name == "int32") return torch::kInt32;
   if (name == "int8") return torch::kInt8;
+  if (name == "uint8") return torch::kUInt8;
   if (name == "bool") return torch::kBool;
   throw std::runtime_error("golden: unknown dtype " + name);
 }

@@ -122,10 +122,10 @@ TEST(LinearLayer, BindRefusesWhatItCannotKeepAndChangesNothing) {
   Linear l(LinearOptions(64, 8).bias(false));
   const auto w = l->weight.detach().clone();
   const auto cast = static_cast<WeightFormat>(-1);
-  expect_error([&] { l->freeze(cast); }, "Linear: freeze: expected WeightFormat::Float32, BFloat16, Int8 or "
-                                         "DynamicInt8, got the value -1 (an integer cast to WeightFormat?)");
+  expect_error([&] { l->freeze(cast); }, "Linear: freeze: expected WeightFormat::Float32, BFloat16, Int8, "
+                                         "DynamicInt8 or Int4, got the value -1 (an integer cast to WeightFormat?)");
   expect_error([&] { l->set_inference({.on = true}, cast); }, "Linear: set_inference: expected WeightFormat::");
-  expect_error([&] { torchattn::PackedLinear engine(static_cast<WeightFormat>(4)); },
+  expect_error([&] { torchattn::PackedLinear engine(static_cast<WeightFormat>(5)); },
                "PackedLinear: expected WeightFormat::");
   auto [q, scale] = kc::quantize_int8_groups(w);
   expect_error([&] { l->bind(WeightFormat::Int8, q.to(torch::kFloat), scale, Int8Inputs::Float, "layers.3.up"); },

@@ -116,14 +116,15 @@ TEST(WeightFormats, DynamicInt8RefusesWhatItDoesNotKeep) {
   torch::NoGradGuard no_grad;
   const auto w = torch::randn({8, 16}), b = torch::randn({8});
   PackedLinear dynamic(WeightFormat::DynamicInt8);
-  expect_error([&] { dynamic.freeze_from({w.to(torch::kChar)}, {torch::ones({8, 1})}); },
-               "freeze_from takes bfloat16 or int8 weights, got format dynamic-int8 (its weights are quantized from "
-               "float32 by freeze, not loaded)");
+  expect_error(
+      [&] { dynamic.freeze_from({w.to(torch::kChar)}, {torch::ones({8, 1})}); },
+      "freeze_from takes bfloat16, int8 or int4 weights, got format dynamic-int8 (its weights are quantized from "
+      "float32 by freeze, not loaded)");
   dynamic.freeze({w}, {b});
   EXPECT_EQ(dynamic.frozen_count(), 1u);
   expect_error([&] { dynamic.frozen_weight(0); }, "a dynamic-int8 copy is the quantized engine's packed form");
   expect_error([&] { dynamic.weight_rows(torch::tensor({0}, torch::kLong)); },
-               "weight_rows reads a bfloat16 or int8 copy, got a dynamic-int8 copy");
+               "weight_rows reads a bfloat16, int8 or int4 copy, got a dynamic-int8 copy");
   expect_error([&] { dynamic.forward(torch::randn({2, 15}), {}); },
                "dynamic_int8_linear: expected float32 CPU x [..., 16]");
   auto bad = w.clone();
@@ -214,8 +215,9 @@ TEST(WeightFormats, RefusalsNameWhatDiffers) {
   }
   PackedLinear f32;
   expect_error([&] { f32.freeze({w.detach()}); },
-               "freeze keeps a bfloat16, int8 or dynamic-int8 copy as the weights, got format float32");
-  expect_error([&] { f32.weight_rows(torch::tensor({0}, torch::kLong)); }, "weight_rows reads a bfloat16 or int8 copy");
+               "freeze keeps a bfloat16, int8, int4 or dynamic-int8 copy as the weights, got format float32");
+  expect_error([&] { f32.weight_rows(torch::tensor({0}, torch::kLong)); },
+               "weight_rows reads a bfloat16, int8 or int4 copy");
   PackedLinear bf16(WeightFormat::BFloat16);
   expect_error([&] { bf16.freeze({torch::randn({4, 3}, torch::kDouble)}); },
                "freeze expected float32 CPU weights [out, in] of one in, got weight 0 [4, 3] of Double");
@@ -223,8 +225,8 @@ TEST(WeightFormats, RefusalsNameWhatDiffers) {
   bad[2][1] = std::numeric_limits<float>::quiet_NaN();
   expect_error([&] { torchattn::kernels::cpu::quantize_int8_groups(bad); },
                "expected finite weights, got a NaN or infinity in row 2");
-  expect_error([] { torchattn::weight_format_from_string("int4"); },
-               "weight format: expected one of float32, bfloat16, int8, dynamic-int8, got 'int4'");
+  expect_error([] { torchattn::weight_format_from_string("int2"); },
+               "weight format: expected one of float32, bfloat16, int8, dynamic-int8, int4, got 'int2'");
   EXPECT_EQ(torchattn::weight_format_from_string("bfloat16"), WeightFormat::BFloat16);
   std::ostringstream s;
   s << WeightFormat::Int8;
@@ -295,7 +297,7 @@ TEST(WeightFormats, MultiHeadAttentionTakesTheFormat) {
   }
   torchattn::MultiHeadAttention f32(torchattn::MultiHeadAttentionOptions(8, 8, 4, 2));
   expect_error([&] { f32->freeze_weights(); },
-               "freeze_weights keeps bfloat16, int8 or dynamic-int8 copies, got projections.format float32");
+               "freeze_weights keeps bfloat16, int8, int4 or dynamic-int8 copies, got projections.format float32");
 }
 
 // MultiHeadAttention with PyTorch's scheme: close to float32 (8-bit weights and inputs),

@@ -414,7 +414,7 @@ TEST(GenerateSmolLM2, DynamicInt8IsTheModelQuantizeDynamicd) {
   EXPECT_LE(err, 1e-5);
   EXPECT_HAS(
       error_of([&] { lm.save_pretrained(temp_path("smollm2_dynamic")); }),
-      "LanguageModel::save_pretrained writes a frozen model's bfloat16 or int8 weights "
+      "LanguageModel::save_pretrained writes a frozen model's bfloat16, int8 or int4 weights "
       "(LoadOptions::weight_format); this one's are dynamic-int8 (quantized at load, not saved): load it from '" +
           smollm2().string() + "' with dynamic-int8 again");
 }
@@ -508,6 +508,37 @@ TEST(GenerateFolders, AnotherModelsTokenizerIsAnErrorNamingTheFiles) {
   fs::remove_all(tiny);
 }
 
+// The same in int4 (its head int8): a file under 0.2x the float32 one, and under the
+// int8 save's.
+TEST(GenerateFolders, ASavedInt4FolderLoadsAsItWas) {
+  using models::LoadOptions;
+  using torchattn::WeightFormat;
+  auto lm = models::LanguageModel::from_pretrained(smollm2().string(), LoadOptions().weight_format(WeightFormat::Int4));
+  EXPECT_EQ(lm.model()->weight_format(), WeightFormat::Int4);
+  const fs::path dir = temp_path("smollm2_int4");
+  fs::remove_all(dir);
+  lm.save_pretrained(dir.string());
+  EXPECT_LT(fs::file_size(dir / "model.safetensors"), 0.2 * fs::file_size(smollm2() / "model.safetensors"));
+  {
+    std::ifstream in(dir / "torchattn_weights.json");
+    const nlohmann::json note = nlohmann::json::parse(in);
+    EXPECT_EQ(note.at("weight_format"), "int4");
+    EXPECT_EQ(note.at("int4_group"), 32);
+  }
+  auto again = models::LanguageModel::from_pretrained(dir.string());
+  EXPECT_EQ(again.model()->weight_format(), WeightFormat::Int4);
+  EXPECT_EQ(again.model()->weight_bytes(), lm.model()->weight_bytes());
+  const auto options = models::GenerationOptions().max_new_tokens(12);
+  const std::vector<std::string> prompts{lm.chat_prompt("What is the capital of France?"), "def fibonacci(n):"};
+  const auto want = lm.generate(prompts, options), got = again.generate(prompts, options);
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i].ids, want[i].ids) << "prompt " << i;
+  EXPECT_HAS(error_of([&] {
+               models::LanguageModel::from_pretrained(dir.string(), LoadOptions().weight_format(WeightFormat::Int8));
+             }),
+             "' holds int4 weights (torchattn_weights.json); LoadOptions::weight_format asked for int8");
+  fs::remove_all(dir);
+}
+
 // LanguageModel::save_pretrained of SmolLM2 in int8, loaded back as it is: the same
 // greedy tokens, a file under 0.3x the float32 one; and what a wrong load says.
 TEST(GenerateFolders, ASavedInt8FolderLoadsAsItWasAndRefusesAnotherModel) {
@@ -549,16 +580,16 @@ TEST(GenerateFolders, ASavedInt8FolderLoadsAsItWasAndRefusesAnotherModel) {
   EXPECT_HAS(load(other, LoadOptions()),
              "CausalLM: expected the frozen 'layers.0.gate_proj.weight' [1024, 576] (the model's shape), got "
              "[1536, 576] (weights of another model?)");
-  write_file(other / "torchattn_weights.json", R"({"weight_format": "int4"})");
-  EXPECT_HAS(load(other, LoadOptions()), "torchattn_weights.json': expected \"weight_format\": \"bfloat16\" or "
-                                         "\"int8\", got \"int4\"");
+  write_file(other / "torchattn_weights.json", R"({"weight_format": "int2"})");
+  EXPECT_HAS(load(other, LoadOptions()), "torchattn_weights.json': expected \"weight_format\": \"bfloat16\", "
+                                         "\"int8\" or \"int4\", got \"int2\"");
   fs::remove_all(other);
   EXPECT_HAS(error_of([&] { again.save_pretrained(dir.string()); }),
              "LanguageModel::save_pretrained: '" + dir.string() +
                  "' is the folder the model was loaded from; write to another");
   auto plain = models::LanguageModel::from_pretrained(smollm2().string());
   EXPECT_HAS(error_of([&] { plain.save_pretrained(dir.string()); }),
-             "LanguageModel::save_pretrained writes a frozen model's bfloat16 or int8 weights "
+             "LanguageModel::save_pretrained writes a frozen model's bfloat16, int8 or int4 weights "
              "(LoadOptions::weight_format); this one's are float32: its folder is '" +
                  smollm2().string() + "'");
   fs::remove_all(dir);
@@ -572,9 +603,10 @@ TEST(GenerateFolders, LoadOptionsAreCheckedWithTheirNames) {
   EXPECT_HAS(load(LoadOptions().dtype(torch::kInt)),
              "LoadOptions::dtype: expected float32, bfloat16 or float16 (the floating-point type of the weights and of "
              "the computations), got Int");
-  EXPECT_HAS(load(LoadOptions().weight_format(static_cast<torchattn::WeightFormat>(7))),
-             "LoadOptions::weight_format: expected WeightFormat::Float32, BFloat16, Int8 or DynamicInt8, got the value "
-             "7 (an integer cast to WeightFormat?)");
+  EXPECT_HAS(
+      load(LoadOptions().weight_format(static_cast<torchattn::WeightFormat>(7))),
+      "LoadOptions::weight_format: expected WeightFormat::Float32, BFloat16, Int8, DynamicInt8 or Int4, got the value "
+      "7 (an integer cast to WeightFormat?)");
   EXPECT_HAS(load(LoadOptions().context_length(-1)),
              "LoadOptions::context_length: expected at least 1 token (or unset, for the config's "
              "max_position_embeddings), got -1");

@@ -84,8 +84,8 @@ TEST(DecoderInputs, PackedLossNamesItsIdsAndOffsets) {
 TEST(DecoderInputs, WeightFormatOutsideTheEnumIsNamed) {
   const auto format = static_cast<torchattn::WeightFormat>(42);
   expect_error([&] { models::CausalLM(tiny_decoder_config({}), 64, format); },
-               "CausalLM(config, context_length, frozen): frozen: expected WeightFormat::Float32, BFloat16, Int8 or "
-               "DynamicInt8, got the value 42");
+               "CausalLM(config, context_length, frozen): frozen: expected WeightFormat::Float32, BFloat16, Int8, "
+               "DynamicInt8 or Int4, got the value 42");
   models::CausalLM model = tiny();
   expect_error([&] { model->load_frozen_state({}, format); }, "CausalLM: load_frozen_state: format: expected");
   expect_error([&] { models::load_causal_lm(tiny_decoder_config({}), 64, "no-such-folder", format); },

@@ -226,8 +226,9 @@ TEST(FrozenDecoder, ABadFrozenStateIsAnErrorNamingTheTensor) {
   EXPECT_HAS(load(state, WeightFormat::BFloat16),
              "CausalLM: expected the frozen 'layers.0.self_attn.W_query.weight' bfloat16 (the weight format asked "
              "for), got int8 weights (saved in another format?)");
-  EXPECT_HAS(load(state, WeightFormat::Float32), "CausalLM: load_frozen_state takes bfloat16 or int8 weights, got "
-                                                 "float32");
+  EXPECT_HAS(load(state, WeightFormat::Float32),
+             "CausalLM: load_frozen_state takes bfloat16, int8 or int4 weights, got "
+             "float32");
   // None of these changed the model: the good state still loads.
   EXPECT_EQ(fresh->weight_format(), WeightFormat::Float32);
   fresh->load_frozen_state(state, WeightFormat::Int8);
@@ -240,7 +241,7 @@ TEST(FrozenDecoder, ABadFrozenStateIsAnErrorNamingTheTensor) {
 TEST(FrozenDecoder, RefusesWhatNeedsTheFloatWeights) {
   models::CausalLM model = small_model(/*tied=*/true);
   expect_error([&] { model->freeze_weights(WeightFormat::Float32); },
-               "CausalLM: freeze_weights keeps bfloat16, int8 or dynamic-int8 weights, got float32");
+               "CausalLM: freeze_weights keeps bfloat16, int8, int4 or dynamic-int8 weights, got float32");
   models::CausalLM bf16 = small_model(false);
   bf16->to(torch::kBFloat16);
   expect_error([&] { bf16->freeze_weights(WeightFormat::Int8); },
@@ -252,8 +253,8 @@ TEST(FrozenDecoder, RefusesWhatNeedsTheFloatWeights) {
   expect_error([&] { model->load_hf_weights("model.safetensors"); },
                "CausalLM: load_hf_weights needs float32 weights to load into; freeze_weights (int8) freed them");
   expect_error(
-      [&] { model->freeze_weights(static_cast<WeightFormat>(5)); },
-      "CausalLM: freeze_weights: expected WeightFormat::Float32, BFloat16, Int8 or DynamicInt8, got the value 5");
+      [&] { model->freeze_weights(static_cast<WeightFormat>(6)); },
+      "CausalLM: freeze_weights: expected WeightFormat::Float32, BFloat16, Int8, DynamicInt8 or Int4, got the value 6");
   // A frozen model stays on the CPU in float32: a move elsewhere changes nothing.
   {
     torch::NoGradGuard no_grad;
@@ -305,9 +306,9 @@ TEST(FrozenDecoder, DynamicInt8KeepsTheTiedTableAndIsNotSaved) {
                "saved");
   models::CausalLM fresh = small_model(true);
   expect_error([&] { fresh->load_frozen_state({}, WeightFormat::DynamicInt8); },
-               "CausalLM: load_frozen_state takes bfloat16 or int8 weights, got dynamic-int8");
+               "CausalLM: load_frozen_state takes bfloat16, int8 or int4 weights, got dynamic-int8");
   expect_error([&] { models::CausalLM(fresh->config(), 16, WeightFormat::DynamicInt8); },
-               "CausalLM: a model built for frozen weights takes bfloat16 or int8 (load_frozen_state), got "
+               "CausalLM: a model built for frozen weights takes bfloat16, int8 or int4 (load_frozen_state), got "
                "dynamic-int8");
 }
 

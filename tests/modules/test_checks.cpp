@@ -57,7 +57,7 @@ std::vector<ErrorCase> error_cases() {
          MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2)
                                 .projections({.pack = {}, .format = static_cast<torchattn::WeightFormat>(9)}));
        },
-       "MultiHeadAttention: projections.format: expected WeightFormat::Float32, BFloat16, Int8 or DynamicInt8, got the "
+       "MultiHeadAttention: projections.format: expected WeightFormat::Float32, BFloat16, Int8, DynamicInt8 or Int4, got the "
        "value 9 (an integer cast to WeightFormat?)"},
       {"KdimZero", [] { MultiHeadAttention(MultiHeadAttentionOptions(4, 4, 6, 2).kdim(0)); },
        "MultiHeadAttention: expected kdim > 0, got 0"},

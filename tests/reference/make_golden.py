@@ -238,6 +238,42 @@ def weight_format_cases(w):
             "y_dynamic_int8": y_dynamic, "dynamic_scale": dynamic_scale})
 
 
+def int4_cases(w):
+    """WeightFormat::Int4 as PyTorch computes it (src/kernels/cpu/int4_rows.h): per group
+    of 32 inputs of an output feature, d = half((max - min) / 15) and m = half(min)
+    (float32 then float16, to nearest), q = round((w - m) / d) in [0, 15] (0 where d is
+    0), the 16 bytes of a group holding inputs j (low 4 bits) and j + 16 (high); the
+    dequantized weights q d + m in float32 (exact: q d needs 15 bits) and the outputs
+    x W^T + b in float64 from them (the kernels sum in float32)."""
+    group = 32
+    g = torch.Generator().manual_seed(35)
+    # rows: 1 and 3 the matrix-vector kernel (four weight rows at a time, the last short),
+    # 16 its most, 37 the tiled GEMM; in: one group, 5, 65 (past a chunk of 64 (d, m) pairs).
+    for name, (out, inp, rows) in {"small": (5, 32, 3), "decode": (18, 160, 1), "serve": (9, 128, 16),
+                                   "wide": (5, 2080, 1), "prefill": (10, 96, 37)}.items():
+        weight = torch.randn(out, inp, generator=g)
+        weight[1] = 0.25  # a constant row: d 0, q 0, every weight m
+        weight[2, 3] = 40.0  # an outlier sets its group's range
+        weight[3, :group] = torch.arange(group, dtype=torch.float32) * 0.5 - 3.0  # (w - m) / d on ties
+        weight[4, :group] = weight[4, :group].abs() + 1.0  # a positive minimum
+        bias = torch.randn(out, generator=g)
+        x = torch.randn(rows, inp, generator=g)
+        wg = weight.reshape(out, inp // group, group)
+        lo, hi = wg.amin(-1), wg.amax(-1)
+        d, m = ((hi - lo) / 15.0).half(), lo.half()
+        df, mf = d.float()[..., None], m.float()[..., None]
+        safe = torch.where(df > 0, df, torch.ones_like(df))
+        q = torch.where(df > 0, torch.round((wg - mf) / safe), torch.zeros_like(wg)).clamp(0, 15).to(torch.uint8)
+        data = (q[..., :group // 2] | (q[..., group // 2:] << 4)).reshape(out, inp // 2)
+        scale = torch.stack([d, m], -1)
+        dequantized = (q.float() * df + mf).reshape(out, inp)
+        y = x.double() @ dequantized.double().T + bias.double()
+        tensors = {"weight": weight, "bias": bias, "x": x, "data": data, "scale": scale, "y": y}
+        if name == "small":  # the rows an embedding reads (the file's size: once is enough)
+            tensors["dequantized"] = dequantized
+        w.case(f"int4_{name}", {"out": out, "in": inp, "rows": rows, "group": group}, tensors)
+
+
 def dynamic_int8_linear(weight, bias, x):
     """WeightFormat::DynamicInt8's reference: an nn.Linear through PyTorch's
     quantize_dynamic (default qconfig: qint8 weight, one symmetric scale; 8-bit input per
@@ -285,6 +321,7 @@ def main():
     w.close()
     w = Writer(os.path.join(args.out, "weights.txt"), "PyTorch's rounding and quantize_per_channel")
     weight_format_cases(w)
+    int4_cases(w)
     w.close()
     w = Writer(os.path.join(args.out, "checksums.txt"), "the xxhash package")
     checksum_cases(w)

@@ -4,7 +4,7 @@
 // held against). apps/bench/peers/transformers_generate.py measures transformers the same
 // way; apps/bench/generate/report_generate.py sets them side by side.
 //
-//   torchattn_generate_bench --model DIR [--threads 2] [--dtype float32|bfloat16|int8|dynamic-int8]
+//   torchattn_generate_bench --model DIR [--threads 2] [--dtype float32|bfloat16|int8|dynamic-int8|int4]
 //                            [--json out.json] [--quick]
 //   torchattn_generate_bench --model DIR --decode-only [--threads N] [--dtype ...] [--json out.json]
 //   torchattn_generate_bench --model DIR --prefill-only [--threads N] [--dtype ...]
@@ -104,8 +104,8 @@ int main(int argc, char** argv) {
   bool quick = false, decode_only = false, prefill_only = false, cold_load = false, no_verify = false;
   app.add_option("--model", model_dir, "a Hugging Face model folder")->required()->check(CLI::ExistingDirectory);
   app.add_option("--threads", threads, "intra-op threads");
-  app.add_option("--dtype", dtype_name, "the weights' format: float32, bfloat16, int8 or dynamic-int8")
-      ->check(CLI::IsMember({"float32", "bfloat16", "int8", "dynamic-int8"}));
+  app.add_option("--dtype", dtype_name, "the weights' format: float32, bfloat16, int8, dynamic-int8 or int4")
+      ->check(CLI::IsMember({"float32", "bfloat16", "int8", "dynamic-int8", "int4"}));
   app.add_option("--json", json_path, "write the results here as JSON");
   app.add_flag("--quick", quick, "a smoke run");
   app.add_flag("--decode-only", decode_only, "measure decoding tokens/s only");

@@ -31,6 +31,18 @@ DecoderConfig gguf_decoder_config(const torchattn::GgufFile& file);
 /// file. A tensor of no known role is an error naming it.
 torchattn::NamedTensors gguf_hf_tensors(const torchattn::GgufFile& file, const DecoderConfig& config);
 
+/// The same for a model frozen to int4 (torchattn::WeightFormat::Int4): each decoder
+/// layer's linear weight (the projections and the MLP) as int4 data (uint8 [out, in /
+/// 2]) under its name and its (d, m) pairs (float16 [out, in / 32, 2]) under name +
+/// kFrozenScaleSuffix. A Q4_1 tensor's blocks are these bytes as they are, a Q4_0
+/// tensor's with m = -8 d: no weight's value changes. A tensor of another type is
+/// dequantized and quantized to int4 (as PackedLinear::freeze does). The output head (or the
+/// tied embedding table) in int8 (an int4 model's head: CausalLM::weight_format), from
+/// its dequantized values; the other tensors (norms, biases, an untied table) float32
+/// as gguf_hf_tensors gives them. CausalLM::load_frozen_state takes them after
+/// hf_weights()' renames.
+torchattn::NamedTensors gguf_hf_int4_tensors(const torchattn::GgufFile& file, const DecoderConfig& config);
+
 /// Whether `path` names a GGUF file (a regular file beginning with "GGUF").
 bool is_gguf_file(const std::string& path);
 

@@ -16,7 +16,8 @@ namespace {
 Isa read_cpu_isa() {
 #if defined(TORCHATTN_SIMD_X86)
   __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  // F16C with AVX2 (simd.h's Avx2 converts float16 with it): every AVX2 CPU has it.
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512f");
   if (avx512 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni")) return Isa::Avx512Vnni;
   if (avx512) return Isa::Avx512;

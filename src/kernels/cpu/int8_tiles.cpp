@@ -52,8 +52,8 @@ void portable(const QuantizedRows& xr, int64_t rows, const Int8Call& c, int64_t 
 
 #if defined(TORCHATTN_SIMD_X86)
 // The adapters' operations (inlined into the kernels' entry points, as simd.h's are).
-#define TORCHATTN_INT8_AVX2 __attribute__((target("avx2,fma"))) static
-#define TORCHATTN_INT8_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,fma"))) static
+#define TORCHATTN_INT8_AVX2 __attribute__((target("avx2,fma,f16c"))) static
+#define TORCHATTN_INT8_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,fma,f16c"))) static
 
 // How x's quantized bytes (QuantizedRows) meet the weights in the products of S, and
 // the shapes of S's kernels: T the type whose operations run, X x's operand of one

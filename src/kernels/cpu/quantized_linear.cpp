@@ -1,5 +1,6 @@
 #include "kernels/cpu/quantized_linear.h"
 
+#include "kernels/cpu/int4_rows.h"
 #include "kernels/cpu/int8_products.h"
 #include "kernels/cpu/needs_grad.h"
 #include "kernels/cpu/onednn_linear.h"
@@ -25,22 +26,32 @@ namespace torchattn::kernels::cpu {
 
 namespace {
 
-// The weights of one call: int8 (scales per group) or bfloat16 (none).
+// The weights of one call: int8 (scales per group), int4 (a (d, m) pair per group of
+// 32, int4_rows.h) or bfloat16 (none).
 struct Weights {
   const void* q = nullptr;
   bool int8 = false;
+  bool int4 = false;
   const float* scale = nullptr;  // [out, groups] for int8
+  const uint16_t* dm = nullptr;  // [out, in / 32, 2] float16 for int4
   int64_t in = 0, out = 0, groups = 1;
 };
+
+// The inputs of a weight matrix: two a byte in int4's.
+int64_t inputs_of(const at::Tensor& data) { return data.scalar_type() == at::kByte ? 2 * data.size(1) : data.size(1); }
 
 Weights weights_of(const at::Tensor& data, const at::Tensor& scale) {
   Weights w;
   w.q = data.const_data_ptr();
   w.int8 = data.scalar_type() == at::kChar;
-  w.in = data.size(1);
+  w.int4 = data.scalar_type() == at::kByte;
+  w.in = inputs_of(data);
   w.out = data.size(0);
   if (w.int8) {
     w.scale = scale.const_data_ptr<float>();
+    w.groups = scale.size(1);
+  } else if (w.int4) {
+    w.dm = reinterpret_cast<const uint16_t*>(scale.const_data_ptr<at::Half>());
     w.groups = scale.size(1);
   }
   return w;
@@ -83,7 +94,9 @@ void dequantize_range(const Weights& w, int64_t begin, int64_t end, float* out) 
 }
 
 void dequantize_range(const Weights& w, int64_t begin, int64_t end, float* out) {
-  if (w.int8) {
+  if (w.int4) {
+    int4::dequantize_rows(static_cast<const uint8_t*>(w.q), w.dm, w.in, begin, end, out);
+  } else if (w.int8) {
     dequantize_range<int8_t>(w, begin, end, out);
   } else {
     dequantize_range<uint16_t>(w, begin, end, out);
@@ -322,18 +335,24 @@ bool dense_cpu(const at::Tensor& t, int64_t dim) {
   return t.is_cpu() && t.layout() == at::kStrided && !t.is_nested() && t.dim() == dim && t.is_contiguous();
 }
 
-// One weight matrix of a call and where its outputs go: y[m * ldy + o].
+// One weight matrix of a call and where its outputs go: y[m * ldy + o]; int4 weights
+// read x's group sums too (sx [rows, in / 32], int4::group_sums).
 struct Part {
   Weights w;
   const float* bias;
   float* y;
   int64_t ldy;
+  const float* sx = nullptr;
 };
 
 // x [rows, in] contiguous, at most kQuantizedMatvecRows rows: the matrix-vector
 // kernels over outputs [begin, end) of one part, on the calling thread.
 void matvec_range(const float* xs, int64_t rows, const Part& p, int64_t begin, int64_t end) {
   const Weights& w = p.w;
+  if (w.int4) {
+    int4::dot_rows(static_cast<const uint8_t*>(w.q), w.dm, w.in, begin, end, xs, p.sx, rows, p.bias, p.y, p.ldy);
+    return;
+  }
   if (!w.int8 && rows == 1) {
     // One row of x over bfloat16 weights, per instruction set (see DotRows).
     const Isa isa = best_isa();
@@ -494,7 +513,9 @@ int64_t first_unproducible_scale(const at::Tensor& data_in, const at::Tensor& sc
 bool quantized_linear_applies(const at::Tensor& x, const at::Tensor& data, const at::Tensor& scale,
                               const at::Tensor& bias) {
   if (!data.defined() || !dense_cpu(data, 2) || data.numel() == 0) return false;
-  if (data.scalar_type() == at::kChar) {
+  if (data.scalar_type() == at::kByte) {
+    if (!int4_weights(data, scale)) return false;
+  } else if (data.scalar_type() == at::kChar) {
     if (!scale.defined() || !dense_cpu(scale, 2) || scale.scalar_type() != at::kFloat ||
         scale.size(0) != data.size(0) || scale.size(1) != int8_groups(data.size(1))) {
       return false;
@@ -507,7 +528,7 @@ bool quantized_linear_applies(const at::Tensor& x, const at::Tensor& data, const
     return false;
   }
   return x.defined() && x.is_cpu() && x.scalar_type() == at::kFloat && x.layout() == at::kStrided && !x.is_nested() &&
-         x.dim() >= 1 && x.size(-1) == data.size(1) && !needs_grad(x);
+         x.dim() >= 1 && x.size(-1) == inputs_of(data) && !needs_grad(x);
 }
 
 bool quantized_linear_applies(const at::Tensor& x, at::ArrayRef<QuantizedWeight> parts) {
@@ -529,13 +550,14 @@ at::Tensor quantized_linear(const at::Tensor& x_in, const at::Tensor& data, cons
 at::Tensor quantized_linear(const at::Tensor& x_in, at::ArrayRef<QuantizedWeight> parts, Int8Products products) {
   TORCH_CHECK(quantized_linear_applies(x_in, parts),
               "quantized_linear: expected float32 CPU x [..., in] with no gradient, int8 [out, in] data with "
-              "float32 scales [out, groups of 64] (or bfloat16 data, no scales) and a float32 bias [out] or none, "
-              "every part of one dtype and one in; got x ",
+              "float32 scales [out, groups of 64] (int4: uint8 [out, in / 2] with float16 [out, in / 32, 2]; or "
+              "bfloat16 data, no scales) and a float32 bias [out] or none, every part of one dtype and one in; got x ",
               x_in.sizes(), " of ", x_in.scalar_type(), " on ", x_in.device(), " and ", parts.size(),
               " parts, the first ", parts.empty() ? at::IntArrayRef{} : parts[0].data.sizes(), " of ",
               parts.empty() ? at::kChar : parts[0].data.scalar_type());
-  const int64_t in = parts[0].data.size(1);
+  const int64_t in = inputs_of(parts[0].data);
   const bool int8 = parts[0].data.scalar_type() == at::kChar;
+  const bool int4 = parts[0].data.scalar_type() == at::kByte;
   int64_t total = 0;
   for (const auto& p : parts) total += p.data.size(0);
   std::vector<int64_t> shape = x_in.sizes().vec();
@@ -551,10 +573,12 @@ at::Tensor quantized_linear(const at::Tensor& x_in, at::ArrayRef<QuantizedWeight
   if (rows <= kQuantizedMatvecRows) {
     std::vector<Part> calls;
     float* y0 = y.mutable_data_ptr<float>();
+    std::vector<float> sx(int4 ? static_cast<size_t>(rows * (in / kInt4Group)) : 0);
+    if (int4) int4::group_sums(x.const_data_ptr<float>(), rows, in, sx.data());
     int64_t col = 0;
     for (const auto& p : parts) {
-      calls.push_back(
-          {weights_of(p.data, p.scale), p.bias.defined() ? p.bias.const_data_ptr<float>() : nullptr, y0 + col, total});
+      calls.push_back({weights_of(p.data, p.scale), p.bias.defined() ? p.bias.const_data_ptr<float>() : nullptr,
+                       y0 + col, total, int4 ? sx.data() : nullptr});
       col += p.data.size(0);
     }
     matvec(x.const_data_ptr<float>(), rows, calls);
@@ -571,9 +595,10 @@ at::Tensor quantized_linear(const at::Tensor& x_in, at::ArrayRef<QuantizedWeight
 
 at::Tensor dequantized_rows(const at::Tensor& data, const at::Tensor& scale, const at::Tensor& ids) {
   TORCH_CHECK(ids.scalar_type() == at::kLong, "dequantized_rows: expected int64 ids, got ", ids.scalar_type());
-  TORCH_CHECK(data.dim() == 2 && (data.scalar_type() == at::kChar || data.scalar_type() == at::kBFloat16),
-              "dequantized_rows: expected int8 or bfloat16 data [rows, in], got ", data.sizes(), " of ",
-              data.scalar_type());
+  TORCH_CHECK(data.dim() == 2 && (data.scalar_type() == at::kChar || data.scalar_type() == at::kBFloat16 ||
+                                  (data.scalar_type() == at::kByte && int4_weights(data.contiguous(), scale))),
+              "dequantized_rows: expected int8, int4 or bfloat16 data [rows, in] (with its scales), got ", data.sizes(),
+              " of ", data.scalar_type());
   const at::Tensor flat = ids.reshape({-1}).contiguous();
   const int64_t n = flat.numel(), rows = data.size(0);
   const int64_t* id = flat.const_data_ptr<int64_t>();

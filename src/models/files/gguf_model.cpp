@@ -1,6 +1,13 @@
 #include <torchattn/models/gguf_model.h>
 
+#include <torchattn/packed_linear.h>
+
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
+#include <c10/util/Half.h>
+
+#include <cmath>
+#include <cstring>
 
 #include <filesystem>
 #include <fstream>
@@ -34,11 +41,73 @@ const std::map<std::string, std::string>& layer_names() {
 
 // llama.cpp's converter stores a llama q (k) weight [heads * d, in] with each head's rows
 // reordered from [2, d / 2] to [d / 2, 2]; transformers' GGUF loader puts them back.
+// Whole rows move: the same for int4's data [rows, in / 2] and its scales [rows, groups, 2].
 at::Tensor unpermute(const at::Tensor& w, int64_t heads, const std::string& name) {
-  const int64_t rows = w.dim() == 2 ? w.size(0) : 0;
+  const int64_t rows = w.dim() >= 2 ? w.size(0) : 0;
   TORCH_CHECK(rows > 0 && rows % (2 * heads) == 0, "gguf_hf_tensors: tensor '", name, "' of shape ", w.sizes(),
               " is not ", heads, " heads of an even size");
   return w.reshape({heads, rows / heads / 2, 2, -1}).transpose(1, 2).reshape(w.sizes()).contiguous();
+}
+
+// The GGUF name of a tensor -> transformers' (the roles above); an error names a tensor
+// of no role.
+std::string hf_name(const std::string& gguf, const DecoderConfig& config) {
+  if (gguf == "token_embd.weight") return "model.embed_tokens.weight";
+  if (gguf == "output_norm.weight") return "model.norm.weight";
+  if (gguf == "output.weight") return "lm_head.weight";
+  if (gguf.starts_with("blk.") && gguf.find('.', 4) != std::string::npos) {
+    const size_t dot = gguf.find('.', 4);
+    const std::string layer = gguf.substr(4, dot - 4), role = gguf.substr(dot + 1);
+    const auto it = layer_names().find(role);
+    TORCH_CHECK(it != layer_names().end() && !layer.empty() &&
+                    layer.find_first_not_of("0123456789") == std::string::npos,
+                "gguf_hf_tensors: tensor '", gguf, "' has no role in a ", config.model_type, " decoder");
+    return "model.layers." + layer + "." + it->second;
+  }
+  TORCH_CHECK(false, "gguf_hf_tensors: tensor '", gguf, "' has no role in a ", config.model_type, " decoder");
+}
+
+// A Q4_0 or Q4_1 tensor [out, in] as int4 data and (d, m) pairs (int4_rows.h): the
+// nibbles of a block are int4's group as they are; Q4_1's d and m too, Q4_0's m is -8 d
+// (exact in float16 below 8192 = 65504 / 8; a block past it is an error naming it).
+std::pair<at::Tensor, at::Tensor> int4_of_blocks(const torchattn::GgufFile& f, const torchattn::GgufTensorInfo& t) {
+  const bool q4_0 = t.type == static_cast<uint32_t>(torchattn::GgufType::Q4_0);
+  const int64_t block_bytes = q4_0 ? 18 : 20, group = torchattn::kInt4GroupSize;
+  TORCH_CHECK(t.shape.size() == 2 && t.shape[1] % group == 0, "gguf_hf_int4_tensors: tensor '", t.name,
+              "' is not [out, in] with in a multiple of ", group);
+  const int64_t out = t.shape[0], in = t.shape[1], groups = in / group;
+  const at::Tensor raw = f.raw(t.name);
+  TORCH_CHECK(raw.numel() == out * groups * block_bytes, "gguf_hf_int4_tensors: tensor '", t.name, "' holds ",
+              raw.numel(), " bytes, expected ", out * groups * block_bytes);
+  const uint8_t* src = raw.const_data_ptr<uint8_t>();
+  at::Tensor data = at::empty({out, in / 2}, at::kByte);
+  at::Tensor scale = at::empty({out, groups, 2}, at::kHalf);
+  uint8_t* q = data.mutable_data_ptr<uint8_t>();
+  auto* dm = reinterpret_cast<uint16_t*>(scale.mutable_data_ptr<at::Half>());
+  for (int64_t b = 0; b < out * groups; ++b) {
+    const uint8_t* block = src + b * block_bytes;
+    uint16_t d = 0, m = 0;
+    std::memcpy(&d, block, 2);  // little-endian, as GGUF (and x86)
+    if (q4_0) {
+      const c10::Half shifted(-8.0f * static_cast<float>(c10::Half(d, c10::Half::from_bits())));
+      TORCH_CHECK(std::isfinite(static_cast<float>(shifted)), "gguf_hf_int4_tensors: tensor '", t.name, "' block ", b,
+                  ": its Q4_0 scale times 8 is past float16's range (int4's m = -8 d)");
+      m = shifted.x;
+    } else {
+      std::memcpy(&m, block + 2, 2);
+    }
+    dm[2 * b] = d;
+    dm[2 * b + 1] = m;
+    std::memcpy(q + b * (group / 2), block + (q4_0 ? 2 : 4), group / 2);
+  }
+  return {data, scale};
+}
+
+// w float32 [out, in] in `format`, as a frozen layer keeps it: {data, scale}.
+std::pair<at::Tensor, at::Tensor> frozen_as(torchattn::WeightFormat format, const at::Tensor& w) {
+  torchattn::PackedLinear pack(format);
+  pack.freeze({w});
+  return pack.frozen_weight(0);
 }
 
 }  // namespace
@@ -94,28 +163,51 @@ torchattn::NamedTensors gguf_hf_tensors(const torchattn::GgufFile& f, const Deco
   torchattn::NamedTensors out;
   out.reserve(f.tensors().size());
   for (const auto& t : f.tensors()) {
-    std::string name;
-    if (t.name == "token_embd.weight") {
-      name = "model.embed_tokens.weight";
-    } else if (t.name == "output_norm.weight") {
-      name = "model.norm.weight";
-    } else if (t.name == "output.weight") {
-      name = "lm_head.weight";
-    } else if (t.name.starts_with("blk.") && t.name.find('.', 4) != std::string::npos) {
-      const size_t dot = t.name.find('.', 4);
-      const std::string layer = t.name.substr(4, dot - 4), role = t.name.substr(dot + 1);
-      const auto it = layer_names().find(role);
-      TORCH_CHECK(it != layer_names().end() && !layer.empty() &&
-                      layer.find_first_not_of("0123456789") == std::string::npos,
-                  "gguf_hf_tensors: tensor '", t.name, "' has no role in a ", config.model_type, " decoder");
-      name = "model.layers." + layer + "." + it->second;
-    } else {
-      TORCH_CHECK(false, "gguf_hf_tensors: tensor '", t.name, "' has no role in a ", config.model_type, " decoder");
-    }
+    std::string name = hf_name(t.name, config);
     at::Tensor w = f.dequantize(t.name);
     if (llama && t.name.ends_with(".attn_q.weight")) w = unpermute(w, config.num_heads, t.name);
     if (llama && t.name.ends_with(".attn_k.weight")) w = unpermute(w, config.num_kv_heads, t.name);
     out.emplace_back(std::move(name), std::move(w));
+  }
+  return out;
+}
+
+torchattn::NamedTensors gguf_hf_int4_tensors(const torchattn::GgufFile& f, const DecoderConfig& config) {
+  const bool llama = config.model_type == "llama";
+  torchattn::NamedTensors out;
+  out.reserve(2 * f.tensors().size());
+  for (const auto& t : f.tensors()) {
+    std::string name = hf_name(t.name, config);
+    const bool head = name == "lm_head.weight" || (name == "model.embed_tokens.weight" && config.tie_word_embeddings);
+    const bool linear = name.ends_with("_proj.weight");
+    // q and k's rows back in transformers' order: a permutation of whole rows, the same
+    // for the data and its scales.
+    const auto rows_back = [&](at::Tensor w) {
+      if (llama && t.name.ends_with(".attn_q.weight")) return unpermute(w, config.num_heads, t.name);
+      if (llama && t.name.ends_with(".attn_k.weight")) return unpermute(w, config.num_kv_heads, t.name);
+      return w;
+    };
+    if (head) {  // int8, as CausalLM keeps an int4 model's head
+      auto [q, s] = frozen_as(torchattn::WeightFormat::Int8, f.dequantize(t.name));
+      out.emplace_back(name + torchattn::kFrozenScaleSuffix, std::move(s));
+      out.emplace_back(std::move(name), std::move(q));
+      continue;
+    }
+    if (!linear) {
+      out.emplace_back(std::move(name), rows_back(f.dequantize(t.name)));
+      continue;
+    }
+    const bool blocks = t.type == static_cast<uint32_t>(torchattn::GgufType::Q4_0) ||
+                        t.type == static_cast<uint32_t>(torchattn::GgufType::Q4_1);
+    auto [data, scale] = blocks ? int4_of_blocks(f, t) : [&] {
+      const at::Tensor w = f.dequantize(t.name);
+      TORCH_CHECK(w.dim() == 2 && w.size(1) % torchattn::kInt4GroupSize == 0, "gguf_hf_int4_tensors: tensor '", t.name,
+                  "' ", w.sizes(), " has inputs that are not a multiple of ", torchattn::kInt4GroupSize,
+                  ": int4 cannot hold it (load the file as int8)");
+      return frozen_as(torchattn::WeightFormat::Int4, w);
+    }();
+    out.emplace_back(name + torchattn::kFrozenScaleSuffix, rows_back(scale));
+    out.emplace_back(std::move(name), rows_back(data));
   }
   return out;
 }

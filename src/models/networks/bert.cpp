@@ -75,7 +75,8 @@ BertModelImpl::BertModelImpl(const BertConfig& config, bool pack_weights) : conf
 
 void BertModelImpl::freeze_weights(WeightFormat format) {
   check_weight_format(format, "BertModel: freeze_weights");
-  TORCH_CHECK(format != WeightFormat::Float32, "BertModel: freeze_weights keeps bfloat16 or int8 weights, got float32");
+  TORCH_CHECK(format != WeightFormat::Float32,
+              "BertModel: freeze_weights keeps bfloat16, int8, int4 or dynamic-int8 weights, got float32");
   const at::Tensor& w = embeddings->word_embeddings->weight;
   TORCH_CHECK(w.is_cpu() && w.scalar_type() == at::kFloat,
               "BertModel: freeze_weights needs a float32 model on the CPU, "

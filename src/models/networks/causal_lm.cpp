@@ -107,6 +107,13 @@ void append_linear(torchattn::NamedTensors& out, const std::string& name, const 
   if (scale.defined()) out.emplace_back(name + ".weight" + torchattn::kFrozenScaleSuffix, scale);
 }
 
+// The format of the output head of a model frozen to `format`: Int8 for Int4 (the head
+// decides every token: a file's Q8_0 table requantized to int4 raised SmolLM2-135M's
+// perplexity from 43.93 to 45.94), else the same.
+torchattn::WeightFormat head_format(torchattn::WeightFormat format) {
+  return format == torchattn::WeightFormat::Int4 ? torchattn::WeightFormat::Int8 : format;
+}
+
 // `layer` bound to the frozen weights under `name` in `weights` (checked before).
 void bind_linear(torchattn::Linear& layer, torchattn::WeightFormat format,
                  const std::map<std::string, at::Tensor>& weights, const std::string& name) {
@@ -128,7 +135,9 @@ std::vector<std::string> DecoderLayerImpl::check_frozen(torchattn::WeightFormat 
     const std::string name = std::string(kLayerLinears[i]) + ".weight";
     torchattn::check_frozen_weights(format, weights, prefix, {name}, {linears[i]->weight}, "CausalLM");
     names.push_back(prefix + name);
-    if (format == torchattn::WeightFormat::Int8) names.push_back(prefix + name + torchattn::kFrozenScaleSuffix);
+    if (format == torchattn::WeightFormat::Int8 || format == torchattn::WeightFormat::Int4) {
+      names.push_back(prefix + name + torchattn::kFrozenScaleSuffix);
+    }
   }
   return names;
 }
@@ -210,7 +219,7 @@ CausalLMImpl::CausalLMImpl(const DecoderConfig& config, int64_t context_length, 
   torchattn::check_weight_format(frozen, "CausalLM(config, context_length, frozen): frozen");
   TORCH_CHECK(
       frozen != torchattn::WeightFormat::DynamicInt8,
-      "CausalLM: a model built for frozen weights takes bfloat16 or int8 (load_frozen_state), got dynamic-int8 ",
+      "CausalLM: a model built for frozen weights takes bfloat16, int8 or int4 (load_frozen_state), got dynamic-int8 ",
       "(quantized from float32 weights: build a float32 model, load it, then freeze_weights)");
 }
 
@@ -299,7 +308,7 @@ void CausalLMImpl::to(torch::Device device, bool non_blocking) {
 void CausalLMImpl::freeze_weights(torchattn::WeightFormat format) {
   torchattn::check_weight_format(format, "CausalLM: freeze_weights");
   TORCH_CHECK(format != torchattn::WeightFormat::Float32,
-              "CausalLM: freeze_weights keeps bfloat16, int8 or dynamic-int8 weights, got float32");
+              "CausalLM: freeze_weights keeps bfloat16, int8, int4 or dynamic-int8 weights, got float32");
   TORCH_CHECK(weight_format() == torchattn::WeightFormat::Float32 || weight_format() == format,
               "CausalLM: freeze_weights: the weights are already ", torchattn::to_string(weight_format()),
               ", asked for ", torchattn::to_string(format));
@@ -314,7 +323,18 @@ void CausalLMImpl::freeze_weights(torchattn::WeightFormat format) {
   // quantize_dynamic leaves nn.Embedding alone: a tied table stays float32 for the
   // lookup, and the head freezes a handle of its own to the same memory.
   if (!lm_head && format == torchattn::WeightFormat::DynamicInt8) tied_head_->weight = embed_tokens->weight.detach();
-  output_head()->freeze(format, torchattn::Int8Inputs::Quantized);
+  output_head()->freeze(head_format(format), torchattn::Int8Inputs::Quantized);
+}
+
+torchattn::WeightFormat CausalLMImpl::weight_format() const {
+  if (!output_head()->frozen()) return torchattn::WeightFormat::Float32;
+  const torchattn::WeightFormat head = output_head()->weight_format();
+  // The layers' format: the head's but where an Int4 model's head is Int8.
+  if (head == torchattn::WeightFormat::Int8 && !layers->is_empty() &&
+      layers->at<DecoderLayerImpl>(0).gate_proj->weight_format() == torchattn::WeightFormat::Int4) {
+    return torchattn::WeightFormat::Int4;
+  }
+  return head;
 }
 
 torchattn::NamedTensors CausalLMImpl::frozen_state() const {
@@ -334,8 +354,9 @@ torchattn::NamedTensors CausalLMImpl::frozen_state() const {
 
 void CausalLMImpl::load_frozen_state(torchattn::NamedTensors tensors, torchattn::WeightFormat format) {
   torchattn::check_weight_format(format, "CausalLM: load_frozen_state: format");
-  TORCH_CHECK(format == torchattn::WeightFormat::BFloat16 || format == torchattn::WeightFormat::Int8,
-              "CausalLM: load_frozen_state takes bfloat16 or int8 weights, got ", torchattn::to_string(format));
+  TORCH_CHECK(format == torchattn::WeightFormat::BFloat16 || format == torchattn::WeightFormat::Int8 ||
+                  format == torchattn::WeightFormat::Int4,
+              "CausalLM: load_frozen_state takes bfloat16, int8 or int4 weights, got ", torchattn::to_string(format));
   TORCH_CHECK(!output_head()->frozen(), "CausalLM: load_frozen_state needs a model not yet frozen");
   const at::Tensor& head = output_head()->weight;
   TORCH_CHECK(head.is_cpu() && head.scalar_type() == at::kFloat,
@@ -354,9 +375,11 @@ void CausalLMImpl::load_frozen_state(torchattn::NamedTensors tensors, torchattn:
     expected.insert(names.begin(), names.end());
   }
   const std::string head_name = lm_head ? "lm_head" : "embed_tokens";
-  torchattn::check_frozen_weights(format, by_name, "", {head_name + ".weight"}, {head}, "CausalLM");
+  torchattn::check_frozen_weights(head_format(format), by_name, "", {head_name + ".weight"}, {head}, "CausalLM");
   expected.insert(head_name + ".weight");
-  if (format == torchattn::WeightFormat::Int8) expected.insert(head_name + ".weight" + torchattn::kFrozenScaleSuffix);
+  if (format == torchattn::WeightFormat::Int8 || format == torchattn::WeightFormat::Int4) {
+    expected.insert(head_name + ".weight" + torchattn::kFrozenScaleSuffix);
+  }
   std::vector<std::pair<at::Tensor, at::Tensor>> values;  // (parameter, its float32 tensor)
   for (const auto& item : named_parameters()) {
     if (expected.count(item.key()) > 0) continue;
@@ -382,7 +405,7 @@ void CausalLMImpl::load_frozen_state(torchattn::NamedTensors tensors, torchattn:
   for (size_t i = 0; i < layers->size(); ++i) {
     layers[i]->as<DecoderLayerImpl>()->freeze_weights(format, by_name, "layers." + std::to_string(i) + ".");
   }
-  bind_linear(lm_head ? lm_head : tied_head_, format, by_name, head_name);
+  bind_linear(lm_head ? lm_head : tied_head_, head_format(format), by_name, head_name);
 }
 
 int64_t CausalLMImpl::weight_bytes() const {

@@ -19,9 +19,10 @@ std::optional<torchattn::WeightFormat> saved_weight_format(const std::string& fo
   if (!std::filesystem::exists(path)) return std::nullopt;
   const nlohmann::json note = files::read_json_file(path, "LanguageModel::from_pretrained");
   const auto format = note.find("weight_format");
-  TORCH_CHECK(format != note.end() && format->is_string() && (*format == "bfloat16" || *format == "int8"),
+  TORCH_CHECK(format != note.end() && format->is_string() &&
+                  (*format == "bfloat16" || *format == "int8" || *format == "int4"),
               "LanguageModel::from_pretrained: '", path,
-              "': expected \"weight_format\": \"bfloat16\" or \"int8\", got ",
+              "': expected \"weight_format\": \"bfloat16\", \"int8\" or \"int4\", got ",
               format == note.end() ? std::string("none") : format->dump());
   const torchattn::WeightFormat f = torchattn::weight_format_from_string(format->get<std::string>());
   if (f == torchattn::WeightFormat::Int8) {
@@ -29,6 +30,12 @@ std::optional<torchattn::WeightFormat> saved_weight_format(const std::string& fo
     TORCH_CHECK(group != note.end() && group->is_number_integer() && group->get<int64_t>() == kInt8GroupSize,
                 "LanguageModel::from_pretrained: '", path, "': expected \"int8_group\": ", kInt8GroupSize,
                 " (inputs per scale), got ", group == note.end() ? std::string("none") : group->dump());
+  }
+  if (f == torchattn::WeightFormat::Int4) {
+    const auto group = note.find("int4_group");
+    TORCH_CHECK(group != note.end() && group->is_number_integer() && group->get<int64_t>() == kInt4GroupSize,
+                "LanguageModel::from_pretrained: '", path, "': expected \"int4_group\": ", kInt4GroupSize,
+                " (inputs per (d, m) pair), got ", group == note.end() ? std::string("none") : group->dump());
   }
   return f;
 }
@@ -40,18 +47,25 @@ NamedTensors load_saved_weights(const std::string& folder, bool verify) {
   const std::string note_path = (fs::path(folder) / kSavedWeightsFile).string();
   const nlohmann::json note = files::read_json_file(note_path, "LanguageModel::from_pretrained");
   const std::string where = "LanguageModel::from_pretrained: '" + note_path + "'";
-  // The note and the weights of one save: int8 weights (int8 tensors) where the note
-  // says int8, none where it says bfloat16.
-  const bool int8 = note.value("weight_format", std::string()) == "int8";
+  // The note and the weights of one save: the weights in the note's format (bfloat16,
+  // int8 or int4's uint8 tensors), none in another of the three (but an int4 model's
+  // int8 head: CausalLM::weight_format).
+  const std::string saved = note.value("weight_format", std::string());
+  const char* saved_words = saved == "int8" ? "int8" : saved == "int4" ? "int4" : "bfloat16";
+  const auto saved_dtype = saved == "int8" ? at::kChar : saved == "int4" ? at::kByte : at::kBFloat16;
+  const auto words_of = [](at::ScalarType t) {
+    return t == at::kChar ? "int8" : t == at::kByte ? "int4 (uint8)" : "bfloat16";
+  };
   const auto other = std::find_if(tensors.begin(), tensors.end(), [&](const auto& named) {
-    return named.second.scalar_type() == (int8 ? at::kBFloat16 : at::kChar);
+    const at::ScalarType t = named.second.scalar_type();
+    return t != saved_dtype && (t == at::kChar || t == at::kByte || t == at::kBFloat16) &&
+           !(saved_dtype == at::kByte && t == at::kChar);
   });
-  TORCH_CHECK(other == tensors.end(), where, " says \"weight_format\": \"", int8 ? "int8" : "bfloat16", "\", but '",
-              weights_path, "' holds '", other->first, "' as ", int8 ? "bfloat16" : "int8",
+  TORCH_CHECK(other == tensors.end(), where, " says \"weight_format\": \"", saved_words, "\", but '", weights_path,
+              "' holds '", other->first, "' as ", other == tensors.end() ? "" : words_of(other->second.scalar_type()),
               ": the two files are not from one save_pretrained. Save the folder again");
   // A checkpoint of another kind dropped in (a Hugging Face float32 model.safetensors):
   // none of its tensors are in the note's format.
-  const auto saved_dtype = int8 ? at::kChar : at::kBFloat16;
   const bool any_saved = std::any_of(tensors.begin(), tensors.end(),
                                      [&](const auto& named) { return named.second.scalar_type() == saved_dtype; });
   if (!any_saved && !tensors.empty()) {
@@ -61,12 +75,11 @@ NamedTensors load_saved_weights(const std::string& folder, bool verify) {
     const auto& example = first_float != tensors.end() ? *first_float : tensors.front();
     const at::ScalarType dtype = example.second.scalar_type();
     const std::string kind = dtype == at::kFloat ? "float32" : dtype == at::kHalf ? "float16" : c10::toString(dtype);
-    TORCH_CHECK(false, where, " says \"weight_format\": \"", int8 ? "int8" : "bfloat16", "\", but '", weights_path,
-                "' holds no ", int8 ? "int8" : "bfloat16", " tensor: it is a ", kind, " checkpoint ('", example.first,
-                "' is ", kind,
+    TORCH_CHECK(false, where, " says \"weight_format\": \"", saved_words, "\", but '", weights_path, "' holds no ",
+                saved_words, " tensor: it is a ", kind, " checkpoint ('", example.first, "' is ", kind,
                 "; a Hugging Face model.safetensors?), not the weights save_pretrained wrote there. Put the saved "
                 "model.safetensors back, or load the Hugging Face folder itself (--dtype ",
-                int8 ? "int8" : "bfloat16", " quantizes it at load)");
+                saved_words, " quantizes it at load)");
   }
   if (!verify) return tensors;
   const auto recorded = note.find("checksums");
@@ -175,8 +188,9 @@ CausalLM load_causal_lm(const DecoderConfig& config, int64_t context_length, con
 void save_frozen_folder(const CausalLM& model, const std::string& source, const std::string& folder) {
   namespace fs = std::filesystem;
   const torchattn::WeightFormat format = model->weight_format();
-  TORCH_CHECK(format == torchattn::WeightFormat::BFloat16 || format == torchattn::WeightFormat::Int8,
-              "LanguageModel::save_pretrained writes a frozen model's bfloat16 or int8 weights ",
+  TORCH_CHECK(format == torchattn::WeightFormat::BFloat16 || format == torchattn::WeightFormat::Int8 ||
+                  format == torchattn::WeightFormat::Int4,
+              "LanguageModel::save_pretrained writes a frozen model's bfloat16, int8 or int4 weights ",
               "(LoadOptions::weight_format); this one's are ", torchattn::to_string(format),
               format == torchattn::WeightFormat::Float32
                   ? ": its folder is '" + source + "'"
@@ -208,6 +222,7 @@ void save_frozen_folder(const CausalLM& model, const std::string& source, const 
   for (size_t i = 0; i < state.size(); ++i) by_name[state[i].first] = checksum_hex(sums[i]);
   note["checksums"] = {{"algorithm", "xxh64"}, {"tensors", std::move(by_name)}};
   if (format == torchattn::WeightFormat::Int8) note["int8_group"] = kInt8GroupSize;
+  if (format == torchattn::WeightFormat::Int4) note["int4_group"] = kInt4GroupSize;
   note["head_layout"] = head_layout(model->config());
   const std::string path = (fs::path(folder) / kSavedWeightsFile).string();
   std::ofstream out(path);

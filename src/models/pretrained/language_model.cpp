@@ -46,14 +46,30 @@ LanguageModel LanguageModel::from_gguf(const std::string& path, const LoadOption
   } catch (const c10::Error& e) {
     tokenizer_error = e.what_without_backtrace();
   }
-  CausalLM model(config, context, Init::ForLoading);
+  const bool int4 = options.weight_format() == torchattn::WeightFormat::Int4;
+  // int4: the file's Q4_0 and Q4_1 blocks kept as they are, never widened (the other
+  // types quantized tensor by tensor): gguf_hf_int4_tensors.
+  CausalLM model = int4 ? CausalLM(config, context, torchattn::WeightFormat::Int4)
+                        : CausalLM(config, context, Init::ForLoading);
   model->pack_weights(options.pack_weights().value_or(false));
-  model->load_hf_tensors(gguf_hf_tensors(file, config), path);
+  if (int4) {
+    const WeightsOptions rules = model->hf_weights();
+    torchattn::NamedTensors tensors;
+    for (auto& [name, t] : gguf_hf_int4_tensors(file, config)) {
+      if (config.tie_word_embeddings && name.starts_with("lm_head.")) continue;  // the table is the head
+      tensors.emplace_back(renamed(name, rules), std::move(t));
+    }
+    model->load_frozen_state(std::move(tensors), torchattn::WeightFormat::Int4);
+  } else {
+    model->load_hf_tensors(gguf_hf_tensors(file, config), path);
+  }
   if (options.device() != model->embed_tokens->weight.device() || options.dtype() != at::kFloat) {
     model->to(options.device(), options.dtype());
   }
   model->eval();
-  if (options.weight_format() != torchattn::WeightFormat::Float32) model->freeze_weights(options.weight_format());
+  if (!int4 && options.weight_format() != torchattn::WeightFormat::Float32) {
+    model->freeze_weights(options.weight_format());
+  }
   std::optional<std::string> chat_template;
   if (file.has("tokenizer.chat_template")) chat_template = file.string("tokenizer.chat_template");
   return LanguageModel(std::move(model), std::move(tokenizer), std::move(tokenizer_error), std::move(chat_template),

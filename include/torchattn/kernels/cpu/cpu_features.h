@@ -35,8 +35,9 @@ enum class Isa : int8_t { Scalar, Avx2, Avx512, Avx512Vnni };
 inline constexpr const char* kIsaCapVariable = "TORCHATTN_ISA";
 
 /// The widest instruction set this CPU runs: Avx512Vnni with AVX-512F, BW and VNNI,
-/// AVX2 and FMA; Avx512 with AVX-512F, AVX2 and FMA; Avx2 with AVX2 and FMA; else (or
-/// off x86) Scalar. Read from the CPU on the first call, then cached; ignores the cap.
+/// AVX2, FMA and F16C; Avx512 with AVX-512F, AVX2, FMA and F16C; Avx2 with AVX2, FMA
+/// and F16C (every AVX2 CPU has the last); else (or off x86) Scalar. Read from the CPU on the first call, then cached;
+/// ignores the cap.
 Isa cpu_isa();
 
 /// The cap that kIsaCapVariable sets, Avx512Vnni (the widest) where it is not set.

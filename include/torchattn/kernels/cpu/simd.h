@@ -1,7 +1,7 @@
 #pragma once
 
 // The SIMD layer of the CPU kernels: a vector type per instruction set (Scalar: one
-// float; Avx2: __m256, 8 lanes, with FMA; Avx512: __m512, 16 lanes; Avx512Vnni:
+// float; Avx2: __m256, 8 lanes, with FMA and F16C; Avx512: __m512, 16 lanes; Avx512Vnni:
 // Avx512's, with VNNI's byte products), each a struct of static operations on its
 // register type V (and, for the int8 products, on its integer register I), and
 // run_on<Kernel>(isa, args...), which runs a kernel written once as a template over
@@ -170,6 +170,22 @@ struct Scalar {
     std::memcpy(&f, &bits, sizeof f);
     return f;
   }
+  /// W float16 values (their bits) from p as floats (exact, subnormals, infinities and
+  /// NaN included), as F16C's vcvtph2ps.
+  static V widen_halves(const uint16_t* p) {
+    const uint32_t h = *p, sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) {
+      const float f = std::ldexp(static_cast<float>(m), -24);  // zero and the subnormals
+      return sign != 0 ? -f : f;
+    }
+    const uint32_t bits = sign | (e == 31 ? 0x7f800000u : (e + 112) << 23) | (m << 13);
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+  }
+  /// The low (high) 4 bits of W bytes from p, as floats in [0, 15].
+  static V widen_low_nibbles(const uint8_t* p) { return static_cast<float>(*p & 15); }
+  static V widen_high_nibbles(const uint8_t* p) { return static_cast<float>(*p >> 4); }
 };
 
 #if defined(TORCHATTN_SIMD_X86)
@@ -186,10 +202,12 @@ inline void store_first_bytes(uint8_t* p, __m128i b, int n) {
   }
 }
 
-#define TORCHATTN_SIMD_AVX2 __attribute__((target("avx2,fma"))) static
-#define TORCHATTN_SIMD_AVX512 __attribute__((target("avx512f,fma"))) static
+// AVX2's type takes F16C too (vcvtph2ps): every CPU with AVX2 and FMA has it, and
+// cpu_features.h asks for all three.
+#define TORCHATTN_SIMD_AVX2 __attribute__((target("avx2,fma,f16c"))) static
+#define TORCHATTN_SIMD_AVX512 __attribute__((target("avx512f,fma,f16c"))) static
 
-/// AVX2 and FMA: 8 lanes.
+/// AVX2, FMA and F16C: 8 lanes.
 struct Avx2 {
   using V = __m256;
   static constexpr int W = 8;
@@ -292,6 +310,17 @@ struct Avx2 {
   TORCHATTN_SIMD_AVX2 V widen(const uint16_t* p) {
     const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
+  TORCHATTN_SIMD_AVX2 V widen_halves(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  TORCHATTN_SIMD_AVX2 V widen_low_nibbles(const uint8_t* p) {
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15)));
+  }
+  TORCHATTN_SIMD_AVX2 V widen_high_nibbles(const uint8_t* p) {
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
   }
 
   // The integer register of the int8 products (int8_products.h): kBytes bytes, or W
@@ -449,9 +478,20 @@ struct Avx512 {
     const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
   }
+  TORCHATTN_SIMD_AVX512 V widen_halves(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  TORCHATTN_SIMD_AVX512 V widen_low_nibbles(const uint8_t* p) {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)));
+  }
+  TORCHATTN_SIMD_AVX512 V widen_high_nibbles(const uint8_t* p) {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+  }
 };
 
-#define TORCHATTN_SIMD_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,fma"))) static
+#define TORCHATTN_SIMD_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,fma,f16c"))) static
 
 /// AVX-512 with BW and VNNI: Avx512's float lanes, and the integer register of the
 /// int8 products (Avx2's operations, 64 bytes or 16 int32 lanes) with vpdpbusd.
@@ -498,15 +538,15 @@ namespace detail {
 // The entry points of the x86 instruction sets: functions of their target into which
 // the kernel and every operation it calls are inlined.
 template <class Kernel, class... Args>
-__attribute__((target("avx2,fma"), flatten)) auto on_avx2(Args&&... args) {
+__attribute__((target("avx2,fma,f16c"), flatten)) auto on_avx2(Args&&... args) {
   return Kernel::template run<Avx2>(std::forward<Args>(args)...);
 }
 template <class Kernel, class... Args>
-__attribute__((target("avx512f,fma"), flatten)) auto on_avx512(Args&&... args) {
+__attribute__((target("avx512f,fma,f16c"), flatten)) auto on_avx512(Args&&... args) {
   return Kernel::template run<Avx512>(std::forward<Args>(args)...);
 }
 template <class Kernel, class... Args>
-__attribute__((target("avx512f,avx512bw,avx512vnni,fma"), flatten)) auto on_avx512vnni(Args&&... args) {
+__attribute__((target("avx512f,avx512bw,avx512vnni,fma,f16c"), flatten)) auto on_avx512vnni(Args&&... args) {
   return Kernel::template run<Avx512Vnni>(std::forward<Args>(args)...);
 }
 }  // namespace detail

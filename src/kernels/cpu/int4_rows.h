@@ -1,0 +1,68 @@
+#pragma once
+
+// Four-bit weights (WeightFormat::Int4): each group of kInt4Group = 32 inputs of an
+// output feature holds 4-bit values q in [0, 15] with a float16 step d and a float16
+// offset m, w ~ q d + m: llama.cpp's Q4_1 block, so that a GGUF file's Q4_1 (and its
+// Q4_0: m = -8 d) tensors are these bytes without a weight's value changed. 0.625 bytes
+// a weight (int8: 1.0625).
+//
+//   data  uint8   [out, in / 2]: group g of row o is the 16 bytes at [o, 16 g]; byte j
+//                 holds input 32 g + j in its low 4 bits and input 32 g + 16 + j in
+//                 its high 4 bits (GGUF's order)
+//   scale float16 [out, in / 32, 2]: (d, m) of each group
+//
+// Quantization of a group w[0, 32) (quantize_int4_groups, PyTorch's float32 and
+// float16 roundings: tests/reference/make_golden.py):
+//   lo = min w, hi = max w;  d = half((hi - lo) / 15), m = half(lo)   (to nearest, ties to even)
+//   q = clamp(round((w - float(m)) / float(d)), 0, 15)  (ties to even; 0 where d is 0)
+//
+// The products (quantized_linear.h), with sx[g] the sum of x over group g:
+//   y[o] = sum_g float(d[o, g]) * dot(x[g], q[o, g]) + float(m[o, g]) * sx[g]
+// equal to x times the dequantized weights (q d + m, exact in float32 before the sum)
+// within float32 rounding.
+
+#include <torchattn/kernels/cpu/cpu_features.h>
+#include <torchattn/weight_format.h>
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <utility>
+
+namespace torchattn::kernels::cpu {
+
+/// Inputs per (d, m) pair of WeightFormat::Int4.
+inline constexpr int64_t kInt4Group = kInt4GroupSize;
+
+/// weight: float32 [out, in] (CPU), in a multiple of kInt4Group -> {data, scale} as
+/// above. An error names the row of a non-finite weight, or of a group whose d or m
+/// float16 cannot hold (|w| or the group's range past 65504).
+std::pair<at::Tensor, at::Tensor> quantize_int4_groups(const at::Tensor& weight);
+
+/// Whether data, scale are int4 weights as above: uint8 [out, in / 2] and float16
+/// [out, in / 32, 2], dense CPU, in a multiple of 32.
+bool int4_weights(const at::Tensor& data, const at::Tensor& scale);
+
+/// The flat index (row * groups + group) of the first (d, m) pair that is not finite,
+/// or -1: a file's int4 weights are checked with it before they are used.
+int64_t first_non_finite_int4_scale(const at::Tensor& scale);
+
+namespace int4 {
+
+// Rows [begin, end) of int4 weights (data, scale pointers of row 0; `in` inputs)
+// dequantized into out ([end - begin, in] floats): q d + m, each one float32 FMA (exact).
+void dequantize_rows(const uint8_t* q, const uint16_t* dm, int64_t in, int64_t begin, int64_t end, float* out);
+
+// y[r * ldy + o] = sum as above (+ bias[o] where bias is not null) for outputs
+// [begin, end) and the `rows` rows of x ([rows, in] contiguous), sx [rows, in / 32]
+// the sums of x over each group (group_sums): four weight rows at a time against
+// each row of x, each group's 32 products in vector registers, folded by its d.
+void dot_rows(const uint8_t* q, const uint16_t* dm, int64_t in, int64_t begin, int64_t end, const float* xs,
+              const float* sx, int64_t rows, const float* bias, float* y, int64_t ldy);
+
+// sx[r * groups + g] = the sum of x[r, 32 g .. 32 g + 32) (float32, in order).
+void group_sums(const float* xs, int64_t rows, int64_t in, float* sx);
+
+}  // namespace int4
+
+}  // namespace torchattn::kernels::cpu

@@ -1,0 +1,187 @@
+// WeightFormat::Int4 (src/kernels/cpu/int4_rows.h): the quantized weights equal
+// PyTorch's (tests/golden/weights.txt, from tests/reference/make_golden.py), the
+// products equal float64 sums over the stored weights within float32 rounding on both
+// sides of the matrix-vector kernel's 16 rows (each instruction set: the unit_isa_*
+// runs), a copy frozen from stored weights gives the same bits, and what is refused.
+
+#include "common/expect_error.h"
+#include "common/golden.h"
+#include "common/tolerances.h"
+
+#include "kernels/cpu/int4_rows.h"
+#include "kernels/cpu/quantized_linear.h"
+
+#include <torchattn/linear.h>
+#include <torchattn/packed_linear.h>
+#include <torchattn/weight_format.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace {
+
+using torchattn::PackedLinear;
+using torchattn::WeightFormat;
+
+// Names of their own: a unity build puts this file beside test_weight_formats.cpp.
+const golden::File& int4_golden() {
+  static const golden::File file = golden::load("weights.txt");
+  return file;
+}
+
+// float32 sums of `in` products against float64 ones.
+tol::Tolerance int4_sums_of(int64_t in) { return {1e-5, 2e-6 * static_cast<double>(in)}; }
+
+class Int4Golden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Int4Golden, QuantizedWeightsAndProductsMatchPyTorch) {
+  const golden::Case& c = int4_golden().get("int4_" + GetParam());
+  torch::NoGradGuard no_grad;
+  const auto weight = c.tensor("weight").to(torch::kFloat), bias = c.tensor("bias").to(torch::kFloat);
+  const auto x = c.tensor("x").to(torch::kFloat);
+  const int64_t out = weight.size(0), in = weight.size(1);
+
+  auto [data, scale] = torchattn::kernels::cpu::quantize_int4_groups(weight);
+  ASSERT_EQ(data.scalar_type(), torch::kByte);
+  ASSERT_EQ(scale.scalar_type(), torch::kHalf);
+  EXPECT_TRUE(torch::equal(data, c.tensor("data"))) << "int4 values differ from PyTorch's";
+  EXPECT_TRUE(torch::equal(scale, c.tensor("scale"))) << "(d, m) differ from PyTorch's";
+  EXPECT_EQ(scale.sizes(), (std::vector<int64_t>{out, in / 32, 2}));
+
+  PackedLinear int4(WeightFormat::Int4);
+  ASSERT_TRUE(int4.takes(x, {weight}, {bias}));
+  const auto y = int4.forward(x, {weight}, {bias});
+  EXPECT_TRUE(tol::close(y, c.tensor("y").to(torch::kFloat), int4_sums_of(in)));
+  // Half a byte a weight, two float16 a group, the bias.
+  EXPECT_EQ(int4.packed_bytes(), out * in / 2 + out * (in / 32) * 4 + out * 4);
+
+  // The same weights from their stored form (a saved model, a GGUF file): the same bits.
+  PackedLinear stored(WeightFormat::Int4);
+  stored.freeze_from({c.tensor("data")}, {c.tensor("scale")}, {bias});
+  EXPECT_TRUE(torch::equal(stored.forward(x, {}, {}), y));
+  auto [kept, kept_scale] = stored.frozen_weight(0);
+  EXPECT_TRUE(torch::equal(kept, data));
+  EXPECT_TRUE(torch::equal(kept_scale, scale));
+  // Two layers side by side (q, k and v; gate and up): each its own bits.
+  const auto pair = int4.forward(x, {weight, weight * 0.5}, {bias, {}});
+  EXPECT_TRUE(torch::equal(pair.narrow(-1, 0, out), y));
+  PackedLinear half(WeightFormat::Int4);
+  EXPECT_TRUE(torch::equal(pair.narrow(-1, out, out), half.forward(x, {weight * 0.5}, {})));
+  // A single row without its batch dimension.
+  EXPECT_TRUE(torch::equal(stored.forward(x[0], {}, {}), stored.forward(x.narrow(0, 0, 1), {}, {})[0]));
+  if (c.tensors.count("dequantized") > 0) {
+    const auto ids = torch::tensor({0, 2, 2, 4}, torch::kLong);
+    EXPECT_TRUE(torch::equal(stored.weight_rows(ids), c.tensor("dequantized").index_select(0, ids)));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Int4Golden, ::testing::Values("small", "decode", "serve", "wide", "prefill"));
+
+// Every row count on both sides of the matrix-vector kernel's limit, fused layers,
+// leading dimensions, a transposed x: against at::linear on the dequantized weights
+// (weight_rows, checked against PyTorch above).
+TEST(Int4Weights, MatchTheDequantizedLinearOverShapes) {
+  torch::manual_seed(61);
+  torch::NoGradGuard no_grad;
+  for (const int64_t in : {32, 96, 2112}) {
+    const auto w1 = torch::randn({33, in}), w2 = torch::randn({7, in}) * 3.0, b1 = torch::randn({33});
+    PackedLinear p(WeightFormat::Int4);
+    const auto x0 = torch::randn({1, in});
+    p.forward(x0, {w1, w2}, {b1, {}});
+    const auto all = p.weight_rows(torch::arange(40, torch::kLong));
+    const auto d1 = all.narrow(0, 0, 33), d2 = all.narrow(0, 33, 7);
+    for (const int64_t rows : {1, 2, 5, 15, 16, 17, 64}) {
+      SCOPED_TRACE(std::to_string(rows) + " rows of " + std::to_string(in));
+      const auto x = torch::randn({rows, in});
+      const auto want = torch::cat({torch::linear(x, d1, b1), torch::linear(x, d2)}, -1);
+      EXPECT_TRUE(tol::close(p.forward(x, {w1, w2}, {b1, {}}), want, int4_sums_of(in)));
+    }
+    const auto x3 = torch::randn({2, 3, in});
+    EXPECT_EQ(p.forward(x3, {w1, w2}, {b1, {}}).sizes(), (std::vector<int64_t>{2, 3, 40}));
+    const auto xt = torch::randn({in, 5}).t();
+    EXPECT_TRUE(tol::close(p.forward(xt, {w1, w2}, {b1, {}}),
+                           torch::cat({torch::linear(xt, d1, b1), torch::linear(xt, d2)}, -1), int4_sums_of(in)));
+  }
+}
+
+// An infinity in x: its row's outputs not finite (an infinity or NaN), never a number;
+// the other rows' as they were.
+TEST(Int4Weights, ANonFiniteInputIsNotHidden) {
+  torch::manual_seed(62);
+  torch::NoGradGuard no_grad;
+  PackedLinear p(WeightFormat::Int4);
+  auto x = torch::randn({3, 64});
+  x[1][40] = std::numeric_limits<float>::infinity();
+  const auto w = torch::randn({5, 64});
+  for (const int64_t rows : {3, 20}) {
+    const auto xs = x.repeat({(rows + 2) / 3, 1}).narrow(0, 0, rows);
+    const auto y = p.forward(xs, {w});
+    EXPECT_FALSE(torch::isfinite(y[1]).any().item<bool>()) << rows << " rows";
+    EXPECT_TRUE(torch::isfinite(y[0]).all().item<bool>()) << rows << " rows";
+  }
+}
+
+TEST(Int4Weights, RefusalsNameWhatDiffers) {
+  torch::manual_seed(63);
+  torch::NoGradGuard no_grad;
+  PackedLinear p(WeightFormat::Int4);
+  expect_error([&] { p.freeze({torch::randn({4, 40})}); },
+               "int4 weights take layers whose inputs are a multiple of 32 (groups of 32 share a scale), got "
+               "in_features 40 (int8 takes any number)");
+  auto bad = torch::randn({3, 64});
+  bad[2][33] = std::numeric_limits<float>::quiet_NaN();
+  expect_error([&] { torchattn::kernels::cpu::quantize_int4_groups(bad); },
+               "quantize_int4_groups: expected finite weights whose groups' minimum and range / 15 are within "
+               "float16's 65504, got row 2");
+  auto huge = torch::randn({2, 32});
+  huge[1][0] = 1e6;
+  expect_error([&] { torchattn::kernels::cpu::quantize_int4_groups(huge); }, "got row 1");
+
+  const auto w = torch::randn({4, 64});
+  auto [data, scale] = torchattn::kernels::cpu::quantize_int4_groups(w);
+  PackedLinear stored(WeightFormat::Int4);
+  expect_error([&] { stored.freeze_from({data}, {}); },
+               "PackedLinear: freeze_from expected one scale tensor per weight (1), got 0");
+  expect_error([&] { stored.freeze_from({data.to(torch::kChar)}, {scale}); },
+               "freeze_from expected weight 0 int4 (uint8, two a byte) CPU [out, 32], got [4, 32] of Char");
+  expect_error([&] { stored.freeze_from({data}, {scale.to(torch::kFloat)}); },
+               "freeze_from expected the scales of int4 weight 0 float16 CPU [4, 2, 2] (d and m per group of 32 "
+               "inputs; 64 inputs, a multiple of 32), got [4, 2, 2] of Float");
+  auto broken = scale.clone();
+  broken[3][1][1] = std::numeric_limits<float>::infinity();
+  expect_error([&] { stored.freeze_from({data}, {broken}); },
+               "freeze_from expected finite int4 scales (d, m) of weight 0, got an infinity or NaN at row 3, group 1");
+  stored.freeze_from({data}, {scale});
+  expect_error([&] { stored.forward(torch::randn({2, 65}), {}); }, "got x [2, 65]");
+  expect_error([&] { stored.weight_rows(torch::tensor({4}, torch::kLong)); },
+               "dequantized_rows: id 4 is outside the table's 4 rows");
+  EXPECT_EQ(torchattn::weight_format_from_string("int4"), WeightFormat::Int4);
+  EXPECT_EQ(torchattn::to_string(WeightFormat::Int4), "int4");
+}
+
+// A Linear frozen to int4: the float32 weight goes, its products follow the format.
+TEST(Int4Weights, ALinearFreezesToInt4) {
+  torch::manual_seed(64);
+  torchattn::Linear layer(torchattn::LinearOptions(64, 9));
+  const auto x = torch::randn({3, 64});
+  PackedLinear reference(WeightFormat::Int4);
+  torch::Tensor want;
+  {
+    torch::NoGradGuard no_grad;
+    want = reference.forward(x, {layer->weight}, {layer->bias});
+  }
+  layer->freeze(WeightFormat::Int4);
+  EXPECT_EQ(layer->weight_format(), WeightFormat::Int4);
+  EXPECT_EQ(layer->weight.stride(0), 0);  // the float32 weight freed
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(torch::equal(layer->forward(x), want));
+  auto [data, scale] = layer->frozen_weight();
+  EXPECT_EQ(data.sizes(), (std::vector<int64_t>{9, 32}));
+  EXPECT_EQ(scale.sizes(), (std::vector<int64_t>{9, 2, 2}));
+}
+
+}  // namespace
