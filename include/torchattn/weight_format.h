@@ -27,8 +27,10 @@ namespace torchattn {
 ///   each output feature (llama.cpp's Q4_1 block, 0.625 bytes a weight):
 ///   w[o, i] ~ d[o, g] * q[o, i] + m[o, g], q in [0, 15], d = (max - min) / 15 and m =
 ///   min over the group, each rounded to float16. Layers whose inputs are a multiple of
-///   32. The float32 inputs multiply the weights as they are (Int8Inputs does not
-///   apply). A GGUF file's Q4_0 and Q4_1 tensors load as these without a value changed.
+///   32. Int8Inputs as for Int8, up to 16 rows (decoding): `Quantized` quantizes each
+///   group of 32 inputs to int8 and sums int8 products (llama.cpp's q4_1 x q8_1); more
+///   rows, and `Float`, multiply the float32 inputs. A GGUF file's Q4_0 and Q4_1
+///   tensors load as these without a value changed.
 enum class WeightFormat { Float32, BFloat16, Int8, DynamicInt8, Int4 };
 
 /// What `Int8` weights multiply:

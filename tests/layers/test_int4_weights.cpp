@@ -73,6 +73,18 @@ TEST_P(Int4Golden, QuantizedWeightsAndProductsMatchPyTorch) {
   EXPECT_TRUE(torch::equal(pair.narrow(-1, out, out), half.forward(x, {weight * 0.5}, {})));
   // A single row without its batch dimension.
   EXPECT_TRUE(torch::equal(stored.forward(x[0], {}, {}), stored.forward(x.narrow(0, 0, 1), {}, {})[0]));
+  // Int8 products (Int8Inputs::Quantized, a CausalLM's layers): x quantized per group of
+  // 32 up to 16 rows, by the widest kernel under the TORCHATTN_ISA cap (the portable loop
+  // below AVX2); more rows the float products above.
+  const auto y_products = c.tensor("y_products").to(torch::kFloat);
+  const bool few = x.size(0) <= torchattn::kernels::cpu::kQuantizedMatvecRows;
+  EXPECT_TRUE(tol::close(torchattn::kernels::cpu::quantized_linear(x, data, scale, bias,
+                                                                   torchattn::kernels::cpu::Int8Products::Int8),
+                         few ? y_products : c.tensor("y").to(torch::kFloat), int4_sums_of(in)));
+  PackedLinear quantized(WeightFormat::Int4, torchattn::Int8Inputs::Quantized);
+  const bool products = few && torchattn::kernels::cpu::int8_products_auto();
+  EXPECT_TRUE(tol::close(quantized.forward(x, {weight}, {bias}),
+                         products ? y_products : c.tensor("y").to(torch::kFloat), int4_sums_of(in)));
   if (c.tensors.count("dequantized") > 0) {
     const auto ids = torch::tensor({0, 2, 2, 4}, torch::kLong);
     EXPECT_TRUE(torch::equal(stored.weight_rows(ids), c.tensor("dequantized").index_select(0, ids)));
@@ -123,6 +135,25 @@ TEST(Int4Weights, ANonFiniteInputIsNotHidden) {
     EXPECT_FALSE(torch::isfinite(y[1]).any().item<bool>()) << rows << " rows";
     EXPECT_TRUE(torch::isfinite(y[0]).all().item<bool>()) << rows << " rows";
   }
+}
+
+// The int8 products' rows stay their own: a row alone, in any batch up to 16, the same
+// bits; an infinity in a row makes that row's outputs not finite.
+TEST(Int4Weights, Int8ProductsKeepEachRowsOwnBits) {
+  torch::manual_seed(65);
+  torch::NoGradGuard no_grad;
+  auto [data, scale] = torchattn::kernels::cpu::quantize_int4_groups(torch::randn({13, 96}));
+  auto x = torch::randn({16, 96});
+  const auto int8 = torchattn::kernels::cpu::Int8Products::Int8;
+  const auto all = torchattn::kernels::cpu::quantized_linear(x, data, scale, {}, int8);
+  for (const int64_t r : {0, 7, 15}) {
+    EXPECT_TRUE(torch::equal(torchattn::kernels::cpu::quantized_linear(x.narrow(0, r, 1), data, scale, {}, int8),
+                             all.narrow(0, r, 1)));
+  }
+  x[3][50] = -std::numeric_limits<float>::infinity();
+  const auto y = torchattn::kernels::cpu::quantized_linear(x, data, scale, {}, int8);
+  EXPECT_FALSE(torch::isfinite(y[3]).any().item<bool>());
+  EXPECT_TRUE(torch::equal(y.narrow(0, 4, 12), all.narrow(0, 4, 12)));
 }
 
 TEST(Int4Weights, RefusalsNameWhatDiffers) {

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 TORCHATTN_SIMD_KERNELS_BEGIN
 
@@ -126,6 +127,176 @@ bool quantize_row(const float* w, int64_t in, uint8_t* q, uint16_t* dm) {
   return true;
 }
 
+// The int8 products of four weight rows with one quantized row of x (int4_rows.h): the
+// portable loop, a group at a time.
+void products_four_portable(const uint8_t* const* q, const uint16_t* const* dm, const int8_t* qx, const float* sp,
+                            int64_t groups, float* out) {
+  for (int k = 0; k < 4; ++k) {
+    float acc = 0.0f, offsets = 0.0f;
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint8_t* b = q[k] + g * kGroupBytes;
+      const int8_t* xg = qx + g * kGroup;
+      int32_t sum = 0;
+      for (int64_t j = 0; j < kGroupBytes; ++j) sum += (b[j] & 15) * xg[j] + (b[j] >> 4) * xg[kGroupBytes + j];
+      const float d = simd::Scalar::widen_halves(dm[k] + 2 * g), m = simd::Scalar::widen_halves(dm[k] + 2 * g + 1);
+      acc = std::fma(static_cast<float>(sum), d * sp[2 * g], acc);
+      offsets = std::fma(m, sp[2 * g + 1], offsets);
+    }
+    out[k] = acc + offsets;
+  }
+}
+
+#if defined(TORCHATTN_SIMD_X86)
+// One group of one weight row against x's 32 bytes: its 16 bytes become one register of
+// 32 (the low nibbles, then the high: the group's inputs in order), vpmaddubsw against
+// x (unsigned 4-bit values times signed bytes, pairs summed in int16: at most 2 * 15 *
+// 127), vpmaddwd into eight int32 lanes, then float lanes times d s into acc.
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline __m256 group_avx2(const uint8_t* b, __m256i xv,
+                                                                                 const float* ds, __m256 acc) {
+  const __m128i low = _mm_set1_epi8(15);
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+  const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), low), _mm_and_si128(bytes, low));
+  const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), _mm256_set1_epi16(1));
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(ds), acc);
+}
+
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline float sum_avx2(__m256 v) {
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 p = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps(p, p, 1)));
+}
+
+// Per chunk of groups, each row's (d, m) pairs times x's (s, sum) pairs (sp) in vector
+// registers: ds[k] the (d s, m sum) pairs, m_sums[k] gathering the m sums' lanes (the
+// last pairs of a chunk not in a register: in offsets[k]).
+constexpr int64_t kScaleSlack = 16;  // floats readable past a chunk's pairs (vector loads)
+
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline void scales_avx2(const uint16_t* const* dm,
+                                                                                const float* sp, int64_t g0, int64_t n,
+                                                                                float (*ds)[2 * kChunk + kScaleSlack],
+                                                                                __m256* m_sums, float* offsets) {
+  const __m256 odd = _mm256_castsi256_ps(_mm256_setr_epi32(0, -1, 0, -1, 0, -1, 0, -1));
+  for (int k = 0; k < 4; ++k) {
+    int64_t i = 0;
+    for (; i + 8 <= 2 * n; i += 8) {
+      const __m256 f = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dm[k] + 2 * g0 + i)));
+      const __m256 p = _mm256_mul_ps(f, _mm256_loadu_ps(sp + 2 * g0 + i));
+      _mm256_store_ps(ds[k] + i, p);
+      m_sums[k] = _mm256_add_ps(m_sums[k], _mm256_and_ps(p, odd));
+    }
+    for (; i < 2 * n; ++i) {
+      ds[k][i] = simd::Scalar::widen_halves(dm[k] + 2 * g0 + i) * sp[2 * g0 + i];
+      if (i % 2 == 1) offsets[k] += ds[k][i];
+    }
+  }
+}
+
+// The same as products_four_portable with AVX2: the scales first, then the groups, four
+// accumulators in registers.
+__attribute__((target("avx2,fma,f16c"))) void products_four_avx2(const uint8_t* const* q, const uint16_t* const* dm,
+                                                                 const int8_t* qx, const float* sp, int64_t groups,
+                                                                 float* out) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  __m256 m_sums[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  float offsets[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  alignas(32) float ds[4][2 * kChunk + kScaleSlack];
+  for (int64_t g0 = 0; g0 < groups; g0 += kChunk) {
+    const int64_t n = std::min(kChunk, groups - g0);
+    scales_avx2(dm, sp, g0, n, ds, m_sums, offsets);
+    const uint8_t* b0 = q[0] + g0 * kGroupBytes;
+    const uint8_t* b1 = q[1] + g0 * kGroupBytes;
+    const uint8_t* b2 = q[2] + g0 * kGroupBytes;
+    const uint8_t* b3 = q[3] + g0 * kGroupBytes;
+    const int8_t* xg = qx + g0 * kGroup;
+    for (int64_t g = 0; g < n; ++g) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + g * kGroup));
+      a0 = group_avx2(b0 + g * kGroupBytes, xv, ds[0] + 2 * g, a0);
+      a1 = group_avx2(b1 + g * kGroupBytes, xv, ds[1] + 2 * g, a1);
+      a2 = group_avx2(b2 + g * kGroupBytes, xv, ds[2] + 2 * g, a2);
+      a3 = group_avx2(b3 + g * kGroupBytes, xv, ds[3] + 2 * g, a3);
+    }
+  }
+  out[0] = sum_avx2(a0) + (sum_avx2(m_sums[0]) + offsets[0]);
+  out[1] = sum_avx2(a1) + (sum_avx2(m_sums[1]) + offsets[1]);
+  out[2] = sum_avx2(a2) + (sum_avx2(m_sums[2]) + offsets[2]);
+  out[3] = sum_avx2(a3) + (sum_avx2(m_sums[3]) + offsets[3]);
+}
+
+#define TORCHATTN_INT4_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
+
+// Two groups of one weight row against 64 bytes of x with AVX-512 VNNI: their 32 bytes
+// as [b | b >> 4] masked to 4 bits (128-bit lanes: g's low values, g + 1's, g's high,
+// g + 1's), against x's bytes in that order (pair_inputs), vpdpbusd into sixteen int32
+// lanes, then float lanes times their group's d s.
+TORCHATTN_INT4_VNNI __attribute__((always_inline)) inline __m512 pair_vnni(const uint8_t* b, __m512i xv,
+                                                                           const float* ds, __m512 acc) {
+  const __m512i z = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));
+  const __m512i shifts = _mm512_setr_epi64(0, 0, 0, 0, 0x0004000400040004, 0x0004000400040004, 0x0004000400040004,
+                                           0x0004000400040004);
+  const __m512i w = _mm512_and_si512(_mm512_srlv_epi16(z, shifts), _mm512_set1_epi8(15));
+  const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xv);
+  const __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2);
+  const __m512 scale = _mm512_permutexvar_ps(pick, _mm512_loadu_ps(ds));
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale, acc);
+}
+
+// The same as products_four_avx2 with AVX-512 VNNI: two groups a step (an odd last
+// group AVX2's way); qx as pair_inputs leaves it.
+TORCHATTN_INT4_VNNI void products_four_vnni(const uint8_t* const* q, const uint16_t* const* dm, const int8_t* qx,
+                                            const float* sp, int64_t groups, float* out) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+  __m256 t0 = _mm256_setzero_ps(), t1 = _mm256_setzero_ps(), t2 = _mm256_setzero_ps(), t3 = _mm256_setzero_ps();
+  __m256 m_sums[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  float offsets[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  alignas(64) float ds[4][2 * kChunk + kScaleSlack];
+  for (int64_t g0 = 0; g0 < groups; g0 += kChunk) {
+    const int64_t n = std::min(kChunk, groups - g0);
+    scales_avx2(dm, sp, g0, n, ds, m_sums, offsets);
+    const uint8_t* b0 = q[0] + g0 * kGroupBytes;
+    const uint8_t* b1 = q[1] + g0 * kGroupBytes;
+    const uint8_t* b2 = q[2] + g0 * kGroupBytes;
+    const uint8_t* b3 = q[3] + g0 * kGroupBytes;
+    const int8_t* xg = qx + g0 * kGroup;
+    int64_t g = 0;
+    for (; g + 2 <= n; g += 2) {
+      const __m512i xv = _mm512_loadu_si512(xg + g * kGroup);
+      a0 = pair_vnni(b0 + g * kGroupBytes, xv, ds[0] + 2 * g, a0);
+      a1 = pair_vnni(b1 + g * kGroupBytes, xv, ds[1] + 2 * g, a1);
+      a2 = pair_vnni(b2 + g * kGroupBytes, xv, ds[2] + 2 * g, a2);
+      a3 = pair_vnni(b3 + g * kGroupBytes, xv, ds[3] + 2 * g, a3);
+    }
+    if (g < n) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + g * kGroup));
+      t0 = group_avx2(b0 + g * kGroupBytes, xv, ds[0] + 2 * g, t0);
+      t1 = group_avx2(b1 + g * kGroupBytes, xv, ds[1] + 2 * g, t1);
+      t2 = group_avx2(b2 + g * kGroupBytes, xv, ds[2] + 2 * g, t2);
+      t3 = group_avx2(b3 + g * kGroupBytes, xv, ds[3] + 2 * g, t3);
+    }
+  }
+  out[0] = _mm512_reduce_add_ps(a0) + sum_avx2(t0) + (sum_avx2(m_sums[0]) + offsets[0]);
+  out[1] = _mm512_reduce_add_ps(a1) + sum_avx2(t1) + (sum_avx2(m_sums[1]) + offsets[1]);
+  out[2] = _mm512_reduce_add_ps(a2) + sum_avx2(t2) + (sum_avx2(m_sums[2]) + offsets[2]);
+  out[3] = _mm512_reduce_add_ps(a3) + sum_avx2(t3) + (sum_avx2(m_sums[3]) + offsets[3]);
+}
+#undef TORCHATTN_INT4_VNNI
+
+// One row of quantized x for pair_vnni: each pair of groups (g, g + 1) as g's first 16
+// bytes, g + 1's first 16, g's last 16, g + 1's last 16 (an odd last group as it is).
+void pair_inputs(const int8_t* qx, int64_t in, int8_t* out) {
+  const int64_t groups = in / kGroup;
+  int64_t g = 0;
+  for (; g + 2 <= groups; g += 2) {
+    const int8_t* a = qx + g * kGroup;
+    int8_t* o = out + g * kGroup;
+    std::memcpy(o, a, 16);
+    std::memcpy(o + 16, a + kGroup, 16);
+    std::memcpy(o + 32, a + 16, 16);
+    std::memcpy(o + 48, a + kGroup + 16, 16);
+  }
+  if (g < groups) std::memcpy(out + g * kGroup, qx + g * kGroup, kGroup);
+}
+#endif
+
 bool dense_cpu(const at::Tensor& t, int64_t dim) {
   return t.defined() && t.is_cpu() && t.layout() == at::kStrided && !t.is_nested() && t.dim() == dim &&
          t.is_contiguous();
@@ -218,6 +389,71 @@ void dot_rows(const uint8_t* q, const uint16_t* dm, int64_t in, int64_t begin, i
       float d[4];
       simd::run_on<DotFour>(isa, static_cast<const uint8_t* const*>(qs), static_cast<const uint16_t* const*>(dms),
                             xs + r * in, sx + r * groups, groups, d);
+      for (int64_t k = 0; k < n; ++k) y[r * ldy + o + k] = bias != nullptr ? d[k] + bias[o + k] : d[k];
+    }
+  }
+}
+
+void quantize_inputs(const float* xs, int64_t rows, int64_t in, int8_t* qx, float* sp) {
+  const int64_t groups = in / kGroup;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* x = xs + r * in + g * kGroup;
+      int8_t* q = qx + r * in + g * kGroup;
+      bool finite = true;
+      float most = 0.0f;
+      for (int64_t i = 0; i < kGroup; ++i) {
+        finite = finite && std::isfinite(x[i]);
+        most = std::max(most, std::fabs(x[i]));
+      }
+      const float scale = finite ? most / 127.0f : std::numeric_limits<float>::quiet_NaN();
+      float sum = 0.0f;
+      for (int64_t i = 0; i < kGroup; ++i) sum += x[i];
+      sp[2 * (r * groups + g)] = scale;
+      sp[2 * (r * groups + g) + 1] = sum;
+      for (int64_t i = 0; i < kGroup; ++i) {
+        q[i] = finite && scale > 0.0f ? static_cast<int8_t>(std::clamp(std::nearbyint(x[i] / scale), -127.0f, 127.0f))
+                                      : int8_t{0};
+      }
+    }
+  }
+}
+
+void dot_rows_products(Isa isa, const uint8_t* q, const uint16_t* dm, int64_t in, int64_t begin, int64_t end,
+                       const int8_t* qx, const float* sp, int64_t rows, const float* bias, float* y, int64_t ldy) {
+  const int64_t groups = in / kGroup, row_bytes = in / 2;
+  // VNNI's order of x's bytes (pair_inputs), once for this thread's outputs.
+  std::vector<int8_t> paired(isa >= Isa::Avx512Vnni ? static_cast<size_t>(rows * in) : 0);
+  for (int64_t r = 0; r < rows && !paired.empty(); ++r) pair_inputs(qx + r * in, in, paired.data() + r * in);
+  for (int64_t o = begin; o < end; o += 4) {
+    const int64_t n = std::min<int64_t>(4, end - o);
+    const uint8_t* qs[4];
+    const uint16_t* dms[4];
+    for (int64_t k = 0; k < 4; ++k) {
+      const int64_t row = o + (k < n ? k : 0);  // fewer than four left: the first again
+      qs[k] = q + row * row_bytes;
+      dms[k] = dm + row * 2 * groups;
+    }
+    if (o + 12 <= end) {
+      const char* ahead = reinterpret_cast<const char*>(q + (o + 8) * row_bytes);
+      for (int64_t b = 0; b < 4 * row_bytes; b += 64) __builtin_prefetch(ahead + b);
+      const char* ahead_dm = reinterpret_cast<const char*>(dm + (o + 8) * 2 * groups);
+      for (int64_t b = 0; b < 4 * 4 * groups; b += 64) __builtin_prefetch(ahead_dm + b);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      float d[4];
+#if defined(TORCHATTN_SIMD_X86)
+      if (isa >= Isa::Avx512Vnni) {
+        products_four_vnni(qs, dms, paired.data() + r * in, sp + 2 * r * groups, groups, d);
+      } else if (isa >= Isa::Avx2) {
+        products_four_avx2(qs, dms, qx + r * in, sp + 2 * r * groups, groups, d);
+      } else {
+        products_four_portable(qs, dms, qx + r * in, sp + 2 * r * groups, groups, d);
+      }
+#else
+      (void)isa;
+      products_four_portable(qs, dms, qx + r * in, sp + 2 * r * groups, groups, d);
+#endif
       for (int64_t k = 0; k < n; ++k) y[r * ldy + o + k] = bias != nullptr ? d[k] + bias[o + k] : d[k];
     }
   }

@@ -63,6 +63,24 @@ void dot_rows(const uint8_t* q, const uint16_t* dm, int64_t in, int64_t begin, i
 // sx[r * groups + g] = the sum of x[r, 32 g .. 32 g + 32) (float32, in order).
 void group_sums(const float* xs, int64_t rows, int64_t in, float* sx);
 
+// The int8 products (Int8Products, as int8 weights take them: llama.cpp's q4_1 x q8_1):
+// each row's groups of 32 inputs quantized symmetrically,
+//   s[r, g] = max |x[r, group g]| / 127 (NaN where the group holds a NaN or inf),
+//   qx[r, i] = round(x[r, i] / s[r, g]) in [-127, 127], ties to even (0 where s is 0 or NaN),
+// and each weight row's groups summed in int32 (exact: at most 32 * 15 * 127):
+//   y[r, o] = sum_g float(d[o, g]) s[r, g] sum_{i in g} q[o, i] qx[r, i] + float(m[o, g]) sx[r, g]
+// in float32, within float32 rounding of that sum (the AVX2 kernel sums each group's
+// products in eight int32 lanes and scales them in a vector register; the portable
+// loop a group at a time). AVX2's vpmaddubsw multiplies the weights' unsigned 4-bit
+// values by x's signed bytes directly (no sign trick: the values are non-negative), 32
+// products in three instructions. quantize_inputs writes qx [rows, in] and sp [rows,
+// in / 32, 2]: each group's (s, sx) pair, sx the group's float32 sum in order.
+void quantize_inputs(const float* xs, int64_t rows, int64_t in, int8_t* qx, float* sp);
+// As dot_rows with the products above, by the kernel of `isa` (AVX2 and wider: AVX2's;
+// else the portable loop).
+void dot_rows_products(Isa isa, const uint8_t* q, const uint16_t* dm, int64_t in, int64_t begin, int64_t end,
+                       const int8_t* qx, const float* sp, int64_t rows, const float* bias, float* y, int64_t ldy);
+
 }  // namespace int4
 
 }  // namespace torchattn::kernels::cpu

@@ -343,6 +343,8 @@ struct Part {
   float* y;
   int64_t ldy;
   const float* sx = nullptr;
+  const int8_t* qx = nullptr;     // int4 with int8 products: x quantized (int4::quantize_inputs)
+  const float* qscale = nullptr;  // [rows, in / 32, 2]: (s, sum of x) pairs
 };
 
 // x [rows, in] contiguous, at most kQuantizedMatvecRows rows: the matrix-vector
@@ -350,7 +352,12 @@ struct Part {
 void matvec_range(const float* xs, int64_t rows, const Part& p, int64_t begin, int64_t end) {
   const Weights& w = p.w;
   if (w.int4) {
-    int4::dot_rows(static_cast<const uint8_t*>(w.q), w.dm, w.in, begin, end, xs, p.sx, rows, p.bias, p.y, p.ldy);
+    if (p.qx != nullptr) {
+      int4::dot_rows_products(best_isa(), static_cast<const uint8_t*>(w.q), w.dm, w.in, begin, end, p.qx, p.qscale,
+                              rows, p.bias, p.y, p.ldy);
+    } else {
+      int4::dot_rows(static_cast<const uint8_t*>(w.q), w.dm, w.in, begin, end, xs, p.sx, rows, p.bias, p.y, p.ldy);
+    }
     return;
   }
   if (!w.int8 && rows == 1) {
@@ -573,12 +580,21 @@ at::Tensor quantized_linear(const at::Tensor& x_in, at::ArrayRef<QuantizedWeight
   if (rows <= kQuantizedMatvecRows) {
     std::vector<Part> calls;
     float* y0 = y.mutable_data_ptr<float>();
-    std::vector<float> sx(int4 ? static_cast<size_t>(rows * (in / kInt4Group)) : 0);
-    if (int4) int4::group_sums(x.const_data_ptr<float>(), rows, in, sx.data());
+    // int4: x's group sums, and with int8 products x quantized per group of 32, once
+    // for every part.
+    const int64_t groups = int4 ? in / kInt4Group : 0;
+    const bool int4_products = int4 && (products == Int8Products::Int8 ||
+                                        (products == Int8Products::Auto && int8_products_auto()));
+    std::vector<float> sx(int4 && !int4_products ? static_cast<size_t>(rows * groups) : 0);
+    std::vector<float> qscale(int4_products ? static_cast<size_t>(2 * rows * groups) : 0);
+    std::vector<int8_t> qx(int4_products ? static_cast<size_t>(rows * in) : 0);
+    if (int4 && !int4_products) int4::group_sums(x.const_data_ptr<float>(), rows, in, sx.data());
+    if (int4_products) int4::quantize_inputs(x.const_data_ptr<float>(), rows, in, qx.data(), qscale.data());
     int64_t col = 0;
     for (const auto& p : parts) {
       calls.push_back({weights_of(p.data, p.scale), p.bias.defined() ? p.bias.const_data_ptr<float>() : nullptr,
-                       y0 + col, total, int4 ? sx.data() : nullptr});
+                       y0 + col, total, int4 && !int4_products ? sx.data() : nullptr,
+                       int4_products ? qx.data() : nullptr, int4_products ? qscale.data() : nullptr});
       col += p.data.size(0);
     }
     matvec(x.const_data_ptr<float>(), rows, calls);

@@ -47,7 +47,9 @@ std::pair<at::Tensor, at::Tensor> quantize_int8_groups(const at::Tensor& weight)
 /// How quantized_linear multiplies int8 weights by x. Float: x stays float32 (the
 /// products above). Int8: x is quantized per group of 64 as well (int8_products.h; the
 /// widest kernel this CPU runs, the same numbers with each). Auto: Int8 where
-/// int8_products_auto(), else Float. bfloat16 weights ignore it.
+/// int8_products_auto(), else Float. Int4 weights (uint8 data, int4_rows.h) take Int8
+/// up to kQuantizedMatvecRows rows: x quantized per group of 32 (int4_rows.h's
+/// products); more rows widen tiles for a GEMM either way. bfloat16 weights ignore it.
 enum class Int8Products : int8_t { Auto, Float, Int8 };
 
 /// Whether Int8Products::Auto takes the int8 products on this CPU (under the
