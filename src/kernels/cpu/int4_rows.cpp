@@ -146,6 +146,22 @@ void products_four_portable(const uint8_t* const* q, const uint16_t* const* dm, 
   }
 }
 
+// One row of quantized x for pair_vnni: each pair of groups (g, g + 1) as g's first 16
+// bytes, g + 1's first 16, g's last 16, g + 1's last 16 (an odd last group as it is).
+void pair_inputs(const int8_t* qx, int64_t in, int8_t* out) {
+  const int64_t groups = in / kGroup;
+  int64_t g = 0;
+  for (; g + 2 <= groups; g += 2) {
+    const int8_t* a = qx + g * kGroup;
+    int8_t* o = out + g * kGroup;
+    std::memcpy(o, a, 16);
+    std::memcpy(o + 16, a + kGroup, 16);
+    std::memcpy(o + 32, a + 16, 16);
+    std::memcpy(o + 48, a + kGroup + 16, 16);
+  }
+  if (g < groups) std::memcpy(out + g * kGroup, qx + g * kGroup, kGroup);
+}
+
 #if defined(TORCHATTN_SIMD_X86)
 // One group of one weight row against x's 32 bytes: its 16 bytes become one register of
 // 32 (the low nibbles, then the high: the group's inputs in order), vpmaddubsw against
@@ -280,21 +296,6 @@ TORCHATTN_INT4_VNNI void products_four_vnni(const uint8_t* const* q, const uint1
 }
 #undef TORCHATTN_INT4_VNNI
 
-// One row of quantized x for pair_vnni: each pair of groups (g, g + 1) as g's first 16
-// bytes, g + 1's first 16, g's last 16, g + 1's last 16 (an odd last group as it is).
-void pair_inputs(const int8_t* qx, int64_t in, int8_t* out) {
-  const int64_t groups = in / kGroup;
-  int64_t g = 0;
-  for (; g + 2 <= groups; g += 2) {
-    const int8_t* a = qx + g * kGroup;
-    int8_t* o = out + g * kGroup;
-    std::memcpy(o, a, 16);
-    std::memcpy(o + 16, a + kGroup, 16);
-    std::memcpy(o + 32, a + 16, 16);
-    std::memcpy(o + 48, a + kGroup + 16, 16);
-  }
-  if (g < groups) std::memcpy(out + g * kGroup, qx + g * kGroup, kGroup);
-}
 #endif
 
 bool dense_cpu(const at::Tensor& t, int64_t dim) {
@@ -383,7 +384,7 @@ void dot_rows(const uint8_t* q, const uint16_t* dm, int64_t in, int64_t begin, i
       const char* ahead = reinterpret_cast<const char*>(q + (o + 8) * row_bytes);
       for (int64_t b = 0; b < 4 * row_bytes; b += 64) __builtin_prefetch(ahead + b);
       const char* ahead_dm = reinterpret_cast<const char*>(dm + (o + 8) * 2 * groups);
-      for (int64_t b = 0; b < 4 * 4 * groups; b += 64) __builtin_prefetch(ahead_dm + b);
+      for (int64_t b = 0; b < int64_t{16} * groups; b += 64) __builtin_prefetch(ahead_dm + b);
     }
     for (int64_t r = 0; r < rows; ++r) {
       float d[4];
@@ -438,7 +439,7 @@ void dot_rows_products(Isa isa, const uint8_t* q, const uint16_t* dm, int64_t in
       const char* ahead = reinterpret_cast<const char*>(q + (o + 8) * row_bytes);
       for (int64_t b = 0; b < 4 * row_bytes; b += 64) __builtin_prefetch(ahead + b);
       const char* ahead_dm = reinterpret_cast<const char*>(dm + (o + 8) * 2 * groups);
-      for (int64_t b = 0; b < 4 * 4 * groups; b += 64) __builtin_prefetch(ahead_dm + b);
+      for (int64_t b = 0; b < int64_t{16} * groups; b += 64) __builtin_prefetch(ahead_dm + b);
     }
     for (int64_t r = 0; r < rows; ++r) {
       float d[4];
