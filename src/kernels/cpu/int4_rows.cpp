@@ -366,20 +366,25 @@ void dequantize_rows(const uint8_t* q, const uint16_t* dm, int64_t in, int64_t b
   }
 }
 
-void dot_rows(const uint8_t* q, const uint16_t* dm, int64_t in, int64_t begin, int64_t end, const float* xs,
-              const float* sx, int64_t rows, const float* bias, float* y, int64_t ldy) {
-  const Isa isa = best_isa();
+namespace {
+
+// Weight rows [begin, end) four at a time (fewer than four left: the first again), the
+// rows after next prefetched while these are summed; for each four and each row r of
+// x, kernel(qs, dms, r, d) writes their four products to d, and y[r, o + k] = d[k] +
+// bias[o + k].
+template <class Kernel>
+void four_rows_at_a_time(const uint8_t* q, const uint16_t* dm, int64_t in, int64_t begin, int64_t end, int64_t rows,
+                         const float* bias, float* y, int64_t ldy, const Kernel& kernel) {
   const int64_t groups = in / kGroup, row_bytes = in / 2;
   for (int64_t o = begin; o < end; o += 4) {
     const int64_t n = std::min<int64_t>(4, end - o);
     const uint8_t* qs[4];
     const uint16_t* dms[4];
     for (int64_t k = 0; k < 4; ++k) {
-      const int64_t row = o + (k < n ? k : 0);  // fewer than four left: the first again
+      const int64_t row = o + (k < n ? k : 0);
       qs[k] = q + row * row_bytes;
       dms[k] = dm + row * 2 * groups;
     }
-    // The rows after next on their way from memory while these are summed.
     if (o + 12 <= end) {
       const char* ahead = reinterpret_cast<const char*>(q + (o + 8) * row_bytes);
       for (int64_t b = 0; b < 4 * row_bytes; b += 64) __builtin_prefetch(ahead + b);
@@ -388,11 +393,44 @@ void dot_rows(const uint8_t* q, const uint16_t* dm, int64_t in, int64_t begin, i
     }
     for (int64_t r = 0; r < rows; ++r) {
       float d[4];
-      simd::run_on<DotFour>(isa, static_cast<const uint8_t* const*>(qs), static_cast<const uint16_t* const*>(dms),
-                            xs + r * in, sx + r * groups, groups, d);
+      kernel(static_cast<const uint8_t* const*>(qs), static_cast<const uint16_t* const*>(dms), r, d);
       for (int64_t k = 0; k < n; ++k) y[r * ldy + o + k] = bias != nullptr ? d[k] + bias[o + k] : d[k];
     }
   }
+}
+
+}  // namespace
+
+void dot_rows(const uint8_t* q, const uint16_t* dm, int64_t in, int64_t begin, int64_t end, const float* xs,
+              const float* sx, int64_t rows, const float* bias, float* y, int64_t ldy) {
+  const Isa isa = best_isa();
+  const int64_t groups = in / kGroup;
+  four_rows_at_a_time(q, dm, in, begin, end, rows, bias, y, ldy,
+                      [&](const uint8_t* const* qs, const uint16_t* const* dms, int64_t r, float* d) {
+                        simd::run_on<DotFour>(isa, qs, dms, xs + r * in, sx + r * groups, groups, d);
+                      });
+}
+
+void dot_rows_products(Isa isa, const uint8_t* q, const uint16_t* dm, int64_t in, int64_t begin, int64_t end,
+                       const int8_t* qx, const float* sp, int64_t rows, const float* bias, float* y, int64_t ldy) {
+  const int64_t groups = in / kGroup;
+  // VNNI's order of x's bytes (pair_inputs), once for this thread's outputs.
+  std::vector<int8_t> paired(isa >= Isa::Avx512Vnni ? static_cast<size_t>(rows * in) : 0);
+  for (int64_t r = 0; r < rows && !paired.empty(); ++r) pair_inputs(qx + r * in, in, paired.data() + r * in);
+  four_rows_at_a_time(q, dm, in, begin, end, rows, bias, y, ldy,
+                      [&](const uint8_t* const* qs, const uint16_t* const* dms, int64_t r, float* d) {
+#if defined(TORCHATTN_SIMD_X86)
+                        if (isa >= Isa::Avx512Vnni) {
+                          products_four_vnni(qs, dms, paired.data() + r * in, sp + 2 * r * groups, groups, d);
+                        } else if (isa >= Isa::Avx2) {
+                          products_four_avx2(qs, dms, qx + r * in, sp + 2 * r * groups, groups, d);
+                        } else {
+                          products_four_portable(qs, dms, qx + r * in, sp + 2 * r * groups, groups, d);
+                        }
+#else
+                        products_four_portable(qs, dms, qx + r * in, sp + 2 * r * groups, groups, d);
+#endif
+                      });
 }
 
 void quantize_inputs(const float* xs, int64_t rows, int64_t in, int8_t* qx, float* sp) {
@@ -416,46 +454,6 @@ void quantize_inputs(const float* xs, int64_t rows, int64_t in, int8_t* qx, floa
         q[i] = finite && scale > 0.0f ? static_cast<int8_t>(std::clamp(std::nearbyint(x[i] / scale), -127.0f, 127.0f))
                                       : int8_t{0};
       }
-    }
-  }
-}
-
-void dot_rows_products(Isa isa, const uint8_t* q, const uint16_t* dm, int64_t in, int64_t begin, int64_t end,
-                       const int8_t* qx, const float* sp, int64_t rows, const float* bias, float* y, int64_t ldy) {
-  const int64_t groups = in / kGroup, row_bytes = in / 2;
-  // VNNI's order of x's bytes (pair_inputs), once for this thread's outputs.
-  std::vector<int8_t> paired(isa >= Isa::Avx512Vnni ? static_cast<size_t>(rows * in) : 0);
-  for (int64_t r = 0; r < rows && !paired.empty(); ++r) pair_inputs(qx + r * in, in, paired.data() + r * in);
-  for (int64_t o = begin; o < end; o += 4) {
-    const int64_t n = std::min<int64_t>(4, end - o);
-    const uint8_t* qs[4];
-    const uint16_t* dms[4];
-    for (int64_t k = 0; k < 4; ++k) {
-      const int64_t row = o + (k < n ? k : 0);  // fewer than four left: the first again
-      qs[k] = q + row * row_bytes;
-      dms[k] = dm + row * 2 * groups;
-    }
-    if (o + 12 <= end) {
-      const char* ahead = reinterpret_cast<const char*>(q + (o + 8) * row_bytes);
-      for (int64_t b = 0; b < 4 * row_bytes; b += 64) __builtin_prefetch(ahead + b);
-      const char* ahead_dm = reinterpret_cast<const char*>(dm + (o + 8) * 2 * groups);
-      for (int64_t b = 0; b < int64_t{16} * groups; b += 64) __builtin_prefetch(ahead_dm + b);
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      float d[4];
-#if defined(TORCHATTN_SIMD_X86)
-      if (isa >= Isa::Avx512Vnni) {
-        products_four_vnni(qs, dms, paired.data() + r * in, sp + 2 * r * groups, groups, d);
-      } else if (isa >= Isa::Avx2) {
-        products_four_avx2(qs, dms, qx + r * in, sp + 2 * r * groups, groups, d);
-      } else {
-        products_four_portable(qs, dms, qx + r * in, sp + 2 * r * groups, groups, d);
-      }
-#else
-      (void)isa;
-      products_four_portable(qs, dms, qx + r * in, sp + 2 * r * groups, groups, d);
-#endif
-      for (int64_t k = 0; k < n; ++k) y[r * ldy + o + k] = bias != nullptr ? d[k] + bias[o + k] : d[k];
     }
   }
 }
