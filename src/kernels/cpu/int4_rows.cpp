@@ -146,7 +146,7 @@ void products_four_portable(const uint8_t* const* q, const uint16_t* const* dm, 
   }
 }
 
-// One row of quantized x for pair_vnni: each pair of groups (g, g + 1) as g's first 16
+// One row of quantized x for pair_avx2 and pair_vnni: each pair of groups (g, g + 1) as g's first 16
 // bytes, g + 1's first 16, g's last 16, g + 1's last 16 (an odd last group as it is).
 void pair_inputs(const int8_t* qx, int64_t in, int8_t* out) {
   const int64_t groups = in / kGroup;
@@ -207,8 +207,26 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) inline void scales_avx2(
   }
 }
 
-// The same as products_four_portable with AVX2: the scales first, then the groups, four
-// accumulators in registers.
+// Two groups of one weight row against x's 64 bytes in pair_inputs' order with AVX2:
+// their 32 bytes' low nibbles (g's inputs 0-15, then g + 1's) and high nibbles (16-31)
+// against x's two halves, vpmaddubsw each, the int16 pairs added (at most 4 * 15 * 127)
+// and vpmaddwd'd into eight int32 lanes (g's four, g + 1's four), then float lanes times
+// their group's d s. Twelve instructions for 64 weights (group_avx2: twenty).
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline __m256 pair_avx2(const uint8_t* b, __m256i xlo,
+                                                                                __m256i xhi, const float* ds,
+                                                                                __m256 acc) {
+  const __m256i low = _mm256_set1_epi8(15);
+  const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+  const __m256i lo = _mm256_and_si256(bytes, low), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+  const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
+  const __m256i p = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+  const __m256 scale = _mm256_permutevar8x32_ps(_mm256_loadu_ps(ds), _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc);
+}
+
+// The same as products_four_portable with AVX2: the scales first, then the groups two
+// at a time (an odd last group alone), four accumulators in registers; qx as
+// pair_inputs leaves it.
 __attribute__((target("avx2,fma,f16c"))) void products_four_avx2(const uint8_t* const* q, const uint16_t* const* dm,
                                                                  const int8_t* qx, const float* sp, int64_t groups,
                                                                  float* out) {
@@ -224,7 +242,16 @@ __attribute__((target("avx2,fma,f16c"))) void products_four_avx2(const uint8_t* 
     const uint8_t* b2 = q[2] + g0 * kGroupBytes;
     const uint8_t* b3 = q[3] + g0 * kGroupBytes;
     const int8_t* xg = qx + g0 * kGroup;
-    for (int64_t g = 0; g < n; ++g) {
+    int64_t g = 0;
+    for (; g + 2 <= n; g += 2) {
+      const __m256i xlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + g * kGroup));
+      const __m256i xhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + g * kGroup + 32));
+      a0 = pair_avx2(b0 + g * kGroupBytes, xlo, xhi, ds[0] + 2 * g, a0);
+      a1 = pair_avx2(b1 + g * kGroupBytes, xlo, xhi, ds[1] + 2 * g, a1);
+      a2 = pair_avx2(b2 + g * kGroupBytes, xlo, xhi, ds[2] + 2 * g, a2);
+      a3 = pair_avx2(b3 + g * kGroupBytes, xlo, xhi, ds[3] + 2 * g, a3);
+    }
+    if (g < n) {
       const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + g * kGroup));
       a0 = group_avx2(b0 + g * kGroupBytes, xv, ds[0] + 2 * g, a0);
       a1 = group_avx2(b1 + g * kGroupBytes, xv, ds[1] + 2 * g, a1);
@@ -368,36 +395,56 @@ void dequantize_rows(const uint8_t* q, const uint16_t* dm, int64_t in, int64_t b
 
 namespace {
 
-// Weight rows [begin, end) four at a time (fewer than four left: the first again), the
-// rows after next prefetched while these are summed; for each four and each row r of
-// x, kernel(qs, dms, r, d) writes their four products to d, and y[r, o + k] = d[k] +
-// bias[o + k].
+// Weight rows [begin, end) four at a time (fewer than four left: the first again); for
+// each four and each row r of x, kernel(qs, dms, r, d) writes their four products to d,
+// and y[r, o + k] = d[k] + bias[o + k]. Which four, per `streams`:
+// - adjacent (false): rows o .. o + 3, the rows after next prefetched while these are
+//   summed;
+// - four long streams (true, one row of x with AVX2): the rows split in four runs of m,
+//   row j of each run summed together, no software prefetches, as the int8 and bfloat16
+//   kernels read them on AVX2 (int8_tiles.cpp, quantized_linear.cpp). A 1B-shaped
+//   model's int4 decoding (tools/make_scale_model.py), a 2-core AMD EPYC Zen 3 (AVX2,
+//   no VNNI), 2 threads, 3 interleaved rounds, medians: 17.5 tokens/s (14.7-17.8)
+//   against 11.0 (10.8-11.4) for adjacent rows with the prefetches (the same pair
+//   kernel; one group at a time: 9.9); int8 13.0 in the same rounds. VNNI keeps the
+//   adjacent rows (not measured on an AVX-512 CPU with streams).
 template <class Kernel>
 void four_rows_at_a_time(const uint8_t* q, const uint16_t* dm, int64_t in, int64_t begin, int64_t end, int64_t rows,
-                         const float* bias, float* y, int64_t ldy, const Kernel& kernel) {
+                         bool streams, const float* bias, float* y, int64_t ldy, const Kernel& kernel) {
   const int64_t groups = in / kGroup, row_bytes = in / 2;
-  for (int64_t o = begin; o < end; o += 4) {
-    const int64_t n = std::min<int64_t>(4, end - o);
+  const int64_t runs = streams ? (end - begin) / 4 : 0;  // rows per stream
+  const auto four = [&](const int64_t* row, int64_t n) {
     const uint8_t* qs[4];
     const uint16_t* dms[4];
     for (int64_t k = 0; k < 4; ++k) {
-      const int64_t row = o + (k < n ? k : 0);
-      qs[k] = q + row * row_bytes;
-      dms[k] = dm + row * 2 * groups;
+      qs[k] = q + row[k] * row_bytes;
+      dms[k] = dm + row[k] * 2 * groups;
     }
-    if (o + 12 <= end) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float d[4];
+      kernel(static_cast<const uint8_t* const*>(qs), static_cast<const uint16_t* const*>(dms), r, d);
+      for (int64_t k = 0; k < n; ++k) y[r * ldy + row[k]] = bias != nullptr ? d[k] + bias[row[k]] : d[k];
+    }
+  };
+  for (int64_t j = 0; j < runs; ++j) {
+    const int64_t row[4] = {begin + j, begin + runs + j, begin + 2 * runs + j, begin + 3 * runs + j};
+    four(row, 4);
+  }
+  for (int64_t o = begin + 4 * runs; o < end; o += 4) {
+    const int64_t n = std::min<int64_t>(4, end - o);
+    const int64_t row[4] = {o, o + (n > 1 ? 1 : 0), o + (n > 2 ? 2 : 0), o + (n > 3 ? 3 : 0)};
+    if (!streams && o + 12 <= end) {
       const char* ahead = reinterpret_cast<const char*>(q + (o + 8) * row_bytes);
       for (int64_t b = 0; b < 4 * row_bytes; b += 64) __builtin_prefetch(ahead + b);
       const char* ahead_dm = reinterpret_cast<const char*>(dm + (o + 8) * 2 * groups);
       for (int64_t b = 0; b < int64_t{16} * groups; b += 64) __builtin_prefetch(ahead_dm + b);
     }
-    for (int64_t r = 0; r < rows; ++r) {
-      float d[4];
-      kernel(static_cast<const uint8_t* const*>(qs), static_cast<const uint16_t* const*>(dms), r, d);
-      for (int64_t k = 0; k < n; ++k) y[r * ldy + o + k] = bias != nullptr ? d[k] + bias[o + k] : d[k];
-    }
+    four(row, n);
   }
 }
+
+// Whether one row of x reads the weights as four long streams (four_rows_at_a_time).
+bool long_streams(Isa isa, int64_t rows) { return rows == 1 && isa >= Isa::Avx2 && isa < Isa::Avx512Vnni; }
 
 }  // namespace
 
@@ -405,7 +452,7 @@ void dot_rows(const uint8_t* q, const uint16_t* dm, int64_t in, int64_t begin, i
               const float* sx, int64_t rows, const float* bias, float* y, int64_t ldy) {
   const Isa isa = best_isa();
   const int64_t groups = in / kGroup;
-  four_rows_at_a_time(q, dm, in, begin, end, rows, bias, y, ldy,
+  four_rows_at_a_time(q, dm, in, begin, end, rows, long_streams(isa, rows), bias, y, ldy,
                       [&](const uint8_t* const* qs, const uint16_t* const* dms, int64_t r, float* d) {
                         simd::run_on<DotFour>(isa, qs, dms, xs + r * in, sx + r * groups, groups, d);
                       });
@@ -414,16 +461,17 @@ void dot_rows(const uint8_t* q, const uint16_t* dm, int64_t in, int64_t begin, i
 void dot_rows_products(Isa isa, const uint8_t* q, const uint16_t* dm, int64_t in, int64_t begin, int64_t end,
                        const int8_t* qx, const float* sp, int64_t rows, const float* bias, float* y, int64_t ldy) {
   const int64_t groups = in / kGroup;
-  // VNNI's order of x's bytes (pair_inputs), once for this thread's outputs.
-  std::vector<int8_t> paired(isa >= Isa::Avx512Vnni ? static_cast<size_t>(rows * in) : 0);
+  // The AVX2 and VNNI kernels' order of x's bytes (pair_inputs), once for this thread's
+  // outputs.
+  std::vector<int8_t> paired(isa >= Isa::Avx2 ? static_cast<size_t>(rows * in) : 0);
   for (int64_t r = 0; r < rows && !paired.empty(); ++r) pair_inputs(qx + r * in, in, paired.data() + r * in);
-  four_rows_at_a_time(q, dm, in, begin, end, rows, bias, y, ldy,
+  four_rows_at_a_time(q, dm, in, begin, end, rows, long_streams(isa, rows), bias, y, ldy,
                       [&](const uint8_t* const* qs, const uint16_t* const* dms, int64_t r, float* d) {
 #if defined(TORCHATTN_SIMD_X86)
                         if (isa >= Isa::Avx512Vnni) {
                           products_four_vnni(qs, dms, paired.data() + r * in, sp + 2 * r * groups, groups, d);
                         } else if (isa >= Isa::Avx2) {
-                          products_four_avx2(qs, dms, qx + r * in, sp + 2 * r * groups, groups, d);
+                          products_four_avx2(qs, dms, paired.data() + r * in, sp + 2 * r * groups, groups, d);
                         } else {
                           products_four_portable(qs, dms, qx + r * in, sp + 2 * r * groups, groups, d);
                         }

@@ -69,11 +69,11 @@ void group_sums(const float* xs, int64_t rows, int64_t in, float* sx);
 //   qx[r, i] = round(x[r, i] / s[r, g]) in [-127, 127], ties to even (0 where s is 0 or NaN),
 // and each weight row's groups summed in int32 (exact: at most 32 * 15 * 127):
 //   y[r, o] = sum_g float(d[o, g]) s[r, g] sum_{i in g} q[o, i] qx[r, i] + float(m[o, g]) sx[r, g]
-// in float32, within float32 rounding of that sum (the AVX2 kernel sums each group's
-// products in eight int32 lanes and scales them in a vector register; the portable
+// in float32, within float32 rounding of that sum (the AVX2 kernel sums two groups'
+// products in four int32 lanes each and scales them in a vector register; the portable
 // loop a group at a time). AVX2's vpmaddubsw multiplies the weights' unsigned 4-bit
-// values by x's signed bytes directly (no sign trick: the values are non-negative), 32
-// products in three instructions. quantize_inputs writes qx [rows, in] and sp [rows,
+// values by x's signed bytes directly (no sign trick: the values are non-negative), 64
+// products in five instructions. quantize_inputs writes qx [rows, in] and sp [rows,
 // in / 32, 2]: each group's (s, sx) pair, sx the group's float32 sum in order.
 void quantize_inputs(const float* xs, int64_t rows, int64_t in, int8_t* qx, float* sp);
 // As dot_rows with the products above, by the kernel of `isa` (AVX2 and wider: AVX2's;
