@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <array>
 #include <limits>
 #include <string>
 #include <vector>
@@ -74,15 +75,17 @@ TEST_P(Int4Golden, QuantizedWeightsAndProductsMatchPyTorch) {
   // A single row without its batch dimension.
   EXPECT_TRUE(torch::equal(stored.forward(x[0], {}, {}), stored.forward(x.narrow(0, 0, 1), {}, {})[0]));
   // Int8 products (Int8Inputs::Quantized, a CausalLM's layers): x quantized per group of
-  // 32 up to 16 rows, by the widest kernel under the TORCHATTN_ISA cap (the portable loop
-  // below AVX2); more rows the float products above.
+  // 32 by the widest kernel under the TORCHATTN_ISA cap: up to 16 rows the few-rows
+  // kernels (the portable loop below AVX2), more the tiles of AVX2 and wider (below AVX2
+  // the float products above).
   const auto y_products = c.tensor("y_products").to(torch::kFloat);
   const bool few = x.size(0) <= torchattn::kernels::cpu::kQuantizedMatvecRows;
+  const bool tiles = torchattn::kernels::cpu::int4::products_tiles_apply(torchattn::kernels::cpu::best_isa());
   EXPECT_TRUE(tol::close(torchattn::kernels::cpu::quantized_linear(x, data, scale, bias,
                                                                    torchattn::kernels::cpu::Int8Products::Int8),
-                         few ? y_products : c.tensor("y").to(torch::kFloat), int4_sums_of(in)));
+                         few || tiles ? y_products : c.tensor("y").to(torch::kFloat), int4_sums_of(in)));
   PackedLinear quantized(WeightFormat::Int4, torchattn::Int8Inputs::Quantized);
-  const bool products = few && torchattn::kernels::cpu::int8_products_auto();
+  const bool products = (few || tiles) && torchattn::kernels::cpu::int8_products_auto();
   EXPECT_TRUE(tol::close(quantized.forward(x, {weight}, {bias}),
                          products ? y_products : c.tensor("y").to(torch::kFloat), int4_sums_of(in)));
   if (c.tensors.count("dequantized") > 0) {
@@ -154,6 +157,42 @@ TEST(Int4Weights, Int8ProductsKeepEachRowsOwnBits) {
   const auto y = torchattn::kernels::cpu::quantized_linear(x, data, scale, {}, int8);
   EXPECT_FALSE(torch::isfinite(y[3]).any().item<bool>());
   EXPECT_TRUE(torch::equal(y.narrow(0, 4, 12), all.narrow(0, 4, 12)));
+}
+
+// The prefill's tiles (more than 16 rows, AVX2 and wider) against the portable loop of
+// the few-rows kernels (checked against PyTorch above) over shapes: panels of 16 outputs
+// and a short last one, one group and many, blocks of rows and their ends; each row's
+// outputs its own bits in any batch that takes the tiles. Below AVX2 (TORCHATTN_ISA=
+// scalar) a prefill takes the float products instead, bit for bit.
+TEST(Int4Weights, PrefillTilesMatchThePortableProducts) {
+  namespace cpu = torchattn::kernels::cpu;
+  const bool tiles = cpu::int4::products_tiles_apply(cpu::best_isa());
+  torch::manual_seed(66);
+  torch::NoGradGuard no_grad;
+  for (const auto& [out, in, rows] :
+       std::vector<std::array<int64_t, 3>>{{16, 32, 17}, {40, 64, 18}, {33, 2112, 19}, {7, 96, 70}, {50, 8192, 37}}) {
+    SCOPED_TRACE(std::to_string(rows) + " rows, " + std::to_string(out) + " x " + std::to_string(in));
+    auto [data, scale] = cpu::quantize_int4_groups(torch::randn({out, in}));
+    const auto bias = torch::randn({out});
+    const auto x = torch::randn({rows, in});
+    const auto y = cpu::quantized_linear(x, data, scale, bias, cpu::Int8Products::Int8);
+    if (!tiles) {
+      EXPECT_TRUE(torch::equal(y, cpu::quantized_linear(x, data, scale, bias, cpu::Int8Products::Float)));
+      continue;
+    }
+    const int64_t groups = in / 32;
+    std::vector<int8_t> qx(static_cast<size_t>(rows * in));
+    std::vector<float> sp(static_cast<size_t>(2 * rows * groups));
+    cpu::int4::quantize_inputs(x.const_data_ptr<float>(), rows, in, qx.data(), sp.data());
+    auto want = torch::empty({rows, out});
+    cpu::int4::dot_rows_products(cpu::Isa::Scalar, data.const_data_ptr<uint8_t>(),
+                                 reinterpret_cast<const uint16_t*>(scale.const_data_ptr<at::Half>()), in, 0, out,
+                                 qx.data(), sp.data(), rows, bias.const_data_ptr<float>(),
+                                 want.mutable_data_ptr<float>(), out);
+    EXPECT_TRUE(tol::close(y, want, int4_sums_of(in)));
+    const auto head = cpu::quantized_linear(x.narrow(0, 0, 17), data, scale, bias, cpu::Int8Products::Int8);
+    EXPECT_TRUE(torch::equal(head, y.narrow(0, 0, 17)));
+  }
 }
 
 TEST(Int4Weights, RefusalsNameWhatDiffers) {

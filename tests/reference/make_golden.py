@@ -245,7 +245,7 @@ def int4_cases(w):
     0), the 16 bytes of a group holding inputs j (low 4 bits) and j + 16 (high); the
     dequantized weights q d + m in float32 (exact: q d needs 15 bits) and the outputs
     x W^T + b in float64 from them (the kernels sum in float32); y_products with x
-    quantized per group of 32 (Int8Products, up to 16 rows)."""
+    quantized per group of 32 (Int8Products)."""
     group = 32
     g = torch.Generator().manual_seed(35)
     # rows: 1 and 3 the matrix-vector kernel (four weight rows at a time, the last short),
@@ -269,14 +269,15 @@ def int4_cases(w):
         scale = torch.stack([d, m], -1)
         dequantized = (q.float() * df + mf).reshape(out, inp)
         y = x.double() @ dequantized.double().T + bias.double()
-        # Int8 products (up to 16 rows): x quantized per group of 32 (s = max |x| / 127,
-        # round(x / s) in [-127, 127]), integer sums exact, then d s each and m times x's sum.
+        # Int8 products: x quantized per group of 32 (s = max |x| / 127, round(x / s) in
+        # [-127, 127]), integer sums exact, then d s each and m times the quantized x's sum
+        # (s times the integers' sum, in float32 as the kernels compute it).
         xg = x.reshape(rows, inp // group, group)
         sq = xg.abs().amax(-1) / 127.0
         qx = torch.round(xg / torch.where(sq > 0, sq, torch.ones_like(sq))[..., None]).clamp(-127, 127)
         sums = torch.einsum("rgi,ogi->rog", qx.double(), q.double())  # exact integers
         y_products = ((sums * df.double().squeeze(-1)[None] * sq.double()[:, None]).sum(-1)
-                      + xg.double().sum(-1) @ mf.double().squeeze(-1).T + bias.double())
+                      + (sq * qx.sum(-1)).double() @ mf.double().squeeze(-1).T + bias.double())
         tensors = {"weight": weight, "bias": bias, "x": x, "data": data, "scale": scale, "y": y,
                    "y_products": y_products}
         if name == "small":  # the rows an embedding reads (the file's size: once is enough)

@@ -481,9 +481,11 @@ void dot_rows_products(Isa isa, const uint8_t* q, const uint16_t* dm, int64_t in
                       });
 }
 
-void quantize_inputs(const float* xs, int64_t rows, int64_t in, int8_t* qx, float* sp) {
-  const int64_t groups = in / kGroup;
-  for (int64_t r = 0; r < rows; ++r) {
+namespace {
+
+// Rows [r0, r1) of quantize_inputs.
+void quantize_input_rows(const float* xs, int64_t r0, int64_t r1, int64_t in, int64_t groups, int8_t* qx, float* sp) {
+  for (int64_t r = r0; r < r1; ++r) {
     for (int64_t g = 0; g < groups; ++g) {
       const float* x = xs + r * in + g * kGroup;
       int8_t* q = qx + r * in + g * kGroup;
@@ -494,16 +496,32 @@ void quantize_inputs(const float* xs, int64_t rows, int64_t in, int8_t* qx, floa
         most = std::max(most, std::fabs(x[i]));
       }
       const float scale = finite ? most / 127.0f : std::numeric_limits<float>::quiet_NaN();
-      float sum = 0.0f;
-      for (int64_t i = 0; i < kGroup; ++i) sum += x[i];
-      sp[2 * (r * groups + g)] = scale;
-      sp[2 * (r * groups + g) + 1] = sum;
+      int32_t sum = 0;
       for (int64_t i = 0; i < kGroup; ++i) {
         q[i] = finite && scale > 0.0f ? static_cast<int8_t>(std::clamp(std::nearbyint(x[i] / scale), -127.0f, 127.0f))
                                       : int8_t{0};
+        sum += q[i];
       }
+      sp[2 * (r * groups + g)] = scale;
+      // The sum of the quantized x (s times the integers' sum), not of x: the offset m
+      // then meets the same x as the steps d do, and the product is that of the
+      // dequantized weights with the quantized x (llama.cpp's q8_1). With x's own sum
+      // the rounding of x met d q (never negative) instead of d q + m. SmolLM2-135M's
+      // Q4_1 file, the perplexity of 1270 tokens in windows of 128 with the prefill's
+      // tiles: 44.21 against 45.15 with x's sum (float32 43.93; llama.cpp 44.19).
+      sp[2 * (r * groups + g) + 1] = scale * static_cast<float>(sum);
     }
   }
+}
+
+}  // namespace
+
+void quantize_inputs(const float* xs, int64_t rows, int64_t in, int8_t* qx, float* sp) {
+  const int64_t groups = in / kGroup;
+  // Rows over the intra-op threads where there are many (a prefill): each row's bits
+  // are its own.
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(in, 1)),
+                   [&](int64_t r0, int64_t r1) { quantize_input_rows(xs, r0, r1, in, groups, qx, sp); });
 }
 
 void group_sums(const float* xs, int64_t rows, int64_t in, float* sx) {

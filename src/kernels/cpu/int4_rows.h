@@ -68,18 +68,29 @@ void group_sums(const float* xs, int64_t rows, int64_t in, float* sx);
 //   s[r, g] = max |x[r, group g]| / 127 (NaN where the group holds a NaN or inf),
 //   qx[r, i] = round(x[r, i] / s[r, g]) in [-127, 127], ties to even (0 where s is 0 or NaN),
 // and each weight row's groups summed in int32 (exact: at most 32 * 15 * 127):
-//   y[r, o] = sum_g float(d[o, g]) s[r, g] sum_{i in g} q[o, i] qx[r, i] + float(m[o, g]) sx[r, g]
+//   sq[r, g] = s[r, g] * sum_{i in g} qx[r, i] (float32: x's sum as quantized),
+//   y[r, o] = sum_g float(d[o, g]) s[r, g] sum_{i in g} q[o, i] qx[r, i] + float(m[o, g]) sq[r, g]
 // in float32, within float32 rounding of that sum (the AVX2 kernel sums two groups'
 // products in four int32 lanes each and scales them in a vector register; the portable
 // loop a group at a time). AVX2's vpmaddubsw multiplies the weights' unsigned 4-bit
 // values by x's signed bytes directly (no sign trick: the values are non-negative), 64
 // products in five instructions. quantize_inputs writes qx [rows, in] and sp [rows,
-// in / 32, 2]: each group's (s, sx) pair, sx the group's float32 sum in order.
+// in / 32, 2]: each group's (s, sq) pair.
 void quantize_inputs(const float* xs, int64_t rows, int64_t in, int8_t* qx, float* sp);
 // As dot_rows with the products above, by the kernel of `isa` (AVX2 and wider: AVX2's;
 // else the portable loop).
 void dot_rows_products(Isa isa, const uint8_t* q, const uint16_t* dm, int64_t in, int64_t begin, int64_t end,
                        const int8_t* qx, const float* sp, int64_t rows, const float* bias, float* y, int64_t ldy);
+
+// More rows (a prefill), with the same products: every output [0, out) of the weights
+// for the `rows` rows of qx and sp (quantize_inputs'), y[r * ldy + o] (+ bias[o]), over
+// the intra-op threads (int4_tiles.cpp): a panel of 16 outputs at a time repacked to
+// bytes, tiles of 4 rows of x over it, each group's int8 products summed exactly and
+// scaled as above in float32. products_tiles_apply(isa): whether `isa` has the kernel
+// (AVX2 and wider); else a prefill widens the weights for a float32 GEMM.
+bool products_tiles_apply(Isa isa);
+void products_tiles(Isa isa, const uint8_t* q, const uint16_t* dm, int64_t out, int64_t in, const int8_t* qx,
+                    const float* sp, int64_t rows, const float* bias, float* y, int64_t ldy);
 
 }  // namespace int4
 

@@ -446,6 +446,15 @@ bool int8_products_auto() {
   return best_isa() >= Isa::Avx2;  // a vector int8 kernel (int8_products.h)
 }
 
+namespace {
+
+// Whether int4 weights take the int8 products (quantized_linear.h).
+bool int4_products_apply(Int8Products products) {
+  return products == Int8Products::Int8 || (products == Int8Products::Auto && int8_products_auto());
+}
+
+}  // namespace
+
 std::pair<at::Tensor, at::Tensor> quantize_int8_groups(const at::Tensor& weight_in) {
   TORCH_CHECK(weight_in.dim() == 2 && weight_in.scalar_type() == at::kFloat,
               "quantize_int8_groups: expected a float32 weight [out, in], got ", weight_in.sizes(), " of ",
@@ -583,8 +592,7 @@ at::Tensor quantized_linear(const at::Tensor& x_in, at::ArrayRef<QuantizedWeight
     // int4: x's group sums, and with int8 products x quantized per group of 32, once
     // for every part.
     const int64_t groups = int4 ? in / kInt4Group : 0;
-    const bool int4_products = int4 && (products == Int8Products::Int8 ||
-                                        (products == Int8Products::Auto && int8_products_auto()));
+    const bool int4_products = int4 && int4_products_apply(products);
     std::vector<float> sx(int4 && !int4_products ? static_cast<size_t>(rows * groups) : 0);
     std::vector<float> qscale(int4_products ? static_cast<size_t>(2 * rows * groups) : 0);
     std::vector<int8_t> qx(int4_products ? static_cast<size_t>(rows * in) : 0);
@@ -598,6 +606,20 @@ at::Tensor quantized_linear(const at::Tensor& x_in, at::ArrayRef<QuantizedWeight
       col += p.data.size(0);
     }
     matvec(x.const_data_ptr<float>(), rows, calls);
+  } else if (int4 && int4_products_apply(products) && int4::products_tiles_apply(best_isa())) {
+    // A prefill of int4 weights with the int8 products: x quantized once for every part.
+    const int64_t groups = in / kInt4Group;
+    std::vector<float> qscale(static_cast<size_t>(2 * rows * groups));
+    std::vector<int8_t> qx(static_cast<size_t>(rows * in));
+    int4::quantize_inputs(x.const_data_ptr<float>(), rows, in, qx.data(), qscale.data());
+    float* y0 = y.mutable_data_ptr<float>();
+    int64_t col = 0;
+    for (const auto& p : parts) {
+      const Weights w = weights_of(p.data, p.scale);
+      int4::products_tiles(best_isa(), static_cast<const uint8_t*>(w.q), w.dm, w.out, in, qx.data(), qscale.data(),
+                           rows, p.bias.defined() ? p.bias.const_data_ptr<float>() : nullptr, y0 + col, total);
+      col += p.data.size(0);
+    }
   } else {
     int64_t col = 0;
     for (const auto& p : parts) {
