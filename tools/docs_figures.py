@@ -108,6 +108,9 @@ FIGURES = {
     "weights_zen3.targets": Table("weights-zen3.md", "target", "Targets"),
     "scale.table": Table("scale.md", "runtime, weights"),
     "scale.targets": Table("scale.md", "target", "Targets"),
+    # quant.md: four-bit weights on the same model beside llama.cpp's Q4_0 and Q4_K_M.
+    "quant.table": Table("quant.md", "runtime, weights"),
+    "quant.targets": Table("quant.md", "target", "Targets"),
     # scale-zen3.md: the scale page kept from a CPU without AVX-512 or VNNI.
     "scale_zen3.targets": Table("scale-zen3.md", "target", "Targets"),
     "weights.bandwidth": Text("weights.md", r"^The memory read bandwidth measured by the best int8 run \(2 threads\), "

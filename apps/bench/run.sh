@@ -7,7 +7,8 @@
 # transformers' batched generate, apps/bench/results/serve.md. A Llama-3.2-1B-shaped
 # model beside transformers, CTranslate2 and llama.cpp: apps/bench/results/scale.md. Pass
 # --quick for a smoke run, --generate-only, --embed-only, --serve-only, --weights-only,
-# --packed-only, --scale-only, --flex-only or --attention-only (benchmarks.md) for one part alone. Packed documents (forward_packed against a padded batch and one long
+# --packed-only, --scale-only, --quant-only, --flex-only or --attention-only (benchmarks.md) for one part alone.
+# Four-bit weights on the same model beside llama.cpp's Q4_0 and Q4_K_M: apps/bench/results/quant.md. Packed documents (forward_packed against a padded batch and one long
 # sequence, train_gpt --pack/--pad/--checkpoint-activations): apps/bench/results/packed.md.
 # FlexAttention against our dedicated kernels, ATen's SDPA and PyTorch's torch.compile'd
 # flex_attention (T=4096; FLEX_T and FLEX_ROUNDS change the length and the rounds):
@@ -35,6 +36,7 @@ serve_only=0
 weights_only=0
 packed_only=0
 scale_only=0
+quant_only=0
 attention_only=0
 flex_only=0
 args=()
@@ -49,6 +51,7 @@ while [ $# -gt 0 ]; do
     --weights-only) weights_only=1; shift ;;
     --packed-only) packed_only=1; shift ;;
     --scale-only) scale_only=1; shift ;;
+    --quant-only) quant_only=1; shift ;;
     --attention-only) attention_only=1; shift ;;
     --flex-only) flex_only=1; shift ;;
     *) args+=("$1"); shift ;;
@@ -254,8 +257,66 @@ case "$device" in
         "llama-q8_0:$work/llama.cpp/scale-q8_0.gguf" >/dev/null
       echo "bench: wrote $docs/scale.md"
     }
+    # Four-bit weights on the same 1B-shaped model: torchattn int8 and int4 (its own
+    # folders, and llama.cpp's Q4_0 and Q4_K_M files run with --dtype int4) beside
+    # llama.cpp Q8_0, Q4_0 and Q4_K_M (apps/bench/results/quant.md). QUANT_ROUNDS rounds
+    # (default 2; 1 with --quick); the prefill of 512 tokens in the first round only.
+    quant() {
+      local model=${SCALE_MODEL:-.cache/scale-1b} work="$out/scale" gen=./build/apps/generate/torchattn_generate
+      local bench=./build/apps/bench/generate/torchattn_generate_bench
+      .venv/bin/python tools/convert_smollm2.py "$smollm2"
+      .venv/bin/python tools/make_scale_model.py --tokenizer "$smollm2" "$model"
+      .venv/bin/python -c "import llama_cpp" 2>/dev/null ||
+        .venv/bin/pip install --quiet llama-cpp-python==0.3.36 diskcache==5.6.3 sentencepiece==0.2.1
+      mkdir -p "$work"
+      local d kind
+      for d in int8 int4; do
+        grep -q '"checksums"' "$model-$d/torchattn_weights.json" 2>/dev/null ||
+          "$gen" --model "$model" --dtype "$d" --save "$model-$d"
+      done
+      declare -A gguf
+      for kind in q8_0 q4_0 q4_k_m; do
+        gguf[$kind]=$(.venv/bin/python apps/bench/peers/llama_cpp_generate.py --model "$model" --type "$kind" \
+          --work "$work/llama.cpp" --name scale --make-only | tail -n 1)
+      done
+      local rounds=${QUANT_ROUNDS:-2} tokens=32 prompts=512 runs=() r t cfg json mode
+      [ "$quick" = 1 ] && { rounds=1; tokens=8; prompts=128; }
+      for r in $(seq 1 "$rounds"); do
+        for t in 2 1; do
+          for cfg in ours-int8 ours-int4 ours-int4-q4_0 ours-int4-q4_k_m llama-q8_0 llama-q4_0 llama-q4_k_m; do
+            mode=(--cold-load --long-prompts "$prompts")
+            [ "$r" -gt 1 ] && mode=(--cold-load --decode-only)
+            [ "$t" = 1 ] && mode=(--decode-only)
+            json="$work/quant-$cfg-$t-r$r.json"
+            case "$cfg" in
+              ours-int8 | ours-int4)
+                OMP_NUM_THREADS=$t "$bench" --model "$model-${cfg#ours-}" --threads "$t" --dtype "${cfg#ours-}" \
+                  --new-tokens "$tokens" "${mode[@]}" --json "$json" ;;
+              ours-int4-*)
+                OMP_NUM_THREADS=$t "$bench" --model "${gguf[${cfg#ours-int4-}]}" --threads "$t" --dtype int4 \
+                  --new-tokens "$tokens" "${mode[@]}" --json "$json" ;;
+              llama-*)
+                OMP_NUM_THREADS=$t .venv/bin/python apps/bench/peers/llama_cpp_generate.py --model "$model" \
+                  --threads "$t" --type "${cfg#llama-}" --work "$work/llama.cpp" --name scale \
+                  --new-tokens "$tokens" "${mode[@]}" --json "$json" ;;
+            esac
+            runs+=("$cfg:$t:$json")
+          done
+        done
+      done
+      .venv/bin/python apps/bench/generate/report_quant.py --runs "${runs[@]}" --out "$docs" \
+        --folders "ours-int8:$model-int8" "ours-int4:$model-int4" "ours-int4-q4_0:${gguf[q4_0]}" \
+        "ours-int4-q4_k_m:${gguf[q4_k_m]}" "llama-q8_0:${gguf[q8_0]}" "llama-q4_0:${gguf[q4_0]}" \
+        "llama-q4_k_m:${gguf[q4_k_m]}" >/dev/null
+      echo "bench: wrote $docs/quant.md"
+    }
     if [ "$scale_only" = 1 ]; then
       scale
+      figures
+      exit 0
+    fi
+    if [ "$quant_only" = 1 ]; then
+      quant
       figures
       exit 0
     fi
@@ -378,6 +439,7 @@ case "$device" in
     [ "$generate_only" = 1 ] || packed
     [ "$generate_only" = 1 ] || flex
     [ "$generate_only" = 1 ] || scale
+    [ "$generate_only" = 1 ] || quant
     ;;
   cuda)
     BUILD=${BUILD:-build-gpu}

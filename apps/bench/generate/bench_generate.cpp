@@ -10,17 +10,20 @@
 //   torchattn_generate_bench --model DIR --prefill-only [--threads N] [--dtype ...]
 //   ... [--new-tokens N] [--long-prompts 512,2048] [--cold-load]
 //
+// --model: a folder, or a GGUF file (its F32, F16, BF16 and quantized tensors as
+// LanguageModel::from_pretrained loads them; --dtype int4 keeps Q4_0 and Q4_1 blocks).
 // --dtype: the weights' format (torchattn::WeightFormat; float32 activations).
 //
 // --decode-only measures decoding tokens/s alone (apps/bench/run.sh runs it on an idle
 // machine and with one core kept busy by another process, at 2 threads and at 1).
 // --prefill-only measures the long prompt's prefill alone, 10 warm runs (for profiling it).
 // --long-prompts: the prefills measured (default 512; each the median of its warm runs).
-// --cold-load: the folder's files evicted from the page cache (posix_fadvise DONTNEED)
+// --cold-load: the folder's files (or the GGUF file) evicted from the page cache (posix_fadvise DONTNEED)
 // and the model loaded once first (load_cold_s); then the peak RSS starts again and the
 // measured load is warm (the scale page, apps/bench/results/scale.md).
 
 #include "fmt.h"
+#include "model_source.h"
 #include "reuse_memory.h"
 
 #include <torchattn/models.h>
@@ -61,14 +64,19 @@ int64_t status_kb(const char* key) {
 
 double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Drops the page-cache pages of every file in `dir` (the next read comes from the disk).
-void evict(const std::filesystem::path& dir) {
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    if (!entry.is_regular_file()) continue;
-    const int fd = ::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    ::close(fd);
+// Drops the page-cache pages of a file (the next read comes from the disk).
+void evict_file(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+// The same for a GGUF file, or for every file in a folder.
+void evict(const std::filesystem::path& model) {
+  if (!std::filesystem::is_directory(model)) return evict_file(model);
+  for (const auto& entry : std::filesystem::directory_iterator(model)) {
+    if (entry.is_regular_file()) evict_file(entry.path());
   }
 }
 
@@ -102,7 +110,9 @@ int main(int argc, char** argv) {
   int threads = 2;
   int64_t new_tokens_option = 0;
   bool quick = false, decode_only = false, prefill_only = false, cold_load = false, no_verify = false;
-  app.add_option("--model", model_dir, "a Hugging Face model folder")->required()->check(CLI::ExistingDirectory);
+  app.add_option("--model", model_dir, "a Hugging Face model folder, or a GGUF file")
+      ->required()
+      ->check(apps::folder_or_gguf());
   app.add_option("--threads", threads, "intra-op threads");
   app.add_option("--dtype", dtype_name, "the weights' format: float32, bfloat16, int8, dynamic-int8 or int4")
       ->check(CLI::IsMember({"float32", "bfloat16", "int8", "dynamic-int8", "int4"}));
@@ -123,12 +133,19 @@ int main(int argc, char** argv) {
   const int64_t prompt_len = 32, new_tokens = new_tokens_option > 0 ? new_tokens_option : quick ? 16 : 128;
   const std::vector<int64_t> long_prompts = lengths_of(long_prompts_text.empty() ? (quick ? "128" : "512")
                                                                                  : long_prompts_text);
-  const auto config = torchattn::models::read_decoder_config((dir / "config.json").string());
+  const auto config = apps::decoder_config(model_dir);
+  const bool gguf = torchattn::models::is_gguf_file(model_dir);
   const auto load = [&](int64_t context) {
     // As torchattn_generate loads: from the file, mapped; a folder of frozen weights
-    // (torchattn_generate --save) as it is.
-    return torchattn::models::load_causal_lm(config, context, model_dir,
-                                             torchattn::weight_format_from_string(dtype_name), !no_verify);
+    // (torchattn_generate --save) as it is; a GGUF file as LanguageModel loads it (with
+    // --dtype int4 its Q4_0 and Q4_1 blocks as they are).
+    const auto format = torchattn::weight_format_from_string(dtype_name);
+    if (gguf) {
+      torchattn::models::LoadOptions options;
+      options.weight_format(format).context_length(context);
+      return torchattn::models::LanguageModel::from_pretrained(model_dir, options).model();
+    }
+    return torchattn::models::load_causal_lm(config, context, model_dir, format, !no_verify);
   };
 
   // 0. A cold load: the files from the disk.

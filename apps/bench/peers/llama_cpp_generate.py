@@ -3,13 +3,15 @@
 llama-cpp-python (PyPI: built from source with the llama.cpp it vendors, for this CPU). The
 SmolLM2 folder is converted once per type (F32 or Q8_0) by the convert_hf_to_gguf.py of that
 same llama.cpp (taken from the package's source distribution, which pip downloads into
---work), then measured as torchattn_generate_bench measures: decoding tokens/s after a
-32-token prompt (128 new tokens, greedy, the median of 3), a warm prefill of 512 tokens (its
+--work), and Q4_0, Q4_1 and Q4_K_M are made from the F32 file by its quantizer
+(llama_model_quantize, llama-quantize's defaults); then measured as torchattn_generate_bench
+measures: decoding tokens/s after a 32-token prompt (128 new tokens, greedy, the median of 3), a warm prefill of 512 tokens (its
 first token, the median of 5 after a warm-up) and the peak RSS, at the given threads.
 
 Usage: .venv/bin/python apps/bench/peers/llama_cpp_generate.py --model DIR --type q8_0 --threads 2
            --work DIR [--json out.json] [--quick]
            [--name NAME] [--new-tokens N] [--long-prompts 512,2048] [--cold-load] [--decode-only]
+       .venv/bin/python apps/bench/peers/llama_cpp_generate.py --model DIR --type q4_0 --work DIR --make-only
 
 --name: the GGUF files' name in --work (default smollm2). --long-prompts: the warm
 prefills measured (each the median of its runs after a warm-up). --cold-load: the GGUF
@@ -17,6 +19,7 @@ evicted from the page cache and loaded once first (load_cold_s), then the peak R
 again and the measured load is warm. --decode-only: no prefills.
 """
 
+import ctypes
 import glob
 import json
 import os
@@ -65,20 +68,47 @@ def staged(model, work):
     return d
 
 
-def main():
-    ap = peer_arguments(__doc__)
-    ap.add_argument("--type", default="q8_0", choices=["f32", "q8_0"])
-    ap.add_argument("--work", required=True, help="where the converter and the GGUF files are kept")
-    ap.add_argument("--name", default="smollm2")
-    a = ap.parse_args()
-    os.makedirs(a.work, exist_ok=True)
-    gguf = os.path.join(a.work, f"{a.name}-{a.type}.gguf")
-    if not os.path.exists(gguf):
-        r = subprocess.run([sys.executable, converter(a.work), staged(a.model, a.work), "--outtype", a.type,
+# The types llama.cpp's quantizer makes from its F32 file (llama-quantize's names).
+QUANTIZED = {"q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1",
+             "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
+
+
+def made(model, work, name, kind):
+    """The GGUF file of `kind` in work, made when missing: F32 and Q8_0 by the converter,
+    the 4-bit types by llama.cpp's quantizer (llama_model_quantize, as llama-quantize runs
+    it with its defaults) from the F32 file."""
+    gguf = os.path.join(work, f"{name}-{kind}.gguf")
+    if os.path.exists(gguf):
+        return gguf
+    if kind in QUANTIZED:
+        source = made(model, work, name, "f32")
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = getattr(llama_cpp, QUANTIZED[kind])
+        params.nthread = os.cpu_count() or 1
+        code = llama_cpp.llama_model_quantize(source.encode(), (gguf + ".part").encode(), ctypes.byref(params))
+        if code != 0:
+            sys.exit(f"llama_cpp_generate: llama_model_quantize to {kind} failed ({code})")
+    else:
+        r = subprocess.run([sys.executable, converter(work), staged(model, work), "--outtype", kind,
                             "--outfile", gguf + ".part"], capture_output=True, text=True)
         if r.returncode != 0:
             sys.exit(f"llama_cpp_generate: convert_hf_to_gguf.py failed ({r.returncode}):\n{r.stderr[-3000:]}")
-        os.replace(gguf + ".part", gguf)
+    os.replace(gguf + ".part", gguf)
+    return gguf
+
+
+def main():
+    ap = peer_arguments(__doc__)
+    ap.add_argument("--type", default="q8_0", choices=["f32", "q8_0", "q4_0", "q4_1", "q4_k_m"])
+    ap.add_argument("--work", required=True, help="where the converter and the GGUF files are kept")
+    ap.add_argument("--name", default="smollm2")
+    ap.add_argument("--make-only", action="store_true", help="make the GGUF file, print its path and stop")
+    a = ap.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    gguf = made(a.model, a.work, a.name, a.type)
+    if a.make_only:
+        print(gguf)
+        return
     new_tokens, long_prompts = plan(a)
     n_ctx = max([1024, 32 + new_tokens] + [n + 8 for n in long_prompts])
     rng = random.Random(0)
