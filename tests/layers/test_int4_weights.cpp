@@ -76,7 +76,7 @@ TEST_P(Int4Golden, QuantizedWeightsAndProductsMatchPyTorch) {
   EXPECT_TRUE(torch::equal(stored.forward(x[0], {}, {}), stored.forward(x.narrow(0, 0, 1), {}, {})[0]));
   // Int8 products (Int8Inputs::Quantized, a CausalLM's layers): x quantized per group of
   // 32 by the widest kernel under the TORCHATTN_ISA cap: up to 16 rows the few-rows
-  // kernels (the portable loop below AVX2), more the tiles of AVX2 and wider (below AVX2
+  // kernels (the portable loop below AVX2), more the tiles where they apply (AVX2; else
   // the float products above).
   const auto y_products = c.tensor("y_products").to(torch::kFloat);
   const bool few = x.size(0) <= torchattn::kernels::cpu::kQuantizedMatvecRows;
@@ -159,11 +159,12 @@ TEST(Int4Weights, Int8ProductsKeepEachRowsOwnBits) {
   EXPECT_TRUE(torch::equal(y.narrow(0, 4, 12), all.narrow(0, 4, 12)));
 }
 
-// The prefill's tiles (more than 16 rows, AVX2 and wider) against the portable loop of
+// The prefill's tiles (more than 16 rows, AVX2) against the portable loop of
 // the few-rows kernels (checked against PyTorch above) over shapes: panels of 16 outputs
 // and a short last one, one group and many, blocks of rows and their ends; each row's
-// outputs its own bits in any batch that takes the tiles. Below AVX2 (TORCHATTN_ISA=
-// scalar) a prefill takes the float products instead, bit for bit.
+// outputs its own bits in any batch that takes the tiles. Where they do not apply
+// (TORCHATTN_ISA=scalar; AVX-512, until measured there) a prefill takes the float
+// products instead, bit for bit.
 TEST(Int4Weights, PrefillTilesMatchThePortableProducts) {
   namespace cpu = torchattn::kernels::cpu;
   const bool tiles = cpu::int4::products_tiles_apply(cpu::best_isa());

@@ -86,8 +86,9 @@ void dot_rows_products(Isa isa, const uint8_t* q, const uint16_t* dm, int64_t in
 // for the `rows` rows of qx and sp (quantize_inputs'), y[r * ldy + o] (+ bias[o]), over
 // the intra-op threads (int4_tiles.cpp): a panel of 16 outputs at a time repacked to
 // bytes, tiles of 4 rows of x over it, each group's int8 products summed exactly and
-// scaled as above in float32. products_tiles_apply(isa): whether `isa` has the kernel
-// (AVX2 and wider); else a prefill widens the weights for a float32 GEMM.
+// scaled as above in float32. products_tiles_apply(isa): whether a prefill takes them
+// under `isa` (AVX2; AVX-512 not yet measured); else it widens the weights for a
+// float32 GEMM.
 bool products_tiles_apply(Isa isa);
 void products_tiles(Isa isa, const uint8_t* q, const uint16_t* dm, int64_t out, int64_t in, const int8_t* qx,
                     const float* sp, int64_t rows, const float* bias, float* y, int64_t ldy);

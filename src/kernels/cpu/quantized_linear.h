@@ -49,8 +49,8 @@ std::pair<at::Tensor, at::Tensor> quantize_int8_groups(const at::Tensor& weight)
 /// widest kernel this CPU runs, the same numbers with each). Auto: Int8 where
 /// int8_products_auto(), else Float. Int4 weights (uint8 data, int4_rows.h) take Int8
 /// too: x quantized per group of 32 (int4_rows.h's products), up to
-/// kQuantizedMatvecRows rows by the few-rows kernels and past them by the tiles of
-/// AVX2 and wider (products_tiles; the portable build widens tiles for a float32 GEMM).
+/// kQuantizedMatvecRows rows by the few-rows kernels and past them, on AVX2, by the
+/// tiles (products_tiles; elsewhere a prefill widens tiles for a float32 GEMM).
 /// bfloat16 weights ignore it.
 enum class Int8Products : int8_t { Auto, Float, Int8 };
 
