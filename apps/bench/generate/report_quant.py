@@ -21,7 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from machine import machine  # noqa: E402  (apps/bench/machine.py: the same machine line as every page)
-from report_scale import cpu_family, fmt, size_of  # noqa: E402
+from report_scale import cpu_family, fmt, size_of, targets_md  # noqa: E402
 from report_weights import cpu_flags, load, paired  # noqa: E402
 
 ORDER = ["ours-int8", "ours-int4", "ours-int4-q4_0", "ours-int4-q4_k_m", "llama-q8_0", "llama-q4_0", "llama-q4_k_m"]
@@ -96,10 +96,7 @@ def main():
         if (n, 2) in runs and n in sizes:
             checks.append((f"{LABEL[n]}: peak RSS of a generation <= 1.2x the weights' size",
                            runs[(n, 2)]["peak_rss_mib"] * 2**20 / sizes[n], "<=", 1.2))
-    md += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
-    for name, val, op, lim in checks:
-        ok = val >= lim if op == ">=" else val <= lim
-        md.append(f"| {name} | {val:.4g} | {'yes' if ok else '**no**'} |")
+    md += targets_md(checks)
     r = runs.get(("ours-int4", 2), {})
     if r.get("bandwidth_gbps") and r.get("step_bytes"):
         bound = r["bandwidth_gbps"] * 1e9 / r["step_bytes"]

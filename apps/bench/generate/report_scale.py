@@ -57,6 +57,15 @@ def fmt(v, digits=2):
     return "" if v is None else f"{v:.{digits}f}"
 
 
+def targets_md(checks):
+    """The Targets section of (name, value, ">=" or "<=", limit) checks."""
+    md = ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
+    for name, val, op, lim in checks:
+        ok = val >= lim if op == ">=" else val <= lim
+        md.append(f"| {name} | {val:.4g} | {'yes' if ok else '**no**'} |")
+    return md
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", nargs="+", required=True)
@@ -143,10 +152,7 @@ def main():
     vnni = any(f in cpu_flags().split(", ") for f in ("avx512_vnni", "avx_vnni"))
     add("(with VNNI, the moonshot asks it without) int8 decoding >= 1.3x llama.cpp Q8_0" if vnni else
         "moonshot, without VNNI: int8 decoding >= 1.3x llama.cpp Q8_0", "ours-int8", "llama-q8_0", dec, ">=", 1.3)
-    md += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
-    for name, val, op, lim in checks:
-        ok = val >= lim if op == ">=" else val <= lim
-        md.append(f"| {name} | {val:.4g} | {'yes' if ok else '**no**'} |")
+    md += targets_md(checks)
     if ("ours-int8", 2) in runs:
         r = runs[("ours-int8", 2)]
         if r.get("bandwidth_gbps"):
