@@ -14,6 +14,18 @@ all: build
 setup:
 	@bash tools/setup.sh
 
+# The compiler cache: ccache where it is installed (tools/setup.sh installs it), for every
+# configuration below (CCACHE= turns it off). Paths under this folder are hashed
+# relative to it (CCACHE_BASEDIR) and kept out of __FILE__ (-ffile-prefix-map), so a
+# fresh clone in another folder reuses the objects of any earlier build on the machine:
+# CI's clones compile only what changed. The precompiled header's consumers hit too
+# (CCACHE_SLOPPINESS, as ccache's manual asks for precompiled headers).
+CCACHE ?= $(shell command -v ccache 2>/dev/null)
+export CCACHE_BASEDIR ?= $(CURDIR)
+export CCACHE_SLOPPINESS ?= pch_defines,time_macros,include_file_mtime,include_file_ctime
+CACHE_FLAGS = $(if $(CCACHE),-DCMAKE_CXX_COMPILER_LAUNCHER=$(CCACHE) -DCMAKE_CUDA_COMPILER_LAUNCHER=$(CCACHE)) \
+              -DCMAKE_CXX_FLAGS=-ffile-prefix-map=$(CURDIR)/=
+
 # Compiler warnings (-Wall -Wextra on every target) are errors in CI (CI=true): WERROR=ON.
 WERROR ?= $(if $(filter true,$(CI)),ON,OFF)
 # An -O flag for the tests and apps only (cmake/tests_and_apps.cmake); empty: -O3. CI
@@ -22,7 +34,7 @@ TESTS_APPS_OPT ?=
 $(BUILD)/build.ninja: CMakeLists.txt | setup
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release \
 	  -DCMAKE_PREFIX_PATH="$(CMAKE_PREFIX)" -DTORCHATTN_PYTHON=$(CURDIR)/$(PY) -DTORCHATTN_WERROR=$(WERROR) \
-	  -DTORCHATTN_TESTS_APPS_OPT=$(TESTS_APPS_OPT)
+	  -DTORCHATTN_TESTS_APPS_OPT=$(TESTS_APPS_OPT) $(CACHE_FLAGS)
 
 configure: setup $(BUILD)/build.ninja
 
@@ -61,7 +73,7 @@ build-cuda: setup
 	cmake -S . -B $(BUILD)-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="$(CUDA_OPT) -DNDEBUG" \
 	  -DCMAKE_PREFIX_PATH="$$($(CUDA_PY) -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
 	  -DCUDA_TOOLKIT_ROOT_DIR=$(CUDA_HOME) -DCMAKE_CUDA_COMPILER=$(CUDA_HOME)/bin/nvcc -DTORCH_CUDA_ARCH_LIST=9.0 \
-	  -DTORCHATTN_PYTHON=$(CURDIR)/$(PY) -DTORCHATTN_REQUIRE_CUDA_BUILD=ON
+	  -DTORCHATTN_PYTHON=$(CURDIR)/$(PY) -DTORCHATTN_REQUIRE_CUDA_BUILD=ON $(CACHE_FLAGS)
 	cmake --build $(BUILD)-cuda -j $(JOBS) --target $(CUDA_TARGETS)
 	cd $(BUILD)-cuda && OMP_NUM_THREADS=2 ctest --output-on-failure --timeout 900 -R '^unit$$'
 
@@ -83,7 +95,7 @@ SANITIZE_OPT ?= -O1
 sanitize: setup
 	cmake -S . -B $(BUILD)-asan -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$(CMAKE_PREFIX)" \
 	  -DCMAKE_CXX_FLAGS_RELEASE="$(SANITIZE_OPT) -DNDEBUG" \
-	  -DTORCHATTN_SANITIZE=address,undefined -DTORCHATTN_BUILD_APPS=OFF -DTORCHATTN_BUILD_MODELS=OFF
+	  -DTORCHATTN_SANITIZE=address,undefined -DTORCHATTN_BUILD_APPS=OFF -DTORCHATTN_BUILD_MODELS=OFF $(CACHE_FLAGS)
 	cmake --build $(BUILD)-asan -j $(JOBS) --target torchattn_tests torchattn_flex_tile_tests
 	for t in torchattn_tests torchattn_flex_tile_tests; do \
 	  ASAN_OPTIONS=$(ASAN_OPTIONS_CI) LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
@@ -103,7 +115,8 @@ fuzz: setup
 	@bash tools/setup.sh fuzz
 	CC=clang-16 CXX=clang++-16 cmake -S . -B $(BUILD)-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Release \
 	  -DCMAKE_CXX_FLAGS_RELEASE="$(FUZZ_OPT) -DNDEBUG" \
-	  -DCMAKE_PREFIX_PATH="$(CMAKE_PREFIX)" -DTORCHATTN_FUZZ=ON -DTORCHATTN_BUILD_TESTS=OFF -DTORCHATTN_BUILD_APPS=OFF
+	  -DCMAKE_PREFIX_PATH="$(CMAKE_PREFIX)" -DTORCHATTN_FUZZ=ON -DTORCHATTN_BUILD_TESTS=OFF -DTORCHATTN_BUILD_APPS=OFF \
+	  $(CACHE_FLAGS)
 	cmake --build $(BUILD)-fuzz -j $(JOBS) --target fuzz_api fuzz_safetensors fuzz_gguf fuzz_tokenizer \
 	  fuzz_serve_request fuzz_front_door
 	mkdir -p $(BUILD)-fuzz/corpus $(BUILD)-fuzz/corpus-safetensors $(BUILD)-fuzz/corpus-tokenizer $(BUILD)-fuzz/corpus-serve \

@@ -12,9 +12,10 @@ cd "$(dirname "$0")/.."
 # libgloo-dev: the Gloo headers that LibTorch's c10d headers include (train_gpt);
 # fortunes: train_gpt's default text; nlohmann-json3-dev: the safetensors reader's JSON
 # parser (header-only); libicu-dev: Unicode classes for torchattn_generate's tokenizer;
-# libboost1.81-dev: Boost.Beast and Asio (header-only), torchattn_serve's HTTP server.
+# libboost1.81-dev: Boost.Beast and Asio (header-only), torchattn_serve's HTTP server;
+# ccache: the compiler cache the Makefile's configurations use.
 packages=(g++ cmake ninja-build make python3-venv libgtest-dev libcli11-dev libgloo-dev fortunes nlohmann-json3-dev
-          libicu-dev libboost1.81-dev)
+          libicu-dev libboost1.81-dev ccache)
 # `setup.sh fuzz`: clang and its libFuzzer runtime as well.
 if [ "${1:-}" = "fuzz" ]; then packages+=(clang-16 libclang-rt-16-dev); fi
 missing=()

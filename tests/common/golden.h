@@ -4,6 +4,8 @@
 
 #include <torch/torch.h>
 
+#include "common/golden_dir.h"
+
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -59,7 +61,7 @@ inline torch::Dtype dtype_from_name(const std::string& name) {
 }
 
 inline File load(const std::string& file_name) {
-  const std::string path = std::string(TORCHATTN_GOLDEN_DIR) + "/" + file_name;
+  const std::string path = std::string(directory()) + "/" + file_name;
   std::ifstream in(path);
   if (!in) throw std::runtime_error("golden: cannot open " + path + " (run `make golden`)");
   File file;
