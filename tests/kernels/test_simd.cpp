@@ -249,6 +249,46 @@ TEST(Simd, EveryVectorTypeGivesTheScalarTypesBitsLaneForLane) {
   }
 }
 
+// The scalar round is nearbyint's value (ties to even, the sign of zero kept) without its
+// library call: on ties, signs, the edges of 2^22 and 2^23, large values, infinities and
+// NaN, and on random values at every scale.
+TEST(Simd, ScalarRoundIsNearbyintBitForBit) {
+  std::vector<float> values = {0.0f,
+                               -0.0f,
+                               0.5f,
+                               -0.5f,
+                               1.5f,
+                               2.5f,
+                               -2.5f,
+                               0.49999997f,
+                               3.5f,
+                               -3.5f,
+                               14.5f,
+                               15.5f,
+                               4194303.5f,
+                               4194304.5f,
+                               8388607.5f,
+                               -8388607.5f,
+                               8388608.0f,
+                               8388609.0f,
+                               1e20f,
+                               -1e20f,
+                               1e-40f,
+                               -1e-40f,
+                               std::numeric_limits<float>::infinity(),
+                               -std::numeric_limits<float>::infinity(),
+                               std::numeric_limits<float>::max(),
+                               std::numeric_limits<float>::denorm_min()};
+  torch::manual_seed(5);
+  const auto r =
+      (torch::randn({4000}) * torch::pow(10.0, torch::randint(-3, 9, {4000}).to(torch::kFloat))).contiguous();
+  values.insert(values.end(), r.const_data_ptr<float>(), r.const_data_ptr<float>() + r.numel());
+  for (const float v : values) {
+    EXPECT_EQ(float_bits(K::simd::Scalar::round(v)), float_bits(std::nearbyint(v))) << v;
+  }
+  EXPECT_TRUE(std::isnan(K::simd::Scalar::round(std::numeric_limits<float>::quiet_NaN())));
+}
+
 // narrow stores each lane's integer as its byte, 0 and 255 included, and nothing past n.
 TEST(Simd, NarrowStoresTheLanesAsBytes) {
   torch::manual_seed(5);

@@ -115,7 +115,7 @@ bool quantize_row(const float* w, int64_t in, uint8_t* q, uint16_t* dm) {
     const float d = simd::Scalar::widen_halves(&d_bits), m = simd::Scalar::widen_halves(&m_bits);
     if (!std::isfinite(d) || !std::isfinite(m)) return false;
     for (int64_t i = 0; i < kGroup; ++i) {
-      const float r = d > 0.0f ? std::nearbyint((wg[i] - m) / d) : 0.0f;
+      const float r = d > 0.0f ? simd::Scalar::round((wg[i] - m) / d) : 0.0f;
       values[i] = static_cast<uint8_t>(std::clamp(r, 0.0f, 15.0f));
     }
     for (int64_t j = 0; j < kGroupBytes; ++j) {
@@ -498,8 +498,9 @@ void quantize_input_rows(const float* xs, int64_t r0, int64_t r1, int64_t in, in
       const float scale = finite ? most / 127.0f : std::numeric_limits<float>::quiet_NaN();
       int32_t sum = 0;
       for (int64_t i = 0; i < kGroup; ++i) {
-        q[i] = finite && scale > 0.0f ? static_cast<int8_t>(std::clamp(std::nearbyint(x[i] / scale), -127.0f, 127.0f))
-                                      : int8_t{0};
+        q[i] = finite && scale > 0.0f
+                   ? static_cast<int8_t>(std::clamp(simd::Scalar::round(x[i] / scale), -127.0f, 127.0f))
+                   : int8_t{0};
         sum += q[i];
       }
       sp[2 * (r * groups + g)] = scale;

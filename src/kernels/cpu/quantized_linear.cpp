@@ -322,7 +322,7 @@ struct QuantizeRow {
       const V dv = S::set1(divisor);
       i = 0;
       for (; i + S::W <= n; i += S::W) S::store(rounded + i, S::round(S::div(S::load(wg + i), dv)));
-      for (; i < n; ++i) rounded[i] = std::nearbyint(wg[i] / divisor);
+      for (; i < n; ++i) rounded[i] = simd::Scalar::round(wg[i] / divisor);
       for (i = 0; i < n; ++i) q[g0 + i] = static_cast<int8_t>(std::clamp(rounded[i], -127.0f, 127.0f));
       scale[g] = s;
     }

@@ -131,8 +131,15 @@ struct Scalar {
   static V div(V a, V b) { return a / b; }
   static V max(V a, V b) { return a > b ? a : b; }  // b where either is NaN, as maxps
   static V min(V a, V b) { return a < b ? a : b; }  // b where either is NaN, as minps
-  /// Nearest integer, ties to even (the default rounding mode).
-  static V round(V a) { return std::nearbyint(a); }
+  /// Nearest integer, ties to even (the default rounding mode): nearbyint's value, without
+  /// its library call (the library compiles for baseline x86-64, which has no roundss):
+  /// adding 2^23 to |a| < 2^23 leaves no fraction bits, so the sum rounds |a| and taking
+  /// 2^23 away again is exact. |a| >= 2^23, infinities and NaN are their own.
+  static V round(V a) {
+    constexpr float kNoFraction = 8388608.0f;  // 2^23
+    const float m = std::fabs(a);
+    return m < kNoFraction ? std::copysign((m + kNoFraction) - kNoFraction, a) : a;
+  }
   static V abs(V a) { return std::fabs(a); }
   /// |magnitude| (a non-negative one) with the sign of `sign`.
   static V with_sign(V magnitude, V sign) { return std::copysign(magnitude, sign); }
