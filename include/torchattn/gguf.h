@@ -101,8 +101,28 @@ class GgufFile {
   /// reference code and the gguf Python package do, to the same float32 bits. An
   /// unknown name is an error naming it.
   at::Tensor dequantize(const std::string& name) const;
+  /// Rows [first, first + count) of tensor `name` (its outermost dimension) as float32
+  /// [count, ...], the same bits as dequantize's: a reader converting a large tensor
+  /// piece by piece holds one piece in float32, not the whole. A range past the tensor
+  /// is an error naming it.
+  at::Tensor dequantize_rows(const std::string& name, int64_t first, int64_t count) const;
   /// Tensor `name`'s bytes as the file holds them: uint8 [bytes], over the mapping.
   at::Tensor raw(const std::string& name) const;
+  /// Tensor `name` [out, in] of type Q4_0, Q4_1 or Q4_K as int4 weights, WeightFormat::Int4's
+  /// {data uint8 [out, in / 2], scale float16 [out, in / 32, 2]} (x = d q + m; see
+  /// torchattn::PackedLinear), every 4-bit value as the file holds it: Q4_0's and Q4_1's
+  /// blocks exactly (Q4_0's m is -8 d); Q4_K's sub-blocks of 32 with their d sc and
+  /// -dmin m each rounded to float16 (at most 2^-11 of itself), so a value differs from
+  /// dequantize's by at most 2^-11 (15 |d sc| + |dmin m|). Another type, a tensor that
+  /// is not [out, in], or a scale past float16's range is an error naming the tensor.
+  std::pair<at::Tensor, at::Tensor> int4_weights(const std::string& name) const;
+  /// Whether int4_weights takes tensors of type code `type` (Q4_0, Q4_1, Q4_K).
+  static bool int4_type(uint32_t type);
+  /// Gives back the memory pages that hold tensor `name`'s bytes, for a reader done with
+  /// them: a model converted tensor by tensor does not keep the whole file resident
+  /// beside its own copy. The bytes stay readable (read from the file again if touched).
+  /// Nothing for a parse()d file: those bytes are the caller's.
+  void release(const std::string& name) const;
 
  private:
   GgufFile() = default;
@@ -111,6 +131,7 @@ class GgufFile {
 
   std::string path_;
   std::shared_ptr<const void> owner_;  // keeps the mapping alive (null: the caller's bytes)
+  bool mapped_ = false;                // data_ lies in owner_'s mapping (open)
   const uint8_t* data_ = nullptr;      // the data section
   uint32_t version_ = 0;
   std::vector<std::pair<std::string, GgufValue>> metadata_;

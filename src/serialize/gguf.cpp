@@ -186,6 +186,7 @@ GgufFile GgufFile::open(const std::string& path) {
   auto mapping = std::make_shared<serialize::FileMapping>(path, "gguf");
   GgufFile f = parse(mapping->data(), mapping->size(), path);
   f.owner_ = std::move(mapping);
+  f.mapped_ = true;
   return f;
 }
 
@@ -352,10 +353,26 @@ const GgufTensorInfo& GgufFile::checked_tensor(const std::string& name) const {
 
 at::Tensor GgufFile::dequantize(const std::string& name) const {
   const GgufTensorInfo& t = checked_tensor(name);
+  return dequantize_rows(name, 0, t.shape.empty() ? 1 : t.shape[0]);
+}
+
+at::Tensor GgufFile::dequantize_rows(const std::string& name, int64_t first, int64_t count) const {
+  const GgufTensorInfo& t = checked_tensor(name);
   const serialize::GgufTypeTraits& traits = *serialize::gguf_traits(t.type);
-  at::Tensor out = at::empty(t.shape, at::TensorOptions().dtype(at::kFloat));
+  std::vector<int64_t> shape = t.shape.empty() ? std::vector<int64_t>{1} : t.shape;
+  const int64_t rows = shape[0];
+  TORCH_CHECK(first >= 0 && count >= 0 && first <= rows && count <= rows - first, "gguf: '", path_, "': rows [", first,
+              ", ", first + count, ") of tensor '", name, "' past its ", rows, " rows");
+  int64_t row_elements = 1;
+  for (size_t d = 1; d < shape.size(); ++d) row_elements *= shape[d];
+  TORCH_CHECK(count == rows || row_elements % traits.block_size == 0, "gguf: '", path_, "': tensor '", name,
+              "' has rows of ", row_elements, " values, not whole blocks of ", traits.block_size,
+              ": it is dequantized whole only");
+  shape[0] = count;
+  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
+  if (t.shape.empty()) out = out.reshape({});
   const int64_t blocks = out.numel() / traits.block_size;
-  const uint8_t* src = data_ + t.offset;
+  const uint8_t* src = data_ + t.offset + first * (row_elements / traits.block_size) * traits.type_size;
   float* dst = out.mutable_data_ptr<float>();
   const uint32_t type = t.type;
   const int64_t grain = std::max<int64_t>(1, 65536 / traits.block_size);
@@ -363,6 +380,11 @@ at::Tensor GgufFile::dequantize(const std::string& name) const {
     serialize::dequantize_blocks(type, src + begin * traits.type_size, end - begin, dst + begin * traits.block_size);
   });
   return out;
+}
+
+void GgufFile::release(const std::string& name) const {
+  const GgufTensorInfo& t = checked_tensor(name);
+  if (mapped_) serialize::FileMapping::release(data_ + t.offset, t.bytes);
 }
 
 at::Tensor GgufFile::raw(const std::string& name) const {

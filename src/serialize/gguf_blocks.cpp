@@ -31,19 +31,6 @@ float half(const uint8_t* p) {
   return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
 }
 
-// Q4_K's and Q5_K's scale and min of sub-block j (0..7) from their 12 packed bytes:
-// 6 bits each, the first four in the low bits of bytes 0-7, the last four split
-// between bytes 8-11 and the top bits of bytes 0-7.
-void scale_min(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
-  if (j < 4) {
-    sc = q[j] & 63;
-    m = q[j + 4] & 63;
-  } else {
-    sc = static_cast<uint8_t>((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4));
-    m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-  }
-}
-
 void q8_0(const uint8_t* b, float* y) {
   const float d = half(b);
   for (int i = 0; i < 32; ++i) y[i] = static_cast<float>(static_cast<int8_t>(b[2 + i])) * d;
@@ -76,7 +63,7 @@ void q4_k(const uint8_t* b, const uint8_t* qh, const uint8_t* qs, float* y) {
   const uint8_t* scales = b + 4;
   for (int64_t s = 0; s < 8; ++s) {
     uint8_t sc = 0, m = 0;
-    scale_min(static_cast<int>(s), scales, sc, m);
+    k_scale_min(static_cast<int>(s), scales, sc, m);
     const float ds = d * static_cast<float>(sc), dm = dmin * static_cast<float>(m);
     const uint8_t* q = qs + 32 * (s / 2);
     const int64_t shift = 4 * (s % 2);
@@ -112,6 +99,18 @@ void q6_k(const uint8_t* b, float* y) {
 }
 
 }  // namespace
+
+// 6 bits each: the first four in the low bits of bytes 0-7, the last four split between
+// bytes 8-11 and the top bits of bytes 0-7.
+void k_scale_min(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = static_cast<uint8_t>((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4));
+    m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
 
 const GgufTypeTraits* gguf_traits(uint32_t type) {
   if (type >= sizeof(kTypes) / sizeof(kTypes[0]) || kTypes[type].name == nullptr) return nullptr;

@@ -34,4 +34,8 @@ const GgufTypeTraits* gguf_traits(uint32_t type);
 //                    groups of 16, d (f16):        x = (d scale) (q - 32)
 void dequantize_blocks(uint32_t type, const uint8_t* src, int64_t blocks, float* dst);
 
+/// Q4_K's and Q5_K's scale `sc` and min `m` (6 bits each) of sub-block j (0..7) from
+/// the block's 12 packed bytes at `scales`.
+void k_scale_min(int j, const uint8_t* scales, uint8_t& sc, uint8_t& m);
+
 }  // namespace torchattn::serialize

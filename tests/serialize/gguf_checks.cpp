@@ -5,6 +5,7 @@
 // every value type, a custom alignment, and a type it does not read named.
 
 #include "common/expect_error.h"
+#include "common/int4_values.h"
 
 #include <torchattn/gguf.h>
 #include <torchattn/safetensors.h>
@@ -15,6 +16,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <string>
 
 namespace {
@@ -76,6 +78,28 @@ TEST(GgufChecks, EveryTypeDequantizesToGgufsBits) {
   const auto aligned = torchattn::GgufFile::open(reference_dir() + "/aligned.gguf");
   EXPECT_EQ(aligned.integer("general.alignment"), 64);
   for (const auto& t : aligned.tensors()) EXPECT_EQ(t.offset % 64, 0u) << t.name;
+}
+
+// Rows of every tensor, and the 4-bit types as int4 weights, against gguf's values:
+// dequantize_rows to the bit; Q4_1's int4 weights to the bit, Q4_K's within float16's
+// rounding of each group's d sc and dmin m.
+TEST(GgufChecks, RowsAndInt4WeightsMatchGguf) {
+  ASSERT_FALSE(reference_dir().empty()) << "TORCHATTN_GGUF_REFERENCE is not set (run ctest -R gguf)";
+  const auto tensors = torchattn::load_safetensors(reference_dir() + "/types_reference.safetensors");
+  const std::map<std::string, at::Tensor> reference(tensors.begin(), tensors.end());
+  const auto f = torchattn::GgufFile::open(reference_dir() + "/types.gguf");
+  for (const auto& [name, expected] : reference) {
+    SCOPED_TRACE(name);
+    const int64_t rows = expected.size(0);
+    EXPECT_TRUE(torch::equal(f.dequantize_rows(name, rows / 2, rows - rows / 2),
+                             expected.narrow(0, rows / 2, rows - rows / 2)));
+  }
+  const auto q4_1 = f.int4_weights("t.q4_1");
+  EXPECT_TRUE(torch::equal(int4_values(q4_1.first, q4_1.second), reference.at("t.q4_1")));
+  const auto [data, scale] = f.int4_weights("t.q4_k");
+  const at::Tensor error = (int4_values(data, scale) - reference.at("t.q4_k")).abs();
+  EXPECT_TRUE((error <= int4_half_rounding_bound(scale)).all().item<bool>()) << error.max();
+  expect_error([&] { f.int4_weights("t.q6_k"); }, "tensor 't.q6_k' is Q6_K; int4_weights takes Q4_0, Q4_1 and Q4_K");
 }
 
 TEST(GgufChecks, MetadataOfEveryValueType) {

@@ -8,6 +8,8 @@
 // files of llama.cpp's own writer are gguf_checks.cpp's (ctest -R gguf).
 
 #include "common/expect_error.h"
+#include "common/int4_values.h"
+#include "common/temp_path.h"
 
 #include <torchattn/gguf.h>
 
@@ -17,6 +19,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -117,6 +121,138 @@ TEST(Gguf, AValidFileReadsBack) {
   EXPECT_TRUE(torch::equal(f.dequantize("b.weight"), (torch::arange(32, torch::kFloat) - 16).mul(0.5).view({1, 32})));
   EXPECT_STREQ(torchattn::gguf_type_name(12), "Q4_K");
   EXPECT_STREQ(torchattn::gguf_type_name(4), "unknown");
+}
+
+// Q8_0 [3, 64] (ne {64, 3}): row r's block j has d = r + 1 + j / 4 and q = i - 16 + r;
+// then Q8_0 [64] (ne {64}), one row of two blocks.
+std::string rows_file() {
+  Bytes d;
+  for (int r = 0; r < 3; ++r) {
+    for (int j = 0; j < 2; ++j) {
+      d.put<uint16_t>(c10::Half(static_cast<float>(r + 1) + static_cast<float>(j) / 4).x);
+      for (int i = 0; i < 32; ++i) d.put<int8_t>(static_cast<int8_t>(i - 16 + r));
+    }
+  }
+  d.pad(32);
+  for (int j = 0; j < 2; ++j) {
+    d.put<uint16_t>(c10::Half(1.0f).x);
+    for (int i = 0; i < 32; ++i) d.put<int8_t>(static_cast<int8_t>(i));
+  }
+  return file_of({}, {{"m.weight", {64, 3}, 8, 0}, {"v.weight", {64}, 8, 224}}, d.bytes());
+}
+
+// dequantize_rows is dequantize's rows, to the bit; a range past the tensor, or a part
+// of a tensor whose rows are not whole blocks, is an error naming it.
+TEST(Gguf, DequantizeRowsIsThoseRowsOfTheWhole) {
+  const std::string bytes = rows_file();
+  const auto f = parse(bytes);
+  const at::Tensor whole = f.dequantize("m.weight");
+  ASSERT_EQ(whole.sizes(), (std::vector<int64_t>{3, 64}));
+  EXPECT_EQ(whole[2][33].item<float>(), 3.25f * static_cast<float>(1 - 16 + 2));
+  for (int64_t first = 0; first <= 3; ++first) {
+    for (int64_t count = 0; first + count <= 3; ++count) {
+      EXPECT_TRUE(torch::equal(f.dequantize_rows("m.weight", first, count), whole.narrow(0, first, count)))
+          << first << " " << count;
+    }
+  }
+  EXPECT_TRUE(torch::equal(f.dequantize_rows("v.weight", 0, 64), f.dequantize("v.weight")));
+  expect_error([&] { f.dequantize_rows("m.weight", 2, 2); },
+               "gguf: 'f.gguf': rows [2, 4) of tensor 'm.weight' past its 3 rows");
+  expect_error([&] { f.dequantize_rows("m.weight", -1, 1); }, "rows [-1, 0) of tensor 'm.weight' past its 3 rows");
+  expect_error([&] { f.dequantize_rows("v.weight", 0, 32); },
+               "gguf: 'f.gguf': tensor 'v.weight' has rows of 1 values, not whole blocks of 32: it is dequantized "
+               "whole only");
+  expect_error([&] { f.dequantize_rows("w.weight", 0, 1); }, "gguf: 'f.gguf' has no tensor 'w.weight'");
+}
+
+// Bytes from a fixed sequence (a linear congruential generator).
+std::string pseudo_bytes(size_t n, uint32_t seed) {
+  std::string out(n, '\0');
+  for (auto& c : out) {
+    seed = seed * 1664525u + 1013904223u;
+    c = static_cast<char>(seed >> 24);
+  }
+  return out;
+}
+
+// Q4_0 [2, 64], Q4_1 [2, 32] and Q4_K [2, 256] as int4 weights: Q4_0's and Q4_1's values
+// to the bit, Q4_K's within float16's rounding of each group's d sc and dmin m; F32 and
+// a vector are refused by name.
+TEST(Gguf, Int4WeightsKeepTheFilesFourBitValues) {
+  Bytes d;
+  for (int b = 0; b < 4; ++b) {  // Q4_0: d, 16 bytes
+    d.put<uint16_t>(c10::Half(0.125f * static_cast<float>(b + 1)).x).raw(pseudo_bytes(16, 10 + b));
+  }
+  d.pad(32);
+  const uint64_t q4_1_at = d.size();
+  for (int b = 0; b < 2; ++b) {  // Q4_1: d, m, 16 bytes
+    d.put<uint16_t>(c10::Half(0.03f * static_cast<float>(b + 1)).x).put<uint16_t>(c10::Half(-0.5f + b).x);
+    d.raw(pseudo_bytes(16, 20 + b));
+  }
+  d.pad(32);
+  const uint64_t q4_k_at = d.size();
+  for (int b = 0; b < 2; ++b) {  // Q4_K: d, dmin, 12 bytes of scales and mins, 128 of nibbles
+    d.put<uint16_t>(c10::Half(0.0123f * static_cast<float>(b + 1)).x).put<uint16_t>(c10::Half(0.0071f).x);
+    d.raw(pseudo_bytes(12 + 128, 30 + b));
+  }
+  d.pad(32);
+  const uint64_t f32_at = d.size();
+  for (int i = 0; i < 32; ++i) d.put<float>(1.0f);
+  const std::string bytes = file_of({},
+                                    {{"q4_0", {64, 2}, 2, 0},
+                                     {"q4_1", {32, 2}, 3, q4_1_at},
+                                     {"q4_k", {256, 2}, 12, q4_k_at},
+                                     {"f32", {32}, 0, f32_at},
+                                     {"vector", {32}, 2, f32_at + 128}},
+                                    d.bytes() + std::string(32, '\0'));
+  const auto f = parse(bytes);
+  for (const char* name : {"q4_0", "q4_1"}) {
+    const auto [data, scale] = f.int4_weights(name);
+    EXPECT_TRUE(torch::equal(int4_values(data, scale), f.dequantize(name))) << name;
+  }
+  const auto [data, scale] = f.int4_weights("q4_k");
+  ASSERT_EQ(data.sizes(), (std::vector<int64_t>{2, 128}));
+  ASSERT_EQ(scale.sizes(), (std::vector<int64_t>{2, 8, 2}));
+  const at::Tensor want = f.dequantize("q4_k"), got = int4_values(data, scale);
+  EXPECT_TRUE(((got - want).abs() <= int4_half_rounding_bound(scale)).all().item<bool>()) << (got - want).abs().max();
+  EXPECT_GT((got - want).abs().max().item<float>(), 0.0f);  // the scales were rounded
+  EXPECT_GT(want.abs().max().item<float>(), 0.1f);
+  expect_error([&] { f.int4_weights("f32"); },
+               "gguf: 'f.gguf': tensor 'f32' is F32; int4_weights takes Q4_0, Q4_1 and Q4_K");
+  expect_error([&] { f.int4_weights("vector"); },
+               "gguf: 'f.gguf': tensor 'vector' has 1 dimensions; int4_weights takes [out, in]");
+}
+
+// A Q4_K block whose d sc passes float16 (60000 x 63) is refused, naming the block.
+TEST(Gguf, Int4WeightsRefuseScalesPastFloat16) {
+  Bytes d;
+  d.put<uint16_t>(c10::Half(60000.0f).x).put<uint16_t>(c10::Half(0.0f).x);
+  d.raw(std::string(12, static_cast<char>(63))).raw(std::string(128, '\0'));
+  const std::string bytes = file_of({}, {{"big", {256, 1}, 12, 0}}, d.bytes());
+  expect_error([&] { parse(bytes).int4_weights("big"); },
+               "gguf: 'f.gguf': tensor 'big' block 0: a group's d sc or dmin m is past float16's range");
+}
+
+// A mapped file's tensor whose pages were given back reads the same again (from the
+// file); release on a parsed file (the caller's bytes) changes nothing.
+TEST(Gguf, AReleasedTensorReadsTheSameAgain) {
+  Bytes data;  // F32 [8, 2048]: 64 KiB, whole pages to give back
+  for (int i = 0; i < 8 * 2048; ++i) data.put<float>(static_cast<float>(i) / 7);
+  const std::string bytes = file_of({}, {{"m.weight", {2048, 8}, 0, 0}}, data.bytes());
+  const std::string path = temp_path("release.gguf");
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  {
+    const auto f = torchattn::GgufFile::open(path);
+    const at::Tensor before = f.dequantize("m.weight");
+    EXPECT_EQ(before[7][2047].item<float>(), static_cast<float>(8 * 2048 - 1) / 7);
+    f.release("m.weight");
+    EXPECT_TRUE(torch::equal(f.dequantize("m.weight"), before));
+    expect_error([&] { f.release("w.weight"); }, "has no tensor 'w.weight'");
+  }
+  std::filesystem::remove(path);
+  const auto parsed = parse(bytes);
+  parsed.release("m.weight");
+  EXPECT_TRUE(torch::equal(parsed.dequantize("m.weight"), parse(bytes).dequantize("m.weight")));
 }
 
 // Cut anywhere, the file is an error naming it, never a read past its end (make sanitize

@@ -34,13 +34,17 @@ torchattn::NamedTensors gguf_hf_tensors(const torchattn::GgufFile& file, const D
 /// The same for a model frozen to int4 (torchattn::WeightFormat::Int4): each decoder
 /// layer's linear weight (the projections and the MLP) as int4 data (uint8 [out, in /
 /// 2]) under its name and its (d, m) pairs (float16 [out, in / 32, 2]) under name +
-/// kFrozenScaleSuffix. A Q4_1 tensor's blocks are these bytes as they are, a Q4_0
-/// tensor's with m = -8 d: no weight's value changes. A tensor of another type is
-/// dequantized and quantized to int4 (as PackedLinear::freeze does). The output head (or the
-/// tied embedding table) in int8 (an int4 model's head: CausalLM::weight_format), from
-/// its dequantized values; the other tensors (norms, biases, an untied table) float32
-/// as gguf_hf_tensors gives them. CausalLM::load_frozen_state takes them after
-/// hf_weights()' renames.
+/// kFrozenScaleSuffix, from GgufFile::int4_weights for Q4_0, Q4_1 and Q4_K: a Q4_1
+/// tensor's blocks are these bytes as they are, a Q4_0 tensor's with m = -8 d (no
+/// weight's value changes), a Q4_K tensor's sub-blocks with d sc and -dmin m rounded to
+/// float16 (its 4-bit values kept). A tensor of another type (Q6_K, Q8_0, ...) is
+/// dequantized and quantized to int4 (as PackedLinear::freeze does). The output head (or
+/// the tied embedding table) in int8 (an int4 model's head: CausalLM::weight_format),
+/// from its dequantized values, a few thousand rows at a time; the other tensors (norms,
+/// biases, an untied table) float32 as gguf_hf_tensors gives them. Each tensor's pages
+/// of the file are given back once it is converted (GgufFile::release), so a load's
+/// peak holds the converted model, not the file beside it. CausalLM::load_frozen_state
+/// takes them after hf_weights()' renames.
 torchattn::NamedTensors gguf_hf_int4_tensors(const torchattn::GgufFile& file, const DecoderConfig& config);
 
 /// Whether `path` names a GGUF file (a regular file beginning with "GGUF").

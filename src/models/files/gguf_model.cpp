@@ -4,11 +4,8 @@
 
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
-#include <c10/util/Half.h>
 
-#include <cmath>
-#include <cstring>
-
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -67,47 +64,31 @@ std::string hf_name(const std::string& gguf, const DecoderConfig& config) {
   TORCH_CHECK(false, "gguf_hf_tensors: tensor '", gguf, "' has no role in a ", config.model_type, " decoder");
 }
 
-// A Q4_0 or Q4_1 tensor [out, in] as int4 data and (d, m) pairs (int4_rows.h): the
-// nibbles of a block are int4's group as they are; Q4_1's d and m too, Q4_0's m is -8 d
-// (exact in float16 below 8192 = 65504 / 8; a block past it is an error naming it).
-std::pair<at::Tensor, at::Tensor> int4_of_blocks(const torchattn::GgufFile& f, const torchattn::GgufTensorInfo& t) {
-  const bool q4_0 = t.type == static_cast<uint32_t>(torchattn::GgufType::Q4_0);
-  const int64_t block_bytes = q4_0 ? 18 : 20, group = torchattn::kInt4GroupSize;
-  TORCH_CHECK(t.shape.size() == 2 && t.shape[1] % group == 0, "gguf_hf_int4_tensors: tensor '", t.name,
-              "' is not [out, in] with in a multiple of ", group);
-  const int64_t out = t.shape[0], in = t.shape[1], groups = in / group;
-  const at::Tensor raw = f.raw(t.name);
-  TORCH_CHECK(raw.numel() == out * groups * block_bytes, "gguf_hf_int4_tensors: tensor '", t.name, "' holds ",
-              raw.numel(), " bytes, expected ", out * groups * block_bytes);
-  const uint8_t* src = raw.const_data_ptr<uint8_t>();
-  at::Tensor data = at::empty({out, in / 2}, at::kByte);
-  at::Tensor scale = at::empty({out, groups, 2}, at::kHalf);
-  uint8_t* q = data.mutable_data_ptr<uint8_t>();
-  auto* dm = reinterpret_cast<uint16_t*>(scale.mutable_data_ptr<at::Half>());
-  for (int64_t b = 0; b < out * groups; ++b) {
-    const uint8_t* block = src + b * block_bytes;
-    uint16_t d = 0, m = 0;
-    std::memcpy(&d, block, 2);  // little-endian, as GGUF (and x86)
-    if (q4_0) {
-      const c10::Half shifted(-8.0f * static_cast<float>(c10::Half(d, c10::Half::from_bits())));
-      TORCH_CHECK(std::isfinite(static_cast<float>(shifted)), "gguf_hf_int4_tensors: tensor '", t.name, "' block ", b,
-                  ": its Q4_0 scale times 8 is past float16's range (int4's m = -8 d)");
-      m = shifted.x;
-    } else {
-      std::memcpy(&m, block + 2, 2);
-    }
-    dm[2 * b] = d;
-    dm[2 * b + 1] = m;
-    std::memcpy(q + b * (group / 2), block + (q4_0 ? 2 : 4), group / 2);
-  }
-  return {data, scale};
-}
-
 // w float32 [out, in] in `format`, as a frozen layer keeps it: {data, scale}.
 std::pair<at::Tensor, at::Tensor> frozen_as(torchattn::WeightFormat format, const at::Tensor& w) {
   torchattn::PackedLinear pack(format);
   pack.freeze({w});
   return pack.frozen_weight(0);
+}
+
+// Tensor t [out, in] as int8 {data, scale}, quantized kRowsAStep rows at a time (int8's
+// groups lie within a row, so the pieces are the whole's rows): the token table of a
+// tied model (49152 x 2048 at 1B) is never whole in float32, 402 MB of a load's peak.
+std::pair<at::Tensor, at::Tensor> int8_by_rows(const torchattn::GgufFile& f, const torchattn::GgufTensorInfo& t) {
+  constexpr int64_t kRowsAStep = 2048;
+  const int64_t out = t.shape.at(0);
+  at::Tensor data, scale;
+  for (int64_t first = 0; first < out; first += kRowsAStep) {
+    const int64_t n = std::min(kRowsAStep, out - first);
+    auto [q, s] = frozen_as(torchattn::WeightFormat::Int8, f.dequantize_rows(t.name, first, n));
+    if (!data.defined()) {
+      data = at::empty({out, q.size(1)}, q.options());
+      scale = at::empty({out, s.size(1)}, s.options());
+    }
+    data.narrow(0, first, n).copy_(q);
+    scale.narrow(0, first, n).copy_(s);
+  }
+  return {data, scale};
 }
 
 }  // namespace
@@ -168,6 +149,7 @@ torchattn::NamedTensors gguf_hf_tensors(const torchattn::GgufFile& f, const Deco
     if (llama && t.name.ends_with(".attn_q.weight")) w = unpermute(w, config.num_heads, t.name);
     if (llama && t.name.ends_with(".attn_k.weight")) w = unpermute(w, config.num_kv_heads, t.name);
     out.emplace_back(std::move(name), std::move(w));
+    f.release(t.name);  // converted: its pages of the file go
   }
   return out;
 }
@@ -187,19 +169,24 @@ torchattn::NamedTensors gguf_hf_int4_tensors(const torchattn::GgufFile& f, const
       if (llama && t.name.ends_with(".attn_k.weight")) return unpermute(w, config.num_kv_heads, t.name);
       return w;
     };
+    // Each tensor's pages of the file go once it is converted: the peak holds the
+    // converted model and one tensor's bytes, not the whole file beside it.
     if (head) {  // int8, as CausalLM keeps an int4 model's head
-      auto [q, s] = frozen_as(torchattn::WeightFormat::Int8, f.dequantize(t.name));
+      TORCH_CHECK(t.shape.size() == 2, "gguf_hf_int4_tensors: tensor '", t.name, "' is not [out, in]");
+      auto [q, s] = int8_by_rows(f, t);
       out.emplace_back(name + torchattn::kFrozenScaleSuffix, std::move(s));
       out.emplace_back(std::move(name), std::move(q));
+      f.release(t.name);
       continue;
     }
     if (!linear) {
       out.emplace_back(std::move(name), rows_back(f.dequantize(t.name)));
+      f.release(t.name);
       continue;
     }
-    const bool blocks = t.type == static_cast<uint32_t>(torchattn::GgufType::Q4_0) ||
-                        t.type == static_cast<uint32_t>(torchattn::GgufType::Q4_1);
-    auto [data, scale] = blocks ? int4_of_blocks(f, t) : [&] {
+    // Q4_0, Q4_1 and Q4_K keep their 4-bit values (GgufFile::int4_weights); the other
+    // types are quantized to int4 from their float32 values.
+    auto [data, scale] = torchattn::GgufFile::int4_type(t.type) ? f.int4_weights(t.name) : [&] {
       const at::Tensor w = f.dequantize(t.name);
       TORCH_CHECK(w.dim() == 2 && w.size(1) % torchattn::kInt4GroupSize == 0, "gguf_hf_int4_tensors: tensor '", t.name,
                   "' ", w.sizes(), " has inputs that are not a multiple of ", torchattn::kInt4GroupSize,
@@ -208,6 +195,7 @@ torchattn::NamedTensors gguf_hf_int4_tensors(const torchattn::GgufFile& f, const
     }();
     out.emplace_back(name + torchattn::kFrozenScaleSuffix, rows_back(scale));
     out.emplace_back(std::move(name), rows_back(data));
+    f.release(t.name);
   }
   return out;
 }
