@@ -1,7 +1,8 @@
 // libFuzzer target: the GGUF reader (include/torchattn/gguf.h) on arbitrary bytes. The
 // only exception it accepts is c10::Error (a damaged file, named); every metadata value
-// is read through its accessor and every tensor that opens is dequantized and summed, so
-// a read past the bytes would be a sanitizer finding.
+// is read through its accessor and every tensor that opens is dequantized and summed (its
+// last row apart too, and a 4-bit one as int4 weights), so a read past the bytes would
+// be a sanitizer finding.
 
 #include <torchattn/gguf.h>
 
@@ -20,6 +21,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& t : f.tensors()) {
       (void)at::sum(f.dequantize(t.name).to(at::kDouble)).item<double>();
       (void)f.raw(t.name).sum().item<int64_t>();
+      if (!t.shape.empty() && t.shape[0] > 0) {
+        try {
+          (void)at::sum(f.dequantize_rows(t.name, t.shape[0] - 1, 1).to(at::kDouble)).item<double>();
+        } catch (const c10::Error&) {
+          // rows that are not whole blocks: refused, named
+        }
+      }
+      if (torchattn::GgufFile::int4_type(t.type) && t.shape.size() == 2) {
+        try {
+          const auto [q, dm] = f.int4_weights(t.name);
+          (void)q.sum().item<int64_t>();
+          (void)at::sum(dm.to(at::kDouble)).item<double>();
+        } catch (const c10::Error&) {
+          // a scale past float16's range: refused, named
+        }
+      }
+      f.release(t.name);
     }
   } catch (const c10::Error&) {
     // A damaged file, reported.
