@@ -131,7 +131,6 @@ class GgufFile {
 
   std::string path_;
   std::shared_ptr<const void> owner_;  // keeps the mapping alive (null: the caller's bytes)
-  bool mapped_ = false;                // data_ lies in owner_'s mapping (open)
   const uint8_t* data_ = nullptr;      // the data section
   uint32_t version_ = 0;
   std::vector<std::pair<std::string, GgufValue>> metadata_;

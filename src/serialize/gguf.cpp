@@ -186,7 +186,6 @@ GgufFile GgufFile::open(const std::string& path) {
   auto mapping = std::make_shared<serialize::FileMapping>(path, "gguf");
   GgufFile f = parse(mapping->data(), mapping->size(), path);
   f.owner_ = std::move(mapping);
-  f.mapped_ = true;
   return f;
 }
 
@@ -353,13 +352,13 @@ const GgufTensorInfo& GgufFile::checked_tensor(const std::string& name) const {
 
 at::Tensor GgufFile::dequantize(const std::string& name) const {
   const GgufTensorInfo& t = checked_tensor(name);
-  return dequantize_rows(name, 0, t.shape.empty() ? 1 : t.shape[0]);
+  return dequantize_rows(name, 0, t.shape[0]);  // parse() refuses tensors of no dimensions
 }
 
 at::Tensor GgufFile::dequantize_rows(const std::string& name, int64_t first, int64_t count) const {
   const GgufTensorInfo& t = checked_tensor(name);
   const serialize::GgufTypeTraits& traits = *serialize::gguf_traits(t.type);
-  std::vector<int64_t> shape = t.shape.empty() ? std::vector<int64_t>{1} : t.shape;
+  std::vector<int64_t> shape = t.shape;
   const int64_t rows = shape[0];
   TORCH_CHECK(first >= 0 && count >= 0 && first <= rows && count <= rows - first, "gguf: '", path_, "': rows [", first,
               ", ", first + count, ") of tensor '", name, "' past its ", rows, " rows");
@@ -370,7 +369,6 @@ at::Tensor GgufFile::dequantize_rows(const std::string& name, int64_t first, int
               ": it is dequantized whole only");
   shape[0] = count;
   at::Tensor out = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
-  if (t.shape.empty()) out = out.reshape({});
   const int64_t blocks = out.numel() / traits.block_size;
   const uint8_t* src = data_ + t.offset + first * (row_elements / traits.block_size) * traits.type_size;
   float* dst = out.mutable_data_ptr<float>();
@@ -384,7 +382,8 @@ at::Tensor GgufFile::dequantize_rows(const std::string& name, int64_t first, int
 
 void GgufFile::release(const std::string& name) const {
   const GgufTensorInfo& t = checked_tensor(name);
-  if (mapped_) serialize::FileMapping::release(data_ + t.offset, t.bytes);
+  // Only open()'s mapping is ours to give back (owner_ null: the caller's bytes).
+  if (owner_ != nullptr) serialize::FileMapping::release(data_ + t.offset, t.bytes);
 }
 
 at::Tensor GgufFile::raw(const std::string& name) const {
