@@ -6,7 +6,9 @@
 
 #include "common/golden_dir.h"
 
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -47,6 +49,36 @@ struct File {
   }
 };
 
+// make_golden.py's base64 values: little-endian float64 bytes (x86 and ARM alike).
+inline std::vector<double> float64_of_base64(const std::string& text, const std::string& path,
+                                             const std::string& key) {
+  std::vector<uint8_t> bytes;
+  bytes.reserve(text.size() / 4 * 3);
+  uint32_t bits = 0;
+  int count = 0;
+  for (const char c : text) {
+    int v = -1;
+    if (c >= 'A' && c <= 'Z') v = c - 'A';
+    if (c >= 'a' && c <= 'z') v = c - 'a' + 26;
+    if (c >= '0' && c <= '9') v = c - '0' + 52;
+    if (c == '+') v = 62;
+    if (c == '/') v = 63;
+    if (c == '=') break;
+    if (v < 0) throw std::runtime_error("golden: " + path + ": tensor " + key + " is not base64");
+    bits = (bits << 6) | static_cast<uint32_t>(v);
+    if ((count += 6) >= 8) {
+      count -= 8;
+      bytes.push_back(static_cast<uint8_t>(bits >> count));
+    }
+  }
+  if (bytes.size() % sizeof(double) != 0) {
+    throw std::runtime_error("golden: " + path + ": tensor " + key + " is not whole float64 values");
+  }
+  std::vector<double> values(bytes.size() / sizeof(double));
+  std::memcpy(values.data(), bytes.data(), bytes.size());
+  return values;
+}
+
 inline torch::Dtype dtype_from_name(const std::string& name) {
   if (name == "float32") return torch::kFloat32;
   if (name == "float64") return torch::kFloat64;
@@ -83,8 +115,8 @@ inline File load(const std::string& file_name) {
       words >> key >> value;
       current->params[key] = value;
     } else if (kind == "tensor") {
-      std::string key, dtype, shape_text;
-      words >> key >> dtype >> shape_text;
+      std::string key, dtype, shape_text, encoding;
+      words >> key >> dtype >> shape_text >> encoding;
       std::vector<int64_t> shape;
       if (shape_text != "-") {
         std::stringstream dims(shape_text);
@@ -93,11 +125,15 @@ inline File load(const std::string& file_name) {
       std::string values_line;
       std::getline(in, values_line);
       std::vector<double> values;
-      const char* p = values_line.c_str();
-      char* end = nullptr;
-      for (double v = std::strtod(p, &end); p != end; v = std::strtod(p, &end)) {
-        values.push_back(v);
-        p = end;
+      if (encoding == "base64") {
+        values = float64_of_base64(values_line, path, key);
+      } else {
+        const char* p = values_line.c_str();
+        char* end = nullptr;
+        for (double v = std::strtod(p, &end); p != end; v = std::strtod(p, &end)) {
+          values.push_back(v);
+          p = end;
+        }
       }
       auto t = torch::tensor(values, torch::kFloat64).reshape(shape).to(dtype_from_name(dtype));
       current->tensors[key] = t;

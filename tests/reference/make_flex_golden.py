@@ -146,7 +146,7 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")  # eager flex_attention asks for torch.compile
-    w = Writer(os.path.join(args.out, "flex.txt"), "PyTorch's flex_attention (eager, CPU)")
+    w = Writer(os.path.join(args.out, "flex.txt"), "PyTorch's flex_attention (eager, CPU)", encoding="base64")
     flex_cases(w)
     w.close()
     print(f"wrote {args.out}/flex.txt with torch {torch.__version__}")
