@@ -50,8 +50,7 @@ struct File {
 };
 
 // make_golden.py's base64 values: little-endian float64 bytes (x86 and ARM alike).
-inline std::vector<double> float64_of_base64(const std::string& text, const std::string& path,
-                                             const std::string& key) {
+inline std::vector<double> float64_of_base64(const std::string& text, const std::string& path, const std::string& key) {
   std::vector<uint8_t> bytes;
   bytes.reserve(text.size() / 4 * 3);
   uint32_t bits = 0;
