@@ -304,7 +304,16 @@ case "$device" in
           done
         done
       done
+      # Quality: SmolLM2's perplexity in each four-bit format, ours and llama.cpp's, and the
+      # KL divergence against float32 on the 1B-shaped model (after the timed runs: it
+      # times nothing).
+      local qargs=()
+      [ "$quick" = 1 ] && qargs=(--quick)
+      .venv/bin/python apps/bench/generate/quant_quality.py --cli ./build/apps/perplexity/torchattn_perplexity \
+        --smollm2 "$smollm2" --scale "$model" --scale-gguf "$work/llama.cpp" --llama-work "$out/llama.cpp" \
+        --work "$work/quality" --json "$work/quality.json" ${qargs[@]+"${qargs[@]}"}
       .venv/bin/python apps/bench/generate/report_quant.py --runs "${runs[@]}" --out "$docs" \
+        --quality "$work/quality.json" \
         --folders "ours-int8:$model-int8" "ours-int4:$model-int4" "ours-int4-q4_0:${gguf[q4_0]}" \
         "ours-int4-q4_k_m:${gguf[q4_k_m]}" "llama-q8_0:${gguf[q8_0]}" "llama-q4_0:${gguf[q4_0]}" \
         "llama-q4_k_m:${gguf[q4_k_m]}" >/dev/null

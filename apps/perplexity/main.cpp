@@ -2,12 +2,17 @@
 // file, to measure what a weight format costs (as llama.cpp's perplexity tool).
 //
 //   torchattn_perplexity --model DIR --file TEXT [--dtype float32|bfloat16|int8|dynamic-int8|int4]
-//                        [--context 512] [--threads N]
+//                        [--context 512] [--chunks N] [--save-logits FILE] [--threads N]
 //
 // The whole file is tokenized with the model's tokenizer (no special tokens), cut into
-// consecutive windows of --context tokens (a last partial window dropped), each scored
-// alone (models::perplexity). A progress line per window on stderr; the last line on
-// stdout is `perplexity P tokens N`.
+// consecutive windows of --context tokens (a last partial window dropped; --chunks: the
+// first N only, as llama-perplexity's flag), each scored alone (models::perplexity). A
+// progress line per window on stderr; the last line on stdout is `perplexity P tokens N`.
+//
+// --save-logits FILE keeps every scored token's distribution, to compare formats (a KL
+// divergence, apps/bench/generate/quant_quality.py): a line
+// `torchattn-logits float32 ROWS VOCAB`, then ROWS x VOCAB little-endian float32 logits,
+// row r predicting scored token r (window w's tokens 2..context at rows w (context - 1)...).
 
 #include "cli_checks.h"
 #include "fmt.h"
@@ -41,6 +46,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"float32", "bfloat16", "int8", "dynamic-int8", "int4"}))
       ->capture_default_str();
   app.add_option("--context", context, "tokens per window")->check(apps::at_least(2))->capture_default_str();
+  int64_t chunks = 0;
+  app.add_option("--chunks", chunks, "score only the first N windows (default: every whole window)")
+      ->check(apps::at_least(1));
+  std::string logits_path;
+  app.add_option("--save-logits", logits_path,
+                 "write every scored token's float32 logits to this file (a header line, then rows x vocab)");
   app.add_option("--threads", threads, "intra-op threads (default: LibTorch's)")->check(apps::at_least(1));
   bool no_verify = false;
   app.add_flag(
@@ -72,6 +83,11 @@ int main(int argc, char** argv) {
       }
     }
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream logits_out;  // opened before the model loads: a bad path fails at once
+    if (!logits_path.empty()) {
+      logits_out.open(logits_path, std::ios::binary);
+      if (!logits_out) throw std::runtime_error("--save-logits: cannot write '" + logits_path + "'");
+    }
     const auto t0 = std::chrono::steady_clock::now();
     torchattn::models::LanguageModel lm = [&] {
       try {
@@ -84,15 +100,33 @@ int main(int argc, char** argv) {
         throw std::runtime_error(std::string("--model: ") + e.what_without_backtrace());
       }
     }();
-    const std::vector<int64_t> ids = lm.tokenizer().encode(text, /*add_special_tokens=*/false);
+    std::vector<int64_t> ids = lm.tokenizer().encode(text, /*add_special_tokens=*/false);
     if (static_cast<int64_t>(ids.size()) < context) {
       throw std::runtime_error(
           fmt::format("--file: {} tokens, fewer than one window of --context {}", ids.size(), context));
     }
-    const auto result = torchattn::models::perplexity(lm.model(), ids, context, [&](int64_t done, int64_t total) {
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      fmt::print(stderr, "[{}/{}] {:.1f} s\n", done, total, s);
-    });
+    if (chunks > 0 && static_cast<int64_t>(ids.size()) / context > chunks) ids.resize(chunks * context);
+    if (logits_out.is_open()) {
+      const int64_t rows = static_cast<int64_t>(ids.size()) / context * (context - 1);
+      logits_out << fmt::format("torchattn-logits float32 {} {}\n", rows, lm.model()->config().vocab_size);
+    }
+    const auto result = torchattn::models::perplexity(
+        lm.model(), ids, context,
+        [&](int64_t done, int64_t total) {
+          const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          fmt::print(stderr, "[{}/{}] {:.1f} s\n", done, total, s);
+        },
+        [&](int64_t, const at::Tensor& logits) {
+          if (!logits_out.is_open()) return;
+          const at::Tensor rows = logits.to(at::kCPU).contiguous();
+          logits_out.write(reinterpret_cast<const char*>(rows.const_data_ptr<float>()),
+                           static_cast<std::streamsize>(rows.numel() * sizeof(float)));
+          if (!logits_out) throw std::runtime_error("--save-logits: writing '" + logits_path + "' failed");
+        });
+    if (logits_out.is_open()) {
+      logits_out.close();
+      if (!logits_out) throw std::runtime_error("--save-logits: writing '" + logits_path + "' failed");
+    }
     fmt::print("perplexity {:.4f} tokens {}\n", result.perplexity, result.tokens);
     return 0;
   } catch (const c10::Error& e) {

@@ -34,7 +34,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
 
-def reference(model_dir, text, context, dynamic_int8=False, nudge=0.0):
+def reference(model_dir, text, context, dynamic_int8=False, nudge=0.0, kept=None):
+    """kept: a list that receives the first windows' float32 logits [context - 1, vocab]
+    (as many as it has Nones)."""
     tok = AutoTokenizer.from_pretrained(model_dir)
     ids = tok(text, add_special_tokens=False)["input_ids"]
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -49,15 +51,18 @@ def reference(model_dir, text, context, dynamic_int8=False, nudge=0.0):
     with torch.no_grad():
         for w in range(windows):
             x = torch.tensor([ids[w * context:(w + 1) * context]])
-            logp = torch.log_softmax(model(x).logits[0, :-1].float(), -1)
+            logits = model(x).logits[0, :-1].float()
+            if kept is not None and w < len(kept):
+                kept[w] = logits.clone()
+            logp = torch.log_softmax(logits, -1)
             total -= logp.gather(-1, x[0, 1:, None]).double().sum().item()
     tokens = windows * (context - 1)
     return math.exp(total / tokens), tokens, len(ids)
 
 
-def run_tool(cli, model_dir, path, dtype, context):
-    p = subprocess.run([cli, "--model", model_dir, "--file", path, "--dtype", dtype, "--context", str(context)],
-                       capture_output=True, text=True, timeout=1200)
+def run_tool(cli, model_dir, path, dtype, context, extra=()):
+    p = subprocess.run([cli, "--model", model_dir, "--file", path, "--dtype", dtype, "--context", str(context),
+                        *extra], capture_output=True, text=True, timeout=1200)
     last = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
     m = re.fullmatch(r"perplexity (\d+\.\d{4}) tokens (\d+)", last)
     if p.returncode != 0 or not m:
@@ -85,7 +90,8 @@ def main():
     path = os.path.join(args.work, "text.txt")
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
-    ref, ref_tokens, all_tokens = reference(args.model, text, args.context)
+    kept = [None, None]
+    ref, ref_tokens, all_tokens = reference(args.model, text, args.context, kept=kept)
     print(f"[perplexity] text: {all_tokens} tokens; transformers float32: {ref:.6f} over {ref_tokens} tokens")
     ref_dynamic = reference(args.model, text, args.context, dynamic_int8=True)[0]
     nudged = reference(args.model, text, args.context, dynamic_int8=True, nudge=1e-7)[0]
@@ -100,6 +106,23 @@ def main():
               "against float32)")
         if n != ref_tokens:
             failures.append(f"{d}: {n} tokens scored, transformers {ref_tokens}")
+    # --chunks 2 --save-logits: the first two windows' logits, against transformers'.
+    saved = os.path.join(args.work, "logits.bin")
+    p2, n2 = run_tool(args.cli, args.model, path, "float32", args.context, ("--chunks", "2", "--save-logits", saved))
+    with open(saved, "rb") as f:
+        header = f.readline().split()
+        body = f.read()
+    want = torch.cat(kept)
+    if header != [b"torchattn-logits", b"float32", str(want.shape[0]).encode(), str(want.shape[1]).encode()]:
+        failures.append(f"--save-logits: header {header}, expected rows {want.shape[0]} vocab {want.shape[1]}")
+    elif n2 != 2 * (args.context - 1) or len(body) != want.numel() * 4:
+        failures.append(f"--chunks 2: {n2} tokens scored and {len(body)} bytes of logits for {tuple(want.shape)}")
+    else:
+        diff = (torch.frombuffer(bytearray(body), dtype=torch.float32).reshape(want.shape) - want).abs().max().item()
+        print(f"[perplexity] --chunks 2: {p2:.4f} over {n2} tokens; --save-logits against transformers' logits: "
+              f"largest difference {diff:.2e}")
+        if diff > 1e-3:
+            failures.append(f"--save-logits: logits differ from transformers' by {diff:.2e} (bound 1e-3)")
     f32 = got["float32"][0]
     # The tool prints 4 decimals: the rounding (5e-5) is within the bound for P > 0.5.
     if abs(f32 - ref) / ref > 1e-4:

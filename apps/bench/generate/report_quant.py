@@ -16,6 +16,7 @@ median over them. --folders: the weights each NAME loads (their size).
 
 import argparse
 import datetime
+import json
 import os
 import sys
 
@@ -31,11 +32,112 @@ LABEL = {"ours-int8": "torchattn int8", "ours-int4": "torchattn int4 (its own fo
          "llama-q8_0": "llama.cpp Q8_0", "llama-q4_0": "llama.cpp Q4_0", "llama-q4_k_m": "llama.cpp Q4_K_M"}
 
 
+SMOL = [("ours:float32", "torchattn float32 (the folder)", "ours:float32"),
+        ("ours:int8", "torchattn int8 (quantized at load)", "ours:float32"),
+        ("ours:int4", "torchattn int4 (quantized at load)", "ours:float32"),
+        ("ours:F32 file", "torchattn, llama.cpp's F32 file", "ours:float32"),
+        ("ours:Q4_0 file", "torchattn int4, llama.cpp's Q4_0 file", "ours:float32"),
+        ("ours:Q4_0 file, float32", "torchattn float32, llama.cpp's Q4_0 file", "ours:float32"),
+        ("ours:Q4_1 file", "torchattn int4, llama.cpp's Q4_1 file", "ours:float32"),
+        ("ours:Q4_1 file, float32", "torchattn float32, llama.cpp's Q4_1 file", "ours:float32"),
+        ("llama:F32", "llama.cpp F32", "llama:F32"), ("llama:Q4_0", "llama.cpp Q4_0", "llama:F32"),
+        ("llama:Q4_1", "llama.cpp Q4_1", "llama:F32")]
+SCALE = [("ours:int8", "torchattn int8 (its own folder)"), ("ours:int4", "torchattn int4 (its own folder)"),
+         ("ours:Q4_0 file", "torchattn int4, llama.cpp's Q4_0 file"),
+         ("ours:Q4_1 file", "torchattn int4, llama.cpp's Q4_1 file"),
+         ("ours:Q4_K_M file", "torchattn int4, llama.cpp's Q4_K_M file"),
+         ("llama:Q4_0", "llama.cpp Q4_0"), ("llama:Q4_1", "llama.cpp Q4_1"), ("llama:Q4_K_M", "llama.cpp Q4_K_M")]
+
+
+def rise(q, name, base):
+    """A run's perplexity over its runtime's float32, in percent."""
+    return 100 * (q["smollm2"][name]["perplexity"] / q["smollm2"][base]["perplexity"] - 1)
+
+
+def quality_checks(q):
+    """The quality targets: int4's rise against llama.cpp's at 5.0 bits a weight, and our runs
+    of llama.cpp's files against llama.cpp's perplexity on them."""
+    s = q["smollm2"]
+    checks = []
+    if "ours:int4" in s and "llama:Q4_1" in s:
+        checks.append(("SmolLM2: our int4's perplexity rise over our float32, percent, <= llama.cpp Q4_1's over its "
+                       f"F32 ({rise(q, 'llama:Q4_1', 'llama:F32'):.3f}; 5.0 bits a weight each)",
+                       rise(q, "ours:int4", "ours:float32"), "<=", rise(q, "llama:Q4_1", "llama:F32")))
+    k = q["scale"]
+    if "ours:int4" in k and "llama:Q4_1" in k:
+        checks.append(("1B-shaped: our int4's KL divergence from float32 <= llama.cpp Q4_1's (5.0 bits a weight each)",
+                       k["ours:int4"]["kl_mean"], "<=", k["llama:Q4_1"]["kl_mean"]))
+    for kind in ("Q4_0", "Q4_1"):
+        if f"ours:{kind} file" in s and f"llama:{kind}" in s:
+            ours, theirs = s[f"ours:{kind} file"]["perplexity"], s[f"llama:{kind}"]["perplexity"]
+            checks.append((f"SmolLM2, llama.cpp's {kind} file: our perplexity (int4) within 1% of llama.cpp's, "
+                           "percent", 100 * abs(ours / theirs - 1), "<=", 1.0))
+    return checks
+
+
+def quality_md(q):
+    """The Quality section: SmolLM2's perplexity and the 1B-shaped model's KL divergence."""
+    t, s, k = q["text"], q["smollm2"], q["scale"]
+    md = ["", "## Quality", "",
+          f"Perplexity of SmolLM2-135M-Instruct over {t['tokens']} tokens of {t['source']} (`quant_quality.py`: whole "
+          f"topics in name order, {t['characters']} characters), in {t['windows']} windows of {t['context']} tokens "
+          f"each scored alone ({t['scored']} tokens scored), the same token ids for every run: ours by "
+          "`torchattn_perplexity`, llama.cpp's by llama-cpp-python "
+          f"{q['llama_cpp_python']} from the logits of every position. llama.cpp's files come from its converter "
+          "(F32) and quantizer (Q4_0, Q4_1) as above; its quantizer keeps the tied table in Q8_0 (576 inputs are not "
+          "a multiple of Q6_K's 256).", "",
+          "| SmolLM2-135M: runtime, weights | perplexity | against its runtime's float32 |", "|---|---|---|"]
+    for name, label, base in SMOL:
+        if name in s:
+            md.append(f"| {label} | {s[name]['perplexity']:.4f} | {rise(q, name, base):+.3f}% |")
+    grid = s.get("head_grid")
+    if grid and "llama:Q4_1" in s and "ours:Q4_1 file, float32" in s:
+        md += ["", "SmolLM2's weights here were dequantized from a GGUF file (tools/convert_smollm2.py): its layers lie "
+               "on Q4_1's grid and its tied table on Q8_0's. So every Q4_1 run holds the layers exactly, and our "
+               "float32 run of the Q4_1 file has float32's perplexity "
+               f"({s['ours:Q4_1 file, float32']['perplexity']:.4f}): llama.cpp Q4_1's rise is its computation alone "
+               "(each input quantized to int8 per 32). Ours adds the head: an int4 model keeps its head in our int8, "
+               "a scale per 64 inputs, which holds the table with a relative RMS error of "
+               f"{100 * grid['int8_per_64']:.2f}% where Q8_0's 32 hold it with {100 * grid['int8_per_32']:.2f}%. "
+               "The int8 row (int8 everywhere) shows what that scheme costs alone. Q4_0 (no offset: each group "
+               "symmetric about 0) cannot hold a Q4_1 grid, in either runtime."]
+    md += ["", f"KL divergence of the next-token distributions against float32 on the 1B-shaped model, over "
+           f"{k['windows']} windows of {t['context']} tokens of the same text (random weights: a perplexity in the "
+           "tens of thousands, the distributions near flat, so the top token agrees less often than on a trained "
+           "model): ours against our float32 folder, llama.cpp's against its F32 file, as llama-perplexity "
+           "`--kl-divergence` reports it (the mean over tokens of sum p32 (log p32 - log q)).", "",
+           "| 1B-shaped: runtime, weights | weights, MB | perplexity | KL mean | KL median | KL 99th percentile | same top token |",
+           "|---|---|---|---|---|---|---|"]
+    for name, label in SCALE:
+        if name in k:
+            r = k[name]
+            md.append(f"| {label} | {r['bytes'] / 1e6:.0f} | {r['perplexity']:.1f} | {r['kl_mean']:.4f} | "
+                      f"{r['kl_median']:.4f} | {r['kl_p99']:.4f} | {100 * r['top1_same']:.1f}% |")
+    if "ours:int4" in k and "llama:Q4_1" in k:
+        md += ["", f"On these weights, which lie on no grid, our int4 (5.0 bits a weight in the layers) diverges from "
+               f"float32 by KL {k['ours:int4']['kl_mean']:.4f}, llama.cpp's Q4_1 (the same bits) by "
+               f"{k['llama:Q4_1']['kl_mean']:.4f}; our runs of llama.cpp's Q4_0 and Q4_1 files give llama.cpp's own "
+               "divergence (the same blocks, the same scheme of int8 inputs)."]
+    if "ours:Q4_K_M file" in k and "llama:Q4_K_M" in k:
+        md += ["", f"Our run of the Q4_K_M file diverges more than llama.cpp's ({k['ours:Q4_K_M file']['kl_mean']:.4f} "
+               f"against {k['llama:Q4_K_M']['kl_mean']:.4f}): its Q4_K tensors keep their values, but its Q6_K ones "
+               "(half the layers' value and down projections: the tensors llama-quantize keeps in more bits because "
+               "they cost the most) are quantized again to our int4, and its output table to our int8. Running Q6_K "
+               "as it is, or as int8, is what closes that gap."]
+    if "llama:F32" in k and "ours:float32" in k:
+        x = k["llama:F32"]["ours_float32_against_it"]
+        md += ["", f"Float32 against float32: our folder's distributions against llama.cpp's F32 file's, KL "
+               f"{x['kl_mean']:.2e} (perplexity {k['ours:float32']['perplexity']:.1f} and "
+               f"{k['llama:F32']['perplexity']:.1f}): the two runtimes compute the same model."]
+    return md
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", nargs="+", required=True)
     ap.add_argument("--folders", nargs="*", default=[])
     ap.add_argument("--out", default="apps/bench/results")
+    ap.add_argument("--quality", help="quant_quality.py's JSON: the perplexity and KL divergence section")
     a = ap.parse_args()
     runs = load(a.runs)
     folders = dict(item.split(":", 1) for item in a.folders)
@@ -99,6 +201,11 @@ def main():
         if (n, 2) in runs and n in sizes:
             checks.append((f"{LABEL[n]}: peak RSS of a generation <= 1.2x the weights' size",
                            runs[(n, 2)]["peak_rss_mib"] * 2**20 / sizes[n], "<=", 1.2))
+    quality = None
+    if a.quality:
+        with open(a.quality) as f:
+            quality = json.load(f)
+        checks += quality_checks(quality)
     md += targets_md(checks)
     r = runs.get(("ours-int4", 2), {})
     if r.get("bandwidth_gbps") and r.get("step_bytes"):
@@ -107,6 +214,8 @@ def main():
         md += ["", f"The memory read bandwidth measured by the int4 run (2 threads), {r['bandwidth_gbps']:.1f} GB/s, "
                    f"bounds int4 decoding at {bound:.1f} tokens/s ({r['step_bytes'] / 1e6:.0f} MB read per token, the "
                    f"int8 head included); int4 decodes at {100 * best4 / bound:.0f}% of it at its best."]
+    if quality:
+        md += quality_md(quality)
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "quant.md")
     with open(path, "w") as f:

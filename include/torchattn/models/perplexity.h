@@ -29,9 +29,13 @@ struct PerplexityResult {
 /// dropped), each scored alone: the negative log-likelihood of its tokens 2..context
 /// given the tokens before them in the window (float64 sums of the model's float32
 /// log-softmax), averaged over every scored token. progress(done, total) after each
-/// window, if given. Errors: context < 2, fewer ids than one window, a context past the
-/// model's context_length.
+/// window, if given; window_logits(w, logits) too, with window w's (0-based) float32
+/// logits [context - 1, vocab_size] on the model's device (row t predicts the window's
+/// token t + 1), for a caller that keeps the distributions (torchattn_perplexity
+/// --save-logits, a KL divergence between formats). Errors: context < 2, fewer ids than
+/// one window, a context past the model's context_length.
 PerplexityResult perplexity(CausalLM& model, const std::vector<int64_t>& ids, int64_t context,
-                            const std::function<void(int64_t, int64_t)>& progress = {});
+                            const std::function<void(int64_t, int64_t)>& progress = {},
+                            const std::function<void(int64_t, const at::Tensor&)>& window_logits = {});
 
 }  // namespace torchattn::models

@@ -14,7 +14,8 @@
 namespace torchattn::models {
 
 PerplexityResult perplexity(CausalLM& model, const std::vector<int64_t>& ids, int64_t context,
-                            const std::function<void(int64_t, int64_t)>& progress) {
+                            const std::function<void(int64_t, int64_t)>& progress,
+                            const std::function<void(int64_t, const at::Tensor&)>& window_logits) {
   TORCH_CHECK(context >= 2, "perplexity: expected a context of at least 2 tokens, got ", context);
   TORCH_CHECK(context <= model->context_length(), "perplexity: expected a context of at most the model's ",
               model->context_length(), " tokens (its context_length), got ", context);
@@ -47,6 +48,7 @@ PerplexityResult perplexity(CausalLM& model, const std::vector<int64_t>& ids, in
     const at::Tensor logp = at::log_softmax(logits, -1);
     const at::Tensor next = window.narrow(1, 1, context - 1).unsqueeze(-1);
     total -= logp.gather(-1, next).to(at::kDouble).sum().item<double>();
+    if (window_logits) window_logits(w, logits[0]);
     if (progress) progress(w + 1, windows);
   }
   PerplexityResult r;
