@@ -118,6 +118,12 @@ class GgufFile {
   std::pair<at::Tensor, at::Tensor> int4_weights(const std::string& name) const;
   /// Whether int4_weights takes tensors of type code `type` (Q4_0, Q4_1, Q4_K).
   static bool int4_type(uint32_t type);
+  /// Tensor `name` [out, in] of any type as int8 weights, WeightFormat::Int8's {data int8
+  /// [out, in], scale float32 [out, ceil(in / 64)]}: its dequantize values quantized
+  /// (each group of 64 inputs by its largest |value| / 127), 2048 rows at a time, so a
+  /// large table is never whole in float32. A tensor that is not [out, in] is an error
+  /// naming it.
+  std::pair<at::Tensor, at::Tensor> int8_weights(const std::string& name) const;
   /// Gives back the memory pages that hold tensor `name`'s bytes, for a reader done with
   /// them: a model converted tensor by tensor does not keep the whole file resident
   /// beside its own copy. The bytes stay readable (read from the file again if touched).

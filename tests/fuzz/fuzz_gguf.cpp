@@ -1,7 +1,7 @@
 // libFuzzer target: the GGUF reader (include/torchattn/gguf.h) on arbitrary bytes. The
 // only exception it accepts is c10::Error (a damaged file, named); every metadata value
 // is read through its accessor and every tensor that opens is dequantized and summed (its
-// last row apart too, and a 4-bit one as int4 weights), so a read past the bytes would
+// last row apart too, a 4-bit one as int4 weights, a matrix as int8 weights), so a read past the bytes would
 // be a sanitizer finding.
 
 #include <torchattn/gguf.h>
@@ -35,6 +35,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           (void)at::sum(dm.to(at::kDouble)).item<double>();
         } catch (const c10::Error&) {
           // a scale past float16's range: refused, named
+        }
+      }
+      if (t.shape.size() == 2) {
+        try {
+          const auto [q8, s8] = f.int8_weights(t.name);
+          (void)q8.sum().item<int64_t>();
+          (void)at::sum(s8.to(at::kDouble)).item<double>();
+        } catch (const c10::Error&) {
+          // a non-finite value, or rows that are not whole blocks: refused, named
         }
       }
       f.release(t.name);

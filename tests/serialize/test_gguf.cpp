@@ -12,6 +12,7 @@
 #include "common/temp_path.h"
 
 #include <torchattn/gguf.h>
+#include <torchattn/packed_linear.h>
 
 #include <c10/util/Half.h>
 #include <gtest/gtest.h>
@@ -163,6 +164,37 @@ TEST(Gguf, DequantizeRowsIsThoseRowsOfTheWhole) {
                "gguf: 'f.gguf': tensor 'v.weight' has rows of 1 values, not whole blocks of 32: it is dequantized "
                "whole only");
   expect_error([&] { f.dequantize_rows("w.weight", 0, 1); }, "gguf: 'f.gguf' has no tensor 'w.weight'");
+}
+
+// int8_weights is int8's quantization of dequantize's values, the same bytes and scales
+// as a layer frozen to Int8 makes, also past its 2048-row slices (4100 rows: two whole
+// slices and a part); a vector is refused by name.
+TEST(Gguf, Int8WeightsAreTheValuesAsInt8QuantizesThem) {
+  constexpr int64_t kRows = 4100, kIn = 96;
+  Bytes d;
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t i = 0; i < kIn; ++i) {
+      d.put<float>(static_cast<float>((r * 37 + i * 11) % 255 - 127) * (0.001f + static_cast<float>(r % 7)));
+    }
+  }
+  const std::string bytes = file_of({}, {{"t.weight", {kIn, kRows}, 0, 0}}, d.bytes());
+  const auto f = parse(bytes);
+  const auto expect_like_a_frozen_layer = [&](const torchattn::GgufFile& file, const std::string& name) {
+    torchattn::PackedLinear layer(torchattn::WeightFormat::Int8);
+    layer.freeze({file.dequantize(name)});
+    const auto [want_q, want_s] = layer.frozen_weight(0);
+    const auto [q, s] = file.int8_weights(name);
+    EXPECT_EQ(q.scalar_type(), at::kChar);
+    EXPECT_EQ(s.scalar_type(), at::kFloat);
+    EXPECT_TRUE(torch::equal(q, want_q)) << name;
+    EXPECT_TRUE(torch::equal(s, want_s)) << name;
+  };
+  expect_like_a_frozen_layer(f, "t.weight");
+  const std::string rows = rows_file();
+  const auto g = parse(rows);
+  expect_like_a_frozen_layer(g, "m.weight");  // Q8_0
+  expect_error([&] { g.int8_weights("v.weight"); },
+               "gguf: 'f.gguf': tensor 'v.weight' has 1 dimensions; int8_weights takes [out, in]");
 }
 
 // Bytes from a fixed sequence (a linear congruential generator).

@@ -71,26 +71,6 @@ std::pair<at::Tensor, at::Tensor> frozen_as(torchattn::WeightFormat format, cons
   return pack.frozen_weight(0);
 }
 
-// Tensor t [out, in] as int8 {data, scale}, quantized kRowsAStep rows at a time (int8's
-// groups lie within a row, so the pieces are the whole's rows): the token table of a
-// tied model (49152 x 2048 at 1B) is never whole in float32, 402 MB of a load's peak.
-std::pair<at::Tensor, at::Tensor> int8_by_rows(const torchattn::GgufFile& f, const torchattn::GgufTensorInfo& t) {
-  constexpr int64_t kRowsAStep = 2048;
-  const int64_t out = t.shape.at(0);
-  at::Tensor data, scale;
-  for (int64_t first = 0; first < out; first += kRowsAStep) {
-    const int64_t n = std::min(kRowsAStep, out - first);
-    auto [q, s] = frozen_as(torchattn::WeightFormat::Int8, f.dequantize_rows(t.name, first, n));
-    if (!data.defined()) {
-      data = at::empty({out, q.size(1)}, q.options());
-      scale = at::empty({out, s.size(1)}, s.options());
-    }
-    data.narrow(0, first, n).copy_(q);
-    scale.narrow(0, first, n).copy_(s);
-  }
-  return {data, scale};
-}
-
 }  // namespace
 
 DecoderConfig gguf_decoder_config(const torchattn::GgufFile& f) {
@@ -173,7 +153,7 @@ torchattn::NamedTensors gguf_hf_int4_tensors(const torchattn::GgufFile& f, const
     // converted model and one tensor's bytes, not the whole file beside it.
     if (head) {  // int8, as CausalLM keeps an int4 model's head
       TORCH_CHECK(t.shape.size() == 2, "gguf_hf_int4_tensors: tensor '", t.name, "' is not [out, in]");
-      auto [q, s] = int8_by_rows(f, t);
+      auto [q, s] = f.int8_weights(t.name);
       out.emplace_back(name + torchattn::kFrozenScaleSuffix, std::move(s));
       out.emplace_back(std::move(name), std::move(q));
       f.release(t.name);
