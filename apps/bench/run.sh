@@ -312,8 +312,11 @@ case "$device" in
       .venv/bin/python apps/bench/generate/quant_quality.py --cli ./build/apps/perplexity/torchattn_perplexity \
         --smollm2 "$smollm2" --scale "$model" --scale-gguf "$work/llama.cpp" --llama-work "$out/llama.cpp" \
         --work "$work/quality" --json "$work/quality.json" ${qargs[@]+"${qargs[@]}"}
+      # Serving: the int4 server against the int8 one, 16 clients on SmolLM2, in rounds.
+      .venv/bin/python apps/bench/serve/bench_serve_formats.py --server ./build/apps/serve/torchattn_serve \
+        --model "$smollm2" --threads 2 --formats int8,int4 --json "$work/serve-int4.json" ${qargs[@]+"${qargs[@]}"}
       .venv/bin/python apps/bench/generate/report_quant.py --runs "${runs[@]}" --out "$docs" \
-        --quality "$work/quality.json" \
+        --quality "$work/quality.json" --serve-formats "$work/serve-int4.json" \
         --folders "ours-int8:$model-int8" "ours-int4:$model-int4" "ours-int4-q4_0:${gguf[q4_0]}" \
         "ours-int4-q4_k_m:${gguf[q4_k_m]}" "llama-q8_0:${gguf[q8_0]}" "llama-q4_0:${gguf[q4_0]}" \
         "llama-q4_k_m:${gguf[q4_k_m]}" >/dev/null
