@@ -159,7 +159,10 @@ def serving_md(j):
                "step of a 135M model is bound by the products, not by reading the weights. The few-rows kernels (`int4_rows.cpp`) take four weight rows "
                "against one row of x at a time, so each group's nibbles are unpacked again for every row of x, and "
                "its scales multiplied again: on AVX2, twelve instructions per 64 weights and row against int8's "
-               "eight. Unpacking once for several rows of x is the next step."]
+               "eight. Sending more than 4 rows to the prefill's tiles (which widen a panel once for all rows) put "
+               "int4 ahead of int8 here, but the tiles' float sums differ from the few-rows kernels' in the last "
+               "bits, so a request's tokens would depend on how many others share its step: not taken. Unpacking "
+               "once for several rows of x, each row summed as alone, keeps the bits."]
     return md
 
 
