@@ -225,6 +225,16 @@ TEST(WeightFormats, RefusalsNameWhatDiffers) {
   bad[2][1] = std::numeric_limits<float>::quiet_NaN();
   expect_error([&] { torchattn::kernels::cpu::quantize_int8_groups(bad); },
                "expected finite weights, got a NaN or infinity in row 2");
+  // In the vector loop's part of a group and in its tail, a NaN and an infinity (each
+  // refused, never converted to an int8: the fuzzers' clang build checks the conversion).
+  auto wide = torch::randn({4, 70});
+  wide[1][5] = std::numeric_limits<float>::quiet_NaN();
+  wide[3][69] = std::numeric_limits<float>::infinity();
+  expect_error([&] { torchattn::kernels::cpu::quantize_int8_groups(wide); },
+               "expected finite weights, got a NaN or infinity in row 1");
+  wide[1][5] = 0.0f;
+  expect_error([&] { torchattn::kernels::cpu::quantize_int8_groups(wide); },
+               "expected finite weights, got a NaN or infinity in row 3");
   expect_error([] { torchattn::weight_format_from_string("int2"); },
                "weight format: expected one of float32, bfloat16, int8, dynamic-int8, int4, got 'int2'");
   EXPECT_EQ(torchattn::weight_format_from_string("bfloat16"), WeightFormat::BFloat16);

@@ -323,7 +323,10 @@ struct QuantizeRow {
       i = 0;
       for (; i + S::W <= n; i += S::W) S::store(rounded + i, S::round(S::div(S::load(wg + i), dv)));
       for (; i < n; ++i) rounded[i] = simd::Scalar::round(wg[i] / divisor);
-      for (i = 0; i < n; ++i) q[g0 + i] = static_cast<int8_t>(std::clamp(rounded[i], -127.0f, 127.0f));
+      // A NaN (from a NaN or infinity, refused below) stored as 0: converting it is undefined.
+      for (i = 0; i < n; ++i) {
+        q[g0 + i] = rounded[i] == rounded[i] ? static_cast<int8_t>(std::clamp(rounded[i], -127.0f, 127.0f)) : 0;
+      }
       scale[g] = s;
     }
     const float sum = S::reduce_add(bad) + bad_tail;
