@@ -484,6 +484,61 @@ TEST(Simd, DotAndAxpyFollowTheirDocumentedOrderOnEveryIsa) {
   }
 }
 
+// narrow_halves: c10::Half's bits (round to nearest, ties to even) on every instruction
+// set, over ties, the edges of float16's range (65504, the 65520 that rounds to an
+// infinity, the subnormals down to 2^-25), zeros of both signs, infinities and values at
+// many scales; a NaN stays a NaN.
+TEST(Simd, NarrowHalvesGiveC10HalfsBits) {
+  torch::manual_seed(7);
+  std::vector<float> x = {0.0f,
+                          -0.0f,
+                          1.0f,
+                          -1.0f,
+                          65504.0f,
+                          65519.996f,
+                          65520.0f,
+                          -65520.0f,
+                          65536.0f,
+                          1e30f,
+                          6.1035156e-05f /* 2^-14 */,
+                          6.1035149e-05f,
+                          5.9604645e-08f /* 2^-24 */,
+                          2.9802322e-08f /* 2^-25: a tie, to 0 */,
+                          2.9802326e-08f,
+                          8.940697e-08f /* 1.5 * 2^-24: a tie, to 2^-23 */,
+                          1e-45f,
+                          -3e-39f,
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity()};
+  for (int k = 0; k < 64; ++k) {  // ties of the normal range: 1 + (2 k + 1) 2^-11, and scaled
+    const float tie = 1.0f + static_cast<float>(2 * k + 1) / 2048.0f;
+    x.push_back(tie);
+    x.push_back(-std::ldexp(tie, k % 30 - 14));
+  }
+  for (int e = -30; e <= 18; e += 2) {
+    const auto r = torch::randn({37}) * std::ldexp(1.0f, e);
+    x.insert(x.end(), r.const_data_ptr<float>(), r.const_data_ptr<float>() + r.numel());
+  }
+  x.push_back(std::numeric_limits<float>::quiet_NaN());
+  const auto n = static_cast<int64_t>(x.size());
+  for (const Isa isa : K::supported_isas()) {
+    SCOPED_TRACE(K::isa_name(isa));
+    for (const int64_t count : {n, n - 1, int64_t{5}}) {  // whole vectors and tails
+      std::vector<uint16_t> got(static_cast<size_t>(count), 0);
+      K::narrow_halves(x.data(), count, got.data(), isa);
+      for (int64_t i = 0; i < count; ++i) {
+        const float v = x[static_cast<size_t>(i)];
+        const uint16_t g = got[static_cast<size_t>(i)];
+        if (std::isnan(v)) {
+          EXPECT_TRUE((g & 0x7c00u) == 0x7c00u && (g & 0x3ffu) != 0) << "NaN -> " << g;
+        } else {
+          EXPECT_EQ(g, c10::Half(v).x) << "value " << i << ": " << v;
+        }
+      }
+    }
+  }
+}
+
 // dots and axpys: the bits of dot and axpy called row by row; axpys skips a weight of
 // 0 without reading its row (NaN there would show).
 TEST(Simd, DotsAndAxpysEqualTheirOneRowCalls) {

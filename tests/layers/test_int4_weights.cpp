@@ -196,6 +196,45 @@ TEST(Int4Weights, PrefillTilesMatchThePortableProducts) {
   }
 }
 
+// Every instruction set quantizes to the same bits (the vector kernels against the
+// portable loop): over rows of many scales and groups of constant values, and where a
+// group's least or largest value is a zero of either sign (the first such zero's sign
+// kept), or its range rounds its d to 0.
+TEST(Int4Weights, EveryIsaQuantizesToTheSameBits) {
+  namespace cpu = torchattn::kernels::cpu;
+  torch::manual_seed(64);
+  auto w = torch::randn({24, 32 * 70}) * torch::logspace(-6, 4, 24).unsqueeze(1);
+  w[0].zero_();
+  w[1].fill_(-0.0f);
+  w[2].fill_(3.5f);
+  w[3].narrow(0, 0, 64).abs_();
+  w[3][5] = 0.0f;
+  w[3][9] = -0.0f;
+  w[3][40] = -0.0f;
+  w[3][44] = 0.0f;
+  w[4].narrow(0, 0, 64).abs_().neg_();
+  w[4][7] = -0.0f;
+  w[4][8] = 0.0f;
+  w[4][33] = 0.0f;
+  w[4][34] = -0.0f;
+  w[5].narrow(0, 0, 32).fill_(1e-8f);  // a range whose d rounds to float16's 0
+  w[5][3] = 1.00000001e-8f;
+  const auto [want_q, want_s] = cpu::quantize_int4_groups(w, cpu::Isa::Scalar);
+  for (const auto isa : cpu::supported_isas()) {
+    SCOPED_TRACE(cpu::isa_name(isa));
+    const auto [q, s] = cpu::quantize_int4_groups(w, isa);
+    EXPECT_TRUE(torch::equal(q, want_q));
+    EXPECT_TRUE(torch::equal(s.view(torch::kShort), want_s.view(torch::kShort)));  // the bits, -0 included
+  }
+  EXPECT_EQ(want_s[3][0][1].view(torch::kShort).item<int16_t>(), 0);  // +0 comes first
+  EXPECT_EQ(want_s[3][1][1].view(torch::kShort).item<int16_t>(), static_cast<int16_t>(0x8000));
+  auto bad = w.clone();
+  bad[7][100] = std::numeric_limits<float>::infinity();
+  for (const auto isa : cpu::supported_isas()) {
+    expect_error([&] { cpu::quantize_int4_groups(bad, isa); }, "got row 7");
+  }
+}
+
 TEST(Int4Weights, RefusalsNameWhatDiffers) {
   torch::manual_seed(63);
   torch::NoGradGuard no_grad;

@@ -127,6 +127,75 @@ bool quantize_row(const float* w, int64_t in, uint8_t* q, uint16_t* dm) {
   return true;
 }
 
+// One row quantized as quantize_row does, to the same bits, W lanes at a time: a chunk
+// of groups' least and largest values (exact in any order; where one is a zero, the sign
+// of the first such zero in the group, as the loop above keeps it), their (d, m) made
+// float16 together, then each group's values. A NaN or an infinity: false.
+struct QuantizeGroups {
+  static constexpr Isa kWidest = Isa::Avx512;
+  template <class S>
+  static bool run(const float* w, int64_t in, uint8_t* q, uint16_t* dm) {
+    if constexpr (S::W == 1 || kGroup % S::W != 0) {
+      return quantize_row(w, in, q, dm);
+    } else {
+      using V = typename S::V;
+      alignas(64) float f[2 * kChunk];
+      alignas(64) float wide[2 * kChunk];
+      alignas(64) uint8_t values[kGroup];
+      const int64_t groups = in / kGroup;
+      const auto first_zero = [](const float* wg) {
+        for (int64_t i = 0; i < kGroup; ++i) {
+          if (wg[i] == 0.0f) return wg[i];
+        }
+        return 0.0f;
+      };
+      for (int64_t g0 = 0; g0 < groups; g0 += kChunk) {
+        const int64_t n = std::min(kChunk, groups - g0);
+        for (int64_t g = 0; g < n; ++g) {
+          const float* wg = w + (g0 + g) * kGroup;
+          V lo = S::load(wg), hi = lo, bad = S::mul(lo, S::zero());
+          for (int64_t i = S::W; i < kGroup; i += S::W) {
+            const V v = S::load(wg + i);
+            bad = S::add(bad, S::mul(v, S::zero()));
+            lo = S::min(lo, v);
+            hi = S::max(hi, v);
+          }
+          if (S::reduce_add(bad) != 0.0f) return false;  // NaN: a NaN or an infinity
+          float least = -S::reduce_max(S::sub(S::zero(), lo)), most = S::reduce_max(hi);
+          if (least == 0.0f) least = first_zero(wg);
+          if (most == 0.0f) most = first_zero(wg);
+          f[2 * g] = (most - least) / 15.0f;
+          f[2 * g + 1] = least;
+        }
+        uint16_t* dmc = dm + 2 * g0;
+        int64_t i = 0;
+        for (; i + S::W <= 2 * n; i += S::W) S::narrow_halves(dmc + i, S::load(f + i));
+        for (; i < 2 * n; ++i) simd::Scalar::narrow_halves(dmc + i, f[i]);
+        widen_halves<S>(dmc, 2 * n, wide);
+        for (int64_t g = 0; g < n; ++g) {
+          const float d = wide[2 * g], m = wide[2 * g + 1];
+          if (!std::isfinite(d) || !std::isfinite(m)) return false;
+          const float* wg = w + (g0 + g) * kGroup;
+          if (d > 0.0f) {
+            const V dv = S::set1(d), mv = S::set1(m), top = S::set1(15.0f);
+            for (int64_t j = 0; j < kGroup; j += S::W) {
+              const V r = S::round(S::div(S::sub(S::load(wg + j), mv), dv));
+              S::narrow(values + j, S::max(S::min(r, top), S::zero()), static_cast<int>(S::W));
+            }
+          } else {
+            std::memset(values, 0, sizeof values);
+          }
+          uint8_t* qg = q + (g0 + g) * kGroupBytes;
+          for (int64_t j = 0; j < kGroupBytes; ++j) {
+            qg[j] = static_cast<uint8_t>(values[j] | (values[j + kGroupBytes] << 4));
+          }
+        }
+      }
+      return true;
+    }
+  }
+};
+
 // The int8 products of four weight rows with one quantized row of x (int4_rows.h): the
 // portable loop, a group at a time.
 void products_four_portable(const uint8_t* const* q, const uint16_t* const* dm, const int8_t* qx, const float* sp,
@@ -334,6 +403,11 @@ bool dense_cpu(const at::Tensor& t, int64_t dim) {
 }  // namespace int4
 
 std::pair<at::Tensor, at::Tensor> quantize_int4_groups(const at::Tensor& weight_in) {
+  return quantize_int4_groups(weight_in, best_isa());
+}
+
+std::pair<at::Tensor, at::Tensor> quantize_int4_groups(const at::Tensor& weight_in, Isa isa) {
+  check_isa_at_most(isa, best_isa(), "quantize_int4_groups");
   TORCH_CHECK(weight_in.dim() == 2 && weight_in.scalar_type() == at::kFloat,
               "quantize_int4_groups: expected a float32 weight [out, in], got ", weight_in.sizes(), " of ",
               weight_in.scalar_type());
@@ -351,7 +425,7 @@ std::pair<at::Tensor, at::Tensor> quantize_int4_groups(const at::Tensor& weight_
   std::atomic<int64_t> first_bad{out};
   at::parallel_for(0, out, std::max<int64_t>(1, 65536 / in), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      if (!int4::quantize_row(w + r * in, in, qp + r * (in / 2), sp + r * 2 * groups)) {
+      if (!simd::run_on<int4::QuantizeGroups>(isa, w + r * in, in, qp + r * (in / 2), sp + r * 2 * groups)) {
         int64_t seen = first_bad.load();
         while (r < seen && !first_bad.compare_exchange_weak(seen, r)) {}
       }

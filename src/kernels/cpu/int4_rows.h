@@ -38,6 +38,9 @@ inline constexpr int64_t kInt4Group = kInt4GroupSize;
 /// above. An error names the row of a non-finite weight, or of a group whose d or m
 /// float16 cannot hold (|w| or the group's range past 65504).
 std::pair<at::Tensor, at::Tensor> quantize_int4_groups(const at::Tensor& weight);
+/// quantize_int4_groups() with the instructions of `isa` (one of supported_isas()): the
+/// same bits on every one (tests).
+std::pair<at::Tensor, at::Tensor> quantize_int4_groups(const at::Tensor& weight, Isa isa);
 
 /// Whether data, scale are int4 weights as above: uint8 [out, in / 2] and float16
 /// [out, in / 32, 2], dense CPU, in a multiple of 32.

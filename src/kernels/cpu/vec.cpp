@@ -128,6 +128,18 @@ struct Axpys {
   }
 };
 
+struct NarrowHalves {
+  static constexpr Isa kWidest = Isa::Avx512;
+  template <class S>
+  static void run(const float* x, int64_t n, uint16_t* out) {
+    int64_t i = 0;
+    if constexpr (S::W > 1) {
+      for (; i + S::W <= n; i += S::W) S::narrow_halves(out + i, S::load(x + i));
+    }
+    for (; i < n; ++i) simd::Scalar::narrow_halves(out + i, x[i]);
+  }
+};
+
 TORCHATTN_SIMD_KERNELS_END
 
 
@@ -145,6 +157,13 @@ void axpy(float alpha, const float* x, float* y, int64_t n) { simd::run_on<Axpy>
 void axpy(float alpha, const float* x, float* y, int64_t n, Isa isa) {
   check_isa_at_most(isa, best_isa(), "axpy");
   simd::run_on<Axpy>(isa, alpha, x, y, n);
+}
+
+void narrow_halves(const float* x, int64_t n, uint16_t* out) { simd::run_on<NarrowHalves>(best_isa(), x, n, out); }
+
+void narrow_halves(const float* x, int64_t n, uint16_t* out, Isa isa) {
+  check_isa_at_most(isa, best_isa(), "narrow_halves");
+  simd::run_on<NarrowHalves>(isa, x, n, out);
 }
 
 void dots(const float* a, const float* b, int64_t stride, int64_t count, int64_t n, float* out) {

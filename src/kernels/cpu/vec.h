@@ -68,4 +68,12 @@ int matvec_streams();
 /// values; a weight of 0 adds nothing and its row is not read).
 void axpys(const float* alpha, const float* x, int64_t stride, int64_t count, float* y, int64_t n);
 
+/// out[i] = x[i] as float16 bits over n floats, rounded to the nearest (ties to even),
+/// the bits of c10::Half(x[i]) for every value but NaN (a quiet NaN either way):
+/// F16C's vcvtps2ph W lanes at a time, the tail (and the Scalar target) by
+/// simd::Scalar::narrow_halves.
+void narrow_halves(const float* x, int64_t n, uint16_t* out);
+/// narrow_halves() with the instructions of `isa` (tests).
+void narrow_halves(const float* x, int64_t n, uint16_t* out, Isa isa);
+
 }  // namespace torchattn::kernels::cpu

@@ -190,6 +190,24 @@ struct Scalar {
     std::memcpy(&f, &bits, sizeof f);
     return f;
   }
+  /// W floats to p as float16 bits, rounded to the nearest (ties to even), as F16C's
+  /// vcvtps2ph with its nearest rounding: past 65504 by half a step or more (65520) an
+  /// infinity, below 2^-14 a subnormal, a NaN a quiet NaN keeping its payload's top bits.
+  static void narrow_halves(uint16_t* p, V v) {
+    uint32_t x = 0;
+    std::memcpy(&x, &v, sizeof x);
+    const auto sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+    const uint32_t a = x & 0x7fffffffu;
+    if (a > 0x7f800000u) {  // NaN
+      *p = static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    } else if (a >= 0x477ff000u) {  // 65520 and above, infinities included
+      *p = static_cast<uint16_t>(sign | 0x7c00u);
+    } else if (a >= 0x38800000u) {  // a normal float16: round at bit 13, rebias 127 -> 15
+      *p = static_cast<uint16_t>(sign | ((a + 0x0fffu + ((a >> 13) & 1u) - 0x38000000u) >> 13));
+    } else {  // subnormal: multiples of 2^-24 (scaling by 2^24 is exact), 1024 the least normal
+      *p = static_cast<uint16_t>(sign | static_cast<uint32_t>(round(std::fabs(v) * 16777216.0f)));
+    }
+  }
   /// The low (high) 4 bits of W bytes from p, as floats in [0, 15].
   static V widen_low_nibbles(const uint8_t* p) { return static_cast<float>(*p & 15); }
   static V widen_high_nibbles(const uint8_t* p) { return static_cast<float>(*p >> 4); }
@@ -320,6 +338,9 @@ struct Avx2 {
   }
   TORCHATTN_SIMD_AVX2 V widen_halves(const uint16_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  TORCHATTN_SIMD_AVX2 void narrow_halves(uint16_t* p, V v) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
   }
   TORCHATTN_SIMD_AVX2 V widen_low_nibbles(const uint8_t* p) {
     const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
@@ -487,6 +508,9 @@ struct Avx512 {
   }
   TORCHATTN_SIMD_AVX512 V widen_halves(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  TORCHATTN_SIMD_AVX512 void narrow_halves(uint16_t* p, V v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
   }
   TORCHATTN_SIMD_AVX512 V widen_low_nibbles(const uint8_t* p) {
     const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
