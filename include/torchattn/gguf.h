@@ -108,15 +108,20 @@ class GgufFile {
   at::Tensor dequantize_rows(const std::string& name, int64_t first, int64_t count) const;
   /// Tensor `name`'s bytes as the file holds them: uint8 [bytes], over the mapping.
   at::Tensor raw(const std::string& name) const;
-  /// Tensor `name` [out, in] of type Q4_0, Q4_1 or Q4_K as int4 weights, WeightFormat::Int4's
-  /// {data uint8 [out, in / 2], scale float16 [out, in / 32, 2]} (x = d q + m; see
-  /// torchattn::PackedLinear), every 4-bit value as the file holds it: Q4_0's and Q4_1's
-  /// blocks exactly (Q4_0's m is -8 d); Q4_K's sub-blocks of 32 with their d sc and
-  /// -dmin m each rounded to float16 (at most 2^-11 of itself), so a value differs from
-  /// dequantize's by at most 2^-11 (15 |d sc| + |dmin m|). Another type, a tensor that
-  /// is not [out, in], or a scale past float16's range is an error naming the tensor.
+  /// Tensor `name` [out, in] of any type as int4 weights, WeightFormat::Int4's {data
+  /// uint8 [out, in / 2], scale float16 [out, in / 32, 2]} (x = d q + m; see
+  /// torchattn::PackedLinear). Q4_0, Q4_1 and Q4_K (int4_type) keep every 4-bit value as
+  /// the file holds it: Q4_0's and Q4_1's blocks exactly (Q4_0's m is -8 d); Q4_K's
+  /// sub-blocks of 32 with their d sc and -dmin m each rounded to float16 (at most 2^-11
+  /// of itself), so a value differs from dequantize's by at most 2^-11 (15 |d sc| +
+  /// |dmin m|). The other types are quantized from their dequantize values as
+  /// PackedLinear freezes float32 weights to int4 (each group of 32 by its minimum and
+  /// range / 15), a slice of rows at a time, so a large tensor is never whole in
+  /// float32. A tensor that is not [out, in], whose inputs are not a multiple of 32, or
+  /// whose scales float16 cannot hold is an error naming it.
   std::pair<at::Tensor, at::Tensor> int4_weights(const std::string& name) const;
-  /// Whether int4_weights takes tensors of type code `type` (Q4_0, Q4_1, Q4_K).
+  /// Whether int4_weights keeps the 4-bit values of tensors of type code `type` (Q4_0,
+  /// Q4_1, Q4_K).
   static bool int4_type(uint32_t type);
   /// Tensor `name` [out, in] of any type as int8 weights, WeightFormat::Int8's {data int8
   /// [out, in], scale float32 [out, ceil(in / 64)]}: its dequantize values quantized

@@ -8,6 +8,7 @@
 #include "common/int4_values.h"
 
 #include <torchattn/gguf.h>
+#include <torchattn/packed_linear.h>
 #include <torchattn/safetensors.h>
 
 #include <gtest/gtest.h>
@@ -82,7 +83,7 @@ TEST(GgufChecks, EveryTypeDequantizesToGgufsBits) {
 
 // Rows of every tensor, and the 4-bit types as int4 weights, against gguf's values:
 // dequantize_rows to the bit; Q4_1's int4 weights to the bit, Q4_K's within float16's
-// rounding of each group's d sc and dmin m.
+// rounding of each group's d sc and dmin m, Q6_K's as int4 quantizes its values.
 TEST(GgufChecks, RowsAndInt4WeightsMatchGguf) {
   ASSERT_FALSE(reference_dir().empty()) << "TORCHATTN_GGUF_REFERENCE is not set (run ctest -R gguf)";
   const auto tensors = torchattn::load_safetensors(reference_dir() + "/types_reference.safetensors");
@@ -99,7 +100,12 @@ TEST(GgufChecks, RowsAndInt4WeightsMatchGguf) {
   const auto [data, scale] = f.int4_weights("t.q4_k");
   const at::Tensor error = (int4_values(data, scale) - reference.at("t.q4_k")).abs();
   EXPECT_TRUE((error <= int4_half_rounding_bound(scale)).all().item<bool>()) << error.max();
-  expect_error([&] { f.int4_weights("t.q6_k"); }, "tensor 't.q6_k' is Q6_K; int4_weights takes Q4_0, Q4_1 and Q4_K");
+  // Q6_K's values quantized to int4, as a layer frozen to Int4 quantizes them.
+  torchattn::PackedLinear layer(torchattn::WeightFormat::Int4);
+  layer.freeze({reference.at("t.q6_k")});
+  const auto q6_k = f.int4_weights("t.q6_k");
+  EXPECT_TRUE(torch::equal(q6_k.first, layer.frozen_weight(0).first));
+  EXPECT_TRUE(torch::equal(q6_k.second, layer.frozen_weight(0).second));
 }
 
 TEST(GgufChecks, MetadataOfEveryValueType) {

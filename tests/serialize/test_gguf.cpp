@@ -207,9 +207,36 @@ std::string pseudo_bytes(size_t n, uint32_t seed) {
   return out;
 }
 
+// int4_weights of a type other than Q4_0, Q4_1 and Q4_K is int4's quantization of
+// dequantize's values, the same bytes and scales as a layer frozen to Int4 makes, across
+// its slices of rows (a Q8_0 [70, 32768]: slices of 32 rows, the last of 6); inputs
+// that are not a multiple of 32 are refused by name.
+TEST(Gguf, Int4WeightsOfOtherTypesAreTheValuesAsInt4QuantizesThem) {
+  constexpr int64_t kRows = 70, kIn = 32768;
+  Bytes d;
+  for (int64_t b = 0; b < kRows * kIn / 32; ++b) {  // Q8_0: d, 32 int8
+    d.put<uint16_t>(c10::Half(0.001f * static_cast<float>(b % 13 + 1)).x);
+    d.raw(pseudo_bytes(32, static_cast<uint32_t>(b)));
+  }
+  d.pad(32);
+  const uint64_t odd_at = d.size();
+  for (int i = 0; i < 2 * 40; ++i) d.put<float>(static_cast<float>(i));
+  const std::string bytes = file_of({}, {{"q8", {kIn, kRows}, 8, 0}, {"odd", {40, 2}, 0, odd_at}}, d.bytes());
+  const auto f = parse(bytes);
+  torchattn::PackedLinear layer(torchattn::WeightFormat::Int4);
+  layer.freeze({f.dequantize("q8")});
+  const auto [want_q, want_s] = layer.frozen_weight(0);
+  const auto [q, s] = f.int4_weights("q8");
+  EXPECT_TRUE(torch::equal(q, want_q));
+  EXPECT_TRUE(torch::equal(s, want_s));
+  expect_error([&] { f.int4_weights("odd"); },
+               "gguf: 'f.gguf': tensor 'odd' of F32 [2, 40] has 40 inputs, not a multiple of 32: int4 cannot hold "
+               "it (int8 can)");
+}
+
 // Q4_0 [2, 64], Q4_1 [2, 32] and Q4_K [2, 256] as int4 weights: Q4_0's and Q4_1's values
-// to the bit, Q4_K's within float16's rounding of each group's d sc and dmin m; F32 and
-// a vector are refused by name.
+// to the bit, Q4_K's within float16's rounding of each group's d sc and dmin m; a vector
+// is refused by name.
 TEST(Gguf, Int4WeightsKeepTheFilesFourBitValues) {
   Bytes d;
   for (int b = 0; b < 4; ++b) {  // Q4_0: d, 16 bytes
@@ -249,8 +276,6 @@ TEST(Gguf, Int4WeightsKeepTheFilesFourBitValues) {
   EXPECT_TRUE(((got - want).abs() <= int4_half_rounding_bound(scale)).all().item<bool>()) << (got - want).abs().max();
   EXPECT_GT((got - want).abs().max().item<float>(), 0.0f);  // the scales were rounded
   EXPECT_GT(want.abs().max().item<float>(), 0.1f);
-  expect_error([&] { f.int4_weights("f32"); },
-               "gguf: 'f.gguf': tensor 'f32' is F32; int4_weights takes Q4_0, Q4_1 and Q4_K");
   expect_error([&] { f.int4_weights("vector"); },
                "gguf: 'f.gguf': tensor 'vector' has 1 dimensions; int4_weights takes [out, in]");
 }

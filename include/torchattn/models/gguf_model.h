@@ -38,7 +38,8 @@ torchattn::NamedTensors gguf_hf_tensors(const torchattn::GgufFile& file, const D
 /// tensor's blocks are these bytes as they are, a Q4_0 tensor's with m = -8 d (no
 /// weight's value changes), a Q4_K tensor's sub-blocks with d sc and -dmin m rounded to
 /// float16 (its 4-bit values kept). A tensor of another type (Q6_K, Q8_0, ...) is
-/// dequantized and quantized to int4 (as PackedLinear::freeze does). The output head (or
+/// quantized to int4 from its dequantized values (as PackedLinear::freeze does), a slice
+/// of rows at a time. The output head (or
 /// the tied embedding table) in int8 (an int4 model's head: CausalLM::weight_format),
 /// from its dequantized values, a few thousand rows at a time; the other tensors (norms,
 /// biases, an untied table) float32 as gguf_hf_tensors gives them. Each tensor's pages

@@ -64,13 +64,6 @@ std::string hf_name(const std::string& gguf, const DecoderConfig& config) {
   TORCH_CHECK(false, "gguf_hf_tensors: tensor '", gguf, "' has no role in a ", config.model_type, " decoder");
 }
 
-// w float32 [out, in] in `format`, as a frozen layer keeps it: {data, scale}.
-std::pair<at::Tensor, at::Tensor> frozen_as(torchattn::WeightFormat format, const at::Tensor& w) {
-  torchattn::PackedLinear pack(format);
-  pack.freeze({w});
-  return pack.frozen_weight(0);
-}
-
 }  // namespace
 
 DecoderConfig gguf_decoder_config(const torchattn::GgufFile& f) {
@@ -164,15 +157,9 @@ torchattn::NamedTensors gguf_hf_int4_tensors(const torchattn::GgufFile& f, const
       f.release(t.name);
       continue;
     }
-    // Q4_0, Q4_1 and Q4_K keep their 4-bit values (GgufFile::int4_weights); the other
-    // types are quantized to int4 from their float32 values.
-    auto [data, scale] = torchattn::GgufFile::int4_type(t.type) ? f.int4_weights(t.name) : [&] {
-      const at::Tensor w = f.dequantize(t.name);
-      TORCH_CHECK(w.dim() == 2 && w.size(1) % torchattn::kInt4GroupSize == 0, "gguf_hf_int4_tensors: tensor '", t.name,
-                  "' ", w.sizes(), " has inputs that are not a multiple of ", torchattn::kInt4GroupSize,
-                  ": int4 cannot hold it (load the file as int8)");
-      return frozen_as(torchattn::WeightFormat::Int4, w);
-    }();
+    // Q4_0, Q4_1 and Q4_K keep their 4-bit values; the other types are quantized to
+    // int4 from their float32 values, a slice of rows at a time (GgufFile::int4_weights).
+    auto [data, scale] = f.int4_weights(t.name);
     out.emplace_back(name + torchattn::kFrozenScaleSuffix, rows_back(scale));
     out.emplace_back(std::move(name), rows_back(data));
     f.release(t.name);
