@@ -94,6 +94,10 @@ def main():
             (["--model", empty, "--device", "cuda", "--dtype", "int4"], "--dtype int4: int4 weights run on the CPU only"),
             (["--model", short, "--dtype", "int8", "--save", os.path.join(binary, "sub")],
              "--save: cannot make the folder '" + os.path.join(binary, "sub") + "': ")],
+        app("bench/generate", "torchattn_generate_bench"): [
+            ([], "--model"), (["--model", empty, "--new-tokens", "1"], "--new-tokens"),
+            (["--model", empty, "--dtype", "int2"], "--dtype"),
+            (["--model", empty, "--decode-only", "--prefill-only"], "--prefill-only")],
         app("perplexity", "torchattn_perplexity"): [
             ([], "--model"), (["--model", empty, "--file", os.path.join(empty, "none.txt")], "--file: cannot read"),
             (["--model", empty, "--file", "x", "--context", "1"], "--context"),

@@ -7,8 +7,8 @@
 //   torchattn_generate_bench --model DIR [--threads 2] [--dtype float32|bfloat16|int8|dynamic-int8|int4]
 //                            [--json out.json] [--quick]
 //   torchattn_generate_bench --model DIR --decode-only [--threads N] [--dtype ...] [--json out.json]
-//   torchattn_generate_bench --model DIR --prefill-only [--threads N] [--dtype ...]
-//   ... [--new-tokens N] [--long-prompts 512,2048] [--cold-load]
+//   torchattn_generate_bench --model DIR --prefill-only [--threads N] [--dtype ...] [--json out.json]
+//   ... [--new-tokens N (at least 2)] [--long-prompts 512,2048] [--cold-load]
 //
 // --model: a folder, or a GGUF file (its F32, F16, BF16 and quantized tensors as
 // LanguageModel::from_pretrained loads them; --dtype int4 keeps Q4_0 and Q4_1 blocks).
@@ -120,8 +120,11 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", quick, "a smoke run");
   app.add_flag("--decode-only", decode_only, "measure decoding tokens/s only");
   app.add_flag("--prefill-only", prefill_only, "measure the long prompt's prefill only")->excludes("--decode-only");
-  app.add_option("--new-tokens", new_tokens_option, "tokens decoded per run (default 128; 16 with --quick)")
-      ->check(CLI::PositiveNumber);
+  // Decoding's rate counts the tokens after the first (which the prefill makes): one new
+  // token leaves none to time.
+  app.add_option("--new-tokens", new_tokens_option,
+                 "tokens decoded per run, at least 2 (default 128; 16 with --quick)")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
   app.add_option("--long-prompts", long_prompts_text, "the prefills measured, e.g. 512,2048 (default 512)");
   app.add_flag("--cold-load", cold_load, "evict the folder's files from the page cache and load once first");
   app.add_flag(
@@ -234,11 +237,21 @@ int main(int argc, char** argv) {
       fmt::print("  prefill {} tokens: {:.3f} s (median of {})\n", n, prefills.back(), runs.size());
     }
   }
-  if (prefill_only) return 0;
   const int64_t long_prompt = long_prompts.front();
   std::string prefill_json;
   for (size_t i = 0; i < long_prompts.size(); ++i) {
     prefill_json += fmt::format("{}\"{}\": {:.4f}", i ? ", " : "", long_prompts[i], prefills[i]);
+  }
+  if (prefill_only) {
+    if (!json_path.empty()) {
+      std::ofstream(json_path) << fmt::format(
+          "{{\"tool\": \"torchattn_generate_bench\", \"model\": \"{}\", \"threads\": {}, \"dtype\": \"{}\", "
+          "\"weight_bytes\": {}, \"long_prompt\": {}, \"prefill_s\": {:.4f}, \"prefill\": {{{}}}}}\n",
+          dir.filename().string(), at::get_num_threads(), dtype_name, weight_bytes, long_prompt, prefills.front(),
+          prefill_json);
+      fmt::print("wrote {}\n", json_path);
+    }
+    return 0;
   }
 
   // 3. Memory read bandwidth: a sum over 512 MiB, on the same threads.
