@@ -122,8 +122,7 @@ int main(int argc, char** argv) {
   app.add_flag("--prefill-only", prefill_only, "measure the long prompt's prefill only")->excludes("--decode-only");
   // Decoding's rate counts the tokens after the first (which the prefill makes): one new
   // token leaves none to time.
-  app.add_option("--new-tokens", new_tokens_option,
-                 "tokens decoded per run, at least 2 (default 128; 16 with --quick)")
+  app.add_option("--new-tokens", new_tokens_option, "tokens decoded per run, at least 2 (default 128; 16 with --quick)")
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
   app.add_option("--long-prompts", long_prompts_text, "the prefills measured, e.g. 512,2048 (default 512)");
   app.add_flag("--cold-load", cold_load, "evict the folder's files from the page cache and load once first");
