@@ -84,15 +84,15 @@ void q6_k(const uint8_t* b, float* y) {
   const uint8_t* qh = b + 128;
   const auto* scales = reinterpret_cast<const int8_t*>(b + 192);
   const float d = half(b + 208);
-  for (int h = 0; h < 2; ++h) {
-    for (int r = 0; r < 4; ++r) {
+  for (int64_t h = 0; h < 2; ++h) {
+    for (int64_t r = 0; r < 4; ++r) {
       const uint8_t* low_bytes = ql + 64 * h + 32 * (r % 2);
       const uint8_t* high_bytes = qh + 32 * h;
-      const int low_shift = r < 2 ? 0 : 4, high_shift = 2 * r;
-      for (int half_run = 0; half_run < 2; ++half_run) {  // 16 values share a scale
-        const int first = 128 * h + 32 * r + 16 * half_run;
-        const float ds = d * static_cast<float>(scales[first / 16]);
-        for (int l = 16 * half_run; l < 16 * half_run + 16; ++l) {
+      const int low_shift = r < 2 ? 0 : 4, high_shift = static_cast<int>(2 * r);
+      for (int64_t half_run = 0; half_run < 2; ++half_run) {   // 16 values share a scale
+        const int64_t scale_index = 8 * h + 2 * r + half_run;  // of value 128 h + 32 r + 16 half_run
+        const float ds = d * static_cast<float>(scales[scale_index]);
+        for (int64_t l = 16 * half_run; l < 16 * half_run + 16; ++l) {
           const int low = (low_bytes[l] >> low_shift) & 0x0F;
           const int high = (high_bytes[l] >> high_shift) & 0x03;
           y[128 * h + 32 * r + l] = ds * static_cast<float>((low | (high << 4)) - 32);
