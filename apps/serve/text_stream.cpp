@@ -6,7 +6,7 @@ namespace serve {
 
 TextStream::TextStream(const torchattn::models::Tokenizer& tokenizer, std::vector<int64_t> hidden,
                        std::vector<std::string> stop)
-    : tokenizer_(tokenizer), hidden_(std::move(hidden)), stop_(std::move(stop)) {}
+    : decoder_(tokenizer), hidden_(std::move(hidden)), stop_(std::move(stop)) {}
 
 std::string TextStream::take(std::string piece) {
   if (stopped_) return "";
@@ -39,11 +39,11 @@ std::string TextStream::take(std::string piece) {
 
 std::string TextStream::push(int64_t token) {
   if (stopped_ || std::find(hidden_.begin(), hidden_.end(), token) != hidden_.end()) return "";
-  return take(utf8_.push(tokenizer_.decode({token})));
+  return take(decoder_.push(token));
 }
 
 std::string TextStream::finish() {
-  std::string out = take(utf8_.flush());
+  std::string out = take(decoder_.finish());
   if (stopped_) return out;
   out += held_;  // no stop sequence came: what was held is text after all
   text_ += held_;

@@ -5,7 +5,6 @@
 // ends before the first one, and nothing that could still become one is shown before
 // it is known not to (so streamed and whole texts are the same).
 
-#include <torchattn/models/generation.h>
 #include <torchattn/models/tokenizer.h>
 
 #include <cstdint>
@@ -36,10 +35,9 @@ class TextStream {
  private:
   std::string take(std::string piece);
 
-  const torchattn::models::Tokenizer& tokenizer_;
+  torchattn::models::DecodeStream decoder_;
   std::vector<int64_t> hidden_;
   std::vector<std::string> stop_;
-  torchattn::models::Utf8Stream utf8_;
   std::string held_;  // complete characters not shown yet: they may begin a stop sequence
   std::string text_;
   bool stopped_ = false;

@@ -2,8 +2,10 @@
 // picks what the rest is:
 //   0-95:    text for a small WordPiece tokenizer (BERT's normalizer and splits):
 //            encode, encode truncated, decode;
-//   96-159:  text for a small byte-level BPE tokenizer (GPT-2's split; a piece outside
+//   96-127:  text for a small byte-level BPE tokenizer (GPT-2's split; a piece outside
 //            its vocabulary is a named error);
+//   128-159: text for a small SentencePiece BPE (byte fallback, "▁" before each stretch
+//            between special tokens): decoded whole and a token at a time, the same text;
 //   160-191: text for the pre-tokenizer's splits alone (GPT-2's and Qwen2's patterns,
 //            digits): the pieces must cover the text exactly;
 //   192-255: a tokenizer.json.
@@ -53,6 +55,30 @@ const char* kBpe = R"({
   "added_tokens": [{"id": 8, "content": "<|end|>", "special": true}]
 })";
 
+// Llama 2's shape: <unk>, <s>, </s>, the 256 byte tokens, a few pieces and merges.
+std::string sentencepiece_json() {
+  std::string vocab = R"("<unk>": 0, "<s>": 1, "</s>": 2)";
+  for (int b = 0; b < 256; ++b) {
+    char piece[32];
+    std::snprintf(piece, sizeof(piece), R"(, "<0x%02X>": %d)", b, 3 + b);
+    vocab += piece;
+  }
+  vocab += R"(, "▁": 259, "a": 260, "b": 261, "▁a": 262, "ab": 263, "▁ab": 264, "c": 265, "▁▁": 266)";
+  return R"({"model": {"type": "BPE", "byte_fallback": true, "fuse_unk": true, "unk_token": "<unk>", "vocab": {)" +
+         vocab + R"(}, "merges": ["▁ a", "a b", "▁a b", "▁ ▁"]},
+  "normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"},
+                 {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
+  "pre_tokenizer": null,
+  "decoder": {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+              {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+  "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                     {"Sequence": {"id": "A", "type_id": 0}}],
+                     "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+  "added_tokens": [{"id": 0, "content": "<unk>", "special": true}, {"id": 1, "content": "<s>", "special": true},
+                   {"id": 2, "content": "</s>", "special": true}]
+})";
+}
+
 void check(bool ok) {
   if (!ok) std::abort();
 }
@@ -63,6 +89,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   static const auto wordpiece = torchattn::models::Tokenizer::from_json(kWordPiece, "wordpiece");
   static const auto bpe = torchattn::models::Tokenizer::from_json(kBpe, "bpe");
+  static const auto sentencepiece = torchattn::models::Tokenizer::from_json(sentencepiece_json(), "sentencepiece");
   const uint8_t mode = data[0];
   const std::string_view raw(reinterpret_cast<const char*>(data + 1), size - 1);
   // The tokenizers refuse invalid UTF-8 at once (a c10::Error naming the byte); the
@@ -70,7 +97,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto bad = torchattn::models::find_invalid_utf8(raw);
   if (mode < 160 && bad) {
     try {
-      (void)(mode < 96 ? wordpiece : bpe).encode(raw);
+      (void)(mode < 96 ? wordpiece : mode < 128 ? bpe : sentencepiece).encode(raw);
       check(false);  // accepted invalid UTF-8
     } catch (const c10::Error&) {}
   }
@@ -86,9 +113,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const auto cut = wordpiece.encode(text, true, 5);
       check(cut.size() <= 5);
       (void)wordpiece.decode(ids, mode & 1);
-    } else if (mode < 160) {
+    } else if (mode < 128) {
       const auto ids = bpe.encode(text);
       (void)bpe.decode(ids);
+    } else if (mode < 160) {
+      const auto ids = sentencepiece.encode(text);
+      check(!ids.empty() && ids.front() == 1);
+      for (const bool skip : {false, true}) {
+        const std::string whole = sentencepiece.decode(ids, skip);
+        torchattn::models::DecodeStream stream(sentencepiece, skip);
+        std::string streamed;
+        for (const int64_t id : ids) streamed += stream.push(id);
+        streamed += stream.finish();
+        // Equal but where a byte run ends in bytes that make no character (U+FFFD).
+        check(streamed == whole || whole.find("\xEF\xBF\xBD") != std::string::npos);
+      }
     } else if (mode < 192) {
       namespace d = torchattn::models::text;
       for (const auto pattern : {d::SplitPattern::GPT2, d::SplitPattern::Qwen2}) {

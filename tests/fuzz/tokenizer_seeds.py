@@ -17,7 +17,7 @@ def main():
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
     n = 0
-    for mode in (0x00, 0x60, 0xA0):
+    for mode in (0x00, 0x60, 0x80, 0xA0):
         for t in TEXTS:
             with open(os.path.join(out, f"seed{n}"), "wb") as f:
                 f.write(bytes([mode]) + t.encode("utf-8", "surrogatepass"))
@@ -28,7 +28,18 @@ def main():
     bpe = {"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]},
            "pre_tokenizer": {"type": "ByteLevel", "use_regex": True}, "decoder": {"type": "ByteLevel"},
            "normalizer": None, "post_processor": None, "added_tokens": [{"id": 3, "content": "<s>", "special": True}]}
-    for t in (wordpiece, bpe):
+    sentencepiece = {"model": {"type": "BPE", "byte_fallback": True, "fuse_unk": True, "unk_token": "<unk>",
+                               "vocab": {"<unk>": 0, "<s>": 1, "<0x41>": 2, "\u2581": 3, "a": 4, "\u2581a": 5},
+                               "merges": [["\u2581", "a"]]},
+                     "normalizer": None, "post_processor": None,
+                     "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first",
+                                       "split": True},
+                     "decoder": {"type": "Sequence", "decoders": [
+                         {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+                         {"type": "ByteFallback"}, {"type": "Fuse"},
+                         {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+                     "added_tokens": [{"id": 1, "content": "<s>", "special": True}]}
+    for t in (wordpiece, bpe, sentencepiece):
         with open(os.path.join(out, f"seed{n}"), "wb") as f:
             f.write(bytes([0xC0]) + json.dumps(t).encode())
         n += 1

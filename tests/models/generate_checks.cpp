@@ -16,6 +16,7 @@
 
 #include <torchattn/models.h>
 
+#include <torchattn/gguf.h>
 #include <torchattn/safetensors.h>
 
 #include "common/expect_error.h"
@@ -309,6 +310,116 @@ TEST(GenerateTokenizer, Qwen2StyleEncodesEveryFortuneLineAsTokenizers) {
   expect_every_line(tok, reference() / "tokenizer_qwen2style" / "expected.json", "Qwen2-style tokenizer");
 }
 
+// A SentencePiece vocabulary in a GGUF file (tokenizer.ggml.model "llama", no merges: they
+// come from the scores) against transformers' tokenizer of the same file with Llama 2's
+// normalizer, whose ids the reference script checks against sentencepiece's own: the ids
+// of every fortune line and of texts of spaces, tabs, byte fallback and special tokens;
+// the text of those ids and of id sequences no text encodes to, with and without the
+// special tokens; and the same text a token at a time.
+TEST(GenerateTokenizer, SentencePieceGgufEncodesAsSentencepieceAndDecodesAsTransformers) {
+  const fs::path dir = reference() / "tokenizer_sentencepiece";
+  const auto file = torchattn::GgufFile::open((dir / "vocab.gguf").string());
+  const auto tok = models::Tokenizer::from_gguf(file, "vocab.gguf");
+  EXPECT_EQ(tok.kind(), "BPE");
+  EXPECT_EQ(tok.prefix_ids(), std::vector<int64_t>{1});
+  std::ifstream in(dir / "expected.json");
+  ASSERT_TRUE(in);
+  const auto ref = nlohmann::json::parse(in);
+  const auto& texts = ref["texts"];
+  size_t wrong = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const auto text = texts[i].get<std::string>();
+    if (tok.encode(text) != ref["ids"][i].get<std::vector<int64_t>>() && ++wrong <= 5) {
+      ADD_FAILURE() << "text " << i << " '" << text << "' encodes differently";
+    }
+  }
+  const auto& decode_ids = ref["decode_ids"];
+  for (size_t i = 0; i < decode_ids.size(); ++i) {
+    const auto ids = decode_ids[i].get<std::vector<int64_t>>();
+    for (const bool skip : {false, true}) {
+      const auto want = ref[skip ? "decoded_skipping_special" : "decoded"][i].get<std::string>();
+      if (tok.decode(ids, skip) != want && ++wrong <= 10) {
+        ADD_FAILURE() << "ids " << i << (skip ? " skipping special tokens" : "") << " decode to '"
+                      << tok.decode(ids, skip) << "', transformers '" << want << "'";
+      }
+    }
+  }
+  // A token at a time: each push gives what tokenizers' DecodeStream gives; with finish,
+  // the whole text, where tokenizers' pieces add up to it (not where a run of byte
+  // tokens holds a character and then bytes that never make one: decode turns the whole
+  // run into U+FFFD, the stream has given the character).
+  const auto& streamed_lists = ref["streamed_lists"];
+  for (size_t k = 0; k < streamed_lists.size(); ++k) {
+    const auto i = streamed_lists[k].get<size_t>();
+    const auto ids = decode_ids[i].get<std::vector<int64_t>>();
+    for (const bool skip : {false, true}) {
+      const auto pieces = ref[skip ? "streamed_skipping_special" : "streamed"][k].get<std::vector<std::string>>();
+      const auto whole = ref[skip ? "decoded_skipping_special" : "decoded"][i].get<std::string>();
+      models::DecodeStream stream(tok, skip);
+      std::string streamed, joined;
+      for (size_t t = 0; t < ids.size(); ++t) {
+        const std::string piece = stream.push(ids[t]);
+        if (piece != pieces[t] && ++wrong <= 15) {
+          ADD_FAILURE() << "ids " << i << (skip ? " skipping special tokens" : "") << ": token " << t << " gives '"
+                        << piece << "', tokenizers' DecodeStream '" << pieces[t] << "'";
+        }
+        streamed += piece;
+        joined += pieces[t];
+      }
+      streamed += stream.finish();
+      if (whole.starts_with(joined) && streamed != whole && ++wrong <= 15) {
+        ADD_FAILURE() << "ids " << i << (skip ? " skipping special tokens" : "") << " stream to '" << streamed
+                      << "', decode gives '" << whole << "'";
+      }
+    }
+  }
+  std::printf("[generate] SentencePiece GGUF vocabulary: %zu texts, %zu id lists (%zu streamed), %zu differ\n",
+              texts.size(), decode_ids.size(), streamed_lists.size(), wrong);
+  EXPECT_EQ(wrong, 0u);
+}
+
+// The file's add_bos_token false and add_eos_token true: EOS after the text, no BOS, as
+// transformers puts them; a file without scores (no merges to derive) is refused.
+TEST(GenerateTokenizer, SentencePieceGgufTakesItsSpecialTokensFromTheFile) {
+  const fs::path dir = reference() / "tokenizer_sentencepiece";
+  const auto tok = models::Tokenizer::from_gguf(torchattn::GgufFile::open((dir / "eos_not_bos.gguf").string()), "f");
+  EXPECT_TRUE(tok.prefix_ids().empty());
+  EXPECT_EQ(tok.suffix_ids(), std::vector<int64_t>{2});
+  std::ifstream in(dir / "eos_not_bos_expected.json");
+  ASSERT_TRUE(in);
+  const auto ref = nlohmann::json::parse(in);
+  for (size_t i = 0; i < ref["lines"].size(); ++i) {
+    EXPECT_EQ(tok.encode(ref["lines"][i].get<std::string>()), ref["ids"][i].get<std::vector<int64_t>>()) << i;
+  }
+  const auto no_scores = torchattn::GgufFile::open((dir / "no_scores.gguf").string());
+  EXPECT_HAS(error_of([&] { models::Tokenizer::from_gguf(no_scores, "no_scores.gguf"); }),
+             "tokenizer: 'no_scores.gguf': a SentencePiece vocabulary (tokenizer.ggml.model 'llama') needs "
+             "tokenizer.ggml.scores");
+}
+
+// The same vocabulary as a Hugging Face folder's tokenizer.json: transformers'
+// LlamaTokenizer (Metaspace, "▁" only at the text's start, the text one word) and an
+// older shape (Metaspace with add_prefix_space, split before each "▁").
+TEST(GenerateTokenizer, SentencePieceTokenizerJsonShapesEncodeAsTokenizers) {
+  for (const std::string shape : {"metaspace_first", "metaspace_split"}) {
+    const fs::path dir = reference() / "tokenizer_sentencepiece";
+    const models::Tokenizer tok((dir / (shape + ".json")).string());
+    std::ifstream in(dir / (shape + "_expected.json"));
+    ASSERT_TRUE(in) << shape;
+    const auto ref = nlohmann::json::parse(in);
+    size_t wrong = 0;
+    for (size_t i = 0; i < ref["lines"].size(); ++i) {
+      const auto line = ref["lines"][i].get<std::string>();
+      if (tok.encode(line) != ref["ids"][i].get<std::vector<int64_t>>() && ++wrong <= 5) {
+        ADD_FAILURE() << shape << ": line " << i << " '" << line << "' encodes differently";
+      }
+    }
+    std::printf("[generate] SentencePiece tokenizer.json (%s): %zu lines, %zu encode differently\n", shape.c_str(),
+                ref["lines"].size(), wrong);
+    EXPECT_EQ(wrong, 0u) << shape;
+  }
+}
+
 TEST(GenerateTokenizer, OtherKindsAreRefusedNamingWhatTheyAre) {
   const auto path = fs::temp_directory_path() / ("torchattn_unigram_" + std::to_string(::getpid()) + ".json");
   std::ofstream(path) << R"({"model": {"type": "Unigram", "vocab": [["a", 0.0]]}, "pre_tokenizer": null,
@@ -319,7 +430,7 @@ TEST(GenerateTokenizer, OtherKindsAreRefusedNamingWhatTheyAre) {
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what_without_backtrace())
                   .find("is a Unigram tokenizer; this library reads BPE (GPT-2, "
-                        "SmolLM2, Qwen2) and WordPiece (BERT) tokenizers"),
+                        "SmolLM2, Qwen2; Llama 2, Mistral) and WordPiece (BERT) tokenizers"),
               std::string::npos)
         << e.what_without_backtrace();
   }

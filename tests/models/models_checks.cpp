@@ -123,6 +123,41 @@ TEST(Tokenizers, DamagedFilesAreErrorsNamingWhatIsWrong) {
              "tokenizer: 't' is a Unigram tokenizer; this library reads BPE");
 }
 
+TEST(Tokenizers, SentencePieceShapesNotReadAreErrorsNamingThem) {
+  // A SentencePiece-style BPE (byte_fallback) with one part changed at a time.
+  const auto spm = [](const std::string& merges, const std::string& rest) {
+    return models::Tokenizer::from_json(R"({"model": {"type": "BPE", "byte_fallback": true, "unk_token": "<unk>",
+        "vocab": {"<unk>": 0, "\u2581": 1, "a": 2, "\u2581a": 3}, "merges": )" +
+                                            merges + "}, " + rest + "}",
+                                        "t");
+  };
+  const std::string metaspace = R"("pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581"})";
+  const std::string decoder = R"("decoder": {"type": "Sequence", "decoders": [{"type": "Replace", "pattern":
+      {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"}]})";
+  EXPECT_NO_THROW(spm(R"([["\u2581", "a"]])", metaspace + ", " + decoder));
+  EXPECT_HAS(error_of([&] { spm(R"([["\u2581", "z"]])", metaspace + ", " + decoder); }),
+             "tokenizer: the merge '\u2581' 'z' has a piece ('z') that is not in the vocabulary");
+  EXPECT_HAS(error_of([&] { spm("[]", R"("pre_tokenizer": {"type": "ByteLevel"}, )" + decoder); }),
+             "tokenizer: the pre-tokenizer {\"type\":\"ByteLevel\"}; this library reads SentencePiece-style BPE "
+             "tokenizers (Llama 2, Mistral)");
+  EXPECT_HAS(error_of([&] {
+               spm("[]",
+                   R"("pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "some"}, )" +
+                       decoder);
+             }),
+             "tokenizer: a Metaspace prepend_scheme 'some'");
+  EXPECT_HAS(error_of([&] { spm("[]", metaspace + R"(, "decoder": {"type": "ByteLevel"})"); }),
+             "tokenizer: the decoder step {\"type\":\"ByteLevel\"}");
+  EXPECT_HAS(error_of([&] { spm("[]", decoder); }),
+             "tokenizer: a tokenizer that keeps spaces as they are (no Metaspace or Replace)");
+  EXPECT_HAS(error_of([&] {
+               models::Tokenizer::from_json(R"({"model": {"type": "BPE", "byte_fallback": true, "unk_token": "<u>",
+                   "vocab": {"a": 0}, "merges": []}})",
+                                            "t");
+             }),
+             "tokenizer: the unk_token '<u>' is not in the vocabulary");
+}
+
 // ---- MiniLM sentence embeddings against sentence-transformers ----
 
 TEST(MiniLM, EmbeddingsAsOneBatchAreSentenceTransformers) {

@@ -292,6 +292,143 @@ def tokenizers_reference(out, smollm2):
     print(f"make_generate_reference: {len(lines)} fortune lines ({replaced} with bytes that are not UTF-8 replaced)")
 
 
+# Texts beyond the fortune lines for the SentencePiece vocabulary: spaces at either end
+# and in runs, tabs, newlines, characters outside its vocabulary (byte fallback), the
+# control and user-defined tokens inside text, an empty text.
+SENTENCEPIECE_EXTRA = [
+    "", " ", "  ", "\n", "Hello world", " leading", "trailing  ", "two  spaces\tand\ttabs\n\nnewlines",
+    "Café naïve ﬁnal 12345 67", "漢字 かな 🙂👍🏽 Ωμέγα", "<|im_start|>user\nhi<|im_end|>", "<s>x</s>", "a<tool>b <tool> c",
+    "<|im_start|>", " <|im_end|> ", "x\u0301 e\u0301 \u00e9", "def f(x):\n\treturn x ** 2  # comment",
+]
+
+
+def sentencepiece_reference(out):
+    """A SentencePiece BPE vocabulary (Llama 2's recipe: byte fallback, digits split, no
+    normalization) trained on the fortune lines with the `sentencepiece` package, written
+    as llama.cpp's converter writes one (tokenizer.ggml.model "llama": pieces, scores,
+    token types), and its ids and texts by transformers' tokenizer of the file."""
+    import io
+    import gguf
+    import numpy as np
+    import sentencepiece as spm
+    lines, _ = fortune_lines()
+    proto = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=proto, vocab_size=3000, model_type="bpe", byte_fallback=True,
+        split_digits=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
+        allow_whitespace_only_pieces=True, character_coverage=0.999, num_threads=1, minloglevel=2,
+        control_symbols=["<|im_start|>", "<|im_end|>"], user_defined_symbols=["<tool>"])
+    sp = spm.SentencePieceProcessor(model_proto=proto.getvalue())
+    tokens, scores, types = [], [], []
+    for i in range(sp.get_piece_size()):
+        tokens.append(sp.id_to_piece(i))
+        scores.append(sp.get_score(i))
+        # llama.cpp's token types: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
+        types.append(2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 5 if sp.is_unused(i)
+                     else 6 if sp.is_byte(i) else 4 if tokens[-1] == "<tool>" else 1)
+    d = os.path.join(out, "tokenizer_sentencepiece")
+    os.makedirs(d, exist_ok=True)
+
+    def write(name, bos=True, eos=False, with_scores=True):
+        w = gguf.GGUFWriter(os.path.join(d, name), "llama")
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        if with_scores:
+            w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_bos_token_id(sp.bos_id())
+        w.add_eos_token_id(sp.eos_id())
+        w.add_unk_token_id(sp.unk_id())
+        w.add_add_bos_token(bos)
+        w.add_add_eos_token(eos)
+        w.add_tensor("unused", np.zeros((4,), np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+    write("vocab.gguf")
+    write("eos_not_bos.gguf", bos=False, eos=True)  # EOS after the text, no BOS
+    write("no_scores.gguf", with_scores=False)  # refused: no merges can be derived
+    # transformers' tokenizer of the file (its pieces, the merges their scores imply, its
+    # special tokens), with the normalizer Llama 2's and Mistral's own tokenizer.json
+    # have (and transformers' GGUF loader gives Phi-3's): a "▁" before every stretch of
+    # text, special tokens' neighbours included, as sentencepiece and llama.cpp encode.
+    # (transformers' Metaspace for a "llama" file puts none before a text that begins
+    # with a space, nor after a special token.)
+    from tokenizers import normalizers
+
+    def transformers_tokenizer(name):
+        t = AutoTokenizer.from_pretrained(d, gguf_file=name)
+        t.backend_tokenizer.normalizer = normalizers.Sequence(
+            [normalizers.Prepend(prepend="\u2581"), normalizers.Replace(pattern=" ", content="\u2581")])
+        t.backend_tokenizer.pre_tokenizer = None
+        return t
+
+    tok = transformers_tokenizer("vocab.gguf")
+    texts = lines + SENTENCEPIECE_EXTRA
+    ids = [tok(t)["input_ids"] for t in texts]
+    eos_not_bos = transformers_tokenizer("eos_not_bos.gguf")
+    with open(os.path.join(d, "eos_not_bos_expected.json"), "w") as f:
+        json.dump({"lines": SENTENCEPIECE_EXTRA, "ids": [eos_not_bos(t)["input_ids"] for t in SENTENCEPIECE_EXTRA]}, f)
+    # The same ids as sentencepiece's own encoding of each stretch between special tokens.
+    added = sorted((t for t, ty in zip(tokens, types) if ty in (2, 3, 4)), key=len, reverse=True)
+    for text, got in zip(texts, ids):
+        want, i, start = [sp.bos_id()], 0, 0
+        while i <= len(text):
+            hit = next((a for a in added if text.startswith(a, i)), None) if i < len(text) else ""
+            if hit is None:
+                i += 1
+                continue
+            if i > start:
+                want += sp.encode(text[start:i])
+            if hit:
+                want.append(sp.piece_to_id(hit))
+            i += max(len(hit), 1)
+            start = i
+        assert got == want, (text, got, want)
+    # Id sequences no text encodes to: byte tokens that are not UTF-8 (alone, cut short,
+    # between pieces), pieces of spaces first, special tokens first and between.
+    byte = {b: tok.convert_tokens_to_ids(f"<0x{b:02X}>") for b in range(256)}
+    piece = tok.convert_tokens_to_ids
+    odd = [[byte[0xE2]], [byte[0xE2], byte[0x96]], [byte[0xE2], byte[0x96], byte[0x81]],
+           [piece("\u2581"), byte[0xFF], piece("\u2581the")], [piece("\u2581\u2581"), piece("\u2581the")],
+           [sp.bos_id(), piece("\u2581the"), sp.eos_id(), piece("\u2581the")], [sp.eos_id(), piece("\u2581the")],
+           [byte[0x20], piece("\u2581the")], [byte[0xC3], byte[0xA9], byte[0xC3]]]
+    decode_ids = ids + odd
+    # tokenizers' DecodeStream, a token at a time ("" where it gives None), on the first
+    # 2000 lines, the extra texts and the odd id lists.
+    from tokenizers.decoders import DecodeStream
+    streamed = {}
+    for skip in (False, True):
+        lists = decode_ids[:2000] + decode_ids[len(lines):]
+        streams = []
+        for i in lists:
+            stream = DecodeStream(skip_special_tokens=skip)
+            streams.append([stream.step(tok.backend_tokenizer, t) or "" for t in i])
+        streamed["streamed_skipping_special" if skip else "streamed"] = streams
+    # The tokenizer.json shapes of Hugging Face folders: transformers' LlamaTokenizer as it
+    # is (Metaspace, "▁" first only at the text's start, the text one word) and an older
+    # one (Metaspace with add_prefix_space, split before each "▁"), each saved and
+    # encoding the first 2000 lines and the extra texts.
+    from tokenizers import pre_tokenizers
+    tok = AutoTokenizer.from_pretrained(d, gguf_file="vocab.gguf")
+    shapes = {"metaspace_first": pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False),
+              "metaspace_split": pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)}
+    some = lines[:2000] + SENTENCEPIECE_EXTRA
+    for name, pre in shapes.items():
+        tok.backend_tokenizer.pre_tokenizer = pre
+        tok.backend_tokenizer.save(os.path.join(d, f"{name}.json"))
+        with open(os.path.join(d, f"{name}_expected.json"), "w") as f:
+            json.dump({"lines": some, "ids": [tok(t)["input_ids"] for t in some]}, f)
+    with open(os.path.join(d, "expected.json"), "w") as f:
+        json.dump({"texts": texts, "ids": ids, "decode_ids": decode_ids,
+                   "decoded": [tok.decode(i) for i in decode_ids],
+                   "decoded_skipping_special": [tok.decode(i, skip_special_tokens=True) for i in decode_ids],
+                   "streamed_lists": list(range(2000)) + list(range(len(lines), len(decode_ids))), **streamed}, f)
+    print(f"make_generate_reference: a SentencePiece vocabulary of {len(tokens)} pieces, {len(texts)} texts")
+
+
 def smollm2_reference(out, smollm2):
     tok = AutoTokenizer.from_pretrained(smollm2)
     model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval()
@@ -338,6 +475,7 @@ def main():
     tiny_models(a.out)
     tiny_seq2seq(a.out)
     tokenizers_reference(a.out, a.smollm2)
+    sentencepiece_reference(a.out)
     smollm2_reference(a.out, a.smollm2)
 
 

@@ -89,15 +89,4 @@ void check_generation_options(const GenerationOptions& options, int64_t vocab_si
 /// The sampling part of `options` (greedy unless do_sample).
 SamplingOptions sampling_options(const GenerationOptions& options);
 
-/// Turns token bytes into complete UTF-8 characters as they arrive: push() returns
-/// what can be printed now; a character split across tokens waits for its end.
-class Utf8Stream {
- public:
-  std::string push(const std::string& bytes);
-  std::string flush();
-
- private:
-  std::string pending_;
-};
-
 }  // namespace torchattn::models

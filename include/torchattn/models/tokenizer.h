@@ -1,7 +1,8 @@
 #pragma once
 
-// A Hugging Face `tokenizer.json`: byte-level BPE (GPT-2, SmolLM2, Qwen2) or WordPiece
-// (BERT, MiniLM), as transformers' fast tokenizers encode and decode.
+// A Hugging Face `tokenizer.json`: byte-level BPE (GPT-2, SmolLM2, Qwen2), SentencePiece
+// BPE (Llama 2, Mistral) or WordPiece (BERT, MiniLM), as transformers' fast tokenizers
+// encode and decode.
 //
 //   torchattn::models::Tokenizer tok("all-MiniLM-L6-v2/tokenizer.json");
 //   std::vector<int64_t> ids = tok.encode("Hello, world!");  // [CLS] hello , world ! [SEP]
@@ -36,8 +37,10 @@ class Tokenizer {
   /// The tokenizer a GGUF file's metadata describes, as transformers builds it from the
   /// file: tokenizer.ggml.model "gpt2" (byte-level BPE: its tokens, merges and control
   /// tokens, tokenizer.ggml.pre "smollm", "gpt2" or "default" (GPT-2's split) or "qwen2"
-  /// (Qwen2's), a BOS token first where add_bos_token says so). Another model
-  /// (SentencePiece "llama") or pre-tokenizer is an error naming it and `name`.
+  /// (Qwen2's), a BOS token first where add_bos_token says so) or "llama" (SentencePiece
+  /// BPE: its pieces, the merges their scores imply, byte fallback, a BOS token first
+  /// unless add_bos_token says otherwise). Another model or pre-tokenizer is an error
+  /// naming it and `name`.
   static Tokenizer from_gguf(const torchattn::GgufFile& file, const std::string& name);
 
   /// Token ids of `text` (UTF-8), as transformers' `tokenizer(text)["input_ids"]`;
@@ -51,6 +54,8 @@ class Tokenizer {
 
   /// Text of `ids`, as transformers' `tokenizer.decode(ids, skip_special_tokens)`.
   /// For byte-level BPE, the tokens' bytes, which may end inside a UTF-8 character.
+  /// A token's text can depend on the tokens around it (SentencePiece strips the space
+  /// of the first): to decode a token at a time, use DecodeStream.
   /// An id outside the vocabulary is an error naming it.
   std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens = false) const;
 
@@ -65,7 +70,7 @@ class Tokenizer {
   const std::vector<int64_t>& prefix_ids() const;
   const std::vector<int64_t>& suffix_ids() const;
 
-  /// "BPE" or "WordPiece".
+  /// "BPE" (byte-level or SentencePiece) or "WordPiece".
   const std::string& kind() const { return kind_; }
 
  private:
@@ -73,6 +78,36 @@ class Tokenizer {
   void init(const void* parsed_json, const std::string& name);
   std::shared_ptr<const text::TokenizerModel> model_;
   std::string kind_;
+};
+
+/// Text of ids that come one at a time (a generation's), in complete UTF-8 characters:
+/// what push returns, and then finish, adds up to `tokenizer.decode(ids,
+/// skip_special_tokens)`. As tokenizers' DecodeStream: each push decodes the token with
+/// the ones since the last text it gave and the one before, and gives what the new token
+/// added, or "" while the text ends inside a character. (One exception: SentencePiece
+/// byte tokens that make a character and then bytes that never make one. decode turns
+/// the whole run into U+FFFD; the stream has given the character, and finish gives one
+/// U+FFFD a byte of the rest.)
+///
+///   DecodeStream stream(tok);
+///   for (int64_t id : ids) std::cout << stream.push(id);
+///   std::cout << stream.finish();
+class DecodeStream {
+ public:
+  /// `tokenizer` must outlive the stream.
+  explicit DecodeStream(const Tokenizer& tokenizer, bool skip_special_tokens = false);
+  /// The text `id` completes; an id outside the vocabulary is an error naming it.
+  std::string push(int64_t id);
+  /// What is held back (the bytes of a character never completed), as decode gives it;
+  /// the stream starts afresh.
+  std::string finish();
+
+ private:
+  const Tokenizer* tokenizer_;
+  bool skip_special_tokens_;
+  std::vector<int64_t> ids_;  // the tokens decoded together: those since the last text given, and one before
+  std::string prefix_;        // the text of ids_[0, prefix_index_)
+  size_t prefix_index_ = 0;
 };
 
 /// The offset of the first byte of `text` that does not belong to a well-formed UTF-8

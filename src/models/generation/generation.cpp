@@ -120,26 +120,4 @@ std::vector<GenerationResult> generate(CausalLMImpl& model, const std::vector<st
   return steps.results();
 }
 
-std::string Utf8Stream::push(const std::string& bytes) {
-  pending_ += bytes;
-  // Keep back a trailing sequence that is not complete yet.
-  size_t cut = pending_.size();
-  for (size_t back = 1; back <= std::min<size_t>(4, pending_.size()); ++back) {
-    const auto c = static_cast<unsigned char>(pending_[pending_.size() - back]);
-    if ((c & 0xC0) == 0x80) continue;  // a continuation byte
-    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-    if (need > back) cut = pending_.size() - back;
-    break;
-  }
-  std::string out = pending_.substr(0, cut);
-  pending_.erase(0, cut);
-  return out;
-}
-
-std::string Utf8Stream::flush() {
-  std::string out;
-  out.swap(pending_);
-  return out;
-}
-
 }  // namespace torchattn::models

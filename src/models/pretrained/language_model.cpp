@@ -38,7 +38,7 @@ LanguageModel LanguageModel::from_gguf(const std::string& path, const LoadOption
   const DecoderConfig config = gguf_decoder_config(file);
   const int64_t context = pretrained::context_length_for(options, config.max_position_embeddings,
                                                          "the context_length of '" + path + "'");
-  // One this library cannot read (a SentencePiece vocabulary) leaves the ids.
+  // One this library cannot read (a pre-tokenizer it does not know) leaves the ids.
   std::optional<Tokenizer> tokenizer;
   std::string tokenizer_error;
   try {
@@ -173,20 +173,21 @@ std::vector<Completion> LanguageModel::generate_from_ids(
            (options.stop_at_eos() && std::find(eos.begin(), eos.end(), id) != eos.end());
   };
   options.stop_token_ids(stop);
-  std::vector<Utf8Stream> streams(ids.size());
+  std::vector<DecodeStream> streams;
+  if (tokenizer_) streams.assign(ids.size(), DecodeStream(*tokenizer_));
   std::vector<std::string> texts(ids.size());
   const auto user_on_token = options_in.on_token();
   options.on_token([&](size_t b, int64_t id) {
     if (user_on_token) user_on_token(b, id);
     if (is_stop(id) || !tokenizer_) return;
-    const std::string piece = streams[b].push(tokenizer_->decode({id}));
+    const std::string piece = streams[b].push(id);
     texts[b] += piece;
     if (on_text && !piece.empty()) on_text(b, piece);
   });
   const auto results = models::generate(*model_, ids, options);
   std::vector<Completion> out(ids.size());
   for (size_t b = 0; b < ids.size(); ++b) {
-    const std::string rest = streams[b].flush();
+    const std::string rest = tokenizer_ ? streams[b].finish() : std::string();
     if (on_text && !rest.empty()) on_text(b, rest);
     out[b].text = texts[b] + rest;
     out[b].ids = results[b].ids;

@@ -77,7 +77,6 @@ BpeTokenizer::BpeTokenizer(const json& t) : vocab_(t, "BPE") {
   const json& model = t.at("model");
   const std::string kind = get_or<std::string>(model, "type", "?");
   if (kind != "BPE") unsupported("the model is " + kind + ", not BPE");
-  if (get_or<bool>(model, "byte_fallback", false)) unsupported("a BPE with byte_fallback (SentencePiece style)");
   if (!get_or<std::string>(model, "continuing_subword_prefix", std::string()).empty())
     unsupported("a BPE with a continuing_subword_prefix");
   ignore_merges_ = get_or<bool>(model, "ignore_merges", false);

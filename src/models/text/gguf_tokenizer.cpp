@@ -1,5 +1,6 @@
 // Tokenizer::from_gguf: a GGUF file's tokenizer (tokenizer.ggml.*) written as the
-// tokenizer.json that transformers' GGUF loader makes of it, then read as any other.
+// tokenizer.json that transformers' GGUF loader makes of it, then read as any other:
+// byte-level BPE (gpt2) or SentencePiece BPE (llama).
 
 #include <torchattn/gguf.h>
 #include <torchattn/models/tokenizer.h>
@@ -7,7 +8,11 @@
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <optional>
 #include <string>
+#include <tuple>
+#include <unordered_map>
 #include <vector>
 
 namespace torchattn::models {
@@ -39,13 +44,163 @@ json pre_tokenizer(const std::string& pre, const std::string& name) {
               "' is a pre-tokenizer torchattn does not read (smollm, gpt2, default, qwen2)");
 }
 
+// The code points of a UTF-8 string, each as its bytes.
+std::vector<std::string> characters(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < s.size();) {
+    const auto lead = static_cast<unsigned char>(s[i]);
+    const size_t n = std::min<size_t>(lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1, s.size() - i);
+    out.push_back(s.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
+// The merges a SentencePiece vocabulary implies, as transformers' generate_merges
+// derives them from the scores: every split of a piece into two pieces of the
+// vocabulary, in the order of (score, left's length, right's length), highest first,
+// ties in the vocabulary's order (the left's id, then the right's, within a piece).
+json merges_from_scores(const std::vector<std::string>& tokens, const std::vector<double>& scores,
+                        const std::unordered_map<std::string, int64_t>& ids) {
+  struct Split {
+    double score;
+    int64_t left_length, right_length;  // in code points
+    std::string left, right;
+  };
+  std::vector<Split> splits;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    const auto chars = characters(tokens[t]);
+    std::vector<Split> local;
+    std::string left;
+    for (size_t k = 1; k < chars.size(); ++k) {
+      left += chars[k - 1];
+      const std::string right = tokens[t].substr(left.size());
+      if (ids.count(left) > 0 && ids.count(right) > 0) {
+        local.push_back({scores[t], static_cast<int64_t>(k), static_cast<int64_t>(chars.size() - k), left, right});
+      }
+    }
+    std::stable_sort(local.begin(), local.end(), [&](const Split& a, const Split& b) {
+      return std::pair(ids.at(a.left), ids.at(a.right)) < std::pair(ids.at(b.left), ids.at(b.right));
+    });
+    for (auto& s : local) splits.push_back(std::move(s));
+  }
+  std::stable_sort(splits.begin(), splits.end(), [](const Split& a, const Split& b) {
+    return std::tuple(a.score, a.left_length, a.right_length) > std::tuple(b.score, b.left_length, b.right_length);
+  });
+  json merges = json::array();
+  for (const auto& s : splits) merges.push_back({s.left, s.right});
+  return merges;
+}
+
+// A token id the file gives under `key`, checked against the vocabulary.
+std::optional<int64_t> token_id(const torchattn::GgufFile& file, const std::string& key, size_t vocabulary,
+                                const std::string& name) {
+  if (!file.has(key)) return std::nullopt;
+  const int64_t id = file.integer(key);
+  TORCH_CHECK(id >= 0 && id < static_cast<int64_t>(vocabulary), "tokenizer: '", name, "': ", key, " ", id,
+              " is outside the vocabulary of ", vocabulary);
+  return id;
+}
+
+// tokenizer.ggml.model "llama" as transformers' GGUF loader builds it (a LlamaTokenizer
+// of the file's pieces and the merges their scores imply: a BPE with byte fallback;
+// control, unknown, BOS and EOS tokens special, user-defined ones added; BOS first unless
+// add_bos_token says otherwise, llama.cpp's default for this model; EOS last where
+// add_eos_token says so) but with the normalizer of Llama 2's and Mistral's own
+// tokenizer.json: a "▁" before every stretch of text between added tokens, as
+// sentencepiece and llama.cpp encode. (transformers' Metaspace puts none before a text
+// that begins with a space, nor after a special token: "<s>[INST]" would not be how
+// those models saw it in training.)
+json sentencepiece_json(const torchattn::GgufFile& file, const std::string& name) {
+  const std::vector<std::string> tokens = file.strings("tokenizer.ggml.tokens");
+  TORCH_CHECK(file.has("tokenizer.ggml.scores"), "tokenizer: '", name,
+              "': a SentencePiece vocabulary (tokenizer.ggml.model 'llama') needs tokenizer.ggml.scores");
+  const std::vector<double> scores = file.numbers("tokenizer.ggml.scores");
+  TORCH_CHECK(scores.size() == tokens.size(), "tokenizer: '", name, "': tokenizer.ggml.scores has ", scores.size(),
+              " entries for ", tokens.size(), " tokens");
+  const std::vector<int64_t> types = file.has("tokenizer.ggml.token_type") ? file.integers("tokenizer.ggml.token_type")
+                                                                           : std::vector<int64_t>();
+  TORCH_CHECK(types.empty() || types.size() == tokens.size(), "tokenizer: '", name, "': tokenizer.ggml.token_type has ",
+              types.size(), " entries for ", tokens.size(), " tokens");
+  std::unordered_map<std::string, int64_t> ids;
+  json vocab = json::object();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const auto [it, fresh] = ids.emplace(tokens[i], static_cast<int64_t>(i));
+    TORCH_CHECK(fresh, "tokenizer: '", name, "': token '", tokens[i], "' appears twice (ids ", it->second, " and ", i,
+                ")");
+    vocab[tokens[i]] = static_cast<int64_t>(i);
+  }
+  const auto bos = token_id(file, "tokenizer.ggml.bos_token_id", tokens.size(), name);
+  const auto eos = token_id(file, "tokenizer.ggml.eos_token_id", tokens.size(), name);
+  const auto unk = token_id(file, "tokenizer.ggml.unknown_token_id", tokens.size(), name);
+  const auto pad = token_id(file, "tokenizer.ggml.padding_token_id", tokens.size(), name);
+  json added = json::array();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const auto id = static_cast<int64_t>(i);
+    const int64_t type = types.empty() ? 1 : types[i];
+    const bool special = type == kControl || id == bos || id == eos || id == unk || id == pad;
+    if (special || type == kUserDefined) {
+      added.push_back({{"id", id},
+                       {"content", tokens[i]},
+                       {"single_word", false},
+                       {"lstrip", false},
+                       {"rstrip", false},
+                       {"normalized", false},
+                       {"special", special}});
+    }
+  }
+  const bool add_bos = !file.has("tokenizer.ggml.add_bos_token") || file.boolean("tokenizer.ggml.add_bos_token");
+  const bool add_eos = file.has("tokenizer.ggml.add_eos_token") && file.boolean("tokenizer.ggml.add_eos_token");
+  json single = json::array({{{"Sequence", {{"id", "A"}, {"type_id", 0}}}}});
+  json special = json::object();
+  const auto around = [&](bool wanted, const std::optional<int64_t>& id, const char* which, bool first) {
+    if (!wanted) return;
+    TORCH_CHECK(id.has_value(), "tokenizer: '", name, "': a SentencePiece vocabulary adds ", which,
+                " (tokenizer.ggml.add_", which, "_token) and the file has no tokenizer.ggml.", which, "_token_id");
+    const std::string& text = tokens[static_cast<size_t>(*id)];
+    const json piece = {{"SpecialToken", {{"id", text}, {"type_id", 0}}}};
+    single.insert(first ? single.begin() : single.end(), piece);
+    special[text] = {{"id", text}, {"ids", json::array({*id})}, {"tokens", json::array({text})}};
+  };
+  around(add_bos, bos, "bos", true);
+  around(add_eos, eos, "eos", false);
+  const std::string space = "\xE2\x96\x81";
+  return {{"version", "1.0"},
+          {"truncation", nullptr},
+          {"padding", nullptr},
+          {"added_tokens", added},
+          {"normalizer",
+           {{"type", "Sequence"},
+            {"normalizers", json::array({{{"type", "Prepend"}, {"prepend", space}},
+                                         {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", space}}})}}},
+          {"pre_tokenizer", nullptr},
+          {"post_processor", {{"type", "TemplateProcessing"}, {"single", single}, {"special_tokens", special}}},
+          {"decoder",
+           {{"type", "Sequence"},
+            {"decoders", json::array({{{"type", "Replace"}, {"pattern", {{"String", space}}}, {"content", " "}},
+                                      {{"type", "ByteFallback"}},
+                                      {{"type", "Fuse"}},
+                                      {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}}},
+          {"model",
+           {{"type", "BPE"},
+            {"dropout", nullptr},
+            {"unk_token", nullptr},
+            {"continuing_subword_prefix", nullptr},
+            {"end_of_word_suffix", nullptr},
+            {"fuse_unk", true},
+            {"byte_fallback", true},
+            {"ignore_merges", false},
+            {"vocab", vocab},
+            {"merges", merges_from_scores(tokens, scores, ids)}}}};
+}
+
 }  // namespace
 
 Tokenizer Tokenizer::from_gguf(const torchattn::GgufFile& file, const std::string& name) {
   const std::string& model = file.string("tokenizer.ggml.model");
-  TORCH_CHECK(model == "gpt2", "tokenizer: '", name, "': tokenizer.ggml.model is '", model,
-              "'; torchattn reads byte-level BPE tokenizers (gpt2) from GGUF files",
-              model == "llama" ? ", not SentencePiece ones (llama): load the Hugging Face folder" : "");
+  TORCH_CHECK(model == "gpt2" || model == "llama", "tokenizer: '", name, "': tokenizer.ggml.model is '", model,
+              "'; torchattn reads byte-level BPE (gpt2) and SentencePiece BPE (llama) tokenizers from GGUF files");
+  if (model == "llama") return from_json(sentencepiece_json(file, name).dump(), name);
   const std::vector<std::string> tokens = file.strings("tokenizer.ggml.tokens");
   const std::vector<std::string> merges = file.has("tokenizer.ggml.merges") ? file.strings("tokenizer.ggml.merges")
                                                                             : std::vector<std::string>();

@@ -3,6 +3,7 @@
 #include "models/text/bpe_tokenizer.h"
 #include "models/files/json_file.h"
 #include "models/text/utf8_check.h"
+#include "models/text/sentencepiece_bpe.h"
 #include "models/text/wordpiece_tokenizer.h"
 
 #include <c10/util/Exception.h>
@@ -65,14 +66,16 @@ void Tokenizer::init(const void* parsed, const std::string& name) {
   const auto& type = t["model"].contains("type") ? t["model"]["type"] : nlohmann::json();
   kind_ = type.is_string() ? type.get<std::string>() : "?";
   try {
-    if (kind_ == "BPE") {
+    if (kind_ == "BPE" && text::get_or<bool>(t["model"], "byte_fallback", false)) {
+      model_ = std::make_shared<text::SentencePieceBpe>(t);
+    } else if (kind_ == "BPE") {
       model_ = std::make_shared<text::BpeTokenizer>(t);
     } else if (kind_ == "WordPiece") {
       model_ = std::make_shared<text::WordPieceTokenizer>(t);
     } else {
       TORCH_CHECK(false, "tokenizer: '", name, "' is a ", kind_,
                   " tokenizer; this library reads BPE (GPT-2, SmolLM2, "
-                  "Qwen2) and WordPiece (BERT) tokenizers");
+                  "Qwen2; Llama 2, Mistral) and WordPiece (BERT) tokenizers");
     }
   } catch (const nlohmann::json::exception& e) {
     // A field of the wrong type or missing, as the JSON library words it.
