@@ -18,6 +18,16 @@ message(STATUS "torchattn_generate printed:\n${out}${err}")
 if(NOT rc EQUAL 0 OR NOT out MATCHES "${expected}")
   message(FATAL_ERROR "torchattn_generate (exit ${rc}) did not print '${expected}'")
 endif()
+# A GGUF file with a SentencePiece vocabulary, as a user runs one: the same greedy ids.
+execute_process(COMMAND "${CLI}" --model "${WORK_DIR}/tokenizer_sentencepiece/tiny_llama.gguf"
+                  --prompt "What is a fortune cookie?" --max-new-tokens 24 --greedy --print-ids
+                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+file(READ "${WORK_DIR}/tokenizer_sentencepiece/tiny_llama_cli_expected.txt" expected)
+string(STRIP "${expected}" expected)
+message(STATUS "torchattn_generate on a SentencePiece GGUF file printed:\n${out}${err}")
+if(NOT rc EQUAL 0 OR NOT out MATCHES "${expected}")
+  message(FATAL_ERROR "torchattn_generate --model tiny_llama.gguf (exit ${rc}) did not print '${expected}'")
+endif()
 # A Llama folder with a BERT's tokenizer.json generated garbage and exited 0: now one line
 # naming the files, and exit status 1.
 set(swapped "${WORK_DIR}/llama_with_a_bert_tokenizer")
@@ -31,7 +41,7 @@ execute_process(COMMAND "${CLI}" --model "${swapped}" --prompt "hello" --max-new
 string(STRIP "${err}" err)
 string(FIND "${err}" "\n" newline)
 string(CONCAT expected "torchattn_generate: --model: tokenizer: '${swapped}/tokenizer.json' is a WordPiece "
-       "tokenizer; '${swapped}/config.json' holds a llama model, which expects a byte-level BPE tokenizer")
+       "tokenizer; '${swapped}/config.json' holds a llama model, which expects a BPE tokenizer")
 string(FIND "${err}" "${expected}" found)
 message(STATUS "torchattn_generate on a Llama folder with a WordPiece tokenizer.json: exit ${rc}: ${err}")
 if(NOT rc EQUAL 1 OR NOT found EQUAL 0 OR NOT newline EQUAL -1 OR NOT out STREQUAL "")

@@ -8,9 +8,11 @@
 //            between special tokens): decoded whole and a token at a time, the same text;
 //   160-191: text for the pre-tokenizer's splits alone (GPT-2's and Qwen2's patterns,
 //            digits): the pieces must cover the text exactly;
-//   192-255: a tokenizer.json.
+//   192-223: a tokenizer.json;
+//   224-255: a GGUF file's tokenizer (tokenizer.ggml.*: byte-level or SentencePiece).
 // The only exception accepted is c10::Error.
 
+#include <torchattn/gguf.h>
 #include <torchattn/models/tokenizer.h>
 
 #include "models/text/pretokenize.h"
@@ -138,10 +140,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::string joined;
       for (const auto& piece : d::split_digits(text)) joined += piece;
       check(joined == text);
-    } else {
+    } else if (mode < 224) {
       const auto tok = torchattn::models::Tokenizer::from_json(text, "fuzz");
       const auto ids = tok.encode("ab, c! 12 \xe4\xb8\xad");
       (void)tok.decode(ids);
+    } else {
+      const auto file = torchattn::GgufFile::parse(data + 1, size - 1, "fuzz");
+      const auto tok = torchattn::models::Tokenizer::from_gguf(file, "fuzz");
+      const auto ids = tok.encode(" ab, c!  12 \xe4\xb8\xad\xf0\x9f\x99\x82");
+      (void)tok.decode(ids, true);
+      torchattn::models::DecodeStream stream(tok);
+      for (const int64_t id : ids) (void)stream.push(id);
+      (void)stream.finish();
     }
   } catch (const c10::Error&) {
     // A damaged tokenizer, or text it has no pieces for, reported.

@@ -43,6 +43,36 @@ def main():
         with open(os.path.join(out, f"seed{n}"), "wb") as f:
             f.write(bytes([0xC0]) + json.dumps(t).encode())
         n += 1
+    # GGUF files' tokenizers (mode 0xE0): a SentencePiece vocabulary (pieces, scores, types,
+    # byte tokens) and a byte-level one (tokens and merges).
+    import tempfile
+    import gguf
+    import numpy as np
+    spm_tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + \
+        ["\u2581", "a", "b", "\u2581a", "ab", "\u2581ab", "c"]
+    spm_types = [2, 3, 3] + [6] * 256 + [1] * 7
+    for model, tokens, extra in (("llama", spm_tokens, None), ("gpt2", ["a", "b", "ab", "\u0120", "c"], ["a b"])):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "t.gguf")
+            w = gguf.GGUFWriter(path, "llama")
+            w.add_tokenizer_model(model)
+            w.add_token_list(tokens)
+            if model == "llama":
+                w.add_token_scores([-float(i) for i in range(len(tokens))])
+                w.add_token_types(spm_types)
+                w.add_bos_token_id(1)
+                w.add_eos_token_id(2)
+                w.add_unk_token_id(0)
+            else:
+                w.add_token_merges(extra)
+            w.add_tensor("x", np.zeros((4,), np.float32))
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_tensors_to_file()
+            w.close()
+            with open(path, "rb") as f, open(os.path.join(out, f"seed{n}"), "wb") as o:
+                o.write(bytes([0xE0]) + f.read())
+        n += 1
     print(f"tokenizer_seeds: {n} seeds in {out}")
 
 

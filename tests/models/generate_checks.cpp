@@ -378,8 +378,10 @@ TEST(GenerateTokenizer, SentencePieceGgufEncodesAsSentencepieceAndDecodesAsTrans
   EXPECT_EQ(wrong, 0u);
 }
 
-// The file's add_bos_token false and add_eos_token true: EOS after the text, no BOS, as
-// transformers puts them; a file without scores (no merges to derive) is refused.
+// The file's add_bos_token false, add_eos_token true and add_space_prefix false: EOS after
+// the text, no BOS, no "▁" before it nor a space stripped from the decoded text. A file
+// with a token that is not UTF-8 (found by fuzz_tokenizer: it was an uncaught JSON
+// exception), or without scores (no merges to derive), is refused.
 TEST(GenerateTokenizer, SentencePieceGgufTakesItsSpecialTokensFromTheFile) {
   const fs::path dir = reference() / "tokenizer_sentencepiece";
   const auto tok = models::Tokenizer::from_gguf(torchattn::GgufFile::open((dir / "eos_not_bos.gguf").string()), "f");
@@ -389,12 +391,53 @@ TEST(GenerateTokenizer, SentencePieceGgufTakesItsSpecialTokensFromTheFile) {
   ASSERT_TRUE(in);
   const auto ref = nlohmann::json::parse(in);
   for (size_t i = 0; i < ref["lines"].size(); ++i) {
-    EXPECT_EQ(tok.encode(ref["lines"][i].get<std::string>()), ref["ids"][i].get<std::vector<int64_t>>()) << i;
+    const auto ids = ref["ids"][i].get<std::vector<int64_t>>();
+    EXPECT_EQ(tok.encode(ref["lines"][i].get<std::string>()), ids) << i;
+    EXPECT_EQ(tok.decode(ids), ref["decoded"][i].get<std::string>()) << i;
   }
+  const auto not_utf8 = torchattn::GgufFile::open((dir / "not_utf8.gguf").string());
+  const std::string error = error_of([&] { models::Tokenizer::from_gguf(not_utf8, "not_utf8.gguf"); });
+  EXPECT_HAS(error, "tokenizer: 'not_utf8.gguf': tokenizer.ggml.tokens[");
+  EXPECT_HAS(error, "] is not UTF-8 (the byte at offset 0)");
   const auto no_scores = torchattn::GgufFile::open((dir / "no_scores.gguf").string());
   EXPECT_HAS(error_of([&] { models::Tokenizer::from_gguf(no_scores, "no_scores.gguf"); }),
              "tokenizer: 'no_scores.gguf': a SentencePiece vocabulary (tokenizer.ggml.model 'llama') needs "
              "tokenizer.ggml.scores");
+}
+
+// A tiny random Llama with that vocabulary in one GGUF file, loaded as a user loads one:
+// the prompts' ids, transformers' greedy tokens (up to a near tie) and their text, whole
+// and streamed.
+TEST(GenerateTokenizer, SentencePieceGgufModelGeneratesTransformersTokensAndText) {
+  const fs::path dir = reference() / "tokenizer_sentencepiece";
+  const auto ref = read_pickle(dir / "tiny_llama.pt");
+  auto lm = models::LanguageModel::from_pretrained((dir / "tiny_llama.gguf").string());
+  for (int64_t i = 0; i < ref.at("count").toInt(); ++i) {
+    const std::string key = "prompt" + std::to_string(i);
+    const std::string prompt = ref.at(key + ".text").toStringRef();
+    EXPECT_EQ(lm.tokenizer().encode(prompt), to_ids(ref.at(key + ".ids").toTensor())) << prompt;
+    std::string streamed;
+    const auto out = lm.generate({prompt}, models::GenerationOptions().max_new_tokens(24).stop_at_eos(false),
+                                 [&](size_t, const std::string& piece) { streamed += piece; })[0];
+    const auto want = to_ids(ref.at(key + ".tokens").toTensor());
+    const auto margins = ref.at(key + ".margins").toTensor();
+    size_t n = want.size();
+    for (size_t s = 0; s < want.size(); ++s) {
+      if (margins[static_cast<int64_t>(s)].item<double>() < 1e-4) {
+        n = s;
+        break;
+      }
+    }
+    ASSERT_EQ(out.ids.size(), want.size());
+    EXPECT_EQ(std::vector<int64_t>(out.ids.begin(), out.ids.begin() + static_cast<std::ptrdiff_t>(n)),
+              std::vector<int64_t>(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(n)));
+    if (n == want.size()) {
+      EXPECT_EQ(out.text, ref.at(key + ".generated").toStringRef());
+    }
+    EXPECT_EQ(streamed, out.text);
+    std::printf("[generate] SentencePiece GGUF tiny Llama, prompt %lld: %zu of %zu tokens as transformers: \"%s\"\n",
+                static_cast<long long>(i), n, want.size(), out.text.c_str());
+  }
 }
 
 // The same vocabulary as a Hugging Face folder's tokenizer.json: transformers'
@@ -583,11 +626,10 @@ TEST(GenerateFolders, AnotherModelsTokenizerIsAnErrorNamingTheFiles) {
   const std::string tokenizer = (dir / "tokenizer.json").string(), config = (dir / "config.json").string();
   auto load = [&] { return error_of([&] { models::LanguageModel::from_pretrained(dir.string()); }); };
   write_file(dir / "tokenizer.json", kTinyWordPiece);  // a BERT's
-  EXPECT_HAS(load(),
-             "tokenizer: '" + tokenizer + "' is a WordPiece tokenizer; '" + config +
-                 "' holds a llama model, "
-                 "which expects a byte-level BPE tokenizer (GPT-2, SmolLM2, Qwen2 kinds) (is the tokenizer.json "
-                 "another model's?)");
+  EXPECT_HAS(load(), "tokenizer: '" + tokenizer + "' is a WordPiece tokenizer; '" + config +
+                         "' holds a llama model, "
+                         "which expects a BPE tokenizer (byte-level: GPT-2, SmolLM2, Qwen2; SentencePiece: Llama 2, "
+                         "Mistral) (is the tokenizer.json another model's?)");
   // Its own without <|im_end|>: chat prompts were plain text, and the answer never ended.
   std::string own = read_text(smollm2() / "tokenizer.json"), renamed = own;
   for (size_t at = renamed.find("<|im_end|>"); at != std::string::npos; at = renamed.find("<|im_end|>", at)) {

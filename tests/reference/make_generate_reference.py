@@ -329,7 +329,7 @@ def sentencepiece_reference(out):
     d = os.path.join(out, "tokenizer_sentencepiece")
     os.makedirs(d, exist_ok=True)
 
-    def write(name, bos=True, eos=False, with_scores=True):
+    def write(name, bos=True, eos=False, with_scores=True, space_prefix=None):
         w = gguf.GGUFWriter(os.path.join(d, name), "llama")
         w.add_tokenizer_model("llama")
         w.add_token_list(tokens)
@@ -341,6 +341,8 @@ def sentencepiece_reference(out):
         w.add_unk_token_id(sp.unk_id())
         w.add_add_bos_token(bos)
         w.add_add_eos_token(eos)
+        if space_prefix is not None:
+            w.add_add_space_prefix(space_prefix)
         w.add_tensor("unused", np.zeros((4,), np.float32))
         w.write_header_to_file()
         w.write_kv_data_to_file()
@@ -348,29 +350,41 @@ def sentencepiece_reference(out):
         w.close()
 
     write("vocab.gguf")
-    write("eos_not_bos.gguf", bos=False, eos=True)  # EOS after the text, no BOS
+    write("eos_not_bos.gguf", bos=False, eos=True, space_prefix=False)  # EOS after the text, no BOS, no "▁" first
     write("no_scores.gguf", with_scores=False)  # refused: no merges can be derived
+    # Refused: a token whose bytes are not UTF-8 (the first "▁" cut short).
+    with open(os.path.join(d, "vocab.gguf"), "rb") as f:
+        data = f.read()
+    at = data.index("\u2581".encode())
+    with open(os.path.join(d, "not_utf8.gguf"), "wb") as f:
+        f.write(data[:at + 2] + b" " + data[at + 3:])
     # transformers' tokenizer of the file (its pieces, the merges their scores imply, its
     # special tokens), with the normalizer Llama 2's and Mistral's own tokenizer.json
     # have (and transformers' GGUF loader gives Phi-3's): a "▁" before every stretch of
     # text, special tokens' neighbours included, as sentencepiece and llama.cpp encode.
     # (transformers' Metaspace for a "llama" file puts none before a text that begins
     # with a space, nor after a special token.)
-    from tokenizers import normalizers
+    from tokenizers import decoders, normalizers
 
-    def transformers_tokenizer(name):
+    def transformers_tokenizer(name, space_prefix=True):
         t = AutoTokenizer.from_pretrained(d, gguf_file=name)
+        replace = normalizers.Replace(pattern=" ", content="\u2581")
         t.backend_tokenizer.normalizer = normalizers.Sequence(
-            [normalizers.Prepend(prepend="\u2581"), normalizers.Replace(pattern=" ", content="\u2581")])
+            [normalizers.Prepend(prepend="\u2581"), replace] if space_prefix else [replace])
         t.backend_tokenizer.pre_tokenizer = None
+        if not space_prefix:  # nor a space stripped from the text
+            t.backend_tokenizer.decoder = decoders.Sequence(
+                [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
         return t
 
     tok = transformers_tokenizer("vocab.gguf")
     texts = lines + SENTENCEPIECE_EXTRA
     ids = [tok(t)["input_ids"] for t in texts]
-    eos_not_bos = transformers_tokenizer("eos_not_bos.gguf")
+    eos_not_bos = transformers_tokenizer("eos_not_bos.gguf", space_prefix=False)
+    eos_ids = [eos_not_bos(t)["input_ids"] for t in SENTENCEPIECE_EXTRA]
     with open(os.path.join(d, "eos_not_bos_expected.json"), "w") as f:
-        json.dump({"lines": SENTENCEPIECE_EXTRA, "ids": [eos_not_bos(t)["input_ids"] for t in SENTENCEPIECE_EXTRA]}, f)
+        json.dump({"lines": SENTENCEPIECE_EXTRA, "ids": eos_ids,
+                   "decoded": [eos_not_bos.decode(i) for i in eos_ids]}, f)
     # The same ids as sentencepiece's own encoding of each stretch between special tokens.
     added = sorted((t for t, ty in zip(tokens, types) if ty in (2, 3, 4)), key=len, reverse=True)
     for text, got in zip(texts, ids):
@@ -412,21 +426,99 @@ def sentencepiece_reference(out):
     # one (Metaspace with add_prefix_space, split before each "▁"), each saved and
     # encoding the first 2000 lines and the extra texts.
     from tokenizers import pre_tokenizers
-    tok = AutoTokenizer.from_pretrained(d, gguf_file="vocab.gguf")
+    shaped = AutoTokenizer.from_pretrained(d, gguf_file="vocab.gguf")
     shapes = {"metaspace_first": pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False),
               "metaspace_split": pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)}
     some = lines[:2000] + SENTENCEPIECE_EXTRA
     for name, pre in shapes.items():
-        tok.backend_tokenizer.pre_tokenizer = pre
-        tok.backend_tokenizer.save(os.path.join(d, f"{name}.json"))
+        shaped.backend_tokenizer.pre_tokenizer = pre
+        shaped.backend_tokenizer.save(os.path.join(d, f"{name}.json"))
         with open(os.path.join(d, f"{name}_expected.json"), "w") as f:
-            json.dump({"lines": some, "ids": [tok(t)["input_ids"] for t in some]}, f)
+            json.dump({"lines": some, "ids": [shaped(t)["input_ids"] for t in some]}, f)
     with open(os.path.join(d, "expected.json"), "w") as f:
         json.dump({"texts": texts, "ids": ids, "decode_ids": decode_ids,
                    "decoded": [tok.decode(i) for i in decode_ids],
                    "decoded_skipping_special": [tok.decode(i, skip_special_tokens=True) for i in decode_ids],
                    "streamed_lists": list(range(2000)) + list(range(len(lines), len(decode_ids))), **streamed}, f)
     print(f"make_generate_reference: a SentencePiece vocabulary of {len(tokens)} pieces, {len(texts)} texts")
+
+    # A tiny random Llama with this vocabulary in one GGUF file (float32, llama.cpp's
+    # names, q and k rows permuted as its converter permutes them), and what the model
+    # generates greedily (no EOS stop) from three prompts, their ids by the tokenizer above.
+    torch.manual_seed(300)
+    config = LlamaConfig(vocab_size=len(tokens), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         initializer_range=0.25, rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1,
+                         eos_token_id=2)
+    model = LlamaForCausalLM(config).eval()
+    w = gguf.GGUFWriter(os.path.join(d, "tiny_llama.gguf"), "llama")
+    w.add_context_length(256)
+    w.add_embedding_length(64)
+    w.add_feed_forward_length(128)
+    w.add_block_count(2)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(16)
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(sp.bos_id())
+    w.add_eos_token_id(sp.eos_id())
+    w.add_unk_token_id(sp.unk_id())
+
+    def permute(t, heads):  # llama.cpp's convert_hf_to_gguf.py LlamaModel.permute
+        return t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
+
+    roles = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for key, p in model.state_dict().items():
+        t = p.numpy().astype(np.float32)
+        if key == "model.embed_tokens.weight":
+            name = "token_embd.weight"
+        elif key == "model.norm.weight":
+            name = "output_norm.weight"
+        elif key == "lm_head.weight":
+            name = "output.weight"
+        else:
+            layer, rest = key[len("model.layers."):].split(".", 1)
+            role = rest.rsplit(".", 1)[0]
+            name = f"blk.{layer}.{roles[role]}.weight"
+            if role == "self_attn.q_proj":
+                t = permute(t, 4)
+            elif role == "self_attn.k_proj":
+                t = permute(t, 2)
+        w.add_tensor(name, np.ascontiguousarray(t))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ref = {"count": 3}
+    prompts = ["What is a fortune cookie?", "  Two spaces, a tab\tand caf\u00e9", "<|im_start|>user\nhi 🙂<|im_end|>"]
+    for i, prompt in enumerate(prompts):
+        ids = torch.tensor([tok(prompt)["input_ids"]])
+        with torch.no_grad():
+            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
+                                 output_logits=True, return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
+        new = gen.sequences[0, ids.shape[1]:]
+        top2 = torch.stack([s[0].topk(2).values for s in gen.logits])
+        ref[f"prompt{i}.text"] = prompt
+        ref[f"prompt{i}.ids"] = ids[0].clone()
+        ref[f"prompt{i}.tokens"] = new.clone()
+        ref[f"prompt{i}.margins"] = (top2[:, 0] - top2[:, 1]).clone()
+        ref[f"prompt{i}.generated"] = tok.decode(new)
+    torch.save(ref, os.path.join(d, "tiny_llama.pt"))
+    # What `torchattn_generate --model tiny_llama.gguf --greedy --print-ids` prints for the
+    # first prompt: its tokens up to an EOS, where the program stops.
+    first = ref["prompt0.tokens"].tolist()
+    first = first[:first.index(sp.eos_id())] if sp.eos_id() in first else first
+    assert float(ref["prompt0.margins"].min()) > 1e-4, "a near tie in the first prompt's greedy tokens"
+    with open(os.path.join(d, "tiny_llama_cli_expected.txt"), "w") as f:
+        f.write("ids: " + " ".join(str(t) for t in first) + "\n")
 
 
 def smollm2_reference(out, smollm2):

@@ -38,9 +38,10 @@ class Tokenizer {
   /// file: tokenizer.ggml.model "gpt2" (byte-level BPE: its tokens, merges and control
   /// tokens, tokenizer.ggml.pre "smollm", "gpt2" or "default" (GPT-2's split) or "qwen2"
   /// (Qwen2's), a BOS token first where add_bos_token says so) or "llama" (SentencePiece
-  /// BPE: its pieces, the merges their scores imply, byte fallback, a BOS token first
-  /// unless add_bos_token says otherwise). Another model or pre-tokenizer is an error
-  /// naming it and `name`.
+  /// BPE: its pieces, the merges their scores imply, byte fallback, a "▁" before each
+  /// stretch of text between special tokens as sentencepiece and llama.cpp put it unless
+  /// add_space_prefix is false, a BOS token first unless add_bos_token says otherwise).
+  /// Another model or pre-tokenizer is an error naming it and `name`.
   static Tokenizer from_gguf(const torchattn::GgufFile& file, const std::string& name);
 
   /// Token ids of `text` (UTF-8), as transformers' `tokenizer(text)["input_ids"]`;

@@ -64,7 +64,8 @@ void check_config_ids(const std::string& folder, const Tokenizer& tokenizer) {
 }  // namespace
 
 void check_tokenizer(const std::string& folder, const DecoderConfig& config, const Tokenizer& tokenizer) {
-  check_kind(folder, tokenizer, config.model_type, "BPE", "a byte-level BPE tokenizer (GPT-2, SmolLM2, Qwen2 kinds)");
+  check_kind(folder, tokenizer, config.model_type, "BPE",
+             "a BPE tokenizer (byte-level: GPT-2, SmolLM2, Qwen2; SentencePiece: Llama 2, Mistral)");
   check_fits(folder, tokenizer, config.vocab_size);
   check_config_ids(folder, tokenizer);
   // The chat template's turns are tokenized as its special tokens, and generation stops at

@@ -39,7 +39,7 @@ std::string DecodeStream::push(int64_t id) {
     throw;
   }
   if (text.size() <= prefix_.size() || unfinished(text)) return "";
-  TORCH_CHECK(text.compare(0, prefix_.size(), prefix_) == 0, "DecodeStream: the text of ", ids_.size(),
+  TORCH_CHECK(text.starts_with(prefix_), "DecodeStream: the text of ", ids_.size(),
               " tokens does not begin with the text of the first ", prefix_index_,
               " (a tokenizer whose decoding of a token changes the text before it)");
   std::string out = text.substr(prefix_.size());
@@ -54,7 +54,7 @@ std::string DecodeStream::finish() {
   const std::string text = tokenizer_->decode(ids_, skip_special_tokens_);
   // Where the held tokens changed the text already given (a character's bytes, then
   // bytes that never make one: decode turns the whole run into U+FFFD), they alone.
-  std::string out = text.compare(0, prefix_.size(), prefix_) == 0
+  std::string out = text.starts_with(prefix_)
                         ? text.substr(std::min(prefix_.size(), text.size()))
                         : tokenizer_->decode(std::vector<int64_t>(ids_.begin() +
                                                                       static_cast<std::ptrdiff_t>(prefix_index_),

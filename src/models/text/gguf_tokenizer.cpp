@@ -44,6 +44,19 @@ json pre_tokenizer(const std::string& pre, const std::string& name) {
               "' is a pre-tokenizer torchattn does not read (smollm, gpt2, default, qwen2)");
 }
 
+// The strings of `key` (tokens, merges), each checked to be UTF-8: a tokenizer.json holds
+// only text.
+std::vector<std::string> utf8_strings(const torchattn::GgufFile& file, const std::string& key,
+                                      const std::string& name) {
+  std::vector<std::string> out = file.strings(key);
+  for (size_t i = 0; i < out.size(); ++i) {
+    const auto bad = find_invalid_utf8(out[i]);
+    TORCH_CHECK(!bad.has_value(), "tokenizer: '", name, "': ", key, "[", i, "] is not UTF-8 (the byte at offset ",
+                bad.value_or(0), ")");
+  }
+  return out;
+}
+
 // The code points of a UTF-8 string, each as its bytes.
 std::vector<std::string> characters(const std::string& s) {
   std::vector<std::string> out;
@@ -112,7 +125,7 @@ std::optional<int64_t> token_id(const torchattn::GgufFile& file, const std::stri
 // that begins with a space, nor after a special token: "<s>[INST]" would not be how
 // those models saw it in training.)
 json sentencepiece_json(const torchattn::GgufFile& file, const std::string& name) {
-  const std::vector<std::string> tokens = file.strings("tokenizer.ggml.tokens");
+  const std::vector<std::string> tokens = utf8_strings(file, "tokenizer.ggml.tokens", name);
   TORCH_CHECK(file.has("tokenizer.ggml.scores"), "tokenizer: '", name,
               "': a SentencePiece vocabulary (tokenizer.ggml.model 'llama') needs tokenizer.ggml.scores");
   const std::vector<double> scores = file.numbers("tokenizer.ggml.scores");
@@ -164,23 +177,26 @@ json sentencepiece_json(const torchattn::GgufFile& file, const std::string& name
   };
   around(add_bos, bos, "bos", true);
   around(add_eos, eos, "eos", false);
+  // add_space_prefix false (llama.cpp's reading; transformers' loader ignores the key):
+  // no "▁" before the text, none stripped from the decoded text.
+  const bool prefix = !file.has("tokenizer.ggml.add_space_prefix") || file.boolean("tokenizer.ggml.add_space_prefix");
   const std::string space = "\xE2\x96\x81";
+  json normalizers = json::array({{{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", space}}});
+  json decoders = json::array({{{"type", "Replace"}, {"pattern", {{"String", space}}}, {"content", " "}},
+                               {{"type", "ByteFallback"}},
+                               {{"type", "Fuse"}}});
+  if (prefix) {
+    normalizers.insert(normalizers.begin(), json::object({{"type", "Prepend"}, {"prepend", space}}));
+    decoders.push_back(json::object({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}));
+  }
   return {{"version", "1.0"},
           {"truncation", nullptr},
           {"padding", nullptr},
           {"added_tokens", added},
-          {"normalizer",
-           {{"type", "Sequence"},
-            {"normalizers", json::array({{{"type", "Prepend"}, {"prepend", space}},
-                                         {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", space}}})}}},
+          {"normalizer", {{"type", "Sequence"}, {"normalizers", normalizers}}},
           {"pre_tokenizer", nullptr},
           {"post_processor", {{"type", "TemplateProcessing"}, {"single", single}, {"special_tokens", special}}},
-          {"decoder",
-           {{"type", "Sequence"},
-            {"decoders", json::array({{{"type", "Replace"}, {"pattern", {{"String", space}}}, {"content", " "}},
-                                      {{"type", "ByteFallback"}},
-                                      {{"type", "Fuse"}},
-                                      {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}}},
+          {"decoder", {{"type", "Sequence"}, {"decoders", decoders}}},
           {"model",
            {{"type", "BPE"},
             {"dropout", nullptr},
@@ -201,9 +217,10 @@ Tokenizer Tokenizer::from_gguf(const torchattn::GgufFile& file, const std::strin
   TORCH_CHECK(model == "gpt2" || model == "llama", "tokenizer: '", name, "': tokenizer.ggml.model is '", model,
               "'; torchattn reads byte-level BPE (gpt2) and SentencePiece BPE (llama) tokenizers from GGUF files");
   if (model == "llama") return from_json(sentencepiece_json(file, name).dump(), name);
-  const std::vector<std::string> tokens = file.strings("tokenizer.ggml.tokens");
-  const std::vector<std::string> merges = file.has("tokenizer.ggml.merges") ? file.strings("tokenizer.ggml.merges")
-                                                                            : std::vector<std::string>();
+  const std::vector<std::string> tokens = utf8_strings(file, "tokenizer.ggml.tokens", name);
+  const std::vector<std::string> merges = file.has("tokenizer.ggml.merges")
+                                              ? utf8_strings(file, "tokenizer.ggml.merges", name)
+                                              : std::vector<std::string>();
   const std::vector<int64_t> types = file.has("tokenizer.ggml.token_type") ? file.integers("tokenizer.ggml.token_type")
                                                                            : std::vector<int64_t>();
   TORCH_CHECK(types.empty() || types.size() == tokens.size(), "tokenizer: '", name, "': tokenizer.ggml.token_type has ",

@@ -13,8 +13,8 @@ namespace {
 
 using json = nlohmann::json;
 
-const std::string kSpace = "\xE2\x96\x81";        // U+2581, SentencePiece's space
-const std::string kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+constexpr std::string_view kSpace = "\xE2\x96\x81";        // U+2581, SentencePiece's space
+constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
 
 [[noreturn]] void unsupported(const std::string& what) {
   TORCH_CHECK(false, "tokenizer: " + what +
@@ -23,7 +23,7 @@ const std::string kReplacement = "\xEF\xBF\xBD";  // U+FFFD
                          "Replace, ByteFallback, Fuse and Strip");
 }
 
-std::string replace_all(std::string_view text, const std::string& from, const std::string& to) {
+std::string replace_all(std::string_view text, std::string_view from, std::string_view to) {
   std::string out;
   out.reserve(text.size());
   for (size_t i = 0; i < text.size();) {
@@ -56,7 +56,7 @@ std::string replace_pattern(const json& step, const std::string& where) {
 
 // The byte of a byte-fallback token "<0xXX>", as tokenizers' ByteFallback decoder reads it.
 std::optional<uint8_t> byte_token(const std::string& token) {
-  if (token.size() != 6 || token.compare(0, 3, "<0x") != 0 || token[5] != '>') return std::nullopt;
+  if (token.size() != 6 || !token.starts_with("<0x") || token[5] != '>') return std::nullopt;
   int value = 0;
   for (size_t i = 3; i < 5; ++i) {
     const char c = token[i];
@@ -300,10 +300,11 @@ void SentencePieceBpe::merge_word(const std::string& word, std::vector<int64_t>&
 }
 
 void SentencePieceBpe::encode_plain(std::string_view text, bool at_start, std::vector<int64_t>& out) const {
-  std::string s = normalizer_prepend_ && !text.empty() ? kSpace + std::string(text) : std::string(text);
+  std::string s = normalizer_prepend_ && !text.empty() ? std::string(kSpace) + std::string(text) : std::string(text);
   if (replace_spaces_) s = replace_all(s, " ", kSpace);
-  const bool starts_with_space = s.compare(0, kSpace.size(), kSpace) == 0;
-  if (!starts_with_space && (prepend_ == Prepend::Always || (prepend_ == Prepend::First && at_start))) s = kSpace + s;
+  if (!s.starts_with(kSpace) && (prepend_ == Prepend::Always || (prepend_ == Prepend::First && at_start))) {
+    s.insert(0, kSpace);
+  }
   if (!split_) {
     if (!s.empty()) merge_word(s, out);
     return;
