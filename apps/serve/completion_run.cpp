@@ -68,9 +68,11 @@ EngineRequest prepare(const CompletionRequest& request, const models::LanguageMo
 }
 
 CompletionRun::CompletionRun(const CompletionRequest& request, const models::LanguageModel& model,
-                             int64_t prompt_tokens)
-    : tokenizer_(model.tokenizer()), hidden_(hidden_tokens(model)), text_(model.tokenizer(), hidden_, request.stop) {
-  usage_.prompt_tokens = prompt_tokens;
+                             const std::vector<int64_t>& prompt)
+    : tokenizer_(model.tokenizer()), hidden_(hidden_tokens(model)),
+      text_(model.tokenizer(), hidden_, request.stop,
+            prompt.empty() ? std::vector<int64_t>() : std::vector<int64_t>{prompt.back()}) {
+  usage_.prompt_tokens = static_cast<int64_t>(prompt.size());
 }
 
 Delta CompletionRun::apply(const models::TokenEvent& event) {
@@ -83,8 +85,8 @@ Delta CompletionRun::apply(const models::TokenEvent& event) {
     delta.text = text_.push(*event.token);
     if (event.logprobs && std::find(hidden_.begin(), hidden_.end(), *event.token) == hidden_.end()) {
       LogprobEntry entry;
-      entry.chosen = {tokenizer_.decode({event.logprobs->chosen.token}), event.logprobs->chosen.logprob};
-      for (const auto& t : event.logprobs->top) entry.top.push_back({tokenizer_.decode({t.token}), t.logprob});
+      entry.chosen = {tokenizer_.token_text(event.logprobs->chosen.token), event.logprobs->chosen.logprob};
+      for (const auto& t : event.logprobs->top) entry.top.push_back({tokenizer_.token_text(t.token), t.logprob});
       entry.text_offset = logprob_text_bytes_;  // the tokens' text before it, held back or not
       logprob_text_bytes_ += static_cast<int64_t>(entry.chosen.text.size());
       delta.logprobs.push_back(entry);

@@ -43,7 +43,10 @@ struct Delta {
 
 class CompletionRun {
  public:
-  CompletionRun(const CompletionRequest& request, const torchattn::models::LanguageModel& model, int64_t prompt_tokens);
+  /// prompt: the request's prompt ids (its count in the usage; its last token the text's
+  /// context: the answer is the text its tokens add after the prompt).
+  CompletionRun(const CompletionRequest& request, const torchattn::models::LanguageModel& model,
+                const std::vector<int64_t>& prompt);
 
   /// Applies an engine event; returns what the client sees of it. Once done(), the
   /// answer is complete; when a stop sequence ended it, cancel_engine() is true (the

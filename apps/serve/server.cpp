@@ -331,7 +331,7 @@ net::awaitable<void> Server::Impl::completions(Exchange& exchange, bool chat) {
     }
   } release{*this, s.id};
   ++served;
-  s.run = std::make_shared<CompletionRun>(s.request, model, static_cast<int64_t>(engine_request.prompt.size()));
+  s.run = std::make_shared<CompletionRun>(s.request, model, engine_request.prompt);
   s.completion_id = random_id(chat ? "chatcmpl-" : "cmpl-");
   s.created = unix_time();
   if (s.request.stream) {

@@ -5,8 +5,8 @@
 namespace serve {
 
 TextStream::TextStream(const torchattn::models::Tokenizer& tokenizer, std::vector<int64_t> hidden,
-                       std::vector<std::string> stop)
-    : decoder_(tokenizer), hidden_(std::move(hidden)), stop_(std::move(stop)) {}
+                       std::vector<std::string> stop, std::vector<int64_t> context)
+    : decoder_(tokenizer, false, std::move(context)), hidden_(std::move(hidden)), stop_(std::move(stop)) {}
 
 std::string TextStream::take(std::string piece) {
   if (stopped_) return "";

@@ -17,7 +17,9 @@ class TextStream {
  public:
   /// hidden: token ids whose text is never shown (the stop tokens: EOS, <|im_end|>).
   /// stop: the request's stop sequences (non-empty strings).
-  TextStream(const torchattn::models::Tokenizer& tokenizer, std::vector<int64_t> hidden, std::vector<std::string> stop);
+  /// context: the prompt's last token (the text given is what the tokens add after it).
+  TextStream(const torchattn::models::Tokenizer& tokenizer, std::vector<int64_t> hidden, std::vector<std::string> stop,
+             std::vector<int64_t> context = {});
 
   /// The text that can be shown now that `token` came (often all of its text; "" while
   /// a character or a possible stop sequence is incomplete, or after a stop sequence).

@@ -333,6 +333,20 @@ TEST(GenerateTokenizer, SentencePieceGgufEncodesAsSentencepieceAndDecodesAsTrans
       ADD_FAILURE() << "text " << i << " '" << text << "' encodes differently";
     }
   }
+  // Each piece's text after another, its space kept (logprobs' token strings); a byte
+  // token's byte.
+  for (const auto& [id, text] : ref["token_texts"].items()) {
+    if (tok.token_text(std::stoll(id)) != text.get<std::string>() && ++wrong <= 5) {
+      ADD_FAILURE() << "token " << id << " gives '" << tok.token_text(std::stoll(id)) << "', transformers '"
+                    << text.get<std::string>() << "'";
+    }
+  }
+  EXPECT_EQ(ref["token_texts"].size(), 3000u - 256u);
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    EXPECT_EQ(tok.token_text(*tok.id_of(name)), std::string(1, static_cast<char>(b))) << name;
+  }
   const auto& decode_ids = ref["decode_ids"];
   for (size_t i = 0; i < decode_ids.size(); ++i) {
     const auto ids = decode_ids[i].get<std::vector<int64_t>>();
@@ -406,8 +420,8 @@ TEST(GenerateTokenizer, SentencePieceGgufTakesItsSpecialTokensFromTheFile) {
 }
 
 // A tiny random Llama with that vocabulary in one GGUF file, loaded as a user loads one:
-// the prompts' ids, transformers' greedy tokens (up to a near tie) and their text, whole
-// and streamed.
+// the prompts' ids, transformers' greedy tokens (up to a near tie) and their text (what
+// they add after the prompt, the first one's space kept), whole and streamed.
 TEST(GenerateTokenizer, SentencePieceGgufModelGeneratesTransformersTokensAndText) {
   const fs::path dir = reference() / "tokenizer_sentencepiece";
   const auto ref = read_pickle(dir / "tiny_llama.pt");

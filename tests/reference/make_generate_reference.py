@@ -435,8 +435,12 @@ def sentencepiece_reference(out):
         shaped.backend_tokenizer.save(os.path.join(d, f"{name}.json"))
         with open(os.path.join(d, f"{name}_expected.json"), "w") as f:
             json.dump({"lines": some, "ids": [shaped(t)["input_ids"] for t in some]}, f)
+    # What each piece adds after another (transformers' decode of "a" and it, less "a"'s):
+    # the logprobs' token strings. Byte tokens apart (alone they are no text).
+    anchor = piece("a")
+    token_texts = {i: tok.decode([anchor, i])[len(tok.decode([anchor])):] for i in range(len(tokens)) if types[i] != 6}
     with open(os.path.join(d, "expected.json"), "w") as f:
-        json.dump({"texts": texts, "ids": ids, "decode_ids": decode_ids,
+        json.dump({"texts": texts, "ids": ids, "decode_ids": decode_ids, "token_texts": token_texts,
                    "decoded": [tok.decode(i) for i in decode_ids],
                    "decoded_skipping_special": [tok.decode(i, skip_special_tokens=True) for i in decode_ids],
                    "streamed_lists": list(range(2000)) + list(range(len(lines), len(decode_ids))), **streamed}, f)
@@ -510,7 +514,11 @@ def sentencepiece_reference(out):
         ref[f"prompt{i}.ids"] = ids[0].clone()
         ref[f"prompt{i}.tokens"] = new.clone()
         ref[f"prompt{i}.margins"] = (top2[:, 0] - top2[:, 1]).clone()
-        ref[f"prompt{i}.generated"] = tok.decode(new)
+        # The text the new tokens add after the prompt (as transformers' TextStreamer shows
+        # it: the first token's space kept).
+        whole, before = tok.decode(gen.sequences[0]), tok.decode(ids[0])
+        assert whole.startswith(before)
+        ref[f"prompt{i}.generated"] = whole[len(before):]
     torch.save(ref, os.path.join(d, "tiny_llama.pt"))
     # What `torchattn_generate --model tiny_llama.gguf --greedy --print-ids` prints for the
     # first prompt: its tokens up to an EOS, where the program stops.

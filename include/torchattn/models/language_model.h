@@ -22,7 +22,7 @@
 namespace torchattn::models {
 
 struct Completion {
-  std::string text;          // the new tokens' text, the stop token left out (none without a tokenizer)
+  std::string text;  // what the new tokens add to the prompt's text, the stop token left out (none without a tokenizer)
   std::vector<int64_t> ids;  // the new tokens, the stop token included if one came
   bool stopped = false;      // ended by a stop token (else by max_new_tokens)
   int64_t prompt_tokens = 0;

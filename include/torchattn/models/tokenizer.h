@@ -60,6 +60,12 @@ class Tokenizer {
   /// An id outside the vocabulary is an error naming it.
   std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens = false) const;
 
+  /// What one token adds to the text before it: decode({id}), but for a SentencePiece
+  /// token's leading space, which decode strips from a text's first token, and a byte
+  /// token's byte (which may be part of a UTF-8 character). For logprobs' token strings.
+  /// An id outside the vocabulary is an error naming it.
+  std::string token_text(int64_t id) const;
+
   /// The id of a token given as text ("<|im_end|>", "[PAD]"), if it has one.
   std::optional<int64_t> id_of(const std::string& token) const;
 
@@ -95,8 +101,13 @@ class Tokenizer {
 ///   std::cout << stream.finish();
 class DecodeStream {
  public:
-  /// `tokenizer` must outlive the stream.
-  explicit DecodeStream(const Tokenizer& tokenizer, bool skip_special_tokens = false);
+  /// `tokenizer` must outlive the stream. `context`: ids before the stream's first (a
+  /// prompt's last): the stream gives the text its ids add after them (a SentencePiece
+  /// token's space kept, as in `decode(context + ids)`; without context the first one's
+  /// is stripped, as in `decode(ids)`). A context whose text ends inside a character is
+  /// not used.
+  explicit DecodeStream(const Tokenizer& tokenizer, bool skip_special_tokens = false,
+                        std::vector<int64_t> context = {});
   /// The text `id` completes; an id outside the vocabulary is an error naming it.
   std::string push(int64_t id);
   /// What is held back (the bytes of a character never completed), as decode gives it;

@@ -173,8 +173,12 @@ std::vector<Completion> LanguageModel::generate_from_ids(
            (options.stop_at_eos() && std::find(eos.begin(), eos.end(), id) != eos.end());
   };
   options.stop_token_ids(stop);
+  // Each text is what the new tokens add after the prompt's last token (a SentencePiece
+  // token's space kept, as a text completion needs it).
   std::vector<DecodeStream> streams;
-  if (tokenizer_) streams.assign(ids.size(), DecodeStream(*tokenizer_));
+  for (size_t b = 0; tokenizer_ && b < ids.size(); ++b) {
+    streams.emplace_back(*tokenizer_, false, std::vector<int64_t>{ids[b].back()});
+  }
   std::vector<std::string> texts(ids.size());
   const auto user_on_token = options_in.on_token();
   options.on_token([&](size_t b, int64_t id) {

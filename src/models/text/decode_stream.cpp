@@ -26,8 +26,15 @@ bool unfinished(std::string_view text) {
 
 }  // namespace
 
-DecodeStream::DecodeStream(const Tokenizer& tokenizer, bool skip_special_tokens)
-    : tokenizer_(&tokenizer), skip_special_tokens_(skip_special_tokens) {}
+DecodeStream::DecodeStream(const Tokenizer& tokenizer, bool skip_special_tokens, std::vector<int64_t> context)
+    : tokenizer_(&tokenizer), skip_special_tokens_(skip_special_tokens) {
+  if (context.empty()) return;
+  std::string text = tokenizer_->decode(context, skip_special_tokens_);
+  if (unfinished(text)) return;
+  prefix_index_ = context.size();
+  ids_ = std::move(context);
+  prefix_ = std::move(text);
+}
 
 std::string DecodeStream::push(int64_t id) {
   ids_.push_back(id);

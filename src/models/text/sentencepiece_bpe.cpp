@@ -355,4 +355,10 @@ std::string SentencePieceBpe::decode(const std::vector<int64_t>& ids, bool skip_
   return out.substr(cut);
 }
 
+std::string SentencePieceBpe::token_text(int64_t id) const {
+  const std::string& token = vocab_.token(id);
+  if (const auto b = byte_token(token)) return std::string(1, static_cast<char>(*b));
+  return replace_all(token, kSpace, " ");
+}
+
 }  // namespace torchattn::models::text

@@ -34,6 +34,9 @@ class SentencePieceBpe final : public TokenizerModel {
   /// spaces the decoder strips.
   std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const override;
 
+  /// "▁" as a space, kept first; a <0xXX> token as its byte.
+  std::string token_text(int64_t id) const override;
+
   std::optional<int64_t> id_of(const std::string& token) const override { return vocab_.id_of(token); }
   int64_t vocab_size() const override { return vocab_.size(); }
   const std::vector<int64_t>& prefix_ids() const override { return prefix_ids_; }

@@ -113,6 +113,8 @@ std::string Tokenizer::decode(const std::vector<int64_t>& ids, bool skip_special
   return model_->decode(ids, skip_special_tokens);
 }
 
+std::string Tokenizer::token_text(int64_t id) const { return model_->token_text(id); }
+
 std::optional<int64_t> Tokenizer::id_of(const std::string& token) const { return model_->id_of(token); }
 
 int64_t Tokenizer::vocab_size() const { return model_->vocab_size(); }

@@ -18,6 +18,9 @@ class TokenizerModel {
   virtual std::vector<int64_t> encode(std::string_view text, bool add_special_tokens) const = 0;
   /// ids -> text, as transformers' decode (skip_special_tokens leaves special tokens out).
   virtual std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const = 0;
+  /// What one token adds to the text before it (decode of it alone, but for a
+  /// SentencePiece token's space, which decode strips from a text's first token).
+  virtual std::string token_text(int64_t id) const { return decode({id}, false); }
   /// The id of a token given as text, if it has one.
   virtual std::optional<int64_t> id_of(const std::string& token) const = 0;
   virtual int64_t vocab_size() const = 0;
