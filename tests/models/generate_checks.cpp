@@ -57,6 +57,15 @@ c10::impl::GenericDict read_pickle(const fs::path& path) {
 using torchattn::testing::relative_error;
 using torchattn::testing::to_ids;
 
+// How many of a reference's greedy tokens must match: those before the first step whose
+// top two logits are within 1e-4 (a near tie, where float sums may choose either).
+size_t before_a_near_tie(const at::Tensor& margins) {
+  for (int64_t s = 0; s < margins.size(0); ++s) {
+    if (margins[s].item<double>() < 1e-4) return static_cast<size_t>(s);
+  }
+  return static_cast<size_t>(margins.size(0));
+}
+
 namespace models = torchattn::models;
 
 models::CausalLM load_model(const fs::path& dir, int64_t context = 0) {
@@ -435,13 +444,7 @@ TEST(GenerateTokenizer, SentencePieceGgufModelGeneratesTransformersTokensAndText
                                  [&](size_t, const std::string& piece) { streamed += piece; })[0];
     const auto want = to_ids(ref.at(key + ".tokens").toTensor());
     const auto margins = ref.at(key + ".margins").toTensor();
-    size_t n = want.size();
-    for (size_t s = 0; s < want.size(); ++s) {
-      if (margins[static_cast<int64_t>(s)].item<double>() < 1e-4) {
-        n = s;
-        break;
-      }
-    }
+    const size_t n = before_a_near_tie(margins);
     ASSERT_EQ(out.ids.size(), want.size());
     EXPECT_EQ(std::vector<int64_t>(out.ids.begin(), out.ids.begin() + static_cast<std::ptrdiff_t>(n)),
               std::vector<int64_t>(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(n)));
@@ -545,15 +548,11 @@ TEST(GenerateSmolLM2, ChatPromptLogitsAndGreedyTokensAreTransformers) {
     const auto margins = ref.at(key + ".margins").toTensor();
     const auto got = greedy(*model, ids, 48, config.eos_token_ids);
     // Compare up to the first step where transformers itself nearly tied.
-    size_t n = want.size();
-    for (size_t s = 0; s < want.size(); ++s) {
-      if (margins[static_cast<int64_t>(s)].item<double>() < 1e-4) {
-        std::printf("[generate] SmolLM2 prompt %lld: transformers' top two logits tie within 1e-4 at step %zu; "
-                    "tokens compared up to there\n",
-                    static_cast<long long>(i), s);
-        n = s;
-        break;
-      }
+    const size_t n = before_a_near_tie(margins);
+    if (n < want.size()) {
+      std::printf("[generate] SmolLM2 prompt %lld: transformers' top two logits tie within 1e-4 at step %zu; "
+                  "tokens compared up to there\n",
+                  static_cast<long long>(i), n);
     }
     ASSERT_GE(got.size(), n);
     EXPECT_EQ(std::vector<int64_t>(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(n)),
@@ -602,13 +601,7 @@ TEST(GenerateSmolLM2, LanguageModelGeneratesTheReferenceTokensForABatchOfPrompts
     EXPECT_EQ(lm.tokenizer().encode(prompts[i]), to_ids(ref.at(key + ".ids").toTensor()));
     const auto want = to_ids(ref.at(key + ".tokens").toTensor());
     const auto margins = ref.at(key + ".margins").toTensor();
-    size_t n = want.size();
-    for (size_t s = 0; s < want.size(); ++s) {
-      if (margins[static_cast<int64_t>(s)].item<double>() < 1e-4) {
-        n = s;
-        break;
-      }
-    }
+    const size_t n = before_a_near_tie(margins);
     ASSERT_GE(out[i].ids.size(), n);
     EXPECT_EQ(std::vector<int64_t>(out[i].ids.begin(), out[i].ids.begin() + static_cast<std::ptrdiff_t>(n)),
               std::vector<int64_t>(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(n)));

@@ -83,16 +83,7 @@ BpeTokenizer::BpeTokenizer(const json& t) : vocab_(t, "BPE") {
 
   int rank = 0;
   for (const auto& m : model.at("merges")) {
-    std::string a, b;
-    if (m.is_array()) {
-      a = m.at(0).get<std::string>();
-      b = m.at(1).get<std::string>();
-    } else {
-      const std::string s = m.get<std::string>();
-      const auto sp = s.find(' ');
-      a = s.substr(0, sp);
-      b = s.substr(sp + 1);
-    }
+    const auto [a, b] = merge_pieces(m);
     ranks_.emplace(pair_key(a, b), rank++);
   }
   // Normalizer: none or NFC.
@@ -143,14 +134,7 @@ BpeTokenizer::BpeTokenizer(const json& t) : vocab_(t, "BPE") {
     unsupported("a decoder other than ByteLevel");
   }
   // Post-processor: ByteLevel (nothing to add) or a template around the text.
-  std::vector<json> posts;
-  const json& post = field(t, "post_processor");
-  if (post.is_object() && get_or<std::string>(post, "type", "") == "Sequence") {
-    for (const auto& p : post.at("processors")) posts.push_back(p);
-  } else if (!post.is_null()) {
-    posts.push_back(post);
-  }
-  for (const auto& p : posts) {
+  for (const auto& p : post_processor_steps(t)) {
     const auto kind = get_or<std::string>(p, "type", std::string());
     if (kind == "ByteLevel") continue;
     if (kind != "TemplateProcessing") unsupported("the post-processor " + kind);
@@ -161,14 +145,7 @@ BpeTokenizer::BpeTokenizer(const json& t) : vocab_(t, "BPE") {
 std::optional<int64_t> BpeTokenizer::id_of(const std::string& token) const { return vocab_.id_of(token); }
 
 void BpeTokenizer::bpe(const std::string& word, std::vector<int64_t>& out) const {
-  {
-    std::lock_guard<std::mutex> lock(cache_mutex_);
-    const auto it = cache_.find(word);
-    if (it != cache_.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
-    }
-  }
+  if (cache_.find(word, out)) return;
   std::vector<int64_t> ids;
   const auto whole = vocab_.piece(word);
   if (ignore_merges_ && whole) {
@@ -207,8 +184,7 @@ void BpeTokenizer::bpe(const std::string& word, std::vector<int64_t>& out) const
     }
   }
   out.insert(out.end(), ids.begin(), ids.end());
-  std::lock_guard<std::mutex> lock(cache_mutex_);
-  cache_.emplace(word, std::move(ids));
+  cache_.keep(word, ids);
 }
 
 std::vector<int64_t> BpeTokenizer::encode_plain(std::string_view segment) const {

@@ -8,7 +8,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -18,6 +17,7 @@
 #include "models/text/pretokenize.h"
 #include "models/text/tokenizer_model.h"
 #include "models/text/vocabulary.h"
+#include "models/text/word_cache.h"
 
 
 namespace torchattn::models::text {
@@ -55,8 +55,9 @@ class BpeTokenizer final : public TokenizerModel {
   bool ignore_merges_ = false;
   std::vector<int64_t> prefix_ids_, suffix_ids_;  // TemplateProcessing's special tokens around the text
 
-  mutable std::mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<int64_t>> cache_;
+  // Words of at most 64 bytes (a regex split's pieces: almost all), 65536 of them; it grew
+  // without bound before, a new entry for each new word a server's clients sent.
+  WordCache cache_{64, 1 << 16};
 };
 
 }  // namespace torchattn::models::text

@@ -97,17 +97,7 @@ SentencePieceBpe::SentencePieceBpe(const json& t) : vocab_(t, "BPE") {
   }
   int32_t rank = 0;
   for (const auto& m : model.at("merges")) {
-    std::string a, b;
-    if (m.is_array()) {
-      a = m.at(0).get<std::string>();
-      b = m.at(1).get<std::string>();
-    } else {
-      const std::string s = m.get<std::string>();
-      const auto sp = s.find(' ');
-      TORCH_CHECK(sp != std::string::npos, "tokenizer: the merge '", s, "' is not two pieces separated by a space");
-      a = s.substr(0, sp);
-      b = s.substr(sp + 1);
-    }
+    const auto [a, b] = merge_pieces(m);
     const auto left = vocab_.piece(a), right = vocab_.piece(b), merged = vocab_.piece(a + b);
     TORCH_CHECK(left && right && merged, "tokenizer: the merge '", a, "' '", b, "' has a piece ('",
                 !left    ? a
@@ -175,14 +165,7 @@ SentencePieceBpe::SentencePieceBpe(const json& t) : vocab_(t, "BPE") {
   }
   if (!decode_spaces_ || !decode_bytes_) unsupported("a decoder without Replace(\"▁\", \" \") and ByteFallback");
 
-  std::vector<json> posts;
-  const json& post = field(t, "post_processor");
-  if (post.is_object() && get_or<std::string>(post, "type", "") == "Sequence") {
-    for (const auto& p : post.at("processors")) posts.push_back(p);
-  } else if (!post.is_null()) {
-    posts.push_back(post);
-  }
-  for (const auto& p : posts) {
+  for (const auto& p : post_processor_steps(t)) {
     const auto kind = get_or<std::string>(p, "type", std::string());
     if (kind != "TemplateProcessing") unsupported("the post-processor " + kind);
     template_ids(p, prefix_ids_, suffix_ids_);
@@ -195,15 +178,7 @@ std::optional<SentencePieceBpe::Merge> SentencePieceBpe::merge_of(int64_t left, 
 }
 
 void SentencePieceBpe::merge_word(const std::string& word, std::vector<int64_t>& out) const {
-  const bool cached = word.size() <= kCachedBytes;
-  if (cached) {
-    std::lock_guard<std::mutex> lock(cache_mutex_);
-    const auto it = cache_.find(word);
-    if (it != cache_.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
-    }
-  }
+  if (cache_.find(word, out)) return;
   std::vector<int64_t> ids;
   const auto whole = vocab_.piece(word);
   if (ignore_merges_ && whole) {
@@ -293,10 +268,7 @@ void SentencePieceBpe::merge_word(const std::string& word, std::vector<int64_t>&
     }
   }
   out.insert(out.end(), ids.begin(), ids.end());
-  if (cached) {
-    std::lock_guard<std::mutex> lock(cache_mutex_);
-    if (cache_.size() < kCachedWords) cache_.emplace(word, std::move(ids));
-  }
+  cache_.keep(word, ids);
 }
 
 void SentencePieceBpe::encode_plain(std::string_view text, bool at_start, std::vector<int64_t>& out) const {

@@ -8,7 +8,6 @@
 // and decodes as transformers' tokenizer does.
 
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -17,6 +16,7 @@
 
 #include "models/text/tokenizer_model.h"
 #include "models/text/vocabulary.h"
+#include "models/text/word_cache.h"
 
 namespace torchattn::models::text {
 
@@ -73,11 +73,9 @@ class SentencePieceBpe final : public TokenizerModel {
   int64_t strip_start_ = 0;
   std::vector<int64_t> prefix_ids_, suffix_ids_;
 
-  // Words up to kCachedBytes long, at most kCachedWords of them: a long prompt (one word
-  // when split_ is off) is never held.
-  static constexpr size_t kCachedBytes = 64, kCachedWords = 1 << 16;
-  mutable std::mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<int64_t>> cache_;
+  // Words up to 64 bytes, 65536 of them: a long prompt (one word when split_ is off) is
+  // never held.
+  WordCache cache_{64, 1 << 16};
 };
 
 }  // namespace torchattn::models::text

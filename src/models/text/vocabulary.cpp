@@ -92,6 +92,25 @@ void Vocabulary::split_added(std::string_view text, const std::function<void(std
   if (start < text.size()) plain(text.substr(start));
 }
 
+std::pair<std::string, std::string> merge_pieces(const json& merge) {
+  if (merge.is_array()) return {merge.at(0).get<std::string>(), merge.at(1).get<std::string>()};
+  const std::string s = merge.get<std::string>();
+  const auto space = s.find(' ');
+  TORCH_CHECK(space != std::string::npos, "tokenizer: the merge '", s, "' is not two pieces separated by a space");
+  return {s.substr(0, space), s.substr(space + 1)};
+}
+
+std::vector<json> post_processor_steps(const json& t) {
+  const json& post = field(t, "post_processor");
+  std::vector<json> steps;
+  if (post.is_object() && get_or<std::string>(post, "type", "") == "Sequence") {
+    for (const auto& p : post.at("processors")) steps.push_back(p);
+  } else if (!post.is_null()) {
+    steps.push_back(post);
+  }
+  return steps;
+}
+
 void template_ids(const json& post, std::vector<int64_t>& prefix, std::vector<int64_t>& suffix) {
   bool after = false;
   for (const auto& piece : post.at("single")) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace torchattn::models::text {
@@ -68,6 +69,13 @@ class Vocabulary {
   std::vector<bool> is_added_, is_special_;
   std::vector<Added> added_;  // longest first
 };
+
+/// A merge of model.merges, ["a", "b"] or "a b", as its two pieces; a string without a
+/// space is an error naming it.
+std::pair<std::string, std::string> merge_pieces(const nlohmann::json& merge);
+
+/// The post-processor's steps: a Sequence's processors, or the one step (none if null).
+std::vector<nlohmann::json> post_processor_steps(const nlohmann::json& tokenizer);
 
 /// A TemplateProcessing post-processor's special tokens for a single text: those before
 /// the text into `prefix`, those after into `suffix`.
