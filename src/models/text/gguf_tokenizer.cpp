@@ -5,6 +5,8 @@
 #include <torchattn/gguf.h>
 #include <torchattn/models/tokenizer.h>
 
+#include "models/text/utf8_check.h"
+
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
@@ -50,7 +52,7 @@ std::vector<std::string> utf8_strings(const torchattn::GgufFile& file, const std
                                       const std::string& name) {
   std::vector<std::string> out = file.strings(key);
   for (size_t i = 0; i < out.size(); ++i) {
-    const auto bad = find_invalid_utf8(out[i]);
+    const auto bad = text::first_invalid_utf8(out[i]);
     TORCH_CHECK(!bad.has_value(), "tokenizer: '", name, "': ", key, "[", i, "] is not UTF-8 (the byte at offset ",
                 bad.value_or(0), ")");
   }

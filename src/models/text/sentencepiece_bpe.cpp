@@ -1,6 +1,6 @@
 #include "models/text/sentencepiece_bpe.h"
 
-#include <torchattn/models/tokenizer.h>
+#include "models/text/utf8_check.h"
 
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
@@ -304,7 +304,7 @@ std::string SentencePieceBpe::decode(const std::vector<int64_t>& ids, bool skip_
   std::string out, bytes;  // bytes: a run of <0xXX> tokens not yet written
   const auto flush_bytes = [&] {
     if (bytes.empty()) return;
-    if (find_invalid_utf8(bytes).has_value()) {
+    if (first_invalid_utf8(bytes).has_value()) {
       for (size_t i = 0; i < bytes.size(); ++i) out += kReplacement;
     } else {
       out += bytes;
