@@ -159,6 +159,50 @@ TEST(Int4Weights, Int8ProductsKeepEachRowsOwnBits) {
   EXPECT_TRUE(torch::equal(y.narrow(0, 4, 12), all.narrow(0, 4, 12)));
 }
 
+// The few-rows kernels under AVX2 (and AVX-512 without VNNI) run the portable loop's
+// float32 operations in its order: its bits, for one row of x (the four long streams)
+// and for blocks of rows, over shapes (one group, a pair and an odd last one, past a
+// chunk of 64 groups), outputs not a multiple of four, groups of equal weights (d = 0)
+// and rows of x of zeros. VNNI's kernel sums two groups' lanes apart (within rounding,
+// checked against PyTorch above). Under the scalar cap only the portable loop runs.
+TEST(Int4Weights, Avx2ProductsAreThePortableLoopsBits) {
+  namespace cpu = torchattn::kernels::cpu;
+  torch::manual_seed(67);
+  torch::NoGradGuard no_grad;
+  int64_t compared = 0;
+  for (const auto& [out, in] : std::vector<std::array<int64_t, 2>>{
+           {13, 96}, {7, 32}, {16, 64}, {9, 2112}, {5, 4256}, {6, 576}}) {
+    auto w = torch::randn({out, in});
+    w[1].narrow(0, 32, std::min<int64_t>(32, in - 32)).fill_(0.25f);  // d = 0 where in > 32
+    auto [data, scale] = cpu::quantize_int4_groups(w);
+    const auto bias = torch::randn({out});
+    const int64_t groups = in / 32;
+    for (const int64_t rows : {1, 2, 3, 5, 16, 21}) {
+      SCOPED_TRACE(std::to_string(rows) + " rows, " + std::to_string(out) + " x " + std::to_string(in));
+      auto x = torch::randn({rows, in}) * 3;
+      if (rows > 2) x[2].zero_();
+      std::vector<int8_t> qx(static_cast<size_t>(rows * in));
+      std::vector<float> sp(static_cast<size_t>(2 * rows * groups));
+      cpu::int4::quantize_inputs(x.const_data_ptr<float>(), rows, in, qx.data(), sp.data());
+      const auto products = [&](cpu::Isa isa) {
+        auto y = torch::empty({rows, out});
+        cpu::int4::dot_rows_products(isa, data.const_data_ptr<uint8_t>(),
+                                     reinterpret_cast<const uint16_t*>(scale.const_data_ptr<at::Half>()), in, 0, out,
+                                     qx.data(), sp.data(), rows, bias.const_data_ptr<float>(),
+                                     y.mutable_data_ptr<float>(), out);
+        return y;
+      };
+      const auto want = products(cpu::Isa::Scalar);
+      for (const cpu::Isa isa : cpu::supported_isas()) {
+        if (isa >= cpu::Isa::Avx512Vnni) continue;
+        EXPECT_TRUE(torch::equal(products(isa), want)) << cpu::isa_name(isa);
+        ++compared;
+      }
+    }
+  }
+  EXPECT_GT(compared, 0);
+}
+
 // The prefill's tiles (more than 16 rows, AVX2) against the portable loop of
 // the few-rows kernels (checked against PyTorch above) over shapes: panels of 16 outputs
 // and a short last one, one group and many, blocks of rows and their ends; each row's

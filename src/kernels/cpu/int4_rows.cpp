@@ -27,6 +27,8 @@ constexpr int64_t kGroup = kInt4Group;
 constexpr int64_t kGroupBytes = kGroup / 2;
 // Groups whose (d, m) are widened to floats at once, per weight row (on the stack).
 constexpr int64_t kChunk = 64;
+// Rows of x the few-rows kernels take at once (four_rows_at_a_time).
+constexpr int64_t kFourRowsX = 16;
 
 uint16_t half_bits(float v) { return c10::Half(v).x; }
 
@@ -215,8 +217,8 @@ void products_four_portable(const uint8_t* const* q, const uint16_t* const* dm, 
   }
 }
 
-// One row of quantized x for pair_avx2 and pair_vnni: each pair of groups (g, g + 1) as g's first 16
-// bytes, g + 1's first 16, g's last 16, g + 1's last 16 (an odd last group as it is).
+// One row of quantized x for products_rows_avx2 and pair_vnni: each pair of groups (g,
+// g + 1) as g's first 16 bytes, g + 1's first 16, g's last 16, g + 1's last 16 (an odd last group as it is).
 void pair_inputs(const int8_t* qx, int64_t in, int8_t* out) {
   const int64_t groups = in / kGroup;
   int64_t g = 0;
@@ -276,62 +278,123 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) inline void scales_avx2(
   }
 }
 
-// Two groups of one weight row against x's 64 bytes in pair_inputs' order with AVX2:
-// their 32 bytes' low nibbles (g's inputs 0-15, then g + 1's) and high nibbles (16-31)
-// against x's two halves, vpmaddubsw each, the int16 pairs added (at most 4 * 15 * 127)
-// and vpmaddwd'd into eight int32 lanes (g's four, g + 1's four), then float lanes times
-// their group's d s. Twelve instructions for 64 weights (group_avx2: twenty).
-__attribute__((target("avx2,fma,f16c"), always_inline)) inline __m256 pair_avx2(const uint8_t* b, __m256i xlo,
-                                                                                __m256i xhi, const float* ds,
-                                                                                __m256 acc) {
-  const __m256i low = _mm256_set1_epi8(15);
-  const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
-  const __m256i lo = _mm256_and_si256(bytes, low), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
-  const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
-  const __m256i p = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-  const __m256 scale = _mm256_permutevar8x32_ps(_mm256_loadu_ps(ds), _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));
-  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc);
-}
-
-// The same as products_four_portable with AVX2: the scales first, then the groups two
-// at a time (an odd last group alone), four accumulators in registers; qx as
-// pair_inputs leaves it.
-__attribute__((target("avx2,fma,f16c"))) void products_four_avx2(const uint8_t* const* q, const uint16_t* const* dm,
-                                                                 const int8_t* qx, const float* sp, int64_t groups,
-                                                                 float* out) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-  __m256 m_sums[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  float offsets[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  alignas(32) float ds[4][2 * kChunk + kScaleSlack];
-  for (int64_t g0 = 0; g0 < groups; g0 += kChunk) {
-    const int64_t n = std::min(kChunk, groups - g0);
-    scales_avx2(dm, sp, g0, n, ds, m_sums, offsets);
-    const uint8_t* b0 = q[0] + g0 * kGroupBytes;
-    const uint8_t* b1 = q[1] + g0 * kGroupBytes;
-    const uint8_t* b2 = q[2] + g0 * kGroupBytes;
-    const uint8_t* b3 = q[3] + g0 * kGroupBytes;
-    const int8_t* xg = qx + g0 * kGroup;
-    int64_t g = 0;
-    for (; g + 2 <= n; g += 2) {
-      const __m256i xlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + g * kGroup));
-      const __m256i xhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + g * kGroup + 32));
-      a0 = pair_avx2(b0 + g * kGroupBytes, xlo, xhi, ds[0] + 2 * g, a0);
-      a1 = pair_avx2(b1 + g * kGroupBytes, xlo, xhi, ds[1] + 2 * g, a1);
-      a2 = pair_avx2(b2 + g * kGroupBytes, xlo, xhi, ds[2] + 2 * g, a2);
-      a3 = pair_avx2(b3 + g * kGroupBytes, xlo, xhi, ds[3] + 2 * g, a3);
+// Four weight rows' (d, m) pairs of groups [g0, g0 + n) as floats, transposed: dq[g] the
+// four rows' d of group g0 + g, mq[g] their m. Four groups at a time: each row's eight
+// halves widened (F16C), then unpacked and shuffled across the rows.
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline void four_rows_scales(const uint16_t* const* dm,
+                                                                                     int64_t g0, int64_t n,
+                                                                                     float (*dq)[4], float (*mq)[4]) {
+  int64_t g = 0;
+  for (; g + 4 <= n; g += 4) {
+    __m256 r[4];
+    for (int k = 0; k < 4; ++k) {
+      r[k] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dm[k] + 2 * (g0 + g))));
     }
-    if (g < n) {
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + g * kGroup));
-      a0 = group_avx2(b0 + g * kGroupBytes, xv, ds[0] + 2 * g, a0);
-      a1 = group_avx2(b1 + g * kGroupBytes, xv, ds[1] + 2 * g, a1);
-      a2 = group_avx2(b2 + g * kGroupBytes, xv, ds[2] + 2 * g, a2);
-      a3 = group_avx2(b3 + g * kGroupBytes, xv, ds[3] + 2 * g, a3);
+    // Per 128-bit half (groups g, g + 1 | g + 2, g + 3): [d0 d1 m0 m1] of the even group, of the odd.
+    const __m256 even01 = _mm256_unpacklo_ps(r[0], r[1]), even23 = _mm256_unpacklo_ps(r[2], r[3]);
+    const __m256 odd01 = _mm256_unpackhi_ps(r[0], r[1]), odd23 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 d_even = _mm256_shuffle_ps(even01, even23, 0x44), m_even = _mm256_shuffle_ps(even01, even23, 0xee);
+    const __m256 d_odd = _mm256_shuffle_ps(odd01, odd23, 0x44), m_odd = _mm256_shuffle_ps(odd01, odd23, 0xee);
+    _mm_store_ps(dq[g], _mm256_castps256_ps128(d_even));
+    _mm_store_ps(dq[g + 1], _mm256_castps256_ps128(d_odd));
+    _mm_store_ps(dq[g + 2], _mm256_extractf128_ps(d_even, 1));
+    _mm_store_ps(dq[g + 3], _mm256_extractf128_ps(d_odd, 1));
+    _mm_store_ps(mq[g], _mm256_castps256_ps128(m_even));
+    _mm_store_ps(mq[g + 1], _mm256_castps256_ps128(m_odd));
+    _mm_store_ps(mq[g + 2], _mm256_extractf128_ps(m_even, 1));
+    _mm_store_ps(mq[g + 3], _mm256_extractf128_ps(m_odd, 1));
+  }
+  for (; g < n; ++g) {
+    for (int k = 0; k < 4; ++k) {
+      dq[g][k] = simd::Scalar::widen_halves(dm[k] + 2 * (g0 + g));
+      mq[g][k] = simd::Scalar::widen_halves(dm[k] + 2 * (g0 + g) + 1);
     }
   }
-  out[0] = sum_avx2(a0) + (sum_avx2(m_sums[0]) + offsets[0]);
-  out[1] = sum_avx2(a1) + (sum_avx2(m_sums[1]) + offsets[1]);
-  out[2] = sum_avx2(a2) + (sum_avx2(m_sums[2]) + offsets[2]);
-  out[3] = sum_avx2(a3) + (sum_avx2(m_sums[3]) + offsets[3]);
+}
+
+// One group's step of products_four_portable for four weight rows at once, in its
+// float32 operations: sums the four rows' int32 products of the group, then
+// acc = fma(float(sum), d s, acc) and offsets = fma(m, sq, offsets) lane by lane.
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline void group_step(__m128i sums, const float* d,
+                                                                               const float* m, const float* sp,
+                                                                               __m128& acc, __m128& offsets) {
+  acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), _mm_mul_ps(_mm_load_ps(d), _mm_broadcast_ss(sp)), acc);
+  offsets = _mm_fmadd_ps(_mm_load_ps(m), _mm_broadcast_ss(sp + 1), offsets);
+}
+
+// products_four_portable with AVX2 for `rows` rows of x at once (qx as pair_inputs
+// leaves each row, in bytes apart; sp each row's pairs, 2 * groups apart), the same
+// float32 operations in the same order, so the same bits: out[4 r + k] is weight row k's
+// product with row r. Each pair of groups of the four weight rows is unpacked once (32
+// bytes: the low nibbles, g's inputs 0-15 then g + 1's, and the high, 16-31) for every
+// row of x; per row, vpmaddubsw against x's two halves (the int16 pairs added: at most
+// 4 * 15 * 127), vpmaddwd into eight int32 lanes (g's four, g + 1's four), and three
+// vphaddd leave each weight row's sum of g and of g + 1 in the lanes of one register.
+// Two to sixteen rows of x read each weight once and scale four outputs per
+// instruction: 16 rows of SmolLM2-135M's layers in [the figures] the time of the
+// kernel it replaced (one weight row against one row of x at a time).
+template <bool kOneRow>
+__attribute__((target("avx2,fma,f16c"))) void products_rows_avx2(const uint8_t* const* q, const uint16_t* const* dm,
+                                                                 const int8_t* qx, const float* sp, int64_t rows_in,
+                                                                 int64_t in, float* out) {
+  const int64_t rows = kOneRow ? 1 : rows_in;  // one: the sums kept in registers
+  const int64_t groups = in / kGroup;
+  alignas(16) float dq[kChunk][4];
+  alignas(16) float mq[kChunk][4];
+  __m128 acc[kFourRowsX], offsets[kFourRowsX];
+  for (int64_t r = 0; r < rows; ++r) acc[r] = offsets[r] = _mm_setzero_ps();
+  const __m256i low = _mm256_set1_epi8(15);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t g0 = 0; g0 < groups; g0 += kChunk) {
+    const int64_t n = std::min(kChunk, groups - g0);
+    four_rows_scales(dm, g0, n, dq, mq);
+    int64_t g = 0;
+    for (; g + 2 <= n; g += 2) {
+      const int64_t at = (g0 + g) * kGroupBytes;
+      __m256i lo[4], hi[4];
+      for (int k = 0; k < 4; ++k) {
+        const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[k] + at));
+        lo[k] = _mm256_and_si256(bytes, low);
+        hi[k] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        const int8_t* xg = qx + r * in + (g0 + g) * kGroup;
+        const __m256i xlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg));
+        const __m256i xhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + 32));
+        __m256i v[4];
+        for (int k = 0; k < 4; ++k) {
+          v[k] = _mm256_add_epi16(_mm256_maddubs_epi16(lo[k], xlo), _mm256_maddubs_epi16(hi[k], xhi));
+        }
+        const __m256i sums = _mm256_madd_epi16(
+            _mm256_hadd_epi16(_mm256_hadd_epi16(v[0], v[1]), _mm256_hadd_epi16(v[2], v[3])), ones);
+        const float* s = sp + 2 * (r * groups + g0 + g);
+        group_step(_mm256_castsi256_si128(sums), dq[g], mq[g], s, acc[r], offsets[r]);
+        group_step(_mm256_extracti128_si256(sums, 1), dq[g + 1], mq[g + 1], s + 2, acc[r], offsets[r]);
+      }
+    }
+    if (g < n) {  // an odd last group, its x in order
+      const int64_t at = (g0 + g) * kGroupBytes;
+      __m128i lo[4], hi[4];
+      for (int k = 0; k < 4; ++k) {
+        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q[k] + at));
+        lo[k] = _mm_and_si128(bytes, _mm256_castsi256_si128(low));
+        hi[k] = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm256_castsi256_si128(low));
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        const int8_t* xg = qx + r * in + (g0 + g) * kGroup;
+        const __m128i xlo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(xg));
+        const __m128i xhi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(xg + 16));
+        __m128i v[4];
+        for (int k = 0; k < 4; ++k) {
+          v[k] = _mm_add_epi16(_mm_maddubs_epi16(lo[k], xlo), _mm_maddubs_epi16(hi[k], xhi));
+        }
+        const __m128i sums = _mm_madd_epi16(_mm_hadd_epi16(_mm_hadd_epi16(v[0], v[1]), _mm_hadd_epi16(v[2], v[3])),
+                                            _mm256_castsi256_si128(ones));
+        group_step(sums, dq[g], mq[g], sp + 2 * (r * groups + g0 + g), acc[r], offsets[r]);
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) _mm_storeu_ps(out + 4 * r, _mm_add_ps(acc[r], offsets[r]));
 }
 
 #define TORCHATTN_INT4_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
@@ -352,8 +415,9 @@ TORCHATTN_INT4_VNNI __attribute__((always_inline)) inline __m512 pair_vnni(const
   return _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale, acc);
 }
 
-// The same as products_four_avx2 with AVX-512 VNNI: two groups a step (an odd last
-// group AVX2's way); qx as pair_inputs leaves it.
+// products_four_portable's sums with AVX-512 VNNI, within float32 rounding of them (two
+// groups' d s in sixteen lanes, the lanes summed at the end): two groups a step (an odd
+// last group in eight lanes); qx as pair_inputs leaves it.
 TORCHATTN_INT4_VNNI void products_four_vnni(const uint8_t* const* q, const uint16_t* const* dm, const int8_t* qx,
                                             const float* sp, int64_t groups, float* out) {
   __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
@@ -470,8 +534,9 @@ void dequantize_rows(const uint8_t* q, const uint16_t* dm, int64_t in, int64_t b
 namespace {
 
 // Weight rows [begin, end) four at a time (fewer than four left: the first again); for
-// each four and each row r of x, kernel(qs, dms, r, d) writes their four products to d,
-// and y[r, o + k] = d[k] + bias[o + k]. Which four, per `streams`:
+// each four and each block of up to kFourRowsX rows of x from r0, kernel(qs, dms, r0, nr,
+// d) writes their products to d (d[4 r + k]: weight row k, x row r0 + r), and
+// y[r0 + r, o + k] = d[4 r + k] + bias[o + k]. Which four, per `streams`:
 // - adjacent (false): rows o .. o + 3, the rows after next prefetched while these are
 //   summed;
 // - four long streams (true, one row of x with AVX2): the rows split in four runs of m,
@@ -494,10 +559,15 @@ void four_rows_at_a_time(const uint8_t* q, const uint16_t* dm, int64_t in, int64
       qs[k] = q + row[k] * row_bytes;
       dms[k] = dm + row[k] * 2 * groups;
     }
-    for (int64_t r = 0; r < rows; ++r) {
-      float d[4];
-      kernel(static_cast<const uint8_t* const*>(qs), static_cast<const uint16_t* const*>(dms), r, d);
-      for (int64_t k = 0; k < n; ++k) y[r * ldy + row[k]] = bias != nullptr ? d[k] + bias[row[k]] : d[k];
+    for (int64_t r0 = 0; r0 < rows; r0 += kFourRowsX) {
+      const int64_t nr = std::min(kFourRowsX, rows - r0);
+      float d[4 * kFourRowsX];
+      kernel(static_cast<const uint8_t* const*>(qs), static_cast<const uint16_t* const*>(dms), r0, nr, d);
+      for (int64_t r = 0; r < nr; ++r) {
+        for (int64_t k = 0; k < n; ++k) {
+          y[(r0 + r) * ldy + row[k]] = bias != nullptr ? d[4 * r + k] + bias[row[k]] : d[4 * r + k];
+        }
+      }
     }
   };
   for (int64_t j = 0; j < runs; ++j) {
@@ -527,8 +597,11 @@ void dot_rows(const uint8_t* q, const uint16_t* dm, int64_t in, int64_t begin, i
   const Isa isa = best_isa();
   const int64_t groups = in / kGroup;
   four_rows_at_a_time(q, dm, in, begin, end, rows, long_streams(isa, rows), bias, y, ldy,
-                      [&](const uint8_t* const* qs, const uint16_t* const* dms, int64_t r, float* d) {
-                        simd::run_on<DotFour>(isa, qs, dms, xs + r * in, sx + r * groups, groups, d);
+                      [&](const uint8_t* const* qs, const uint16_t* const* dms, int64_t r0, int64_t nr, float* d) {
+                        for (int64_t r = r0; r < r0 + nr; ++r) {
+                          simd::run_on<DotFour>(isa, qs, dms, xs + r * in, sx + r * groups, groups,
+                                                d + 4 * (r - r0));
+                        }
                       });
 }
 
@@ -540,18 +613,28 @@ void dot_rows_products(Isa isa, const uint8_t* q, const uint16_t* dm, int64_t in
   std::vector<int8_t> paired(isa >= Isa::Avx2 ? static_cast<size_t>(rows * in) : 0);
   for (int64_t r = 0; r < rows && !paired.empty(); ++r) pair_inputs(qx + r * in, in, paired.data() + r * in);
   four_rows_at_a_time(q, dm, in, begin, end, rows, long_streams(isa, rows), bias, y, ldy,
-                      [&](const uint8_t* const* qs, const uint16_t* const* dms, int64_t r, float* d) {
+                      [&](const uint8_t* const* qs, const uint16_t* const* dms, int64_t r0, int64_t nr, float* d) {
 #if defined(TORCHATTN_SIMD_X86)
                         if (isa >= Isa::Avx512Vnni) {
-                          products_four_vnni(qs, dms, paired.data() + r * in, sp + 2 * r * groups, groups, d);
-                        } else if (isa >= Isa::Avx2) {
-                          products_four_avx2(qs, dms, paired.data() + r * in, sp + 2 * r * groups, groups, d);
-                        } else {
-                          products_four_portable(qs, dms, qx + r * in, sp + 2 * r * groups, groups, d);
+                          for (int64_t r = r0; r < r0 + nr; ++r) {
+                            products_four_vnni(qs, dms, paired.data() + r * in, sp + 2 * r * groups, groups,
+                                               d + 4 * (r - r0));
+                          }
+                          return;
                         }
-#else
-                        products_four_portable(qs, dms, qx + r * in, sp + 2 * r * groups, groups, d);
+                        if (isa >= Isa::Avx2) {
+                          if (nr == 1) {
+                            products_rows_avx2<true>(qs, dms, paired.data() + r0 * in, sp + 2 * r0 * groups, 1, in, d);
+                          } else {
+                            products_rows_avx2<false>(qs, dms, paired.data() + r0 * in, sp + 2 * r0 * groups, nr, in,
+                                                      d);
+                          }
+                          return;
+                        }
 #endif
+                        for (int64_t r = r0; r < r0 + nr; ++r) {
+                          products_four_portable(qs, dms, qx + r * in, sp + 2 * r * groups, groups, d + 4 * (r - r0));
+                        }
                       });
 }
 
