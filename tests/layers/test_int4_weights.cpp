@@ -205,7 +205,8 @@ TEST(Int4Weights, Avx2ProductsAreThePortableLoopsBits) {
 
 // The prefill's tiles (more than 16 rows, AVX2) against the portable loop of
 // the few-rows kernels (checked against PyTorch above) over shapes: panels of 16 outputs
-// and a short last one, one group and many, blocks of rows and their ends; each row's
+// and a short last one, one group and many, blocks of rows and their ends, more panels
+// than a thread repacks at once (27 of 8192 inputs: 12 a run); each row's
 // outputs its own bits in any batch that takes the tiles. Where they do not apply
 // (TORCHATTN_ISA=scalar; AVX-512, until measured there) a prefill takes the float
 // products instead, bit for bit.
@@ -215,7 +216,8 @@ TEST(Int4Weights, PrefillTilesMatchThePortableProducts) {
   torch::manual_seed(66);
   torch::NoGradGuard no_grad;
   for (const auto& [out, in, rows] :
-       std::vector<std::array<int64_t, 3>>{{16, 32, 17}, {40, 64, 18}, {33, 2112, 19}, {7, 96, 70}, {50, 8192, 37}}) {
+       std::vector<std::array<int64_t, 3>>{
+           {16, 32, 17}, {40, 64, 18}, {33, 2112, 19}, {7, 96, 70}, {50, 8192, 37}, {430, 8192, 20}}) {
     SCOPED_TRACE(std::to_string(rows) + " rows, " + std::to_string(out) + " x " + std::to_string(in));
     auto [data, scale] = cpu::quantize_int4_groups(torch::randn({out, in}));
     const auto bias = torch::randn({out});
