@@ -146,14 +146,14 @@ SentencePieceBpe::SentencePieceBpe(const json& t) : vocab_(t, "BPE") {
   }
   if (!replace_spaces_) unsupported("a tokenizer that keeps spaces as they are (no Metaspace or Replace)");
 
-  bool fused = false;
+  bool fused = false, decode_spaces = false, decode_bytes = false;
   for (const auto& step : steps_of(field(t, "decoder"), "decoders")) {
     const auto kind = get_or<std::string>(step, "type", std::string());
     if (kind == "Replace" && replace_pattern(step, "decoder") == kSpace &&
         get_or<std::string>(step, "content", "") == " " && !fused) {
-      decode_spaces_ = true;
+      decode_spaces = true;
     } else if (kind == "ByteFallback" && !fused) {
-      decode_bytes_ = true;
+      decode_bytes = true;
     } else if (kind == "Fuse") {
       fused = true;
     } else if (kind == "Strip" && fused && get_or<std::string>(step, "content", "") == " " &&
@@ -163,7 +163,7 @@ SentencePieceBpe::SentencePieceBpe(const json& t) : vocab_(t, "BPE") {
       unsupported("the decoder step " + step.dump());
     }
   }
-  if (!decode_spaces_ || !decode_bytes_) unsupported("a decoder without Replace(\"▁\", \" \") and ByteFallback");
+  if (!decode_spaces || !decode_bytes) unsupported("a decoder without Replace(\"▁\", \" \") and ByteFallback");
 
   for (const auto& p : post_processor_steps(t)) {
     const auto kind = get_or<std::string>(p, "type", std::string());

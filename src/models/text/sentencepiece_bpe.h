@@ -67,9 +67,8 @@ class SentencePieceBpe final : public TokenizerModel {
   bool replace_spaces_ = false;
   Prepend prepend_ = Prepend::Never;
   bool split_ = false;
-  // The decoder: "▁" -> " ", <0xXX> -> bytes, then up to strip_start_ leading spaces off.
-  bool decode_spaces_ = false;
-  bool decode_bytes_ = false;
+  // The decoder: "▁" -> " ", <0xXX> -> bytes (a tokenizer.json's decoder must say both),
+  // then up to strip_start_ leading spaces off.
   int64_t strip_start_ = 0;
   std::vector<int64_t> prefix_ids_, suffix_ids_;
 
