@@ -154,16 +154,76 @@ def serving_md(j):
         e, f = by[(r, "int8")], by[(r, "int4")]
         md.append(f"| {r} | {e['tokens_per_s']:.1f} | {e['steps']}, {e['step_ms']:.1f} | {f['tokens_per_s']:.1f} | "
                   f"{f['steps']}, {f['step_ms']:.1f} | {ratio:.2f}x |")
+    md += ["", "At 16 rows a step of a 135M model is bound by the products more than by reading the weights. The "
+           "few-rows kernels (`int4_rows.cpp`) unpack each pair of groups of four weight rows once for every row of "
+           "x in the step, and on AVX2 sum the four rows' products of both groups into one register (vpmaddubsw, "
+           "vphaddw, vpmaddwd) and scale four outputs per instruction with the portable loop's float32 operations, "
+           "in its order: a request's tokens do not depend on how many others share its step."]
     if statistics.median(serve_ratios(j)) < 1.0:
-        md += ["", "Where int4 falls behind: its step reads fewer bytes than int8's and takes longer, so at 16 rows a "
-               "step of a 135M model is bound by the products, not by reading the weights. The few-rows kernels (`int4_rows.cpp`) take four weight rows "
-               "against one row of x at a time, so each group's nibbles are unpacked again for every row of x, and "
-               "its scales multiplied again: on AVX2, twelve instructions per 64 weights and row against int8's "
-               "eight. Sending more than 4 rows to the prefill's tiles (which widen a panel once for all rows) put "
-               "int4 ahead of int8 here, but the tiles' float sums differ from the few-rows kernels' in the last "
-               "bits, so a request's tokens would depend on how many others share its step: not taken. Unpacking "
-               "once for several rows of x, each row summed as alone, keeps the bits."]
+        md += ["", "Where int4 falls behind: its step reads fewer bytes than int8's and takes longer, so the "
+               "products, not the weights' bytes, set the step's time; the prefill's tiles (which widen a panel once "
+               "for all rows) sum in another order, so more rows are not sent to them."]
     return md
+
+
+def layer_products(folder):
+    """Multiply-adds of the decoder layers' linear maps per token, from a folder's config.json (None without)."""
+    try:
+        with open(os.path.join(folder, "config.json")) as f:
+            c = json.load(f)
+    except (OSError, ValueError):
+        return None
+    h, inter, layers = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+    hd = c.get("head_dim") or h // c["num_attention_heads"]
+    kv = c.get("num_key_value_heads", c["num_attention_heads"]) * hd
+    return layers * (h * (h + 2 * kv) + h * h + 3 * h * inter)
+
+
+def shortfalls_md(runs, folders):
+    """Why int4 decoding stops short of 1.6x int8, and what the int4 prefill computes at, from the runs."""
+    md = []
+    e, f = runs.get(("ours-int8", 2), {}), runs.get(("ours-int4", 2), {})
+    if e.get("step_bytes") and f.get("step_bytes"):
+        md += ["", f"int4 against int8 at the bound: each token reads {e['step_bytes'] / 1e6:.0f} MB of int8 weights "
+                   f"or {f['step_bytes'] / 1e6:.0f} MB of int4 ones, {e['step_bytes'] / f['step_bytes']:.3f}x fewer "
+                   "bytes: an int4 model keeps its head (the tied table, 49152 x 2048) in int8 for its quality "
+                   "(below), so even two runs at the same bandwidth stay under 1.6x."]
+    macs = layer_products(folders.get("ours-int4", ""))
+    pre = (f.get("prefill") or {}).get("512")
+    if macs and pre:
+        rate = 512 * macs / pre / 1e9
+        md += ["", f"The int4 prefill of 512 tokens is almost all the layers' products ({512 * macs / 1e9:.0f} G "
+                   f"multiply-adds): {rate:.0f} G a second over 2 threads, by the int4 tiles (`int4_tiles.cpp`: a "
+                   "panel's 4-bit values widened to bytes once, vpmaddubsw against x's bytes). AVX2 has no "
+                   "instruction that multiplies bytes and accumulates in int32 (AVX-512 VNNI's vpdpbusd), so each "
+                   "32 products take a vpmaddubsw and an add, and each group of 32 inputs a vpmaddwd; passing two or "
+                   "four rows of x over each load of a panel's bytes (fewer loads) was tried and ran no faster, so "
+                   "the tiles are bound by those instructions, not by reading memory or the caches."]
+    return md
+
+
+def rss_md(runs, sizes):
+    """What a 4-bit generation's peak RSS holds beside its weights, from the runs' JSON."""
+    md = []
+    for n in ("ours-int4", "ours-int4-q4_0", "ours-int4-q4_k_m"):
+        r = runs.get((n, 2), {})
+        if n not in sizes or not r.get("weight_bytes") or not r.get("peak_rss_mib"):
+            continue
+        held, peak, size = r["weight_bytes"], r["peak_rss_mib"] * 2**20, sizes[n]
+        md.append(f"- {LABEL[n]}: peak {peak / 2**20:.0f} MiB = {held / 2**20:.0f} MiB of weights held "
+                  f"({held / size:.3f}x the {size / 2**20:.0f} MiB file) + {(peak - held) / 2**20:.0f} MiB beside "
+                  f"them ({peak / size:.3f}x the file in all).")
+    if not md:
+        return []
+    return ["", "## Peak RSS", "",
+            "What each 4-bit run holds (the weights' bytes as the run reports them, against its file's size). Beside "
+            "the weights: LibTorch's own heap and code (its operator registry alone is about 21 MB of heap, "
+            "heaptrack), the tokenizer, the KV cache and the activations; the prefill's tiles repack at most 2 MB of "
+            "panels a thread at a time. From llama.cpp's files our int4 holds more than the file: Q4_0's and Q4_K's "
+            "blocks become a (d, m) pair per 32 weights (0.625 bytes a weight against their 0.5625), and the tied "
+            "table, Q6_K in both files (0.8203 bytes a weight), becomes our int8 head (1.0625), so those two rows "
+            "cannot meet 1.2x the file until those blocks run as they are and the head keeps the file's Q6_K.",
+            ""] + md
 
 
 def main():
@@ -255,6 +315,8 @@ def main():
         md += ["", f"The memory read bandwidth measured by the int4 run (2 threads), {r['bandwidth_gbps']:.1f} GB/s, "
                    f"bounds int4 decoding at {bound:.1f} tokens/s ({r['step_bytes'] / 1e6:.0f} MB read per token, the "
                    f"int8 head included); int4 decodes at {100 * best4 / bound:.0f}% of it at its best."]
+    md += shortfalls_md(runs, folders)
+    md += rss_md(runs, sizes)
     if quality:
         md += quality_md(quality)
     if serving:
