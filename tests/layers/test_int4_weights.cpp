@@ -170,8 +170,8 @@ TEST(Int4Weights, Avx2ProductsAreThePortableLoopsBits) {
   torch::manual_seed(67);
   torch::NoGradGuard no_grad;
   int64_t compared = 0;
-  for (const auto& [out, in] : std::vector<std::array<int64_t, 2>>{
-           {13, 96}, {7, 32}, {16, 64}, {9, 2112}, {5, 4256}, {6, 576}}) {
+  for (const auto& [out, in] :
+       std::vector<std::array<int64_t, 2>>{{13, 96}, {7, 32}, {16, 64}, {9, 2112}, {5, 4256}, {6, 576}}) {
     auto w = torch::randn({out, in});
     w[1].narrow(0, 32, std::min<int64_t>(32, in - 32)).fill_(0.25f);  // d = 0 where in > 32
     auto [data, scale] = cpu::quantize_int4_groups(w);
@@ -215,8 +215,7 @@ TEST(Int4Weights, PrefillTilesMatchThePortableProducts) {
   const bool tiles = cpu::int4::products_tiles_apply(cpu::best_isa());
   torch::manual_seed(66);
   torch::NoGradGuard no_grad;
-  for (const auto& [out, in, rows] :
-       std::vector<std::array<int64_t, 3>>{
+  for (const auto& [out, in, rows] : std::vector<std::array<int64_t, 3>>{
            {16, 32, 17}, {40, 64, 18}, {33, 2112, 19}, {7, 96, 70}, {50, 8192, 37}, {430, 8192, 20}}) {
     SCOPED_TRACE(std::to_string(rows) + " rows, " + std::to_string(out) + " x " + std::to_string(in));
     auto [data, scale] = cpu::quantize_int4_groups(torch::randn({out, in}));

@@ -365,8 +365,9 @@ __attribute__((target("avx2,fma,f16c"))) void products_rows_avx2(const uint8_t* 
         for (int k = 0; k < 4; ++k) {
           v[k] = _mm256_add_epi16(_mm256_maddubs_epi16(lo[k], xlo), _mm256_maddubs_epi16(hi[k], xhi));
         }
-        const __m256i sums = _mm256_madd_epi16(
-            _mm256_hadd_epi16(_mm256_hadd_epi16(v[0], v[1]), _mm256_hadd_epi16(v[2], v[3])), ones);
+        const __m256i sums = _mm256_madd_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(v[0], v[1]),
+                                                                 _mm256_hadd_epi16(v[2], v[3])),
+                                               ones);
         const float* s = sp + 2 * (r * groups + g0 + g);
         group_step(_mm256_castsi256_si128(sums), dq[g], mq[g], s, acc[r], offsets[r]);
         group_step(_mm256_extracti128_si256(sums, 1), dq[g + 1], mq[g + 1], s + 2, acc[r], offsets[r]);
@@ -599,8 +600,7 @@ void dot_rows(const uint8_t* q, const uint16_t* dm, int64_t in, int64_t begin, i
   four_rows_at_a_time(q, dm, in, begin, end, rows, long_streams(isa, rows), bias, y, ldy,
                       [&](const uint8_t* const* qs, const uint16_t* const* dms, int64_t r0, int64_t nr, float* d) {
                         for (int64_t r = r0; r < r0 + nr; ++r) {
-                          simd::run_on<DotFour>(isa, qs, dms, xs + r * in, sx + r * groups, groups,
-                                                d + 4 * (r - r0));
+                          simd::run_on<DotFour>(isa, qs, dms, xs + r * in, sx + r * groups, groups, d + 4 * (r - r0));
                         }
                       });
 }
