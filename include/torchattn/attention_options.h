@@ -34,7 +34,4 @@ struct AttentionOptions {
   FlexVariant flex = {};
 };
 
-/// The earlier name of AttentionOptions.
-using AttentionConfig [[deprecated("use torchattn::functional::AttentionOptions")]] = AttentionOptions;
-
 }  // namespace torchattn::functional

@@ -123,29 +123,6 @@ struct MultiHeadAttentionOptions {
   /// changed on a built module (`mha->options.projections().pack.on = true`). Default:
   /// no copy. See docs/modules.md.
   TORCH_ARG(LinearInference, projections) = {};
-
-  // The fields of projections() one by one, as before they were grouped.
- public:
-  [[deprecated("use projections().pack.on")]] MultiHeadAttentionOptions& pack_weights(bool on) {
-    projections_.pack.on = on;
-    return *this;
-  }
-  [[deprecated("use projections().pack.on")]] bool pack_weights() const { return projections_.pack.on; }
-  [[deprecated("use projections().pack.min_rows")]] MultiHeadAttentionOptions& pack_min_rows(int64_t rows) {
-    projections_.pack.min_rows = rows;
-    return *this;
-  }
-  [[deprecated("use projections().pack.min_rows")]] int64_t pack_min_rows() const { return projections_.pack.min_rows; }
-  [[deprecated("use projections().format")]] MultiHeadAttentionOptions& weight_format(WeightFormat format) {
-    projections_.format = format;
-    return *this;
-  }
-  [[deprecated("use projections().format")]] WeightFormat weight_format() const { return projections_.format; }
-  [[deprecated("use projections().int8_inputs")]] MultiHeadAttentionOptions& int8_inputs(Int8Inputs inputs) {
-    projections_.int8_inputs = inputs;
-    return *this;
-  }
-  [[deprecated("use projections().int8_inputs")]] Int8Inputs int8_inputs() const { return projections_.int8_inputs; }
 };
 
 /// Multi-head causal self-attention (notebook 003's `MultiHeadAttention`).
@@ -206,8 +183,6 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   int64_t packed_bytes() const;
   /// Whether freeze_weights ran.
   bool frozen() const { return !W_query.is_empty() && W_query->frozen(); }
-
-  [[deprecated("use options.projections().pack")]] PackPolicy pack_policy() const { return options.projections().pack; }
 
   /// What checkpoints record and check beside the tensors (CheckpointFacts).
   CheckpointOptions checkpoint_options() const override;

@@ -7,6 +7,10 @@
 ///   torchattn::MultiHeadAttention mha(/*d_in=*/3, /*d_out=*/2, /*context_length=*/6,
 ///                                     /*dropout=*/0.0, /*num_heads=*/2);
 ///   auto y = mha(x);  // x: [B, T, 3] -> y: [B, T, 2]
+///
+/// flex_attention (score and mask mods as C++ lambdas, compiled into the caller's kernels)
+/// is not in this header: #include <torchattn/flex_attention.h> where it is used. The
+/// ready-made variants a module takes (flex/variants.h) are.
 
 #include <torchattn/activation_checkpoint.h>
 #include <torchattn/attention_options.h>
@@ -15,7 +19,6 @@
 #include <torchattn/checkpoint_facts.h>
 #include <torchattn/decode_graph.h>
 #include <torchattn/flex/variants.h>
-#include <torchattn/flex_attention.h>
 #include <torchattn/functional.h>
 #include <torchattn/interop.h>
 #include <torchattn/kv_cache.h>

@@ -43,16 +43,10 @@ INSTANTIATE_TEST_SUITE_P(Half, Numerics,
                          ::testing::Combine(::testing::Values(torch::kFloat16, torch::kBFloat16, torch::kFloat32),
                                             ::testing::Values(Backend::Reference, Backend::SDPA)));
 
-// functional::AttentionConfig, the earlier name of AttentionOptions, still compiles
-// (deprecated for one release) and means the same.
-TEST(AttentionOptions, TheEarlierNameStillWorks) {
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-  const torchattn::functional::AttentionConfig old{.scale = 0.5, .backend = Backend::Reference};
-#pragma GCC diagnostic pop
-  const torchattn::functional::AttentionOptions now = old;
-  EXPECT_EQ(now.scale, 0.5);
-  EXPECT_EQ(now.backend, Backend::Reference);
+// resolve_backend: an explicit backend is kept; Auto takes the reference path where
+// dropout is in effect (training), SDPA otherwise.
+TEST(AttentionOptions, ResolveBackend) {
+  const torchattn::functional::AttentionOptions now{.scale = 0.5, .backend = Backend::Reference};
   EXPECT_EQ(torchattn::functional::resolve_backend(now), Backend::Reference);
   EXPECT_EQ(torchattn::functional::resolve_backend({.dropout = 0.1, .training = true}), Backend::Reference);
   EXPECT_EQ(torchattn::functional::resolve_backend({.dropout = 0.1, .training = false}), Backend::SDPA);

@@ -184,29 +184,12 @@ TEST(PackPolicy, TakesRowsFromMinRowsUpOnlyWhenOn) {
   EXPECT_TRUE(two.takes(torch::zeros({2, 8})));
   EXPECT_TRUE(two.takes(torch::zeros({1, 2, 8})));
   EXPECT_FALSE(two.takes(torch::zeros({1, 1, 8})));
-  // The attention's projections take one LinearInference; the deprecated names of its
-  // fields, from before they were grouped, set and read the same fields.
+  // The attention's projections take one LinearInference.
   torchattn::MultiHeadAttention m(
       torchattn::MultiHeadAttentionOptions(8, 8, 4, 2).projections({.pack = {.on = true, .min_rows = 3}}));
   EXPECT_TRUE(m->options.projections().pack.on);
   EXPECT_EQ(m->options.projections().pack.min_rows, 3);
   EXPECT_EQ(m->options.projections().format, torchattn::WeightFormat::Float32);
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-  const auto old = torchattn::MultiHeadAttentionOptions(8, 8, 4, 2)
-                       .pack_weights(true)
-                       .pack_min_rows(3)
-                       .weight_format(torchattn::WeightFormat::Int8)
-                       .int8_inputs(torchattn::Int8Inputs::Quantized);
-  EXPECT_TRUE(old.projections().pack.on && old.pack_weights());
-  EXPECT_EQ(old.projections().pack.min_rows, 3);
-  EXPECT_EQ(old.pack_min_rows(), 3);
-  EXPECT_EQ(old.projections().format, torchattn::WeightFormat::Int8);
-  EXPECT_EQ(old.weight_format(), torchattn::WeightFormat::Int8);
-  EXPECT_EQ(old.projections().int8_inputs, torchattn::Int8Inputs::Quantized);
-  EXPECT_EQ(old.int8_inputs(), torchattn::Int8Inputs::Quantized);
-  EXPECT_EQ(m->pack_policy().min_rows, 3);
-#pragma GCC diagnostic pop
 }
 
 }  // namespace

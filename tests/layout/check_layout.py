@@ -7,7 +7,8 @@
   src/ (but models, a component above the library), and every quoted include of those
   folders goes to a file of the same level or a lower one;
 - docs/architecture.md's table "| level | public headers |" gives each public header of
-  include/torchattn/ (but models/ and the umbrella headers) the level that implements it,
+  include/torchattn/ (but models/ and the umbrella headers), by name or, in a subfolder,
+  by its folder ("flex/") where it does not name it, the level that implements it,
   and every `#include <torchattn/...>` of src/ (but models) and of those headers goes to
   a header of the same level or a lower one;
 - docs/architecture.md's line "Floors of src/models/, top to bottom: ..." names every
@@ -91,16 +92,37 @@ def main():
                 failures.append(f"{f} ({parts[1]}) includes \"{target}\" ({top}), a higher level")
     # The face: the public headers by level.
     face = {}
+    folder_face = {}  # a subfolder of include/torchattn/ named whole ("flex/"): its headers' level
     for row in re.findall(r"^\| `(\w+)` \| (.+) \|$", arch, re.M):
         for header in re.findall(r"`([^`]+\.h)`", row[1]):
             if header in face:
                 failures.append(f"docs/architecture.md names the public header {header} twice")
             face[header] = row[0]
+        for folder in re.findall(r"`([^`]+/)`", row[1]):
+            if folder in folder_face:
+                failures.append(f"docs/architecture.md names the header folder {folder} twice")
+            folder_face[folder] = row[0]
     umbrella = {"torchattn.h", "models.h", "version.h"}
     public = {f[len("include/torchattn/"):] for f in files
               if f.startswith("include/torchattn/") and f.count("/") == 2 and f.endswith(".h")} - umbrella
     for header in sorted(public - set(face)):
         failures.append(f"docs/architecture.md's table of public headers does not name {header}")
+    # Every header in a subfolder (but models/, the floors' below) at its folder's level.
+    nested = {f[len("include/torchattn/"):] for f in files
+              if f.startswith("include/torchattn/") and f.count("/") > 2 and f.endswith(".h")
+              and not f.startswith("include/torchattn/models/")}
+    for header in sorted(nested):
+        folder = next((d for d in sorted(folder_face, key=len, reverse=True) if header.startswith(d)), None)
+        if header in face:
+            continue  # named on its own (a level other than its folder's)
+        if folder is None:
+            failures.append(f"docs/architecture.md's table of public headers names no folder of {header}")
+        else:
+            face[header] = folder_face[folder]
+    for folder in sorted(folder_face):
+        if not any(h.startswith(folder) for h in nested):
+            failures.append(f"docs/architecture.md's table of public headers names {folder}, which holds no header")
+    public |= nested
     for header in sorted(set(face) - public):
         failures.append(f"docs/architecture.md's table of public headers names {header}, which does not exist")
     for header, level in sorted(face.items()):

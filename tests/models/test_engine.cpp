@@ -12,7 +12,6 @@
 #include "common/expect_error.h"
 
 #include <torchattn/models/engine.h>
-#include <torchattn/models/seq2seq_lm.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -467,43 +466,6 @@ TEST(Engine, TheQueueLimitAndBadRequestsAreErrorsNamingTheCause) {
                "expected long_prefill_threshold >= 0, got -1");
   expect_error([&] { models::Engine(model, models::EngineOptions().long_prefill_tokens(0)); },
                "expected long_prefill_tokens >= 1, got 0");
-}
-
-// The models' cache factories' names before make_kv_caches and make_paged_kv_cache,
-// deprecated for one release: the same caches.
-TEST(CacheFactories, TheDeprecatedNamesMakeTheSameCaches) {
-  auto model = tiny_model(torch::kFloat);
-  models::BartConfig c;
-  c.vocab_size = 32;
-  c.d_model = 16;
-  c.encoder_layers = 1;
-  c.decoder_layers = 2;
-  c.encoder_attention_heads = c.decoder_attention_heads = 2;
-  c.encoder_ffn_dim = c.decoder_ffn_dim = 32;
-  c.max_position_embeddings = 16;
-  models::Seq2SeqLM bart(c);
-  const auto paged_options = torchattn::PagedKVCacheOptions(8).block_size(4);
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-  const auto old_caches = model->make_caches(2, /*static_shapes=*/true);
-  const auto old_paged = model->make_paged_cache(paged_options);
-  const auto old_bart_caches = bart->make_caches(3);
-#pragma GCC diagnostic pop
-  const auto caches = model->make_kv_caches(2, /*static_shapes=*/true);
-  ASSERT_EQ(old_caches.size(), caches.size());
-  for (size_t i = 0; i < caches.size(); ++i) {
-    EXPECT_EQ(old_caches[i].key_storage().sizes(), caches[i].key_storage().sizes());
-    EXPECT_TRUE(old_caches[i].static_shapes());
-  }
-  const auto paged = model->make_paged_kv_cache(paged_options);
-  EXPECT_EQ(old_paged.num_layers(), paged.num_layers());
-  EXPECT_EQ(old_paged.num_blocks(), paged.num_blocks());
-  EXPECT_EQ(old_paged.block_size(), paged.block_size());
-  const auto bart_caches = bart->make_kv_caches(3);
-  ASSERT_EQ(old_bart_caches.size(), bart_caches.size());
-  for (size_t i = 0; i < bart_caches.size(); ++i) {
-    EXPECT_EQ(old_bart_caches[i].key_storage().sizes(), bart_caches[i].key_storage().sizes());
-  }
 }
 
 }  // namespace

@@ -29,6 +29,7 @@
 #include "cli_checks.h"
 #include "fmt.h"
 
+#include <torchattn/flex_attention.h>
 #include <torchattn/torchattn.h>
 
 #include <CLI/CLI.hpp>

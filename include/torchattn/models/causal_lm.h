@@ -167,18 +167,10 @@ class CausalLMImpl : public torch::nn::Module {
   /// One KV cache per layer for `batch` sequences (each layer's make_kv_cache) of
   /// `capacity` tokens (0: context_length).
   std::vector<torchattn::KVCache> make_kv_caches(int64_t batch, bool static_shapes = false, int64_t capacity = 0) const;
-  [[deprecated("use make_kv_caches")]] std::vector<torchattn::KVCache> make_caches(int64_t batch,
-                                                                                   bool static_shapes = false) const {
-    return make_kv_caches(batch, static_shapes);
-  }
 
   /// One paged cache for every layer (layer i is layers[i]'s), num_blocks blocks of
   /// block_size tokens: see torchattn::PagedKVCache.
   torchattn::PagedKVCache make_paged_kv_cache(const torchattn::PagedKVCacheOptions& options) const;
-  [[deprecated("use make_paged_kv_cache")]] torchattn::PagedKVCache make_paged_cache(
-      const torchattn::PagedKVCacheOptions& options) const {
-    return make_paged_kv_cache(options);
-  }
 
   /// ids: [N] int64, the new tokens of a paged step's sequences packed one after
   /// another (step from cache.begin_step). Returns the logits [R, vocab] of the rows

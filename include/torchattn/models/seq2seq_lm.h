@@ -115,9 +115,6 @@ class Seq2SeqLMImpl : public torch::nn::Module {
   /// One self-attention KVCache per decoder layer for `batch` sequences of up to
   /// max_position_embeddings decoder tokens.
   std::vector<torchattn::KVCache> make_kv_caches(int64_t batch) const;
-  [[deprecated("use make_kv_caches")]] std::vector<torchattn::KVCache> make_caches(int64_t batch) const {
-    return make_kv_caches(batch);
-  }
 
   /// decoder_ids: [B, T] int64 after the tokens in `caches` (null: a full forward of
   /// the decoder from its first token); context: cross_kvs of the encoder's output.
