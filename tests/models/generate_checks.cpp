@@ -401,6 +401,53 @@ TEST(GenerateTokenizer, SentencePieceGgufEncodesAsSentencepieceAndDecodesAsTrans
   EXPECT_EQ(wrong, 0u);
 }
 
+// A stream that holds more than 8 tokens gives their text then (DecodeStream's bound: a
+// character is at most four byte tokens): 40 bytes that never make a character stream
+// as U+FFFD, every piece and finish adding up to decode's text; a character and then
+// such bytes give the character and one U+FFFD a byte (decode: the whole run's); skipped
+// special tokens give nothing, before and after the bound.
+TEST(GenerateTokenizer, DecodeStreamHoldsAtMostEightTokens) {
+  const fs::path dir = reference() / "tokenizer_sentencepiece";
+  const auto tok = models::Tokenizer::from_gguf(torchattn::GgufFile::open((dir / "vocab.gguf").string()), "v");
+  const auto byte = [&](const char* token) {
+    const auto id = tok.id_of(token);
+    EXPECT_TRUE(id.has_value()) << token;
+    return id.value_or(0);
+  };
+  const std::string fffd = "\xEF\xBF\xBD";
+  const std::vector<int64_t> stray(40, byte("<0x80>"));
+  models::DecodeStream stream(tok);
+  std::string streamed;
+  size_t given_at = 0;
+  for (size_t t = 0; t < stray.size(); ++t) {
+    const std::string piece = stream.push(stray[t]);
+    if (!piece.empty() && given_at == 0) given_at = t + 1;
+    streamed += piece;
+  }
+  EXPECT_EQ(given_at, 9u);  // the ninth held token gives the nine
+  const std::string rest = stream.finish();
+  EXPECT_LE(rest.size(), 8 * fffd.size());
+  EXPECT_EQ(streamed + rest, tok.decode(stray));
+  std::string forty;
+  for (int i = 0; i < 40; ++i) forty += fffd;
+  EXPECT_EQ(tok.decode(stray), forty);
+
+  std::vector<int64_t> e_then_stray = {byte("<0xC3>"), byte("<0xA9>")};
+  e_then_stray.insert(e_then_stray.end(), 20, byte("<0x80>"));
+  models::DecodeStream again(tok);
+  std::string text;
+  for (const int64_t id : e_then_stray) text += again.push(id);
+  text += again.finish();
+  EXPECT_EQ(text, "\xC3\xA9" + forty.substr(0, 20 * fffd.size()));
+
+  const int64_t eos = tok.suffix_ids().empty() ? 2 : tok.suffix_ids().back();
+  models::DecodeStream skipping(tok, /*skip_special_tokens=*/true);
+  std::string skipped;
+  for (int i = 0; i < 30; ++i) skipped += skipping.push(eos);
+  skipped += skipping.push(byte("<0x41>"));
+  EXPECT_EQ(skipped + skipping.finish(), "A");
+}
+
 // The file's add_bos_token false, add_eos_token true and add_space_prefix false: EOS after
 // the text, no BOS, no "▁" before it nor a space stripped from the decoded text. A file
 // with a token that is not UTF-8 (found by fuzz_tokenizer: it was an uncaught JSON

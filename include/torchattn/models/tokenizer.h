@@ -91,10 +91,12 @@ class Tokenizer {
 /// what push returns, and then finish, adds up to `tokenizer.decode(ids,
 /// skip_special_tokens)`. As tokenizers' DecodeStream: each push decodes the token with
 /// the ones since the last text it gave and the one before, and gives what the new token
-/// added, or "" while the text ends inside a character. (One exception: SentencePiece
-/// byte tokens that make a character and then bytes that never make one. decode turns
-/// the whole run into U+FFFD; the stream has given the character, and finish gives one
-/// U+FFFD a byte of the rest.)
+/// added, or "" while the text ends inside a character. (Two exceptions: SentencePiece
+/// byte tokens that make a character and then bytes that never make one: decode turns
+/// the whole run into U+FFFD; the stream has given the character, and then one U+FFFD a
+/// byte of the rest. And more than 8 tokens since the last text given (bytes that never
+/// make a character, skipped special tokens): their text is given then, U+FFFD and all,
+/// so that a push decodes a bounded number of tokens.)
 ///
 ///   DecodeStream stream(tok);
 ///   for (int64_t id : ids) std::cout << stream.push(id);
@@ -117,6 +119,9 @@ class DecodeStream {
  private:
   const Tokenizer* tokenizer_;
   bool skip_special_tokens_;
+  // ids_'s tokens since the last text given.
+  std::vector<int64_t> held() const;
+
   std::vector<int64_t> ids_;  // the tokens decoded together: those since the last text given, and one before
   std::string prefix_;        // the text of ids_[0, prefix_index_)
   size_t prefix_index_ = 0;

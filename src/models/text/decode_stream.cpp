@@ -11,6 +11,9 @@ namespace torchattn::models {
 
 namespace {
 
+// Tokens held back at most (DecodeStream::push).
+constexpr size_t kMostHeld = 8;
+
 // Whether `text` ends inside a UTF-8 character (a byte-level BPE's bytes) or with U+FFFD
 // (what a SentencePiece decoder makes of a character's bytes while they are incomplete).
 bool unfinished(std::string_view text) {
@@ -45,11 +48,23 @@ std::string DecodeStream::push(int64_t id) {
     ids_.pop_back();  // a bad id leaves the stream as it was
     throw;
   }
-  if (text.size() <= prefix_.size() || unfinished(text)) return "";
-  TORCH_CHECK(text.starts_with(prefix_), "DecodeStream: the text of ", ids_.size(),
-              " tokens does not begin with the text of the first ", prefix_index_,
-              " (a tokenizer whose decoding of a token changes the text before it)");
-  std::string out = text.substr(prefix_.size());
+  // Past kMostHeld tokens since the last text given, what they make is given even where
+  // it ends in U+FFFD or adds nothing (skipped special tokens): a character's bytes are at
+  // most four tokens, so that text is final, and the tokens decoded again at each push
+  // stay bounded (else a run of bytes that never make a character, or of skipped tokens,
+  // would be decoded whole at every push: quadratic in its length). Where those bytes
+  // turned the text already given into U+FFFD (decode's whole run), they alone, as finish
+  // gives them.
+  const bool flush = ids_.size() - prefix_index_ > kMostHeld;
+  if (!flush && (text.size() <= prefix_.size() || unfinished(text))) return "";
+  std::string out;
+  if (text.starts_with(prefix_)) {
+    out = text.substr(prefix_.size());
+  } else {
+    TORCH_CHECK(flush, "DecodeStream: the text of ", ids_.size(), " tokens does not begin with the text of the first ",
+                prefix_index_, " (a tokenizer whose decoding of a token changes the text before it)");
+    out = tokenizer_->decode(held(), skip_special_tokens_);
+  }
   const size_t next_prefix_index = ids_.size() - prefix_index_;
   ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(prefix_index_));
   prefix_ = tokenizer_->decode(ids_, skip_special_tokens_);
@@ -57,16 +72,16 @@ std::string DecodeStream::push(int64_t id) {
   return out;
 }
 
+std::vector<int64_t> DecodeStream::held() const {
+  return {ids_.begin() + static_cast<std::ptrdiff_t>(prefix_index_), ids_.end()};
+}
+
 std::string DecodeStream::finish() {
   const std::string text = tokenizer_->decode(ids_, skip_special_tokens_);
   // Where the held tokens changed the text already given (a character's bytes, then
   // bytes that never make one: decode turns the whole run into U+FFFD), they alone.
-  std::string out = text.starts_with(prefix_)
-                        ? text.substr(std::min(prefix_.size(), text.size()))
-                        : tokenizer_->decode(std::vector<int64_t>(ids_.begin() +
-                                                                      static_cast<std::ptrdiff_t>(prefix_index_),
-                                                                  ids_.end()),
-                                             skip_special_tokens_);
+  std::string out = text.starts_with(prefix_) ? text.substr(std::min(prefix_.size(), text.size()))
+                                              : tokenizer_->decode(held(), skip_special_tokens_);
   ids_.clear();
   prefix_.clear();
   prefix_index_ = 0;
