@@ -24,8 +24,10 @@ namespace torchattn {
 
 namespace block {
 class RotaryCache;
-struct AttentionBlock;
 }  // namespace block
+namespace modules {
+struct HeldAttention;
+}  // namespace modules
 
 /// Options for `CausalAttention` (notebooks 000, 001, 003).
 ///
@@ -148,13 +150,17 @@ class CausalAttentionImpl : public torch::nn::Cloneable<CausalAttentionImpl>, pu
   // forward and forward_cached after their checks: x [B, T, d_in] or [T, d_in].
   at::Tensor attend(const at::Tensor& x, const at::Tensor& key_padding_mask, const at::Tensor& key_bias,
                     KVCache* cache);
-  // What every entry point runs: the single-head block and the attention options.
-  block::AttentionBlock block();
-  functional::AttentionOptions attention_options() const;
+  // Builds held_ (reset()): the single-head block and attention options every call uses.
+  void hold_attention();
+  // The held attention options with the settings of options that a call follows
+  // (backend, scale, dropout, training), written only where they changed.
+  const functional::AttentionOptions& call_options();
   // Identifies this module's caches (a new id at every reset(), so clones differ).
   uint64_t cache_owner_ = 0;
   // The RoPE cos/sin tables per device, or null without rope.
   std::shared_ptr<const block::RotaryCache> rotary_;
+  // What every call attends with (modules/held_attention.h), built by reset().
+  std::shared_ptr<modules::HeldAttention> held_;
 };
 
 TORCH_MODULE(CausalAttention);

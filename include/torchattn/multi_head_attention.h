@@ -32,8 +32,10 @@ namespace torchattn {
 
 namespace block {
 class RotaryCache;
-struct AttentionBlock;
 }  // namespace block
+namespace modules {
+struct HeldAttention;
+}  // namespace modules
 
 /// Options for `MultiHeadAttention` (notebook 003) and the attention of today's models
 /// (see docs/modules.md):
@@ -295,11 +297,14 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   // forward and forward_cached after their checks: x [B, T, d_in] or [T, d_in].
   at::Tensor attend(const at::Tensor& x, const at::Tensor& key_padding_mask, const at::Tensor& key_bias,
                     KVCache* cache);
-  // What every entry point runs: the block (cross: no causal mask, positions or packed
-  // products) and the attention options (inference: no dropout).
-  block::AttentionBlock block(bool cross);
-  functional::AttentionOptions attention_options(bool inference) const;
-  // Each projection's inference settings follow options.projections(), not once frozen.
+  // Builds held_ (reset()): the blocks and attention options every call uses.
+  void hold_attention();
+  // The held attention options with the settings of options that a call follows
+  // (backend, scale, dropout, softcap, training; inference: no dropout), written only
+  // where they changed.
+  const functional::AttentionOptions& call_options(bool inference);
+  // Each projection's inference settings follow options.projections(), not once frozen
+  // (given to the Linears only where they changed).
   void sync_linears();
   // Refuses `what` (save, load, cross-attention) once frozen.
   void check_not_frozen(const char* what) const;
@@ -311,6 +316,8 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   std::shared_ptr<const block::RotaryCache> rotary_;
   // With alibi: the [num_heads] slopes, float32 on the CPU.
   at::Tensor alibi_slopes_;
+  // What every call attends with (modules/held_attention.h), built by reset().
+  std::shared_ptr<modules::HeldAttention> held_;
 };
 
 TORCH_MODULE(MultiHeadAttention);

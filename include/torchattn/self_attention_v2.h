@@ -13,9 +13,14 @@
 #include <torch/serialize/output-archive.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 
 namespace torchattn {
+
+namespace modules {
+struct HeldAttention;
+}  // namespace modules
 
 /// Options for `SelfAttentionV2`, notebook 001's self-attention over all tokens.
 ///
@@ -82,6 +87,10 @@ class SelfAttentionV2Impl : public torch::nn::Cloneable<SelfAttentionV2Impl>, pu
 
  protected:
   FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(at::Tensor())}, {2, torch::nn::AnyValue(at::Tensor())})
+
+ private:
+  // What every call attends with (modules/held_attention.h), built by reset().
+  std::shared_ptr<modules::HeldAttention> held_;
 };
 
 TORCH_MODULE(SelfAttentionV2);

@@ -30,8 +30,8 @@ std::array<at::Tensor, 3> project(AttentionBlock& block, const at::Tensor& x, bo
 
 // The context through the block's output projection, where it has one.
 at::Tensor project_out(AttentionBlock& block, const at::Tensor& context, bool fast) {
-  if (block.out_proj.is_empty()) return context;
-  return fast ? block.out_proj->forward_fast(context) : block.out_proj->forward(context);
+  if (block.out_proj == nullptr) return context;
+  return fast ? (*block.out_proj)->forward_fast(context) : (*block.out_proj)->forward(context);
 }
 
 // QK-norm where the block has it: called before the split into heads (per_head

@@ -20,14 +20,16 @@ namespace torchattn::block {
 
 // What a module attends: its projections and the description of its attention. Each
 // projection chooses its own kernel (torchattn::Linear: float32, packed, or frozen to
-// bfloat16/int8, which q, k and v then compute as one product: linear_group).
+// bfloat16/int8, which q, k and v then compute as one product: linear_group). A module
+// builds its block once (modules/held_attention.h): the projections and the mask are
+// its own members, by reference.
 struct AttentionBlock {
-  Linear W_query;
-  Linear W_key;
-  Linear W_value;
+  Linear& W_query;
+  Linear& W_key;
+  Linear& W_value;
   /// The output projection of the heads' context (MultiHeadAttention), or null: the
   /// single-head modules return the context itself.
-  Linear out_proj{nullptr};
+  Linear* out_proj = nullptr;
   /// 0: keep [B, T, d_out] (single-head modules); > 0: split queries into
   /// [B, H, T, head_dim].
   int64_t num_heads;

@@ -36,7 +36,7 @@ at::Tensor cross_attention_block_forward(AttentionBlock& block, const at::Tensor
   spec.key_padding = kv.padding;
   const at::Tensor context = backends::attend(queries, kv.keys, kv.values, spec, config);  // [B, H, T, head_dim]
   const at::Tensor merged = context.transpose(1, 2).reshape({B, T, -1});
-  return block.out_proj.is_empty() ? merged : block.out_proj->forward(merged);
+  return block.out_proj == nullptr ? merged : (*block.out_proj)->forward(merged);
 }
 
 }  // namespace torchattn::block

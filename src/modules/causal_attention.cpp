@@ -7,6 +7,7 @@
 #include "layers/rope_checks.h"
 #include "modules/cache_checks.h"
 #include "modules/attention_facts.h"
+#include "modules/held_attention.h"
 #include "serialize/strict_load.h"
 
 #include <cstdint>
@@ -45,6 +46,22 @@ void CausalAttentionImpl::reset() {
   } else {
     mask = at::Tensor();
   }
+  hold_attention();
+}
+
+void CausalAttentionImpl::hold_attention() {
+  auto held = std::make_shared<modules::HeldAttention>();
+  // Single-head (num_heads 0): [B, T, d_out] throughout.
+  held->self.emplace(block::AttentionBlock{.W_query = W_query,
+                                           .W_key = W_key,
+                                           .W_value = W_value,
+                                           .num_heads = 0,
+                                           .num_kv_heads = 0,
+                                           .causal = options.causal(),
+                                           .mask = mask,
+                                           .window = options.window(),
+                                           .rope = rotary_.get()});
+  held_ = std::move(held);
 }
 
 void CausalAttentionImpl::save(torch::serialize::OutputArchive& archive) const {
@@ -104,34 +121,20 @@ at::Tensor CausalAttentionImpl::forward_packed(const at::Tensor& x, const at::Te
   TORCH_CHECK(x.dim() == 2, kCausalAttention, ".forward_packed: expected x of shape [N, d_in], got ", x.sizes());
   const std::vector<int64_t> offsets = base::check_cu_seqlens("CausalAttention.forward_packed", cu_seqlens, x,
                                                               options.context_length());
-  block::AttentionBlock b = block();
-  return block::packed_attention_block_forward(b, x, offsets, attention_options());
+  return block::packed_attention_block_forward(*held_->self, x, offsets, call_options());
 }
 
-block::AttentionBlock CausalAttentionImpl::block() {
-  // Single-head (num_heads 0): [B, T, d_out] throughout.
-  return block::AttentionBlock{.W_query = W_query,
-                               .W_key = W_key,
-                               .W_value = W_value,
-                               .num_heads = 0,
-                               .num_kv_heads = 0,
-                               .causal = options.causal(),
-                               .mask = mask,
-                               .window = options.window(),
-                               .rope = rotary_.get()};
-}
-
-functional::AttentionOptions CausalAttentionImpl::attention_options() const {
-  return functional::AttentionOptions{.scale = options.scale(),
-                                      .dropout = options.dropout(),
-                                      .training = is_training(),
-                                      .backend = options.backend()};
+const functional::AttentionOptions& CausalAttentionImpl::call_options() {
+  return modules::refresh(held_->train, {.scale = options.scale(),
+                                         .dropout = options.dropout(),
+                                         .training = is_training(),
+                                         .backend = options.backend()});
 }
 
 at::Tensor CausalAttentionImpl::attend(const at::Tensor& x, const at::Tensor& key_padding_mask,
                                        const at::Tensor& key_bias, KVCache* cache) {
-  block::AttentionBlock b = block();
-  const functional::AttentionOptions config = attention_options();
+  block::AttentionBlock& b = *held_->self;
+  const functional::AttentionOptions& config = call_options();
   return block::with_batch_dim(x, key_padding_mask, key_bias,
                                [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {
                                  return block::attention_block_forward(b, xb, cache, config, mb, bb);

@@ -10,6 +10,7 @@
 #include "modules/cache_checks.h"
 #include "block/cross_attention_block.h"
 #include "modules/attention_facts.h"
+#include "modules/held_attention.h"
 #include "serialize/strict_load.h"
 
 #include <ATen/ops/zeros.h>
@@ -92,6 +93,47 @@ void MultiHeadAttentionImpl::reset() {
   } else {
     mask = at::Tensor();
   }
+  hold_attention();
+}
+
+void MultiHeadAttentionImpl::hold_attention() {
+  auto held = std::make_shared<modules::HeldAttention>();
+  const bool per_head = !options.qk_norm() || options.qk_norm()->per_head();
+  RMSNormImpl* qn = q_norm.is_empty() ? nullptr : q_norm.get();
+  RMSNormImpl* kn = k_norm.is_empty() ? nullptr : k_norm.get();
+  held->self.emplace(block::AttentionBlock{
+      .W_query = W_query,
+      .W_key = W_key,
+      .W_value = W_value,
+      .out_proj = &out_proj,
+      .num_heads = options.num_heads(),
+      .num_kv_heads = num_kv_heads(),
+      .causal = options.causal(),
+      .mask = mask,
+      .window = options.window(),
+      .rope = rotary_.get(),
+      .q_norm = qn,
+      .k_norm = kn,
+      .qk_norm_per_head = per_head,
+      .alibi_slopes = alibi_slopes_,
+  });
+  // Cross-attention: no causal mask, positions or ALiBi.
+  held->cross.emplace(block::AttentionBlock{
+      .W_query = W_query,
+      .W_key = W_key,
+      .W_value = W_value,
+      .out_proj = &out_proj,
+      .num_heads = options.num_heads(),
+      .num_kv_heads = num_kv_heads(),
+      .causal = false,
+      .mask = mask,
+      .q_norm = qn,
+      .k_norm = kn,
+      .qk_norm_per_head = per_head,
+  });
+  held->train = functional::AttentionOptions{.sinks = sinks, .flex = options.flex()};
+  held->inference = held->train;
+  held_ = std::move(held);
 }
 
 void MultiHeadAttentionImpl::save(torch::serialize::OutputArchive& archive) const {
@@ -234,8 +276,7 @@ at::Tensor MultiHeadAttentionImpl::forward_packed(const at::Tensor& x, const at:
   const std::vector<int64_t> offsets = base::check_cu_seqlens("MultiHeadAttention.forward_packed", cu_seqlens, x,
                                                               options.context_length());
   sync_linears();
-  block::AttentionBlock block = this->block(/*cross=*/false);
-  return block::packed_attention_block_forward(block, x, offsets, attention_options(/*inference=*/false));
+  return block::packed_attention_block_forward(*held_->self, x, offsets, call_options(/*inference=*/false));
 }
 
 KVCache MultiHeadAttentionImpl::make_kv_cache(int64_t batch_size, bool static_shapes, int64_t capacity) const {
@@ -271,8 +312,7 @@ at::Tensor MultiHeadAttentionImpl::forward_paged(const at::Tensor& x, PagedKVCac
                        layer, paged_layer(), is_training(), options.dropout());
   modules::check_causal_for_cache(kMultiHeadAttention, options.causal(), "forward_paged");
   sync_linears();
-  block::AttentionBlock block = this->block(/*cross=*/false);
-  return block::paged_attention_block_forward(block, x, cache, step, layer, attention_options(/*inference=*/true));
+  return block::paged_attention_block_forward(*held_->self, x, cache, step, layer, call_options(/*inference=*/true));
 }
 
 void MultiHeadAttentionImpl::check_not_frozen(const char* what) const {
@@ -337,9 +377,7 @@ int64_t MultiHeadAttentionImpl::packed_bytes() const {
 
 void MultiHeadAttentionImpl::sync_linears() {
   if (frozen()) return;
-  for (auto* l : {&W_query, &W_key, &W_value, &out_proj}) {
-    (*l)->set_inference(options.projections());
-  }
+  modules::sync_inference({&W_query, &W_key, &W_value, &out_proj}, options.projections(), held_->synced);
 }
 
 void MultiHeadAttentionImpl::check_cross_attention(const char* fn) const {
@@ -362,17 +400,15 @@ CrossKV MultiHeadAttentionImpl::cross_kv(const at::Tensor& context, const at::Te
   if (padding.defined() && padding.size(0) == 1 && context.dim() == 3 && context.size(0) > 1) {
     padding = padding.expand({context.size(0), padding.size(1)});
   }
-  block::AttentionBlock block = this->block(/*cross=*/true);
-  return block::cross_project(block, batch(context), batch(value_context), padding);
+  return block::cross_project(*held_->cross, batch(context), batch(value_context), padding);
 }
 
 at::Tensor MultiHeadAttentionImpl::forward_cross(const at::Tensor& x, const CrossKV& kv) {
   check_cross_attention("forward_cross");
   base::check_input(kMultiHeadAttention, x, options.d_in(), options.context_length(), W_query->weight);
   modules::check_cross_kv(kMultiHeadAttention, kv, x, num_kv_heads(), head_dim());
-  block::AttentionBlock block = this->block(/*cross=*/true);
   const at::Tensor xb = x.dim() == 3 ? x : x.unsqueeze(0);
-  const at::Tensor y = block::cross_attention_block_forward(block, xb, kv, attention_options(/*inference=*/false));
+  const at::Tensor y = block::cross_attention_block_forward(*held_->cross, xb, kv, call_options(/*inference=*/false));
   return x.dim() == 3 ? y : y[0];
 }
 
@@ -384,43 +420,20 @@ at::Tensor MultiHeadAttentionImpl::forward_cross(const at::Tensor& x, const at::
 at::Tensor MultiHeadAttentionImpl::attend(const at::Tensor& x, const at::Tensor& key_padding_mask,
                                           const at::Tensor& key_bias, KVCache* cache) {
   sync_linears();
-  block::AttentionBlock block = this->block(/*cross=*/false);
-  const functional::AttentionOptions config = attention_options(/*inference=*/false);
+  block::AttentionBlock& block = *held_->self;
+  const functional::AttentionOptions& config = call_options(/*inference=*/false);
   return block::with_batch_dim(x, key_padding_mask, key_bias,
                                [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {
                                  return block::attention_block_forward(block, xb, cache, config, mb, bb);
                                });
 }
 
-block::AttentionBlock MultiHeadAttentionImpl::block(bool cross) {
-  return block::AttentionBlock{
-      .W_query = W_query,
-      .W_key = W_key,
-      .W_value = W_value,
-      .out_proj = out_proj,
-      .num_heads = options.num_heads(),
-      .num_kv_heads = num_kv_heads(),
-      .causal = !cross && options.causal(),
-      .mask = mask,
-      .window = cross ? std::nullopt : options.window(),
-      .rope = cross ? nullptr : rotary_.get(),
-      .q_norm = q_norm.is_empty() ? nullptr : q_norm.get(),
-      .k_norm = k_norm.is_empty() ? nullptr : k_norm.get(),
-      .qk_norm_per_head = !options.qk_norm() || options.qk_norm()->per_head(),
-      .alibi_slopes = cross ? at::Tensor() : alibi_slopes_,
-  };
-}
-
-functional::AttentionOptions MultiHeadAttentionImpl::attention_options(bool inference) const {
-  return functional::AttentionOptions{
-      .scale = options.scale(),
-      .dropout = inference ? 0.0 : options.dropout(),
-      .training = !inference && is_training(),
-      .backend = options.backend(),
-      .softcap = options.softcap(),
-      .sinks = sinks,
-      .flex = options.flex(),
-  };
+const functional::AttentionOptions& MultiHeadAttentionImpl::call_options(bool inference) {
+  return modules::refresh(inference ? held_->inference : held_->train, {.scale = options.scale(),
+                                                                        .dropout = inference ? 0.0 : options.dropout(),
+                                                                        .training = !inference && is_training(),
+                                                                        .backend = options.backend(),
+                                                                        .softcap = options.softcap()});
 }
 
 }  // namespace torchattn

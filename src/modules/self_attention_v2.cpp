@@ -2,6 +2,7 @@
 
 #include "block/attention_block.h"
 #include "base/checks.h"
+#include "modules/held_attention.h"
 #include "serialize/checkpoint_options.h"
 #include "serialize/strict_load.h"
 
@@ -25,6 +26,16 @@ void SelfAttentionV2Impl::reset() {
   W_query = register_module("W_query", Linear(linear));
   W_key = register_module("W_key", Linear(linear));
   W_value = register_module("W_value", Linear(linear));
+  // No mask, one head ([B, T, d_out] throughout), held for every call.
+  static const at::Tensor kNoMask;
+  held_ = std::make_shared<modules::HeldAttention>();
+  held_->self.emplace(block::AttentionBlock{.W_query = W_query,
+                                            .W_key = W_key,
+                                            .W_value = W_value,
+                                            .num_heads = 0,
+                                            .num_kv_heads = 0,
+                                            .causal = false,
+                                            .mask = kNoMask});
 }
 
 void SelfAttentionV2Impl::save(torch::serialize::OutputArchive& archive) const {
@@ -50,24 +61,16 @@ at::Tensor SelfAttentionV2Impl::forward(const at::Tensor& x, const at::Tensor& k
   base::check_key_padding_mask(kSelfAttentionV2, key_padding_mask, x);
   base::check_key_bias(kSelfAttentionV2, key_bias, x);
   base::check_some_key_kept(kSelfAttentionV2, key_padding_mask);
-  const at::Tensor no_mask;
-  block::AttentionBlock block{.W_query = W_query,
-                              .W_key = W_key,
-                              .W_value = W_value,
-                              .num_heads = 0,
-                              .num_kv_heads = 0,
-                              .causal = false,
-                              .mask = no_mask};
   // The notebook divides by torch.sqrt(torch.tensor(d_out)): a float32 square root,
   // even for float64 inputs. Mirror it so float64 matches the Python code too.
   const double default_scale = 1.0 / static_cast<double>(std::sqrt(static_cast<float>(options.d_out())));
-  const functional::AttentionOptions config{.scale = options.scale().value_or(default_scale),
-                                            .dropout = 0.0,
-                                            .training = is_training(),
-                                            .backend = options.backend()};
+  const functional::AttentionOptions& config = modules::refresh(held_->train,
+                                                                {.scale = options.scale().value_or(default_scale),
+                                                                 .training = is_training(),
+                                                                 .backend = options.backend()});
   return block::with_batch_dim(x, key_padding_mask, key_bias,
                                [&](const at::Tensor& xb, const at::Tensor& mb, const at::Tensor& bb) {
-                                 return block::attention_block_forward(block, xb, nullptr, config, mb, bb);
+                                 return block::attention_block_forward(*held_->self, xb, nullptr, config, mb, bb);
                                });
 }
 

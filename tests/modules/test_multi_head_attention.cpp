@@ -538,3 +538,70 @@ TEST(MultiHeadAttentionMoves, PlaceTheProjectionsTogetherOffTheCpuOnly) {
 }
 
 }  // namespace
+
+namespace {
+
+// A module builds what it attends with once (its block and options) and a call follows
+// the settings a user changes on the built module: backend, scale, softcap, dropout in
+// training and the projections' inference copies, each as a module built with them.
+TEST(MultiHeadAttentionHeldState, CallsFollowSettingsChangedOnTheBuiltModule) {
+  const auto base = torchattn::MultiHeadAttentionOptions(32, 32, 16, 4).num_kv_heads(2).qkv_bias(true);
+  torch::manual_seed(7);
+  torchattn::MultiHeadAttention m(base);
+  torch::manual_seed(7);
+  torchattn::MultiHeadAttention built(
+      torchattn::MultiHeadAttentionOptions(base).scale(0.3).softcap(5.0).backend(Backend::Reference));
+  m->eval();
+  built->eval();
+  torch::NoGradGuard no_grad;
+  const auto x = torch::randn({2, 9, 32});
+  const auto plain = m(x);
+  m->options.scale(0.3).softcap(5.0).backend(Backend::Reference);
+  EXPECT_TRUE(torch::equal(m(x), built(x)));
+  EXPECT_FALSE(torch::allclose(m(x), plain, 1e-3, 1e-3));
+  m->options.scale(std::nullopt).softcap(std::nullopt).backend(Backend::Auto);
+  EXPECT_TRUE(torch::equal(m(x), plain));
+  // Packed bfloat16 copies on, then off again: bfloat16's rounding, then float32's bits.
+  m->options.projections({.pack = {.on = true}, .format = torchattn::WeightFormat::BFloat16});
+  const auto packed = m(x);
+  EXPECT_FALSE(torch::equal(packed, plain));
+  EXPECT_TRUE(torch::allclose(packed, plain, 2e-2, 2e-2));
+  EXPECT_GT(m->packed_bytes(), 0);
+  m->options.projections({});
+  EXPECT_TRUE(torch::equal(m(x), plain));
+  EXPECT_EQ(m->packed_bytes(), 0);
+}
+
+// Dropout follows train() and eval() and a dropout changed on the built module.
+TEST(MultiHeadAttentionHeldState, DropoutFollowsTrainEvalAndTheOption) {
+  torch::manual_seed(8);
+  torchattn::MultiHeadAttention m(torchattn::MultiHeadAttentionOptions(16, 16, 8, 2));
+  torch::NoGradGuard no_grad;
+  const auto x = torch::randn({1, 6, 16});
+  const auto y = m(x);  // training mode, dropout 0
+  m->options.dropout(0.5);
+  EXPECT_FALSE(torch::equal(m(x), y));
+  m->eval();
+  EXPECT_TRUE(torch::equal(m(x), y));
+  m->train();
+  m->options.dropout(0.0);
+  EXPECT_TRUE(torch::equal(m(x), y));
+}
+
+// A clone attends with its own projections and mask, not the original's.
+TEST(MultiHeadAttentionHeldState, AClonesCallsUseItsOwnMembers) {
+  torch::manual_seed(9);
+  torchattn::MultiHeadAttention m(torchattn::MultiHeadAttentionOptions(16, 16, 8, 2));
+  auto c = std::dynamic_pointer_cast<torchattn::MultiHeadAttentionImpl>(m->clone());
+  torch::NoGradGuard no_grad;
+  const auto x = torch::randn({1, 6, 16});
+  const auto y = m(x);
+  EXPECT_TRUE(torch::equal(c->forward(x), y));
+  c->out_proj->weight.zero_();
+  EXPECT_TRUE(torch::equal(c->forward(x), c->out_proj->bias.expand({1, 6, 16})));
+  EXPECT_TRUE(torch::equal(m(x), y));
+  auto cache = c->make_kv_cache(1);
+  EXPECT_TRUE(torch::equal(c->forward_cached(x, cache), c->out_proj->bias.expand({1, 6, 16})));
+}
+
+}  // namespace
