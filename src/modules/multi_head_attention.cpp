@@ -117,20 +117,13 @@ void MultiHeadAttentionImpl::hold_attention() {
       .qk_norm_per_head = per_head,
       .alibi_slopes = alibi_slopes_,
   });
-  // Cross-attention: no causal mask, positions or ALiBi.
-  held->cross.emplace(block::AttentionBlock{
-      .W_query = W_query,
-      .W_key = W_key,
-      .W_value = W_value,
-      .out_proj = &out_proj,
-      .num_heads = options.num_heads(),
-      .num_kv_heads = num_kv_heads(),
-      .causal = false,
-      .mask = mask,
-      .q_norm = qn,
-      .k_norm = kn,
-      .qk_norm_per_head = per_head,
-  });
+  // Cross-attention: the same projections, heads and norms; no causal mask, positions
+  // or ALiBi.
+  block::AttentionBlock& cross = held->cross.emplace(*held->self);
+  cross.causal = false;
+  cross.window = std::nullopt;
+  cross.rope = nullptr;
+  cross.alibi_slopes = at::Tensor();
   held->train = functional::AttentionOptions{.sinks = sinks, .flex = options.flex()};
   held->inference = held->train;
   held_ = std::move(held);
