@@ -20,15 +20,15 @@
 //     return score + 0.5 * (h + 1) * (kv - q); };
 //   at::Tensor y = torchattn::flex_attention(q, k, v, alibi, mask).output;
 //
-// The forward and backward (CPU, float32 and float64) are the headers flex/cpu_forward.h
-// and flex/cpu_backward.h, instantiated in the caller's translation unit; autograd
+// The forward and backward (CPU, float32 and float64) are the headers detail/flex/cpu_forward.h
+// and detail/flex/cpu_backward.h, instantiated in the caller's translation unit; autograd
 // reaches the backward through flex/autograd.h. docs/flex.md shows the library's
 // variants as mods.
 
 #include <torchattn/flex/autograd.h>
 #include <torchattn/flex/block_mask.h>
-#include <torchattn/flex/cpu_backward.h>
-#include <torchattn/flex/cpu_forward.h>
+#include <torchattn/detail/flex/cpu_backward.h>
+#include <torchattn/detail/flex/cpu_forward.h>
 #include <torchattn/flex/inputs.h>
 #include <torchattn/flex/lanes.h>
 #include <torchattn/flex/mods.h>

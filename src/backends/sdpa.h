@@ -15,7 +15,7 @@
 
 #include <torchattn/attention_options.h>
 
-#include <torchattn/kernels/cpu/cpu_features.h>
+#include <torchattn/detail/kernels/cpu/cpu_features.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>

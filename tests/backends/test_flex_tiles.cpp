@@ -1,5 +1,5 @@
-// flex_attention's float32 forward, the tiled SIMD kernel (flex/cpu_forward_tiles.h),
-// against its float64 forward (flex/cpu_forward.h's rows, which test_flex_attention.cpp
+// flex_attention's float32 forward, the tiled SIMD kernel (detail/flex/cpu_forward_tiles.h),
+// against its float64 forward (detail/flex/cpu_forward.h's rows, which test_flex_attention.cpp
 // holds to PyTorch within 1e-12) on the same inputs, over the shapes the golden cases
 // leave out: head sizes of whole vector tiles (64, 128) and with a tail (80, 33), block
 // sizes that are not a multiple of the tile's rows (12, 100), queries and keys past the

@@ -6,7 +6,7 @@
 #include "backends/repeated_shapes.h"
 
 #include "common/tolerances.h"
-#include <torchattn/kernels/cpu/cpu_features.h>
+#include <torchattn/detail/kernels/cpu/cpu_features.h>
 
 #include <ATen/SDPBackend.h>
 

@@ -1,9 +1,9 @@
-// The instruction sets of the CPU kernels (src/kernels/cpu/cpu_features.h) and the cap
+// The instruction sets of the CPU kernels (detail/kernels/cpu/cpu_features.h) and the cap
 // that TORCHATTN_ISA sets. The cap is read once per process, so the ctest entries
 // unit_isa_avx512, unit_isa_avx2 and unit_isa_scalar run these and the kernels' tests again under it
 // (tests/CMakeLists.txt).
 
-#include <torchattn/kernels/cpu/cpu_features.h>
+#include <torchattn/detail/kernels/cpu/cpu_features.h>
 #include "kernels/cpu/int8_products.h"
 
 #include <c10/util/Exception.h>

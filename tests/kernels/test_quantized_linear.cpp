@@ -4,7 +4,7 @@
 // layer of any size, the threads' split of it), and equals float64 linear over the
 // widened weights within float32 rounding, over sizes with every kind of tail.
 
-#include <torchattn/kernels/cpu/cpu_features.h>
+#include <torchattn/detail/kernels/cpu/cpu_features.h>
 #include "kernels/cpu/quantized_linear.h"
 
 #include <gtest/gtest.h>

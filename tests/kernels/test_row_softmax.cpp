@@ -1,13 +1,13 @@
-// The row softmax the CPU attention kernels share (kernels/cpu/row_softmax.h), on every
+// The row softmax the CPU attention kernels share (detail/kernels/cpu/row_softmax.h), on every
 // instruction set this CPU has: a row's weighted values, its keys cut into blocks
 // anywhere (the online softmax's running max and sum), equal ATen's softmax in float64
 // within float32 rounding, with hidden keys, a sink, blocks that hide every key and
 // rows of every length around the vector widths; the whole row as one block gives the
 // two-pass numbers; a row that sees nothing gives zeros and a NaN score shows as NaN.
 
-#include <torchattn/kernels/cpu/cpu_features.h>
-#include <torchattn/kernels/cpu/row_softmax.h>
-#include <torchattn/kernels/cpu/simd.h>
+#include <torchattn/detail/kernels/cpu/cpu_features.h>
+#include <torchattn/detail/kernels/cpu/row_softmax.h>
+#include <torchattn/detail/kernels/cpu/simd.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -1,4 +1,4 @@
-// The SIMD layer of the CPU kernels (kernels/cpu/simd.h, cpu_features.h): the
+// The SIMD layer of the CPU kernels (detail/kernels/cpu/simd.h, cpu_features.h): the
 // instruction set chosen is the widest the CPU's flags allow; every vector type's
 // operations give the scalar type's bits lane for lane (exp and tanh within a few
 // ulp), its reductions add in their documented order, partial loads and stores touch
@@ -8,10 +8,10 @@
 
 #include "common/expect_error.h"
 
-#include <torchattn/kernels/cpu/cpu_features.h>
+#include <torchattn/detail/kernels/cpu/cpu_features.h>
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/prefill_attention.h"
-#include <torchattn/kernels/cpu/simd.h>
+#include <torchattn/detail/kernels/cpu/simd.h>
 #include "kernels/cpu/vec.h"
 
 #include <gtest/gtest.h>

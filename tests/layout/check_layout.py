@@ -18,6 +18,9 @@
   floor or a lower one (never to the library's private headers), and every
   `#include <torchattn/models/...>` of src/models/ and of those headers to a header of the
   same floor or a lower one;
+- the public face holds no kernel code: no header of include/torchattn/ outside detail/
+  holds an intrinsic, an x86 vector type, a `target` attribute or a compiler pragma, and
+  the umbrella headers include no detail/ header;
 - the namespaces mirror the folders: a file of src/<level>/ opens `torchattn` or
   `torchattn::functional` (public names), or `torchattn::<level>` and namespaces
   below it for its internal ones; a file of src/models/<floor>/ `torchattn::models` or
@@ -143,6 +146,7 @@ def main():
             if levels[face[target]] > levels[level]:
                 failures.append(f"{f} ({level}) includes <torchattn/{target}> ({face[target]}), a higher level")
 
+    face_checked = check_no_kernel_code(files, failures)
     floors, floor_arrows, floor_face = check_models_floors(arch, files, failures)
     spaces = check_namespaces(set(levels), files, failures)
 
@@ -151,9 +155,35 @@ def main():
     print(f"layout: {len(folders)} folders against the table, {arrows} includes of src/ and of "
           f"{len(face)} public headers against {len(levels)} levels; {floor_arrows} includes of src/models/ and of "
           f"{floor_face} of its public headers against {floors} floors; {spaces} namespaces opened in src/ "
-          f"against their folders")
+          f"against their folders; {face_checked} public headers outside detail/ free of kernel code")
     print(f"{1 if not failures else 0} passed, {1 if failures else 0} failed")
     return 1 if failures else 0
+
+
+# What only the kernels' headers (include/torchattn/detail/) may hold: intrinsics and
+# their headers, x86 vector types, target attributes and compiler pragmas.
+KERNEL_CODE = re.compile(r"(<[a-z0-9]*intrin\.h>|\b_mm(256|512)?_\w+\s*\(|\b__m(128|256|512)[id]?\b|"
+                         r"__attribute__\s*\(\(\s*target|\[\[gnu::target|#\s*pragma\s+(GCC|clang)|"
+                         r"_Pragma\s*\()")
+
+
+def check_no_kernel_code(files, failures):
+    """No kernel code in the public face outside detail/ (see the docstring); returns the headers checked."""
+    headers = [f for f in files if f.startswith("include/torchattn/") and f.endswith(".h")
+               and not f.startswith("include/torchattn/detail/")]
+    for f in headers:
+        for number, line in enumerate(open(f).read().splitlines(), 1):
+            code = line.split("//")[0]
+            m = KERNEL_CODE.search(code)
+            if m:
+                failures.append(f"{f}:{number} holds kernel code ({m.group(0).strip()}); it goes in "
+                                "include/torchattn/detail/")
+    for umbrella in ("include/torchattn/torchattn.h", "include/torchattn/models.h"):
+        if umbrella in files:
+            for target in re.findall(r'^\s*#\s*include\s+<torchattn/(detail/[^>]+)>', open(umbrella).read(), re.M):
+                failures.append(f"{umbrella} includes <torchattn/{target}>: the umbrella headers include no "
+                                "kernel code")
+    return len(headers)
 
 
 def check_models_floors(arch, files, failures):

@@ -5,7 +5,7 @@
 // them, and the mask_mod that the partial blocks call.
 
 #include <torchattn/flex/mods.h>
-#include <torchattn/kernels/cpu/cpu_features.h>
+#include <torchattn/detail/kernels/cpu/cpu_features.h>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>

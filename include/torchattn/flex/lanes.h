@@ -18,7 +18,7 @@
 // instantiates it); the kernel's compiler keeps them in registers once inlined.
 
 #include <torchattn/flex/mods.h>
-#include <torchattn/kernels/cpu/simd.h>
+#include <torchattn/detail/kernels/cpu/simd.h>
 
 #include <cstdint>
 #include <type_traits>

@@ -1,4 +1,4 @@
-#include <torchattn/kernels/cpu/cpu_features.h>
+#include <torchattn/detail/kernels/cpu/cpu_features.h>
 
 #include <c10/util/Exception.h>
 

@@ -2,8 +2,8 @@
 
 #include "kernels/cpu/float_operand.h"
 #include "kernels/cpu/needs_grad.h"
-#include <torchattn/kernels/cpu/row_softmax.h>
-#include <torchattn/kernels/cpu/simd.h>
+#include <torchattn/detail/kernels/cpu/row_softmax.h>
+#include <torchattn/detail/kernels/cpu/simd.h>
 #include "kernels/cpu/stall_aware.h"
 #include "kernels/cpu/vec.h"
 

@@ -1,6 +1,6 @@
 #include "kernels/cpu/int4_rows.h"
 
-#include <torchattn/kernels/cpu/simd.h>
+#include <torchattn/detail/kernels/cpu/simd.h>
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>

@@ -21,7 +21,7 @@
 // equal to x times the dequantized weights (q d + m, exact in float32 before the sum)
 // within float32 rounding.
 
-#include <torchattn/kernels/cpu/cpu_features.h>
+#include <torchattn/detail/kernels/cpu/cpu_features.h>
 #include <torchattn/weight_format.h>
 
 #include <ATen/core/Tensor.h>

@@ -14,7 +14,7 @@
 
 #include "kernels/cpu/int4_rows.h"
 
-#include <torchattn/kernels/cpu/simd.h>
+#include <torchattn/detail/kernels/cpu/simd.h>
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>

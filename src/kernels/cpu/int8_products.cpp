@@ -1,9 +1,9 @@
 #include "kernels/cpu/int8_products.h"
 
-#include <torchattn/kernels/cpu/cpu_features.h>
+#include <torchattn/detail/kernels/cpu/cpu_features.h>
 #include "kernels/cpu/int8_rows.h"
 #include "kernels/cpu/quantized_linear.h"
-#include <torchattn/kernels/cpu/simd.h>
+#include <torchattn/detail/kernels/cpu/simd.h>
 #include "kernels/cpu/stall_aware.h"
 
 #include <ATen/Parallel.h>

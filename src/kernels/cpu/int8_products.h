@@ -33,7 +33,7 @@
 // (one output a lane, no sum across). A group of inputs that holds a NaN or an infinity
 // gives NaN outputs, never a silent number.
 
-#include <torchattn/kernels/cpu/cpu_features.h>
+#include <torchattn/detail/kernels/cpu/cpu_features.h>
 #include "kernels/cpu/quantized_linear.h"
 
 #include <ATen/core/Tensor.h>

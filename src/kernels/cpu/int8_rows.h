@@ -4,7 +4,7 @@
 // group of kInt8Group inputs, and the kernels over them (int8_tiles.cpp: the portable
 // loop, AVX2's and VNNI's, written once over simd.h's types).
 
-#include <torchattn/kernels/cpu/cpu_features.h>
+#include <torchattn/detail/kernels/cpu/cpu_features.h>
 #include "kernels/cpu/quantized_linear.h"
 
 #include <ATen/Parallel.h>

@@ -16,7 +16,7 @@
 
 #include "kernels/cpu/int8_rows.h"
 
-#include <torchattn/kernels/cpu/simd.h>
+#include <torchattn/detail/kernels/cpu/simd.h>
 
 #include <ATen/Parallel.h>
 

@@ -9,7 +9,7 @@
 // Each row's arithmetic depends on its own query, position and keys only: a row gives
 // the same bits in any step, beside any rows, in a chunk of any size.
 
-#include <torchattn/kernels/cpu/cpu_features.h>
+#include <torchattn/detail/kernels/cpu/cpu_features.h>
 
 #include <ATen/core/Tensor.h>
 

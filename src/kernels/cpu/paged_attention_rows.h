@@ -17,8 +17,8 @@
 // keys, never on the rows beside it, the number of rows or the tiles (a task that
 // stops at fewer keys drops only terms that are exactly zero).
 
-#include <torchattn/kernels/cpu/row_softmax.h>
-#include <torchattn/kernels/cpu/simd.h>
+#include <torchattn/detail/kernels/cpu/row_softmax.h>
+#include <torchattn/detail/kernels/cpu/simd.h>
 
 #include <cstdint>
 

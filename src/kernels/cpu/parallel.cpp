@@ -1,4 +1,4 @@
-#include <torchattn/kernels/cpu/parallel.h>
+#include <torchattn/detail/kernels/cpu/parallel.h>
 
 #include <ATen/Parallel.h>
 

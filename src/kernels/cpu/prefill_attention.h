@@ -10,7 +10,7 @@
 // then an exact softmax over the row (no running rescale: a block's scores fit in a
 // scratch row), then the weighted values, a tile of rows x columns at a time.
 
-#include <torchattn/kernels/cpu/cpu_features.h>
+#include <torchattn/detail/kernels/cpu/cpu_features.h>
 
 #include <ATen/core/Tensor.h>
 

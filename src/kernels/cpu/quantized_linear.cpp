@@ -4,7 +4,7 @@
 #include "kernels/cpu/int8_products.h"
 #include "kernels/cpu/needs_grad.h"
 #include "kernels/cpu/onednn_linear.h"
-#include <torchattn/kernels/cpu/simd.h>
+#include <torchattn/detail/kernels/cpu/simd.h>
 #include "kernels/cpu/stall_aware.h"
 
 #include <ATen/Parallel.h>

@@ -1,6 +1,6 @@
 #include "kernels/cpu/vec.h"
 
-#include <torchattn/kernels/cpu/simd.h>
+#include <torchattn/detail/kernels/cpu/simd.h>
 
 #include <c10/util/Exception.h>
 

@@ -4,7 +4,7 @@
 // written once on the vector types of simd.h and run with the widest instructions the
 // CPU has (best_isa()), but for matvec, whose widest is AVX2 (kMatvecWidest).
 
-#include <torchattn/kernels/cpu/cpu_features.h>
+#include <torchattn/detail/kernels/cpu/cpu_features.h>
 
 #include <cstdint>
 

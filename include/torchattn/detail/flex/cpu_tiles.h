@@ -2,7 +2,7 @@
 
 // The register tiles that flex_attention's float32 kernels (cpu_forward_tiles.h,
 // cpu_backward_tiles.h) are made of, written once over the vector types of the SIMD
-// layer (kernels/cpu/simd.h), each a product of a few rows against a block of keys:
+// layer (detail/kernels/cpu/simd.h), each a product of a few rows against a block of keys:
 //   score_tile:   R rows x n keys of a . b over keys packed transposed (scores, and the
 //                 backward's dout . v);
 //   weigh_values: acc rows = acc * factor + sum over keys of weight x a key's row (the
@@ -13,7 +13,7 @@
 // No helper returns a vector: a function of no target passing one by value changes
 // GCC's ABI, which it warns of in the translation unit that instantiates it.
 
-#include <torchattn/kernels/cpu/simd.h>
+#include <torchattn/detail/kernels/cpu/simd.h>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>

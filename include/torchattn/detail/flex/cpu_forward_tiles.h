@@ -1,7 +1,7 @@
 #pragma once
 
 // flex_attention's float32 forward on the CPU (flex_attention.h), written once over the
-// vector types of the SIMD layer (kernels/cpu/simd.h) and entered through run_on at the
+// vector types of the SIMD layer (detail/kernels/cpu/simd.h) and entered through run_on at the
 // widest instruction set this CPU runs (AVX-512, AVX2 or plain floats), all inside the
 // caller's translation unit: score_mod and mask_mod are inlined into the kernel of each
 // instruction set, which the library's own kernels cannot do for a callable they never
@@ -23,14 +23,14 @@
 // second, ...), so that a causal mask's split of them gives each thread as many keys.
 
 #include <torchattn/flex/block_mask.h>
-#include <torchattn/flex/cpu_tiles.h>
+#include <torchattn/detail/flex/cpu_tiles.h>
 #include <torchattn/flex/inputs.h>
 #include <torchattn/flex/lanes.h>
-#include <torchattn/kernels/cpu/cpu_features.h>
-#include <torchattn/kernels/cpu/row_softmax.h>
-#include <torchattn/kernels/cpu/simd.h>
+#include <torchattn/detail/kernels/cpu/cpu_features.h>
+#include <torchattn/detail/kernels/cpu/row_softmax.h>
+#include <torchattn/detail/kernels/cpu/simd.h>
 
-#include <torchattn/kernels/cpu/parallel.h>
+#include <torchattn/detail/kernels/cpu/parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 

@@ -23,7 +23,7 @@
 // With the whole row in one block the numbers are those of the two-pass softmax: the
 // row's max, then exp(s - max) and their sum in that lane order.
 
-#include <torchattn/kernels/cpu/simd.h>
+#include <torchattn/detail/kernels/cpu/simd.h>
 
 #include <cmath>
 #include <cstdint>

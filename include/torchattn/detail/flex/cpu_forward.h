@@ -10,10 +10,10 @@
 // read), one key at a time.
 
 #include <torchattn/flex/block_mask.h>
-#include <torchattn/flex/cpu_forward_tiles.h>
+#include <torchattn/detail/flex/cpu_forward_tiles.h>
 #include <torchattn/flex/inputs.h>
 
-#include <torchattn/kernels/cpu/parallel.h>
+#include <torchattn/detail/kernels/cpu/parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>

@@ -14,11 +14,11 @@
 //   dq += scale ds k;  dk += scale ds q
 
 #include <torchattn/flex/block_mask.h>
-#include <torchattn/flex/cpu_backward_tiles.h>
+#include <torchattn/detail/flex/cpu_backward_tiles.h>
 #include <torchattn/flex/inputs.h>
 #include <torchattn/flex/dual.h>
 
-#include <torchattn/kernels/cpu/parallel.h>
+#include <torchattn/detail/kernels/cpu/parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/zeros.h>
 

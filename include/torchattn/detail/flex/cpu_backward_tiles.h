@@ -17,13 +17,13 @@
 // A row that saw no key (lse -inf) gets p = 0: no gradient.
 
 #include <torchattn/flex/block_mask.h>
-#include <torchattn/flex/cpu_tiles.h>
+#include <torchattn/detail/flex/cpu_tiles.h>
 #include <torchattn/flex/dual.h>
 #include <torchattn/flex/inputs.h>
-#include <torchattn/kernels/cpu/cpu_features.h>
-#include <torchattn/kernels/cpu/simd.h>
+#include <torchattn/detail/kernels/cpu/cpu_features.h>
+#include <torchattn/detail/kernels/cpu/simd.h>
 
-#include <torchattn/kernels/cpu/parallel.h>
+#include <torchattn/detail/kernels/cpu/parallel.h>
 #include <ATen/core/Tensor.h>
 
 #include <algorithm>

@@ -20,16 +20,17 @@
 //   };
 //   run_on<Twice>(best_isa(), x, y);
 //
-// A public header (with cpu_features.h and row_softmax.h) so that kernels instantiated
-// in a user's translation unit, flex_attention's (flex/cpu_forward_tiles.h), are
-// written on it too; its names stay the kernels' own, torchattn::kernels::cpu.
+// Shipped, but private (include/torchattn/detail/, with cpu_features.h, parallel.h and
+// row_softmax.h: no promise of a stable API) so that kernels instantiated in a user's
+// translation unit, flex_attention's (detail/flex/cpu_forward_tiles.h), are written on
+// it too; its names stay the kernels' own, torchattn::kernels::cpu.
 //
 // The operations round as the instructions do, so a kernel's numbers depend on its
 // vector type only through what it asks for (FMA or multiply then add, lane widths,
 // the order of its reductions). Lanes hold NaN only from NaN inputs; what the masking
 // operations make of a NaN lane is each instruction set's own (noted where it differs).
 
-#include <torchattn/kernels/cpu/cpu_features.h>
+#include <torchattn/detail/kernels/cpu/cpu_features.h>
 
 #include <cmath>
 #include <cstdint>
