@@ -3,6 +3,7 @@
 // notebooks' math, backends/reference.h) or the SDPA backend (ATen's fused kernels,
 // backends/sdpa.h).
 
+#include "backends/alibi.h"
 #include "backends/blocked.h"
 #include "backends/grouped_heads.h"
 #include "backends/reference.h"
@@ -10,6 +11,7 @@
 #include "base/checks.h"
 #include "backends/attend.h"
 #include "backends/attend_flex.h"
+#include "backends/named_flex.h"
 #include "kernels/cpu/decode_attention.h"
 #include "kernels/cuda/static_decode_attention.h"
 #include "backends/score_scale.h"
@@ -129,6 +131,15 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
               k.sizes());
   const int64_t Tq = q.size(-2), Tk = k.size(-2);
   if (config.flex) return attend_flex(q, k, v, spec, config);
+  if (named_flex_applies(q, spec, config)) return named_flex_attention(q, k, v, spec, config);
+  if (spec.alibi_slopes.defined()) {
+    // ALiBi elsewhere: its distances as a score bias, at the keys' real positions.
+    MaskSpec biased = spec;
+    biased.score_bias = alibi_bias(spec.alibi_slopes.to(q.device()), spec.key_padding, Tq, Tk, q.scalar_type(),
+                                   spec.positions);
+    biased.alibi_slopes = at::Tensor();
+    return attend(q, k, v, biased, config);
+  }
   if (needs_blocked_attention(config)) {
     // Softcapping and sinks: no fused kernel takes them; blocks of queries (every
     // backend: the Reference's math, without Tq x Tk memory).

@@ -16,7 +16,8 @@ at::Tensor attend_flex(const at::Tensor& q, const at::Tensor& k, const at::Tenso
               "static-shape one");
   TORCH_CHECK(!spec.key_padding.defined() && !spec.key_bias.defined(), fn,
               ": expected no key padding mask or key bias (write them into mask_mod or score_mod)");
-  TORCH_CHECK(!spec.score_bias.defined(), fn, ": expected no ALiBi (alibi: write it as a score_mod)");
+  TORCH_CHECK(!spec.score_bias.defined() && !spec.alibi_slopes.defined(), fn,
+              ": expected no ALiBi (alibi: write it as a score_mod)");
   TORCH_CHECK(!spec.window, fn, ": expected no window (window ", spec.window.value_or(0), ": write it into mask_mod)");
   TORCH_CHECK(!config.softcap, fn, ": expected no softcap (", config.softcap.value_or(0.0),
               ": write it as a score_mod)");

@@ -36,6 +36,11 @@ struct MaskSpec {
   /// [B or 1, H or 1, Tq, Tk] of q's dtype, added to the scaled scores of each query
   /// and key (ALiBi's per-head distances); q is [B, H, Tq, d]. Undefined: none.
   at::Tensor score_bias;
+  /// ALiBi's [H] slopes (float32, any device; q is [B, H, Tq, d]), or undefined: none.
+  /// attend() adds slope_h * (key position - query position) to the scaled scores, as
+  /// the named flex instances' score_mod where they apply (named_flex.h), else as the
+  /// score_bias that alibi_bias makes (the key padding's positions, the static cache's).
+  at::Tensor alibi_slopes;
 
   bool is_static() const { return positions.defined(); }
   /// Some query may be left with no key: its output is zeros (see attend).

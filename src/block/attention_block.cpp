@@ -117,10 +117,7 @@ at::Tensor attention_block_forward(AttentionBlock& block, const at::Tensor& x, K
     }
   }
 
-  if (block.alibi_slopes.defined()) {
-    spec.score_bias = backends::alibi_bias(block.alibi_slopes.to(queries.device()), spec.key_padding, T, keys.size(-2),
-                                           queries.scalar_type(), spec.positions);
-  }
+  spec.alibi_slopes = block.alibi_slopes;
   at::Tensor context = backends::attend(queries, keys, values, spec, config);
 
   if (block.num_heads > 0) {

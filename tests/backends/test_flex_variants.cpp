@@ -13,6 +13,7 @@
 #include "backends/alibi.h"
 #include "backends/attend.h"
 #include "backends/attend_documents.h"
+#include "backends/blocked.h"
 #include "backends/mask_spec.h"
 #include "common/expect_error.h"
 
@@ -180,6 +181,16 @@ std::function<AttentionFn(torch::Dtype)> attend_with(std::function<MaskSpec(torc
   };
 }
 
+// backends::blocked_attention (softcap's and sinks' dedicated path, which attend()
+// leaves for the named flex instances where they apply) with the spec and config.
+std::function<AttentionFn(torch::Dtype)> blocked_with(MaskSpec spec, torchattn::functional::AttentionOptions config) {
+  return [=](torch::Dtype) {
+    return [=](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+      return torchattn::backends::blocked_attention(q, k, v, spec, config);
+    };
+  };
+}
+
 MaskSpec causal_spec(const Shape& s) {
   MaskSpec spec;
   spec.causal = true;
@@ -261,10 +272,8 @@ TEST_P(FlexVariant, SoftcapIsTheBlockedPath) {
   for (const double cap : {1.5, 30.0}) {
     SCOPED_TRACE("softcap " + std::to_string(cap));
     const torchattn::functional::AttentionOptions config{.softcap = cap};
-    expect_same(s, 5, flex_with(s, flex::Softcap(cap), flex::Causal(s.past())),
-                attend_with([s](torch::Dtype) { return causal_spec(s); }, config));
-    expect_same(s, 6, flex_with(s, flex::Softcap(cap), torchattn::VisibleKeys{}),
-                attend_with([](torch::Dtype) { return MaskSpec{}; }, config));
+    expect_same(s, 5, flex_with(s, flex::Softcap(cap), flex::Causal(s.past())), blocked_with(causal_spec(s), config));
+    expect_same(s, 6, flex_with(s, flex::Softcap(cap), torchattn::VisibleKeys{}), blocked_with(MaskSpec{}, config));
   }
 }
 

@@ -42,6 +42,9 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr int64_t kDim = 768, kHeads = 12;
+// The sliding window of the scores section's `window` variant (Mistral's is 4096; 256 of
+// T = 1024 keys shows what a window skips).
+constexpr int64_t kScoresWindow = 256;
 
 // ---- memory: peak resident set since the last reset (Linux) ----
 int64_t status_kb(const char* key) {
@@ -422,7 +425,9 @@ int main(int argc, char** argv) {
                        .n("overhead", mb / ma - 1.0));
   }
 
-  // ---- softcap and sinks: scores that no fused kernel takes, in blocks of queries ----
+  // ---- softcap, sinks, ALiBi and a window: the variants of today's models ----
+  // Softcap and sinks take no fused kernel (blocks of queries); on the CPU the softcap,
+  // ALiBi and the window run on the library's flex kernels (src/backends/named_flex.cpp).
   {
     const int64_t B = quick ? 1 : 4, T = quick ? 256 : 1024, long_T = quick ? 2048 : 16384;
     auto build = [&](int variant, int64_t context) {
@@ -430,23 +435,29 @@ int main(int argc, char** argv) {
       auto o = torchattn::MultiHeadAttentionOptions(kDim, kDim, context, kHeads).mask_buffer(false);
       if (variant == 1) o.softcap(50.0);
       if (variant == 2) o.sinks(true);
+      if (variant == 3) o.alibi(true);
+      if (variant == 4) o.window(kScoresWindow);
       torchattn::MultiHeadAttention m(o);
       m->eval();
       return m;
     };
-    const char* names[] = {"without", "softcap", "sinks"};
+    const char* names[] = {"without", "softcap", "sinks", "alibi", "window"};
+    constexpr int kVariants = 5;
     torch::NoGradGuard ng;
-    fmt::print("\n[scores] B={} T={} forward without, with softcap(50), with sinks (ms, median of interleaved runs)\n",
-               B, T);
-    std::vector<torchattn::MultiHeadAttention> ms{build(0, T), build(1, T), build(2, T)};
+    fmt::print(
+        "\n[scores] B={} T={} forward without, with softcap(50), sinks, alibi, window({}) (ms, median of interleaved "
+        "runs)\n",
+        B, T, kScoresWindow);
+    std::vector<torchattn::MultiHeadAttention> ms;
+    for (int i = 0; i < kVariants; ++i) ms.push_back(build(i, T));
     auto x = torch::randn({B, T, kDim});
-    std::vector<std::vector<double>> times(3);
+    std::vector<std::vector<double>> times(kVariants);
     for (auto& m : ms) m(x);
     for (int rep = 0; rep < (quick ? 2 : 7); ++rep) {
-      for (int i = 0; i < 3; ++i) times[i].push_back(time_it([&] { ms[i](x); }, 1, 0).median_ms);
+      for (int i = 0; i < kVariants; ++i) times[i].push_back(time_it([&] { ms[i](x); }, 1, 0).median_ms);
     }
-    std::vector<double> med(3);
-    for (int i = 0; i < 3; ++i) {
+    std::vector<double> med(kVariants);
+    for (int i = 0; i < kVariants; ++i) {
       std::sort(times[i].begin(), times[i].end());
       med[i] = times[i][times[i].size() / 2];
       fmt::print("  {:<8} {:8.1f} ms ({:.2f}x)\n", names[i], med[i], med[i] / med[0]);
@@ -461,7 +472,7 @@ int main(int argc, char** argv) {
     // Peak memory of one forward at B=1 and a long sequence: blocks of queries, never T x T.
     fmt::print("[scores] B=1 T={} forward: peak RSS growth (MiB)\n", long_T);
     auto long_x = torch::randn({1, long_T, kDim});
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < kVariants; ++i) {
       auto m = build(i, long_T);
       malloc_trim(0);
       const int64_t rss0 = status_kb("VmRSS:");

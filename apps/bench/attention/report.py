@@ -91,13 +91,19 @@ def main():
            f"## RoPE, forward B={rope_on['B']}, T={rope_on['T']} (medians of interleaved runs)", "",
            table(["variant", "median ms"], [["without RoPE", f"{rope_off['median_ms']:.1f}"],
                                             ["with RoPE", f"{rope_on['median_ms']:.1f}"]]), ""]
-    sc = {v: pick("scores", v) for v in ("without", "softcap", "sinks")}
-    sm = {v: pick("scores_memory", v) for v in ("without", "softcap", "sinks")}
-    if all(sc.values()) and all(sm.values()):
-        md += [f"## Softcapping and sinks, forward B={sc['without']['B']}, T={sc['without']['T']} "
+    # alibi and window joined the section later: a run without them leaves their rows out.
+    score_variants = [v for v in ("without", "softcap", "sinks", "alibi", "window")
+                      if pick("scores", v) and pick("scores_memory", v)]
+    sc = {v: pick("scores", v) for v in score_variants}
+    sm = {v: pick("scores_memory", v) for v in score_variants}
+    if {"without", "softcap", "sinks"} <= set(score_variants):
+        md += [f"## Softcapping, sinks, ALiBi and a window, forward B={sc['without']['B']}, T={sc['without']['T']} "
                "(medians of interleaved runs)", "",
-               "Gemma 2's `softcap(50)` and gpt-oss' `sinks(true)` take no fused kernel: torchattn computes them a "
-               "block of queries at a time (never T x T scores). Peak RSS growth of one forward at "
+               "Gemma 2's `softcap(50)`, gpt-oss' `sinks(true)`, BLOOM's `alibi(true)` and a `window(256)`. Sinks "
+               "take no fused kernel: torchattn computes them a block of queries at a time (never T x T scores). On "
+               "the CPU, in float32, the softcap, ALiBi and the window run on the library's flex kernels "
+               "(`src/backends/named_flex.cpp`; before, the softcap took the blocked path, ALiBi a [1, H, T, T] "
+               "bias through ATen's SDPA). Peak RSS growth of one forward at "
                f"B=1, T={sm['without']['T']}.", "",
                table(["variant", "median ms", "x without", f"T={sm['without']['T']}: peak MiB", "ms"],
                      [[v, f"{sc[v]['median_ms']:.1f}", f"{sc[v]['ratio']:.2f}",
@@ -118,14 +124,16 @@ def main():
         ("GQA 4:1 decoding no slower than MHA (tokens/s ratio)", gqa["tokens_per_s"] / mha["tokens_per_s"], ">=", 1.0),
         ("RoPE adds <= 10% to the forward (time ratio)", rope_on["median_ms"] / rope_off["median_ms"], "<=", 1.10),
     ]
-    if all(sc.values()) and all(sm.values()):
+    if {"without", "softcap", "sinks"} <= set(score_variants):
         checks += [
-            ("softcap forward <= 1.5x the forward without (time ratio)", sc["softcap"]["ratio"], "<=", 1.5),
+            ("softcap forward <= 1.15x the forward without (time ratio)", sc["softcap"]["ratio"], "<=", 1.15),
             ("sinks forward <= 1.5x the forward without (time ratio)", sc["sinks"]["ratio"], "<=", 1.5),
             (f"softcap, B=1, T={sm['softcap']['T']}: peak RSS growth < 512 MiB",
              sm["softcap"]["peak_rss_growth_mib"], "<", 512),
             (f"sinks, B=1, T={sm['sinks']['T']}: peak RSS growth < 512 MiB", sm["sinks"]["peak_rss_growth_mib"], "<", 512),
         ]
+        checks += [(f"{v} forward <= 1.1x the forward without (time ratio)", sc[v]["ratio"], "<=", 1.1)
+                   for v in ("alibi", "window") if v in sc]
     md += ["## Targets", "", table(["target", "measured", "met"], [
         [name, f"{val:.2f}", "yes" if (val >= bound if op == ">=" else val <= bound if op == "<=" else val < bound)
          else "**no**"] for name, val, op, bound in checks]), ""]

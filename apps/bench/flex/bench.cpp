@@ -18,8 +18,10 @@
 //                             documents and causality applied by score_mod as -inf
 //   softcap_forward(+_backward)
 //                             flex causal, flex::Softcap(50) | functional::attention
-//                             causal with AttentionOptions.softcap = 50
-//   alibi_forward(+_backward) a MultiHeadAttention(768, 12 heads, alibi(true)) | the same
+//                             causal with AttentionOptions.softcap = 50 on Backend::SDPA
+//                             (the blocked path; Backend::Auto takes flex's kernels)
+//   alibi_forward(+_backward) a MultiHeadAttention(768, 12 heads, alibi(true)) on
+//                             Backend::SDPA (its bias through ATen's SDPA) | the same
 //                             module's weights with flex::Alibi as its flex variant
 //                             (MultiHeadAttentionOptions::flex) | its four
 //                             projections alone (the cost both share) | flex ALiBi on q, k, v
@@ -199,6 +201,8 @@ int main(int argc, char** argv) {
   torchattn::functional::AttentionOptions plain_options;
   torchattn::functional::AttentionOptions softcap_options;
   softcap_options.softcap = static_cast<double>(kSoftcap);
+  // The dedicated path: Backend::Auto runs the softcap on flex's kernels themselves.
+  softcap_options.backend = torchattn::Backend::SDPA;
 
   auto flex_causal = [&](const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_) {
     return torchattn::flex_attention(q_, k_, v_, causal_mask).output;
@@ -325,8 +329,11 @@ int main(int argc, char** argv) {
                kH);
     torch::manual_seed(1);
     torchattn::MultiHeadAttention mha(
-        torchattn::MultiHeadAttentionOptions(kDim, kDim, T, kH).alibi(true).mask_buffer(false));
-    mha->eval();  // no dropout (there is none) and, with no grad, the inference paths
+        torchattn::MultiHeadAttentionOptions(kDim, kDim, T, kH)
+            .alibi(true)
+            .mask_buffer(false)
+            .backend(torchattn::Backend::SDPA));  // the dedicated path: Backend::Auto takes flex's kernels
+    mha->eval();                                  // no dropout (there is none) and, with no grad, the inference paths
     const at::Tensor x = torch::randn({kB, T, kDim}), dy = torch::randn({kB, T, kDim});
     auto heads = [T](const at::Tensor& t) { return t.view({kB, T, kH, kD}).transpose(1, 2); };
     // The same module's weights with the ALiBi score_mod as its flex variant

@@ -206,12 +206,14 @@ def main():
     md += [f"## d. Softcap and ALiBi against the dedicated paths (flex >= dedicated speed)", "",
            f"Softcap (Gemma 2): `score_mod` `{cpp['softcap']:g} * tanh(score / {cpp['softcap']:g})` with the causal "
            "block mask, against `functional::attention` causal with `AttentionOptions.softcap = "
-           f"{cpp['softcap']:g}` (the blocked path of `src/backends/blocked.cpp`). Speed-up of flex: forward "
+           f"{cpp['softcap']:g}` on `Backend::SDPA` (the blocked path of `src/backends/blocked.cpp`; on the CPU "
+           "`Backend::Auto` now takes flex's kernels for it, `src/backends/named_flex.cpp`). Speed-up of flex: forward "
            f"{fmt_x(sc_f)}, forward+backward {fmt_x(sc_b)}.", "",
            "Forward:", "", side_table("softcap_forward", "flex"), "",
            "Forward+backward:", "", side_table("softcap_forward_backward", "flex"), "",
            f"ALiBi is public only as `MultiHeadAttentionOptions::alibi` (d = {cpp['model_dim']}, {cpp['H']} heads, "
-           "BLOOM's slopes; the module adds a [1, H, T, T] bias through ATen's SDPA). So both sides are that "
+           "BLOOM's slopes; on `Backend::SDPA` the module adds a [1, H, T, T] bias through ATen's SDPA, where "
+           "`Backend::Auto` now takes flex's kernels). So both sides are that "
            "module on x [1, T, d]: `torchattn_alibi_module` its `forward`; `flex_alibi_module` a module of the "
            "same weights whose `MultiHeadAttentionOptions::flex` is `flex_variant` of the ALiBi `score_mod` "
            "`score + slope[h] * (kv - q)` (the module's causal mask applies). `projections_only` times the four layers alone (what both share) and `flex_alibi` the flex "
