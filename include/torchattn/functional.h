@@ -13,6 +13,8 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <vector>
 
 namespace torchattn::functional {
 
@@ -92,6 +94,15 @@ at::Tensor attention_weights(const at::Tensor& q, const at::Tensor& k, const at:
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& causal_mask,
                      int64_t past, const AttentionOptions& config, const at::Tensor& key_padding_mask = {},
                      const at::Tensor& key_bias = {});
+
+/// How attention() with the same arguments runs: the names of the paths it takes in the
+/// library's table (docs/architecture.md, "How a call is run"), the lowerings first and
+/// the path that computes it last, e.g. {"masks_as_aten", "cpu_decode_kernel"} for a
+/// decoding step on the CPU. The same checks as attention(); masks are made, the
+/// attention is not. The names are stable; the choice may change between releases.
+std::vector<std::string> attention_path(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                        const at::Tensor& causal_mask, int64_t past, const AttentionOptions& config,
+                                        const at::Tensor& key_padding_mask = {}, const at::Tensor& key_bias = {});
 
 /// Documents packed end to end (FlashAttention's varlen form), each attending within
 /// itself only: attention() on each document alone, on the backend `config` resolves

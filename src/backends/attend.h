@@ -1,12 +1,15 @@
 #pragma once
 
-// The attention dispatcher behind functional::attention and the modules: one entry
-// that takes a MaskSpec, so that a causal buffer, causal-from-positions and
-// static-shape caches all go through the same backends.
+// The attention entry behind functional::attention and the modules: one entry that
+// takes a MaskSpec, so that a causal buffer, causal-from-positions and static-shape
+// caches all go through the same table of paths (selector.h).
 
 #include "backends/mask_spec.h"
 
 #include <torchattn/attention_options.h>
+
+#include <string>
+#include <vector>
 
 namespace torchattn::backends {
 
@@ -20,5 +23,10 @@ Backend resolve_backend(const functional::AttentionOptions& config);
 /// Returns [B, ..., Tq, dv].
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MaskSpec& mask,
                   const functional::AttentionOptions& config);
+
+/// The paths of the table (selector.h) that attend(q, k, v, mask, config) takes, the
+/// lowerings first and the path that runs it last; the same checks, no attention.
+std::vector<std::string> explain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MaskSpec& mask,
+                                 const functional::AttentionOptions& config);
 
 }  // namespace torchattn::backends

@@ -2,7 +2,8 @@
 
 // Attention over documents packed end to end (forward_packed, attention_packed): each
 // document attends within itself alone, through attend, or on CUDA all at once through
-// ATen's variable-length flash attention where it applies (varlen_flash.h).
+// ATen's variable-length flash attention where it applies (the table's choice,
+// selector.h).
 
 #include "backends/mask_spec.h"
 
@@ -24,5 +25,11 @@ namespace torchattn::backends {
 at::Tensor attend_documents(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::vector<int64_t>& lengths, const std::function<MaskSpec(int64_t)>& spec_of,
                             const functional::AttentionOptions& config);
+
+struct AttentionCall;
+
+/// The table's `documents_each` path: each document of `call` (call.documents set) on
+/// its own through attend, the outputs concatenated along -2.
+at::Tensor attend_each_document(const AttentionCall& call);
 
 }  // namespace torchattn::backends

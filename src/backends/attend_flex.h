@@ -1,7 +1,7 @@
 #pragma once
 
 // Attention through a user's flex_attention variant (functional::AttentionOptions::flex):
-// the dispatcher's path when one is set, the call's positions (a cache's past, the
+// the table's path flex_user when one is set, the call's positions (a cache's past, the
 // causal mask) passed to it.
 
 #include "backends/mask_spec.h"

@@ -42,9 +42,16 @@ at::Tensor paged_by_token(const at::Tensor& storage, bool keys);
 /// Sequences with at most kernels::cpu::kPagedKernelRows new rows (decoding, short
 /// chunks) take the CPU paged kernel where it applies (float32, Backend::Auto), reading
 /// the blocks in place; the others, and every sequence on other devices, dtypes or
-/// backends, gather their keys and take the attention dispatcher (attend) alone, as a
-/// contiguous cache would.
+/// backends, gather their keys and take attend alone, as a contiguous cache would (the
+/// table's paths `cpu_paged_kernel` and `paged_gather`, selector.h).
 at::Tensor attend_paged(const at::Tensor& q, const PagedKeys& pool, const std::optional<int64_t>& window,
                         const functional::AttentionOptions& config, const at::Tensor& alibi_slopes = at::Tensor());
+
+struct AttentionCall;
+
+/// The sequences `sequences` of a paged call (call.paged set; call.spec holds the window
+/// and ALiBi's slopes) with their keys gathered into contiguous tensors, each through
+/// attend alone; their rows written into out [N, H, head_dim].
+void attend_gathered(const AttentionCall& call, const std::vector<int64_t>& sequences, at::Tensor& out);
 
 }  // namespace torchattn::backends

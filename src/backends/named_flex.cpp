@@ -2,7 +2,6 @@
 
 #include "backends/grouped_heads.h"
 #include "backends/score_scale.h"
-#include "kernels/cpu/decode_attention.h"
 
 #include <torchattn/flex/variants.h>
 #include <torchattn/flex_attention.h>
@@ -39,8 +38,8 @@ bool named_flex_applies(const at::Tensor& q, const MaskSpec& spec, const functio
   const bool variant = config.softcap.has_value() || alibi || spec.window.has_value();
   return variant && !(config.softcap && alibi) && config.backend == Backend::Auto && !config.sinks.defined() &&
          !config.flex && dropout_p(config) == 0.0 && q.dim() == 4 && q.is_cpu() &&
-         (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble) &&
-         q.size(-2) > kernels::cpu::kDecodeAttentionRows && !spec.has_key_masks() && !spec.is_static();
+         (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble) && !spec.has_key_masks() &&
+         !spec.is_static();
 }
 
 at::Tensor named_flex_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MaskSpec& spec,

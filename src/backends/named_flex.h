@@ -16,9 +16,9 @@
 
 namespace torchattn::backends {
 
-/// Whether attend() takes the named flex instances for this call: q [B, H, Tq, d] (k and
-/// v [B, Hkv, Tk, d]) float32 or float64 on the CPU, more than a decoding step's rows;
-/// a softcap, ALiBi's slopes or a window (not a softcap with ALiBi), Backend::Auto, no
+/// Whether the named flex instances apply to this call (the table, selector.h, takes
+/// them past a decoding step's rows): q [B, H, Tq, d] (k and v [B, Hkv, Tk, d]) float32
+/// or float64 on the CPU; a softcap, ALiBi's slopes or a window (not a softcap with ALiBi), Backend::Auto, no
 /// sinks, no user flex variant, no dropout in training; the spec with no key masks
 /// (padding, key bias, a score bias) and not a static-shape cache's.
 bool named_flex_applies(const at::Tensor& q, const MaskSpec& spec, const functional::AttentionOptions& config);

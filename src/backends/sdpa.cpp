@@ -1,10 +1,6 @@
 #include "backends/sdpa.h"
 
-#include "backends/grouped_heads.h"
 #include "backends/repeated_shapes.h"
-#include "kernels/cpu/decode_attention.h"
-#include "kernels/cpu/prefill_attention.h"
-#include "backends/score_scale.h"
 
 #include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
@@ -173,84 +169,6 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k_in, const at
       break;
   }
   return at::scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa);
-}
-
-int64_t prefill_kernel_max_keys(kernels::cpu::Isa isa) {
-  // Where the kernel measured faster than ATen's flash kernel, by instruction set
-  // (kernel / ATen time, interleaved medians, 2 threads, q [B, H, T, 64] over T keys):
-  // - AVX2, AMD EPYC Zen 3 (no AVX-512): T 128 0.43, 512 0.96-1.02 (9 and 32 heads),
-  //   1024 1.24, 2048 1.53, 4096 2.01: the kernel reads every visible key once per
-  //   block of 4 rows, which outgrows the caches where ATen's blocked GEMMs do not.
-  // - AVX-512, AMD EPYC Zen 5 (medians of 9, 3 past 4096): 9 heads over 3, T 128 0.41,
-  //   512 0.39, 1024 0.56, 16384 0.87; 12 heads, B=4, T 512 0.46, 1024 0.60; 32 heads
-  //   over 8, T 512 0.41, 1024 0.58, 2048 0.68, 4096 0.82, 8192 0.88. Faster at 512 on
-  //   an Intel Xeon too, not measured beyond there.
-  // So up to 512 keys with AVX2 and 16384 (the most measured) with AVX-512; ATen's
-  // kernel past that (and without AVX2 at all).
-  switch (isa) {
-    case kernels::cpu::Isa::Avx512Vnni:  // the float kernel runs as on Avx512
-    case kernels::cpu::Isa::Avx512:
-      return 16384;
-    case kernels::cpu::Isa::Avx2:
-      return 512;
-    case kernels::cpu::Isa::Scalar:
-      break;
-  }
-  return 0;
-}
-
-at::Tensor causal_prefill_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                 const functional::AttentionOptions& config) {
-  if (config.backend != Backend::Auto || dropout_p(config) != 0.0 ||
-      k.size(-2) > prefill_kernel_max_keys(kernels::cpu::best_isa()) ||
-      !kernels::cpu::prefill_attention_applies(q, k, v)) {
-    return {};
-  }
-  return kernels::cpu::prefill_attention(q, k, v, score_scale(config, q.size(-1)));
-}
-
-// The SDPA backend: Backend::SDPA is ATen's own choice of kernel; Auto takes cuDNN
-// only at a whole-sequence shape it has run before (see sdpa.h), never in decoding
-// (cuDNN's per-shape plans, and its known troubles inside CUDA-graph capture with
-// masks and long keys, which is what a static-shape decoding step is). `mask` has a
-// query dimension of Tq or 1 and a head dimension of 1.
-//
-// Grouped queries: a single query per head (decoding) folds its G heads into G
-// rows over their shared key/value head, [B, H, 1, d] -> [B, Hkv, G, d], so each
-// key and value is read once per group; more queries use ATen's enable_gqa.
-at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const std::optional<at::Tensor>& mask, bool is_causal,
-                          const functional::AttentionOptions& config) {
-  // A decoding step on the CPU (a few query rows, no gradient): torchattn's kernel,
-  // which opens no parallel region for small work (kernels/cpu/decode_attention.h).
-  // A mask of its own per head (ALiBi) neither folds grouped heads nor fits the kernel.
-  const bool per_head_mask = mask && mask->dim() == 4 && mask->size(1) > 1;
-  if (config.backend == Backend::Auto && !is_causal && dropout_p(config) == 0.0 && !per_head_mask) {
-    const at::Tensor m = mask ? *mask : at::Tensor();
-    if (kernels::cpu::decode_attention_applies(q, k, v, m)) {
-      const double scale = score_scale(config, q.size(-1));
-      return kernels::cpu::decode_attention(q, k, v, m, scale);
-    }
-  }
-  // A causal prefill on the CPU (no gradient); is_causal aligns top-left, the kernel
-  // bottom-right: the same where Tq == Tk.
-  if (is_causal && !mask && q.size(-2) == k.size(-2)) {
-    if (at::Tensor out = causal_prefill_kernel(q, k, v, config); out.defined()) {
-      return out;
-    }
-  }
-  const Cudnn cudnn = config.backend == Backend::SDPA ? Cudnn::Allowed : Cudnn::Repeated;
-  const int64_t G = query_groups(q, k);
-  if (G > 1 && q.size(-2) == 1 && !is_causal && !per_head_mask) {
-    const int64_t B = q.size(0), H = q.size(1);
-    // A decoding step: never a cuDNN plan under Auto, whatever G and the keys are.
-    const at::Tensor folded = q.reshape({B, H / G, G, q.size(-1)});
-    return fused_attention(folded, k, v, mask, dropout_p(config), false, config.scale,
-                           cudnn == Cudnn::Allowed ? Cudnn::Allowed : Cudnn::Never)
-        .reshape({B, H, 1, v.size(-1)});
-  }
-  return fused_attention(q, k, v, mask, dropout_p(config), is_causal, config.scale, cudnn,
-                         /*enable_gqa=*/G > 1);
 }
 
 }  // namespace torchattn::backends

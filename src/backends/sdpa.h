@@ -1,6 +1,7 @@
 #pragma once
 
-// Which fused kernel computes the SDPA backend, and the call into it.
+// Which of ATen's fused kernels computes a call the table (selector.h) gives ATen, and
+// the call into it.
 //
 // On CUDA, ATen's at::scaled_dot_product_attention prefers cuDNN where it can
 // (Hopper, fp16/bf16). cuDNN builds an execution plan for every new shape: tens of
@@ -12,10 +13,6 @@
 // kernel, which have no per-shape set-up, so decoding and serving never stall at a
 // new length. No ATen setting is changed: the choice is made per call, and kernels
 // the user switched off (at::globalContext().setSDPUseCuDNN(false), ...) stay off.
-
-#include <torchattn/attention_options.h>
-
-#include <torchattn/detail/kernels/cpu/cpu_features.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
@@ -78,28 +75,5 @@ at::Tensor efficient_bias(const at::Tensor& attn_mask, const at::Tensor& q, int6
 at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                            std::optional<double> scale, Cudnn cudnn, bool enable_gqa = false);
-
-/// The most keys for which Backend::Auto takes the causal prefill kernel on a CPU with
-/// `isa` (where it measured faster than ATen's; the figures in sdpa.cpp): 512 with AVX2,
-/// 16384 with AVX-512, 0 without.
-int64_t prefill_kernel_max_keys(kernels::cpu::Isa isa);
-
-/// A causal prefill by torchattn's CPU kernel (kernels/cpu/prefill_attention.h), which
-/// computes only the keys each row sees, where it applies and pays: Backend::Auto, no
-/// dropout, float32 without a gradient, AVX2 or wider, at most
-/// prefill_kernel_max_keys(best_isa()) keys. Row t sees keys 0 .. t + Tk - Tq (aligned
-/// bottom-right). q: [B, H, Tq, d], k: [B, Hkv, Tk, d], v: [B, Hkv, Tk, dv].
-/// Returns [B, H, Tq, dv], or an undefined tensor where the kernel does not apply.
-at::Tensor causal_prefill_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                 const functional::AttentionOptions& config);
-
-/// The SDPA backend (Backend::SDPA and Auto): a decoding step on the CPU through
-/// torchattn's decode kernel (kernels/cpu/decode_attention.h), a single query per head
-/// of grouped heads folded over its key/value head, else fused_attention. `mask` as
-/// fused_attention's attn_mask, with a head dimension of 1 (or H: ALiBi).
-/// Returns [B, H, Tq, dv].
-at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const std::optional<at::Tensor>& mask, bool is_causal,
-                          const functional::AttentionOptions& config);
 
 }  // namespace torchattn::backends

@@ -1,5 +1,5 @@
 // Every function of functional.h: the notebooks' math here, the rest handed to the
-// dispatcher (backends/attend.h) and the linear kernels (layers/linear.h).
+// attention entry (backends/attend.h) and the linear kernels (layers/linear.h).
 
 #include <torchattn/functional.h>
 
@@ -91,16 +91,32 @@ at::Tensor attention_weights(const at::Tensor& q, const at::Tensor& k, const at:
   return at::softmax(backends::masked_scaled_scores(q, k, hide, scale), -1);
 }
 
-at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& causal_mask,
-                     int64_t past, const AttentionOptions& config, const at::Tensor& key_padding_mask,
-                     const at::Tensor& key_bias) {
+namespace {
+
+// attention()'s arguments as the backends' MaskSpec (the buffer by reference).
+backends::MaskSpec call_spec(const at::Tensor& causal_mask, int64_t past, const at::Tensor& key_padding_mask,
+                             const at::Tensor& key_bias) {
   backends::MaskSpec spec;
   spec.causal = causal_mask.defined();
   spec.buffer = spec.causal ? &causal_mask : nullptr;
   spec.past = past;
   spec.key_padding = key_padding_mask;
   spec.key_bias = key_bias;
-  return backends::attend(q, k, v, spec, config);
+  return spec;
+}
+
+}  // namespace
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& causal_mask,
+                     int64_t past, const AttentionOptions& config, const at::Tensor& key_padding_mask,
+                     const at::Tensor& key_bias) {
+  return backends::attend(q, k, v, call_spec(causal_mask, past, key_padding_mask, key_bias), config);
+}
+
+std::vector<std::string> attention_path(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                        const at::Tensor& causal_mask, int64_t past, const AttentionOptions& config,
+                                        const at::Tensor& key_padding_mask, const at::Tensor& key_bias) {
+  return backends::explain(q, k, v, call_spec(causal_mask, past, key_padding_mask, key_bias), config);
 }
 
 at::Tensor attention_packed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,

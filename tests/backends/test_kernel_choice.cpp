@@ -6,7 +6,6 @@
 #include "backends/repeated_shapes.h"
 
 #include "common/tolerances.h"
-#include <torchattn/detail/kernels/cpu/cpu_features.h>
 
 #include <ATen/SDPBackend.h>
 
@@ -175,62 +174,6 @@ TEST(FusedAttention, OnTheCpuIsATensSdpa) {
     auto got = torchattn::backends::fused_attention(q, k, v, keep, 0.0, false, std::nullopt, cudnn);
     EXPECT_TRUE(torch::equal(got, at::scaled_dot_product_attention(q, k, v, keep)));
   }
-}
-
-// The CPU causal prefill kernel: only under Backend::Auto without dropout (float32, no
-// gradient, AVX2 at least: the kernel's own test), aligned bottom-right.
-TEST(CausalPrefillKernel, TakesOnlyAutoWithoutDropout) {
-  torch::manual_seed(8);
-  const auto q = torch::randn({1, 4, 20, 16}), k = torch::randn({1, 2, 26, 16}), v = torch::randn({1, 2, 26, 16});
-  const bool vector = torchattn::kernels::cpu::best_isa() >= torchattn::kernels::cpu::Isa::Avx2;
-  torchattn::functional::AttentionOptions config;
-  const auto out = torchattn::backends::causal_prefill_kernel(q, k, v, config);
-  ASSERT_EQ(out.defined(), vector);
-  if (vector) {
-    // Row t sees keys 0 .. t + 6: ATen's mask of the bottom-right block.
-    const auto keep = torch::ones({20, 26}, torch::kBool).tril(6);
-    const auto aten = at::scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), keep);
-    EXPECT_LT((out - aten).abs().max().item<float>(), 2e-6f);
-  }
-  config.backend = torchattn::Backend::SDPA;
-  EXPECT_FALSE(torchattn::backends::causal_prefill_kernel(q, k, v, config).defined());
-  config.backend = torchattn::Backend::Auto;
-  config.dropout = 0.1;
-  EXPECT_EQ(torchattn::backends::causal_prefill_kernel(q, k, v, config).defined(), vector);  // eval: no dropout
-  config.training = true;
-  EXPECT_FALSE(torchattn::backends::causal_prefill_kernel(q, k, v, config).defined());
-}
-
-// Auto takes the kernel only up to the keys where it measured faster (per instruction
-// set, backends/sdpa.cpp): ATen's kernel past them.
-TEST(CausalPrefillKernel, TakesAtMostTheKeysWhereItPays) {
-  namespace kc = torchattn::kernels::cpu;
-  EXPECT_EQ(torchattn::backends::prefill_kernel_max_keys(kc::Isa::Scalar), 0);
-  EXPECT_EQ(torchattn::backends::prefill_kernel_max_keys(kc::Isa::Avx2), 512);
-  EXPECT_EQ(torchattn::backends::prefill_kernel_max_keys(kc::Isa::Avx512), 16384);
-  EXPECT_EQ(torchattn::backends::prefill_kernel_max_keys(kc::Isa::Avx512Vnni), 16384);
-  const int64_t most = torchattn::backends::prefill_kernel_max_keys(kc::best_isa());
-  torch::manual_seed(10);
-  const torchattn::functional::AttentionOptions config;
-  for (const int64_t T : {int64_t{8}, most, most + 1}) {
-    if (T < 1) continue;
-    const auto q = torch::randn({1, 2, T, 16}), k = torch::randn({1, 1, T, 16}), v = torch::randn({1, 1, T, 16});
-    EXPECT_EQ(torchattn::backends::causal_prefill_kernel(q, k, v, config).defined(), T <= most) << T << " keys";
-  }
-}
-
-// sdpa_attention's is_causal is ATen's, aligned top-left, also with more keys than
-// queries: the bottom-right kernel stands aside there.
-TEST(CausalPrefillKernel, SdpaIsCausalStaysTopLeft) {
-  torch::manual_seed(9);
-  const auto q = torch::randn({1, 2, 20, 16}), k = torch::randn({1, 2, 26, 16}), v = torch::randn({1, 2, 26, 16});
-  const torchattn::functional::AttentionOptions config;
-  const auto got = torchattn::backends::sdpa_attention(q, k, v, std::nullopt, /*is_causal=*/true, config);
-  const auto aten = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
-  EXPECT_LT((got - aten).abs().max().item<float>(), 2e-6f);
-  const auto square = torchattn::backends::sdpa_attention(q, k.narrow(2, 0, 20), v.narrow(2, 0, 20), std::nullopt,
-                                                          /*is_causal=*/true, config);
-  EXPECT_LT((square - aten).abs().max().item<float>(), 2e-6f);  // top-left: the first 20 keys
 }
 
 }  // namespace

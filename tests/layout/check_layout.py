@@ -21,6 +21,8 @@
 - the public face holds no kernel code: no header of include/torchattn/ outside detail/
   holds an intrinsic, an x86 vector type, a `target` attribute or a compiler pragma, and
   the umbrella headers include no detail/ header;
+- one file of src/backends/, selector.cpp (the table of paths), includes the attention
+  kernels of src/kernels/: the others reach them through the table;
 - the namespaces mirror the folders: a file of src/<level>/ opens `torchattn` or
   `torchattn::functional` (public names), or `torchattn::<level>` and namespaces
   below it for its internal ones; a file of src/models/<floor>/ `torchattn::models` or
@@ -147,6 +149,7 @@ def main():
                 failures.append(f"{f} ({level}) includes <torchattn/{target}> ({face[target]}), a higher level")
 
     face_checked = check_no_kernel_code(files, failures)
+    check_one_selector(files, failures)
     floors, floor_arrows, floor_face = check_models_floors(arch, files, failures)
     spaces = check_namespaces(set(levels), files, failures)
 
@@ -184,6 +187,16 @@ def check_no_kernel_code(files, failures):
                 failures.append(f"{umbrella} includes <torchattn/{target}>: the umbrella headers include no "
                                 "kernel code")
     return len(headers)
+
+
+def check_one_selector(files, failures):
+    """Only the table of paths includes the attention kernels within src/backends/ (see the docstring)."""
+    for f in files:
+        if not f.startswith("src/backends/") or f == "src/backends/selector.cpp":
+            continue
+        for target in re.findall(r'^\s*#\s*include\s+"(kernels/[^"]+)"', open(f).read(), re.M):
+            failures.append(f"{f} includes \"{target}\": only src/backends/selector.cpp (the table of paths) "
+                            "calls the kernels")
 
 
 def check_models_floors(arch, files, failures):

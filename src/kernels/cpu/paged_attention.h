@@ -41,8 +41,8 @@ struct PagedRows {
   std::optional<int64_t> window;
 };
 
-/// What changes the scores beyond q k^T * scale, in the order the attention dispatcher
-/// applies it (see backends/blocked.cpp): softcap * tanh(s / softcap) (Gemma 2), then
+/// What changes the scores beyond q k^T * scale, in the order the attention paths
+/// apply it (see backends/blocked.cpp): softcap * tanh(s / softcap) (Gemma 2), then
 /// + slope_h * (key position - query position) (ALiBi); and sink logits that join each
 /// row's softmax denominator (gpt-oss). The pointers: float32 [H], one per query head;
 /// null: none.

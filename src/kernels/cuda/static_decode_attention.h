@@ -10,7 +10,7 @@
 // not; the memory-efficient kernel also spreads one query's keys over few blocks. Here
 // the position is read on the device, chunks past the last visible key return at
 // once, and no mask is made. Only a build with a CUDA LibTorch defines these
-// (TORCHATTN_WITH_CUDA); src/backends/attend.cpp calls them for Backend::Auto.
+// (TORCHATTN_WITH_CUDA); src/backends/selector.cpp calls them for Backend::Auto.
 
 #include <ATen/core/Tensor.h>
 
