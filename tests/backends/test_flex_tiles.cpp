@@ -29,6 +29,7 @@ struct TileCase {
   std::string mod;
   int64_t B, H, Hkv, Tq, Tk, D, Dv, block;
   bool strided;
+  int64_t mask_heads = 0;  // the block mask's heads: 0 for H, 1 for one mask every head shares
 };
 
 std::ostream& operator<<(std::ostream& os, const TileCase& c) { return os << c.name; }
@@ -50,7 +51,8 @@ void expect_tiles_match_rows(const TileCase& c, ScoreMod score_mod, MaskMod mask
   auto q = torch::randn({c.B, c.H, c.Tq, c.D}, torch::kFloat64);
   const auto k = torch::randn({c.B, c.Hkv, c.Tk, c.D}, torch::kFloat64);
   auto v = torch::randn({c.B, c.Hkv, c.Tk, c.Dv}, torch::kFloat64);
-  const auto mask = torchattn::create_block_mask(mask_mod, c.B, c.H, c.Tq, c.Tk, c.block);
+  const auto mask = torchattn::create_block_mask(mask_mod, c.B, c.mask_heads == 0 ? c.H : c.mask_heads, c.Tq, c.Tk,
+                                                 c.block);
   const auto want = torchattn::flex_attention(q, k, v, score_mod, mask, torchattn::FlexOptions().with_lse());
   auto q32 = q.to(torch::kFloat32), k32 = k.to(torch::kFloat32), v32 = v.to(torch::kFloat32);
   if (c.strided) {  // [B, T, H, D] storage seen as [B, H, T, D], and every other column of v
@@ -99,6 +101,8 @@ TEST_P(FlexTiles, Float32TilesMatchFloat64Rows) {
     expect_tiles_match_rows(c, torchattn::flex::Softcap(20.0), torchattn::VisibleKeys{});
   } else if (c.mod == "alibi_lanes_causal") {
     expect_tiles_match_rows(c, torchattn::flex::Alibi(c.H), causal);
+  } else if (c.mod == "alibi_lanes") {
+    expect_tiles_match_rows(c, torchattn::flex::Alibi(c.H), torchattn::VisibleKeys{});
   } else if (c.mod == "in_lanes_window") {  // a user's mod marked for lanes, on partial blocks too
     const auto distance = [](auto s, int64_t, int64_t h, int64_t q, auto kv) {
       using T = decltype(s);
@@ -121,7 +125,13 @@ INSTANTIATE_TEST_SUITE_P(
                       TileCase{"one_row", "causal", 1, 4, 1, 1, 301, 64, 64, 128, false},
                       TileCase{"softcap_lanes_d64", "softcap_lanes", 1, 2, 1, 150, 181, 64, 64, 128, false},
                       TileCase{"alibi_lanes_block12", "alibi_lanes_causal", 1, 4, 2, 77, 77, 64, 64, 12, true},
-                      TileCase{"in_lanes_window_d33", "in_lanes_window", 2, 2, 2, 90, 90, 33, 33, 32, false}),
+                      TileCase{"in_lanes_window_d33", "in_lanes_window", 2, 2, 2, 90, 90, 33, 33, 32, false},
+                      // Fewer rows than a tile, one mask for every head: the G heads of a key
+                      // head share tiles, each block of keys packed where it is read.
+                      TileCase{"decode_grouped_alibi_lanes", "alibi_lanes", 2, 6, 2, 3, 90, 64, 64, 32, false, 1},
+                      TileCase{"decode_grouped_causal_d33", "causal", 1, 8, 2, 2, 200, 33, 33, 64, true, 1},
+                      TileCase{"decode_grouped_softcap_keys", "softcap", 1, 4, 1, 1, 257, 64, 48, 100, false, 1},
+                      TileCase{"decode_grouped_window_block12", "window", 1, 9, 3, 5, 77, 80, 80, 12, false, 1}),
     [](const ::testing::TestParamInfo<TileCase>& info) { return info.param.name; });
 
 // float32: a row that sees no key gets zeros and a log-sum-exp of -inf; a NaN score

@@ -21,6 +21,11 @@
 //      RO rows x 4 vectors of value columns).
 // Empty blocks are never read. The tasks of a head run in zigzag order (first, last,
 // second, ...), so that a causal mask's split of them gives each thread as many keys.
+//
+// A call of fewer query rows than a tile (decoding) makes no transposed copy of all the
+// keys: each block of keys is transposed where it is read. With grouped heads under a
+// mask every head shares, the G query heads of a key/value head fill one tile's rows
+// ("fold"), so each block of keys and values is read once for all of them.
 
 #include <torchattn/flex/block_mask.h>
 #include <torchattn/detail/flex/cpu_tiles.h>
@@ -46,12 +51,16 @@ TORCHATTN_SIMD_KERNELS_BEGIN
 namespace torchattn::flex {
 
 /// One float32 call's operands: q and v rows (unit last stride), the keys packed
-/// transposed, [B, Hkv, D, Tk_pad] with zeros past Tk, and the outputs.
+/// transposed, [B, Hkv, D, Tk_pad] with zeros past Tk, or (kt null: a call of fewer rows
+/// than a tile, which reads each block of keys once a head or group) the keys' rows
+/// (unit last stride), each block packed where it is read; and the outputs.
 struct TileOperands {
   const float* q;
   int64_t q_b, q_h, q_t;
   const float* kt;
   int64_t tk_pad;
+  const float* k;
+  int64_t k_b, k_h, k_t;
   const float* v;
   int64_t v_b, v_h, v_t;
   float* out;  // [B, H, Tq, Dv], contiguous
@@ -79,48 +88,69 @@ struct ForwardTiles {
     }
   };
 
-  /// Tasks [begin, end) of B * H * q_blocks * tiles_per_block (see the file's comment).
+  /// Tasks [begin, end) of B * H * q_blocks * tiles_per_block, or with `fold` (grouped
+  /// heads, a mask the same for every head) B * Hkv * q_blocks * tiles of the G * block
+  /// rows (see the file's comment).
   template <class S>
   static void run(const TileOperands& a, const Shapes& s, const ScoreMod& score_mod, const BlockMask<MaskMod>& mask,
-                  int64_t begin, int64_t end) {
+                  bool fold, int64_t begin, int64_t end) {
     using V = typename S::V;
     using Softmax = kernels::cpu::RowSoftmax<S>;
     constexpr int W = S::W;
     constexpr int64_t R = rows<S>(), KT = kScoreTileVectors * W, RO = W == 16 ? 4 : 2, NO = 4;
     constexpr bool kModsScores = !std::is_same_v<ScoreMod, IdentityScore>;
-    const int64_t bs = mask.shape.block_size, nq = mask.shape.q_blocks(), tiles = (bs + R - 1) / R;
-    const int64_t per_head = nq * tiles, group = s.H / s.Hkv, Dv = s.Dv;
+    const int64_t group = s.H / s.Hkv, G = fold ? group : 1, Dv = s.Dv;
+    const int64_t bs = mask.shape.block_size, nq = mask.shape.q_blocks(), tiles = (G * bs + R - 1) / R;
+    const int64_t per_head = nq * tiles, heads = fold ? s.Hkv : s.H;
     const int64_t stride = (bs + KT - 1) / KT * KT;  // a row of scores
     std::vector<float> scores(static_cast<size_t>(R * stride));
     std::vector<float> acc(static_cast<size_t>(R * Dv));
+    // Without a packed copy of the keys: one block of them, transposed.
+    const int64_t block_pitch = (bs + KT - 1) / KT * KT;
+    std::vector<float> block_keys(a.kt == nullptr ? static_cast<size_t>(s.D * block_pitch) : 0);
     const V vscale = S::set1(static_cast<float>(s.scale));
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bh = task / per_head, p = task % per_head;
       const int64_t zig = p % 2 == 0 ? p / 2 : per_head - 1 - p / 2;
-      const int64_t qb = zig / tiles, t0 = qb * bs + zig % tiles * R;
-      const int64_t rows = std::min({R, s.Tq - t0, (qb + 1) * bs - t0});
+      // Row p of the block's G * bs is query qb * bs + p / G of head h0 + p % G.
+      const int64_t qb = zig / tiles, p0 = zig % tiles * R;
+      const int64_t rows = std::min(R, G * (std::min(s.Tq, (qb + 1) * bs) - qb * bs) - p0);
       if (rows <= 0) continue;  // past the last block's queries
-      const int64_t b = bh / s.H, h = bh % s.H, hk = h / group;
-      const float* qh = a.q + b * a.q_b + h * a.q_h;
-      const float* kt = a.kt + (b * s.Hkv + hk) * s.D * a.tk_pad;
+      const int64_t b = bh / heads, hk = fold ? bh % heads : bh % heads / group, h0 = fold ? hk * group : bh % heads;
+      const float* kt = a.kt == nullptr ? nullptr : a.kt + (b * s.Hkv + hk) * s.D * a.tk_pad;
       const float* vh = a.v + b * a.v_b + hk * a.v_h;
-      // Rows past the tile's last compute a copy of it, never stored.
+      // Each row's head and query; rows past the tile's last compute a copy of it, never stored.
+      int64_t hrow[R], irow[R];
       const float* qrow[R];
-      for (int64_t r = 0; r < R; ++r) qrow[r] = qh + (t0 + std::min(r, rows - 1)) * a.q_t;
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t p = p0 + std::min(r, rows - 1);
+        hrow[r] = h0 + p % G, irow[r] = qb * bs + p / G;
+        qrow[r] = a.q + b * a.q_b + hrow[r] * a.q_h + irow[r] * a.q_t;
+      }
       Softmax softmax[R];
       float rescale[R];
       std::fill(acc.begin(), acc.end(), 0.0f);
-      const auto blocks = mask.key_blocks(b, h, qb);
-      for (int kind = 0; kind < 2; ++kind) {  // 0: full blocks, 1: partial ones
+      const auto blocks = mask.key_blocks(b, h0, qb);  // folded: the same for every head
+      for (int kind = 0; kind < 2; ++kind) {           // 0: full blocks, 1: partial ones
         for (int32_t c = 0; c < blocks.count[kind]; ++c) {
           const int64_t j0 = static_cast<int64_t>(blocks.index[kind][c]) * bs, n = std::min(bs, s.Tk - j0);
           // 1. Scaled scores, whole tiles of keys (past n: read from the pad).
-          score_tile<S, R>(qrow, kt + j0, a.tk_pad, s.D, n, scores.data(), stride, vscale);
+          if (a.kt != nullptr) {
+            score_tile<S, R>(qrow, kt + j0, a.tk_pad, s.D, n, scores.data(), stride, vscale);
+          } else {
+            // Columns past n keep zeros or an earlier block's keys: scores never read.
+            const float* kb = a.k + b * a.k_b + hk * a.k_h + j0 * a.k_t;
+            for (int64_t j = 0; j < n; ++j) {
+              for (int64_t e = 0; e < s.D; ++e)
+                block_keys[static_cast<size_t>(e * block_pitch + j)] = kb[j * a.k_t + e];
+            }
+            score_tile<S, R>(qrow, block_keys.data(), block_pitch, s.D, n, scores.data(), stride, vscale);
+          }
           // 2. The mods, per score.
           if (kind == 1 || kModsScores) {
             for (int64_t r = 0; r < rows; ++r) {
               float* sr = scores.data() + r * stride;
-              const int64_t i = t0 + r;
+              const int64_t h = hrow[r], i = irow[r];
               if constexpr (kModsScores && runs_in_lanes<ScoreMod>) {  // W keys at a time (lanes.h)
                 for (int64_t j = 0; j < n; j += W) {                   // lanes past n: the pad's, never read
                   Lanes<S> in;
@@ -154,13 +184,14 @@ struct ForwardTiles {
       // that saw no key, whose acc stayed zeros; NaN after a NaN or +inf score).
       for (int64_t r = 0; r < rows; ++r) {
         const float inverse = softmax[r].inverse();
-        float* o = a.out + (bh * s.Tq + t0 + r) * Dv;
+        const int64_t row = (b * s.H + hrow[r]) * s.Tq + irow[r];
+        float* o = a.out + row * Dv;
         const float* ar = acc.data() + r * Dv;
         for (int64_t e = 0; e < Dv; ++e) o[e] = ar[e] * inverse;
         const float sum = softmax[r].sum;
-        a.lse[bh * s.Tq + t0 + r] = std::isnan(sum) ? sum
-                                    : sum == 0.0f   ? -std::numeric_limits<float>::infinity()
-                                                    : softmax[r].max + std::log(sum);
+        a.lse[row] = std::isnan(sum) ? sum
+                     : sum == 0.0f   ? -std::numeric_limits<float>::infinity()
+                                     : softmax[r].max + std::log(sum);
       }
     }
   }
@@ -173,25 +204,39 @@ void forward_tiles(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor
   using Kernel = ForwardTiles<ScoreMod, MaskMod>;
   const at::Tensor q = q_in.stride(3) == 1 ? q_in : q_in.contiguous();
   const at::Tensor v = v_in.stride(3) == 1 ? v_in : v_in.contiguous();
-  const at::Tensor kt = pack_transposed(k);
-  const int64_t tk_pad = kt.size(3);
+  const kernels::cpu::Isa isa = kernels::cpu::best_isa();
+  const int64_t R = kernels::cpu::simd::run_on<typename Kernel::TileRows>(isa);
+  // Fewer rows than a tile (decoding): each block of keys is read once a head (a group,
+  // folded), so it is packed where it is read rather than all of them first, a copy as
+  // large as the cache (48 ms of a 61 ms call over 32768 keys, 8 heads of 64, 2 threads).
+  const bool few_rows = s.Tq < R;
+  const at::Tensor kr = few_rows && k.stride(3) != 1 ? k.contiguous() : k;
+  const at::Tensor kt = few_rows ? at::Tensor() : pack_transposed(k);
   const TileOperands a{q.const_data_ptr<float>(),
                        q.stride(0),
                        q.stride(1),
                        q.stride(2),
-                       kt.const_data_ptr<float>(),
-                       tk_pad,
+                       few_rows ? nullptr : kt.const_data_ptr<float>(),
+                       few_rows ? 0 : kt.size(3),
+                       kr.const_data_ptr<float>(),
+                       kr.stride(0),
+                       kr.stride(1),
+                       kr.stride(2),
                        v.const_data_ptr<float>(),
                        v.stride(0),
                        v.stride(1),
                        v.stride(2),
                        out.mutable_data_ptr<float>(),
                        lse.mutable_data_ptr<float>()};
-  const kernels::cpu::Isa isa = kernels::cpu::best_isa();
-  const int64_t R = kernels::cpu::simd::run_on<typename Kernel::TileRows>(isa);
-  const int64_t tasks = s.B * s.H * mask.shape.q_blocks() * ((mask.shape.block_size + R - 1) / R);
+  // Grouped heads under a mask the same for every head, with fewer rows than a tile per
+  // head (decoding): the G heads of a key/value head share tiles, so that each block of
+  // keys and values is read once for all of them.
+  const int64_t group = s.H / s.Hkv;
+  const bool fold = group > 1 && mask.shape.heads == 1 && few_rows;
+  const int64_t G = fold ? group : 1;
+  const int64_t tasks = s.B * (fold ? s.Hkv : s.H) * mask.shape.q_blocks() * ((G * mask.shape.block_size + R - 1) / R);
   kernels::cpu::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    kernels::cpu::simd::run_on<Kernel>(isa, a, s, score_mod, mask, begin, end);
+    kernels::cpu::simd::run_on<Kernel>(isa, a, s, score_mod, mask, fold, begin, end);
   });
 }
 
