@@ -151,6 +151,15 @@ struct Narrow {
   }
 };
 
+// transpose8(): an 8 x 8 square of floats transposed, whatever the type's width.
+struct Transpose8 {
+  static constexpr Isa kWidest = Isa::Avx512;
+  template <class S>
+  static void run(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
+    S::transpose8(src, src_stride, dst, dst_stride);
+  }
+};
+
 struct Width {
   static constexpr Isa kWidest = Isa::Avx512;
   template <class S>
@@ -287,6 +296,30 @@ TEST(Simd, ScalarRoundIsNearbyintBitForBit) {
     EXPECT_EQ(float_bits(K::simd::Scalar::round(v)), float_bits(std::nearbyint(v))) << v;
   }
   EXPECT_TRUE(std::isnan(K::simd::Scalar::round(std::numeric_limits<float>::quiet_NaN())));
+}
+
+// transpose8 moves each of the 64 floats of a square within rows 11 floats apart into
+// columns of rows 13 apart (both not multiples of a vector), and writes nothing else.
+TEST(Simd, Transpose8MovesEveryFloatOfTheSquareAndNothingElse) {
+  torch::manual_seed(6);
+  const int64_t src_stride = 11, dst_stride = 13;
+  const auto src = torch::randn({8 * src_stride});
+  const float* x = src.const_data_ptr<float>();
+  for (const Isa isa : K::supported_isas()) {
+    SCOPED_TRACE(K::isa_name(isa));
+    std::vector<float> out(8 * dst_stride, -7.0f);
+    K::simd::run_on<Transpose8>(isa, x, src_stride, out.data(), dst_stride);
+    for (int64_t c = 0; c < dst_stride; ++c) {
+      for (int64_t r = 0; r < 8; ++r) {
+        const float got = out[static_cast<size_t>(r * dst_stride + c)];
+        if (c < 8) {
+          EXPECT_EQ(float_bits(got), float_bits(x[c * src_stride + r])) << "row " << r << ", column " << c;
+        } else {
+          EXPECT_EQ(got, -7.0f) << "past the square: row " << r << ", column " << c;
+        }
+      }
+    }
+  }
 }
 
 // narrow stores each lane's integer as its byte, 0 and 255 included, and nothing past n.

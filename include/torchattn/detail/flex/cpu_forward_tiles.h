@@ -139,11 +139,7 @@ struct ForwardTiles {
             score_tile<S, R>(qrow, kt + j0, a.tk_pad, s.D, n, scores.data(), stride, vscale);
           } else {
             // Columns past n keep zeros or an earlier block's keys: scores never read.
-            const float* kb = a.k + b * a.k_b + hk * a.k_h + j0 * a.k_t;
-            for (int64_t j = 0; j < n; ++j) {
-              for (int64_t e = 0; e < s.D; ++e)
-                block_keys[static_cast<size_t>(e * block_pitch + j)] = kb[j * a.k_t + e];
-            }
+            transpose_keys<S>(a.k + b * a.k_b + hk * a.k_h + j0 * a.k_t, a.k_t, n, s.D, block_keys.data(), block_pitch);
             score_tile<S, R>(qrow, block_keys.data(), block_pitch, s.D, n, scores.data(), stride, vscale);
           }
           // 2. The mods, per score.

@@ -4,7 +4,7 @@
 // cpu_backward_tiles.h) are made of, written once over the vector types of the SIMD
 // layer (detail/kernels/cpu/simd.h), each a product of a few rows against a block of keys:
 //   score_tile:   R rows x n keys of a . b over keys packed transposed (scores, and the
-//                 backward's dout . v);
+//                 backward's dout . v); transpose_keys packs one block of them;
 //   weigh_values: acc rows = acc * factor + sum over keys of weight x a key's row (the
 //                 forward's numerators x values, the backward's dq += ds k), over
 //                 every column by weigh_rows;
@@ -41,6 +41,23 @@ inline at::Tensor pack_transposed(const at::Tensor& x) {
   packed.narrow(3, 0, T).copy_(x.transpose(2, 3));
   packed.narrow(3, T, pad - T).zero_();
   return packed;
+}
+
+/// dst[e * pitch + j] = src[j * stride + e] for keys j < n and columns e < depth: a block
+/// of key rows transposed for score_tile (the keys of a call that packs none, where it
+/// reads them), in squares of 8 (S::transpose8) and one float at a time at the edges.
+template <class S>
+void transpose_keys(const float* src, int64_t stride, int64_t n, int64_t depth, float* dst, int64_t pitch) {
+  const int64_t n8 = n / 8 * 8, d8 = depth / 8 * 8;
+  for (int64_t j = 0; j < n8; j += 8) {
+    for (int64_t e = 0; e < d8; e += 8) S::transpose8(src + j * stride + e, stride, dst + e * pitch + j, pitch);
+    for (int64_t jj = j; jj < j + 8; ++jj) {
+      for (int64_t e = d8; e < depth; ++e) dst[e * pitch + jj] = src[jj * stride + e];
+    }
+  }
+  for (int64_t j = n8; j < n; ++j) {
+    for (int64_t e = 0; e < depth; ++e) dst[e * pitch + j] = src[j * stride + e];
+  }
 }
 
 /// out[r * stride + j] = scale * sum_e row[r][e] packed[e * pitch + j] for r < R and j in

@@ -116,6 +116,13 @@ struct Scalar {
   using V = float;
   static constexpr int W = 1;
   static constexpr Isa kIsa = Isa::Scalar;
+  /// dst[c * dst_stride + r] = src[r * src_stride + c] for r, c < 8: a square of 8 x 8
+  /// floats transposed (every type has it, whatever its W).
+  static void transpose8(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
+    for (int64_t r = 0; r < 8; ++r) {
+      for (int64_t c = 0; c < 8; ++c) dst[c * dst_stride + r] = src[r * src_stride + c];
+    }
+  }
   static V zero() { return 0.0f; }
   static V set1(float x) { return x; }
   static V load(const float* p) { return *p; }
@@ -228,6 +235,29 @@ inline void store_first_bytes(uint8_t* p, __m128i b, int n) {
   }
 }
 
+// An 8 x 8 square of floats transposed in eight AVX registers (Avx2's and Avx512's
+// transpose8): rows interleaved in pairs, then in fours, then the halves of the
+// 256-bit registers exchanged.
+__attribute__((target("avx2"))) inline void transpose8_avx(const float* src, int64_t src_stride, float* dst,
+                                                           int64_t dst_stride) {
+  __m256 r[8], t[8], u[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * src_stride);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);  // r_i0 r_(i+1)0 r_i1 r_(i+1)1 | the same of columns 4, 5
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));          // columns 0 | 4 of 4 rows
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));      // 1 | 5
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));  // 2 | 6
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));  // 3 | 7
+  }
+  for (int c = 0; c < 4; ++c) {
+    _mm256_storeu_ps(dst + c * dst_stride, _mm256_permute2f128_ps(u[c], u[c + 4], 0x20));
+    _mm256_storeu_ps(dst + (c + 4) * dst_stride, _mm256_permute2f128_ps(u[c], u[c + 4], 0x31));
+  }
+}
+
 // AVX2's type takes F16C too (vcvtph2ps): every CPU with AVX2 and FMA has it, and
 // cpu_features.h asks for all three.
 #define TORCHATTN_SIMD_AVX2 __attribute__((target("avx2,fma,f16c"))) static
@@ -238,6 +268,9 @@ struct Avx2 {
   using V = __m256;
   static constexpr int W = 8;
   static constexpr Isa kIsa = Isa::Avx2;
+  TORCHATTN_SIMD_AVX2 void transpose8(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
+    transpose8_avx(src, src_stride, dst, dst_stride);
+  }
   TORCHATTN_SIMD_AVX2 __m256i lanes_below(int n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }
@@ -421,6 +454,9 @@ struct Avx512 {
   using V = __m512;
   static constexpr int W = 16;
   static constexpr Isa kIsa = Isa::Avx512;
+  TORCHATTN_SIMD_AVX512 void transpose8(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
+    transpose8_avx(src, src_stride, dst, dst_stride);
+  }
   TORCHATTN_SIMD_AVX512 __mmask16 lanes_below(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
   TORCHATTN_SIMD_AVX512 __m512i lane_index(int64_t base) {
     return _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(base)),
