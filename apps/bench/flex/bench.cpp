@@ -26,6 +26,11 @@
 //                             (MultiHeadAttentionOptions::flex) | its four
 //                             projections alone (the cost both share) | flex ALiBi on q, k, v
 //                             alone (for bench_python.py's comparison)
+//   decoding                  one query row over a cache of --decode-keys keys (default
+//                             32768), 32 query heads over 8 key/value heads, D 64: flex over
+//                             every key | functional::attention (CPU float32, no grad:
+//                             kernels::cpu::decode_attention, the path it takes asserted) |
+//                             ATen SDPA enable_gqa
 
 #include "bench_json.h"
 #include "cli_checks.h"
@@ -147,12 +152,19 @@ int main(int argc, char** argv) {
   app.add_option("--docs", docs, "equal documents of the documents sections (T a multiple)")->check(apps::at_least(1));
   app.add_option("--json", json_path, "write the results here as JSON (report.py reads it)");
   app.add_flag("--quick", quick, "a smoke run: T 1024 and 2 rounds unless given");
+  int64_t decode_keys = 32768;
+  auto* decode_option = app.add_option("--decode-keys", decode_keys,
+                                       "cached keys of the decoding section (default 32768; 4096 with --quick)")
+                            ->check(apps::at_least(1));
   std::vector<std::string> only;
   app.add_option("--only", only,
-                 "run these sections alone: causal_forward, causal_forward_backward, documents, softcap, alibi")
-      ->check(CLI::IsMember({"causal_forward", "causal_forward_backward", "documents", "softcap", "alibi"}));
+                 "run these sections alone: causal_forward, causal_forward_backward, documents, softcap, alibi, "
+                 "decoding")
+      ->check(
+          CLI::IsMember({"causal_forward", "causal_forward_backward", "documents", "softcap", "alibi", "decoding"}));
   CLI11_PARSE(app, argc, argv);
   if (quick && T_option->count() == 0) T = 1024;
+  if (quick && decode_option->count() == 0) decode_keys = 4096;
   if (quick && rounds_option->count() == 0) rounds = 2;
   if (T % docs != 0) {
     fmt::print(stderr, "torchattn_bench_flex: --T {} is not a multiple of --docs {}\n", T, docs);
@@ -403,6 +415,46 @@ int main(int argc, char** argv) {
     }
   }
 
+  std::string decode_path;
+  if (wanted("decoding")) {
+    // ---- f. decoding: one query row over a long cache, flex against the decode kernel ----
+    constexpr int64_t kQueryHeads = 32, kKvHeads = 8;
+    fmt::print("\n[decoding] one query, {} cached keys, {} query heads over {} key/value heads, D {}\n", decode_keys,
+               kQueryHeads, kKvHeads, kD);
+    torch::manual_seed(2);
+    const at::Tensor qd = torch::randn({kB, kQueryHeads, 1, kD}), kd = torch::randn({kB, kKvHeads, decode_keys, kD}),
+                     vd = torch::randn({kB, kKvHeads, decode_keys, kD});
+    // One mask for every head: the step sees every cached key.
+    const auto every_key = torchattn::create_block_mask(torchattn::VisibleKeys{}, 1, 1, 1, decode_keys);
+    auto flex_decode = [&] { return torchattn::flex_attention(qd, kd, vd, every_key).output; };
+    auto ours_decode = [&] { return torchattn::functional::attention(qd, kd, vd, {}, 0, plain_options); };
+    auto aten_decode = [&] {
+      return at::scaled_dot_product_attention(qd, kd, vd, {}, 0.0, /*is_causal=*/false, std::nullopt,
+                                              /*enable_gqa=*/true);
+    };
+    {
+      torch::NoGradGuard ng;
+      const std::vector<std::string> path = torchattn::functional::attention_path(qd, kd, vd, {}, 0, plain_options);
+      decode_path = path.back();
+      fmt::print("  functional::attention's path: {}\n", decode_path);
+      TORCH_CHECK(decode_path == "cpu_decode_kernel", "torchattn_bench_flex: the decoding section expected ",
+                  "functional::attention on cpu_decode_kernel, got ", decode_path);
+      check(rows, "decoding: flex vs functional::attention", max_abs_diff(flex_decode(), ours_decode()), 1e-5);
+      check(rows, "decoding: flex vs ATen SDPA", max_abs_diff(flex_decode(), aten_decode()), 1e-5);
+    }
+    auto no_grad = [](std::function<at::Tensor()> f) {
+      return [f] {
+        torch::NoGradGuard ng;
+        f();
+      };
+    };
+    std::vector<Side> sides{{"flex_decode", no_grad(flex_decode), {}},
+                            {"torchattn_decode", no_grad(ours_decode), {}},
+                            {"aten_sdpa_decode", no_grad(aten_decode), {}}};
+    // Steps of a few ms: 5x the rounds, so that each median rests on more samples.
+    interleave("decoding", sides, rounds * 5, decode_keys, rows);
+  }
+
   if (!json_path.empty()) {
     auto env = [](const char* name) {
       const char* v = std::getenv(name);
@@ -418,7 +470,8 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < slopes_of.size(); ++i) meta << (i ? ", " : "") << slopes_of[i];
     meta << "], \"env\": {\"TORCHATTN_ISA\": \"" << env("TORCHATTN_ISA") << "\", \"ATEN_CPU_CAPABILITY\": \""
          << env("ATEN_CPU_CAPABILITY") << "\", \"OMP_NUM_THREADS\": \"" << env("OMP_NUM_THREADS") << "\"}"
-         << ", \"quick\": " << (quick ? "true" : "false");
+         << ", \"quick\": " << (quick ? "true" : "false") << ", \"decode_keys\": " << decode_keys
+         << ", \"decode_path\": \"" << decode_path << "\"";
     std::ofstream(json_path) << bench::to_json(rows, meta.str());
     fmt::print("\nwrote {}\n", json_path);
   }
