@@ -102,12 +102,12 @@ struct ForwardTiles {
     const int64_t group = s.H / s.Hkv, G = fold ? group : 1, Dv = s.Dv;
     const int64_t bs = mask.shape.block_size, nq = mask.shape.q_blocks(), tiles = (G * bs + R - 1) / R;
     const int64_t per_head = nq * tiles, heads = fold ? s.Hkv : s.H;
-    const int64_t stride = (bs + KT - 1) / KT * KT;  // a row of scores
+    // A row of scores, and (a call that packs no keys) a row of one block of keys transposed.
+    const int64_t stride = (bs + KT - 1) / KT * KT;
     std::vector<float> scores(static_cast<size_t>(R * stride));
     std::vector<float> acc(static_cast<size_t>(R * Dv));
     // Without a packed copy of the keys: one block of them, transposed.
-    const int64_t block_pitch = (bs + KT - 1) / KT * KT;
-    std::vector<float> block_keys(a.kt == nullptr ? static_cast<size_t>(s.D * block_pitch) : 0);
+    std::vector<float> block_keys(a.kt == nullptr ? static_cast<size_t>(s.D * stride) : 0);
     const V vscale = S::set1(static_cast<float>(s.scale));
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bh = task / per_head, p = task % per_head;
@@ -139,8 +139,8 @@ struct ForwardTiles {
             score_tile<S, R>(qrow, kt + j0, a.tk_pad, s.D, n, scores.data(), stride, vscale);
           } else {
             // Columns past n keep zeros or an earlier block's keys: scores never read.
-            transpose_keys<S>(a.k + b * a.k_b + hk * a.k_h + j0 * a.k_t, a.k_t, n, s.D, block_keys.data(), block_pitch);
-            score_tile<S, R>(qrow, block_keys.data(), block_pitch, s.D, n, scores.data(), stride, vscale);
+            transpose_keys<S>(a.k + b * a.k_b + hk * a.k_h + j0 * a.k_t, a.k_t, n, s.D, block_keys.data(), stride);
+            score_tile<S, R>(qrow, block_keys.data(), stride, s.D, n, scores.data(), stride, vscale);
           }
           // 2. The mods, per score.
           if (kind == 1 || kModsScores) {
