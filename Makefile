@@ -7,7 +7,7 @@ PY      := .venv/bin/python
 CMAKE_PREFIX = $(shell $(PY) -c 'import torch; print(torch.utils.cmake_prefix_path)')
 
 .PHONY: train all setup configure build build-cuda demo test test-gpu bench golden install clean sanitize fuzz check generate \
-        format format-check lint-configure lint lint-changed
+        format format-check lint-configure lint lint-changed flex-clang
 
 all: build
 
@@ -138,6 +138,25 @@ fuzz: setup
 	  -max_total_time=$$(( $(FUZZ_SECONDS) / 2 )) $(FUZZ_FLAGS) $(BUILD)-fuzz/corpus-serve
 	ASAN_OPTIONS=$(ASAN_OPTIONS_CI) LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp ./$(BUILD)-fuzz/tests/fuzz/fuzz_front_door \
 	  -max_total_time=$$(( $(FUZZ_SECONDS) / 2 )) -max_len=256 $(FUZZ_FLAGS) $(BUILD)-fuzz/corpus-door
+
+# The flex tests built by clang (Debian's clang 14, as a user who builds with clang):
+# the flex kernels, instantiated in the tests' own files, run their SIMD paths under
+# clang as under GCC, and the tests run under every instruction set this CPU has, as
+# `make test` runs them. At -O1 (compiled to be checked; the library too).
+CLANG_VERSION ?= 14
+flex-clang: setup
+	@bash tools/setup.sh clang
+	CC=clang-$(CLANG_VERSION) CXX=clang++-$(CLANG_VERSION) cmake -S . -B $(BUILD)-clang -G Ninja \
+	  -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" \
+	  -DCMAKE_PREFIX_PATH="$(CMAKE_PREFIX)" -DTORCHATTN_PYTHON=$(CURDIR)/$(PY) -DTORCHATTN_WERROR=$(WERROR) \
+	  -DTORCHATTN_BUILD_APPS=OFF $(CACHE_FLAGS)
+	cmake --build $(BUILD)-clang -j $(JOBS) --target torchattn_flex_tests torchattn_flex_tile_tests
+	for isa in "" avx512 avx2 scalar; do \
+	  echo "flex-clang: TORCHATTN_ISA=$$isa"; \
+	  for t in torchattn_flex_tile_tests torchattn_flex_tests; do \
+	    TORCHATTN_ISA=$$isa OMP_NUM_THREADS=2 ./$(BUILD)-clang/tests/$$t --gtest_brief=1 || exit 1; \
+	  done; \
+	done
 
 # What CI runs: the tests, the sanitizer build, the fuzzer.
 check: test sanitize fuzz

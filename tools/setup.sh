@@ -2,7 +2,7 @@
 # Installs what building and testing torchattn needs, and nothing already there:
 #   - Debian packages: compiler, CMake, Ninja, GoogleTest, CLI11, Gloo's headers,
 #     the fortunes text;
-#   - with the argument `fuzz`, clang-16 and libFuzzer;
+#   - with the argument `fuzz`, clang-16 and libFuzzer; with `clang`, clang-14;
 #   - .venv with the pinned torch (LibTorch is its C++ half), the Python reference, and
 #     clang-format and clang-tidy (make format, make lint), all from tools/requirements.txt.
 # Safe to run again; `make` calls it before every build.
@@ -18,6 +18,8 @@ packages=(g++ cmake ninja-build make python3-venv libgtest-dev libcli11-dev libg
           libicu-dev libboost1.81-dev ccache)
 # `setup.sh fuzz`: clang and its libFuzzer runtime as well.
 if [ "${1:-}" = "fuzz" ]; then packages+=(clang-16 libclang-rt-16-dev); fi
+# `setup.sh clang`: Debian's clang 14, the compiler make flex-clang builds with.
+if [ "${1:-}" = "clang" ]; then packages+=(clang-14); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

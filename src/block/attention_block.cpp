@@ -144,14 +144,15 @@ at::Tensor packed_attention_block_forward(AttentionBlock& block, const at::Tenso
   // Each document alone: its tokens are rows offsets[s] .. offsets[s + 1].
   std::vector<int64_t> lengths;
   for (size_t s = 0; s + 1 < offsets.size(); ++s) lengths.push_back(offsets[s + 1] - offsets[s]);
+  const at::Device device = queries.device();
+  const at::ScalarType dtype = queries.scalar_type();
   const auto spec_of = [&](int64_t L) {
     backends::MaskSpec spec;
     spec.causal = block.causal;
     spec.buffer = block.mask.defined() ? &block.mask : nullptr;
     spec.window = block.window;
     if (block.alibi_slopes.defined()) {
-      spec.score_bias = backends::alibi_bias(block.alibi_slopes.to(queries.device()), at::Tensor(), L, L,
-                                             queries.scalar_type());
+      spec.score_bias = backends::alibi_bias(block.alibi_slopes.to(device), at::Tensor(), L, L, dtype);
     }
     return spec;
   };

@@ -14,7 +14,6 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <ranges>
 #include <atomic>
 #include <map>
 #include <unordered_set>
@@ -187,7 +186,8 @@ int64_t PagedKVCache::fork(int64_t parent) {
 void PagedKVCache::remove(int64_t sequence) {
   State& s = state();
   State::Sequence& q = s.at(sequence, "remove");
-  for (const auto block : std::views::reverse(q.table.blocks)) s.pool.release(block);
+  // (Indices, not std::views::reverse: clang 14 cannot read libstdc++ 12's views.)
+  for (size_t i = q.table.blocks.size(); i-- > 0;) s.pool.release(q.table.blocks[i]);
   s.sequences.erase(sequence);
   ++s.epoch;
 }

@@ -99,7 +99,8 @@ void load_state_dict(torch::nn::Module& module, const std::string& path) {
                 it->second.scalar_type(), " in '", path, "', expected ", target.scalar_type());
   }
   for (const auto& [key, tensor] : loaded) {
-    const bool known = std::any_of(targets.begin(), targets.end(), [&](const auto& t) { return t.first == key; });
+    const std::string& name = key;  // (a structured binding: clang 14 cannot capture one)
+    const bool known = std::any_of(targets.begin(), targets.end(), [&](const auto& t) { return t.first == name; });
     if (known) {
       continue;
     }

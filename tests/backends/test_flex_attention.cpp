@@ -145,8 +145,11 @@ void check_case(const golden::Case& c, ScoreMod score_mod, MaskMod mask_mod, boo
     }
   }
   const auto opts = torchattn::FlexOptions().with_lse();
-  for (const auto& [dtype, tag, bound] : {std::tuple{torch::kFloat64, "f64", 1e-12}, {torch::kFloat32, "f32", 2e-6}}) {
+  for (const auto& [dtype_, tag, bound_] :
+       {std::tuple{torch::kFloat64, "f64", 1e-12}, {torch::kFloat32, "f32", 2e-6}}) {
     SCOPED_TRACE(tag);
+    const auto dtype = dtype_;  // copies the lambdas below can capture (clang 14 cannot a structured binding)
+    const double bound = bound_;
     const auto r = torchattn::flex_attention(in.q.to(dtype), in.k.to(dtype), in.v.to(dtype), score_mod, mask, opts);
     EXPECT_EQ(r.output.scalar_type(), dtype);
     EXPECT_LE(max_error(r.output, c.tensor(std::string("out_") + tag)), bound);

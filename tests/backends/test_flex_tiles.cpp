@@ -136,6 +136,30 @@ INSTANTIATE_TEST_SUITE_P(
 
 // float32: a row that sees no key gets zeros and a log-sum-exp of -inf; a NaN score
 // makes its row NaN, and only that row, whichever block (full or partial) it is in.
+// The lanes of the vector type a kernel runs on.
+struct LaneCount {
+  static constexpr torchattn::kernels::cpu::Isa kWidest = torchattn::kernels::cpu::Isa::Avx512;
+  template <class S>
+  static int run() {
+    return S::W;
+  }
+};
+
+// The tiles above run on the vector type of the instruction set this CPU has (the cap
+// included), whichever compiler built them: GCC, or clang (make flex-clang), which
+// once fell back to plain floats.
+TEST(FlexTilesIsa, TheKernelsRunTheWidestVectorTypeTheCpuHasUnderThisCompiler) {
+  namespace cpu = torchattn::kernels::cpu;
+  const cpu::Isa isa = cpu::best_isa();
+  const int want = isa >= cpu::Isa::Avx512 ? 16 : isa == cpu::Isa::Avx2 ? 8 : 1;
+  SCOPED_TRACE(std::string("compiler ") + __VERSION__ + ", instruction set " + cpu::isa_name(isa));
+#if defined(__x86_64__)
+  EXPECT_EQ(cpu::simd::run_on<LaneCount>(isa), want);
+#else
+  EXPECT_EQ(cpu::simd::run_on<LaneCount>(isa), 1);
+#endif
+}
+
 TEST(FlexTilesFloat32, ARowThatSeesNothingGetsZerosAndANaNScoreShows) {
   torch::manual_seed(5);
   const auto q = torch::randn({1, 1, 40, 64}), k = torch::randn({1, 1, 40, 64}), v = torch::randn({1, 1, 40, 64});

@@ -417,7 +417,7 @@ TEST(FlexVariantMisuse, BadArgumentsAreClearErrors) {
   expect_error([] { flex::Alibi(0); }, "flex::Alibi: expected num_heads >= 1, got 0");
   expect_error([] { flex::Alibi(std::vector<double>{}); }, "flex::Alibi: expected at least one slope");
   expect_error([] { flex::Softcap(0.0); }, "flex::Softcap: expected a finite softcap > 0, got 0");
-  expect_error([] { flex::Softcap(std::numeric_limits<double>::infinity()); },
+  expect_error([] { static_cast<void>(flex::Softcap(std::numeric_limits<double>::infinity())); },
                "flex::Softcap: expected a finite softcap > 0, got inf");
   expect_error([] { flex::RelativeBias(torch::zeros({4, 6})); },
                "flex::RelativeBias: expected a floating table [H or 1, 2 * max_distance + 1] (an odd width), got "

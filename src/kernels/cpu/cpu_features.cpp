@@ -9,6 +9,10 @@
 
 #include <unistd.h>
 
+#if defined(TORCHATTN_SIMD_X86)
+#include <cpuid.h>
+#endif
+
 namespace torchattn::kernels::cpu {
 
 namespace {
@@ -17,7 +21,10 @@ Isa read_cpu_isa() {
 #if defined(TORCHATTN_SIMD_X86)
   __builtin_cpu_init();
   // F16C with AVX2 (simd.h's Avx2 converts float16 with it): every AVX2 CPU has it.
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  // (CPUID leaf 1's bit for it: clang 14's __builtin_cpu_supports has no "f16c".)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512f");
   if (avx512 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni")) return Isa::Avx512Vnni;
   if (avx512) return Isa::Avx512;

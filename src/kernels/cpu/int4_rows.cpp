@@ -233,6 +233,7 @@ void pair_inputs(const int8_t* qx, int64_t in, int8_t* out) {
   if (g < groups) std::memcpy(out + g * kGroup, qx + g * kGroup, kGroup);
 }
 
+TORCHATTN_SIMD_TARGETS_BEGIN
 #if defined(TORCHATTN_SIMD_X86)
 // One group of one weight row against x's 32 bytes: its 16 bytes become one register of
 // 32 (the low nibbles, then the high: the group's inputs in order), vpmaddubsw against
@@ -460,6 +461,7 @@ TORCHATTN_INT4_VNNI void products_four_vnni(const uint8_t* const* q, const uint1
 #undef TORCHATTN_INT4_VNNI
 
 #endif
+TORCHATTN_SIMD_TARGETS_END
 
 bool dense_cpu(const at::Tensor& t, int64_t dim) {
   return t.defined() && t.is_cpu() && t.layout() == at::kStrided && !t.is_nested() && t.dim() == dim &&

@@ -67,6 +67,7 @@ void repack_panel(const uint8_t* q, const uint16_t* dm, int64_t out, int64_t in,
   }
 }
 
+TORCHATTN_SIMD_TARGETS_BEGIN
 #if defined(TORCHATTN_SIMD_X86)
 // Rows [0, rows) of x (qx, their (s, sum) pairs sp; rows <= kBlockRows) over one panel:
 // y[r, o0 + j] for the panel's outputs below `out`. A group's 512 bytes of the panel
@@ -115,6 +116,7 @@ __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const TilePanel& p, cons
   }
 }
 #endif
+TORCHATTN_SIMD_TARGETS_END
 
 }  // namespace
 

@@ -58,7 +58,7 @@ struct QuantizeRow {
     constexpr int W = S::W;
     constexpr int64_t kMax = (kGroup + W - 1) / W;
     const int64_t n = N > 0 ? N : n_in, vectors = (n + W - 1) / W;
-    const auto lanes = [n](int64_t v) { return static_cast<int>(std::min<int64_t>(W, n - v * W)); };
+    const auto lanes = [=](int64_t v) { return static_cast<int>(std::min<int64_t>(W, n - v * W)); };
     V xs[kMax];
     V amax = S::zero(), bad = S::zero();
     for (int64_t v = 0; v < vectors; ++v) {

@@ -52,6 +52,7 @@ void portable(const QuantizedRows& xr, int64_t rows, const Int8Call& c, int64_t 
 
 #if defined(TORCHATTN_SIMD_X86)
 // The adapters' operations (inlined into the kernels' entry points, as simd.h's are).
+TORCHATTN_SIMD_TARGETS_BEGIN
 #define TORCHATTN_INT8_AVX2 __attribute__((target("avx2,fma,f16c"))) static
 #define TORCHATTN_INT8_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,fma,f16c"))) static
 
@@ -136,6 +137,7 @@ struct Bytes<simd::Avx512Vnni> {
 
 #undef TORCHATTN_INT8_AVX2
 #undef TORCHATTN_INT8_VNNI
+TORCHATTN_SIMD_TARGETS_END
 
 // The int32 sums of one group of weights w (its first `left` inputs, zeros after; whole
 // where left >= kGroup) against row m of x at `at`, begun at start().
@@ -144,7 +146,7 @@ void group_sums(const QuantizedRows& xr, int64_t m, int64_t at, const int8_t* w,
   using T = typename B::T;
   constexpr int kBytes = T::kBytes;
   typename B::I acc = T::izero();
-  for (int h = 0; h < kGroup / kBytes; ++h) {
+  for (int64_t h = 0; h < kGroup / kBytes; ++h) {
     const auto wv = left >= kGroup
                         ? T::iload(w + h * kBytes)
                         : T::iload(w + h * kBytes, static_cast<int>(std::clamp<int64_t>(left - h * kBytes, 0, kBytes)));
@@ -241,7 +243,7 @@ struct FewRows {
         I wv[4][kPer], start[4];
         for (int k = 0; k < 4; ++k) {
           start[k] = T::izero();
-          for (int h = 0; h < kPer; ++h) {
+          for (int64_t h = 0; h < kPer; ++h) {
             wv[k][h] = left >= kGroup ? T::iload(w[k] + at + h * kBytes)
                                       : T::iload(w[k] + at + h * kBytes,
                                                  static_cast<int>(std::clamp<int64_t>(left - h * kBytes, 0, kBytes)));
@@ -251,7 +253,7 @@ struct FewRows {
         const F::V sw = F::gather(s[0][g], s[1][g], s[2][g], s[3][g]);
         for (int64_t m = 0; m < rows; ++m) {
           typename B::X x[kPer];
-          for (int h = 0; h < kPer; ++h) x[h] = B::load(xr, m, at + h * kBytes);
+          for (int64_t h = 0; h < kPer; ++h) x[h] = B::load(xr, m, at + h * kBytes);
           I v[4];
           for (int k = 0; k < 4; ++k) {
             v[k] = start[k];

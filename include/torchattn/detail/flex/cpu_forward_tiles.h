@@ -88,6 +88,14 @@ struct ForwardTiles {
     }
   };
 
+  /// score_mod on W scores (kScoresInLanes), inlined where it is called (simd.h's
+  /// TORCHATTN_SIMD_FLATTEN).
+  template <class S>
+  TORCHATTN_SIMD_FLATTEN static Lanes<S> mod_lanes(const ScoreMod& score_mod, const Lanes<S>& in, int64_t b, int64_t h,
+                                                   int64_t i, int64_t j) {
+    return score_mod(in, b, h, i, LaneIndex<S>{j});
+  }
+
   /// Tasks [begin, end) of B * H * q_blocks * tiles_per_block, or with `fold` (grouped
   /// heads, a mask the same for every head) B * Hkv * q_blocks * tiles of the G * block
   /// rows (see the file's comment).
@@ -151,7 +159,7 @@ struct ForwardTiles {
                 for (int64_t j = 0; j < n; j += W) {                   // lanes past n: the pad's, never read
                   Lanes<S> in;
                   S::store(in.x, S::load(sr + j));
-                  const Lanes<S> out = score_mod(in, b, h, i, LaneIndex<S>{j0 + j});
+                  const Lanes<S> out = mod_lanes<S>(score_mod, in, b, h, i, j0 + j);
                   S::store(sr + j, S::load(out.x));
                 }
                 if (kind == 1) {

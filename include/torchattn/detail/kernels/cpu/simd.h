@@ -48,18 +48,52 @@
 // which everything is inlined); and its AVX-512 headers pass _mm512_undefined_*
 // through some intrinsics (roundscale, scalef, extract), which -Wmaybe-uninitialized
 // reports once per inlining.
+//
+// Clang differs from GCC twice. It refuses a vector register passed by value between a
+// function of an x86 target and one of none ("changes the ABI"), so under clang the x86
+// types' registers are structs holding one (Reg below), whose conversions carry the
+// target: the kernels pass structs, and only the operations, all of their target,
+// touch the registers. And its flatten inlines one level only, so between
+// TORCHATTN_SIMD_KERNELS_BEGIN and _END every function is always_inline: a kernel and
+// its helpers fold into the entry point of their instruction set, where the
+// operations inline. Functions of a target of their own stand between
+// TORCHATTN_SIMD_TARGETS_BEGIN and _END inside such a region: under clang an
+// always_inline function of a target cannot be called from a function of none.
 #if defined(__GNUC__) && !defined(__clang__)
 #define TORCHATTN_SIMD_KERNELS_BEGIN                                           \
   _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wpsabi\"") \
       _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")              \
           _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")
 #define TORCHATTN_SIMD_KERNELS_END _Pragma("GCC diagnostic pop")
+#define TORCHATTN_SIMD_TARGETS_BEGIN
+#define TORCHATTN_SIMD_TARGETS_END
+#define TORCHATTN_SIMD_INLINE inline
+#elif defined(__clang__) && defined(TORCHATTN_SIMD_X86)
+#define TORCHATTN_SIMD_KERNELS_BEGIN \
+  _Pragma("clang attribute push(__attribute__((always_inline)), apply_to = function)")
+#define TORCHATTN_SIMD_KERNELS_END _Pragma("clang attribute pop")
+#define TORCHATTN_SIMD_TARGETS_BEGIN TORCHATTN_SIMD_KERNELS_END
+#define TORCHATTN_SIMD_TARGETS_END TORCHATTN_SIMD_KERNELS_BEGIN
+#define TORCHATTN_SIMD_INLINE __attribute__((always_inline)) inline
 #else
 #define TORCHATTN_SIMD_KERNELS_BEGIN
 #define TORCHATTN_SIMD_KERNELS_END
+#define TORCHATTN_SIMD_TARGETS_BEGIN
+#define TORCHATTN_SIMD_TARGETS_END
+#define TORCHATTN_SIMD_INLINE inline
+#endif
+// On a function that calls a user's callable taking registers (flex's mods on Lanes):
+// under clang, the calls it makes inline whatever their size, so that the callable's
+// operations inline into the kernel's target, not into the callable's own (none).
+#if defined(__clang__)
+#define TORCHATTN_SIMD_FLATTEN __attribute__((flatten))
+#else
+#define TORCHATTN_SIMD_FLATTEN
 #endif
 
+#if defined(__GNUC__) && !defined(__clang__)
 TORCHATTN_SIMD_KERNELS_BEGIN
+#endif
 
 namespace torchattn::kernels::cpu::simd {
 
@@ -71,7 +105,7 @@ inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 /// out = exp(x) for x <= 0, x clamped at -87, within 2 ulp: Cephes' polynomial on
 /// r = x - n ln 2, then * 2^n (S::ldexp). For the x86 types.
 template <class S>
-void exp_neg_poly(const typename S::V& x_in, typename S::V& out) {
+TORCHATTN_SIMD_INLINE void exp_neg_poly(const typename S::V& x_in, typename S::V& out) {
   using V = typename S::V;
   const V x = S::max(x_in, S::set1(-87.0f));
   // The polynomial's own constants (ln 2 split in two), kept bit for bit.
@@ -92,7 +126,7 @@ void exp_neg_poly(const typename S::V& x_in, typename S::V& out) {
 /// out = tanh(x) within a few ulp: Cephes' tanhf, an odd polynomial below |x| =
 /// 0.625, else 1 - 2 / (exp(2|x|) + 1) written with e = exp(-2|x|). For the x86 types.
 template <class S>
-void tanh_poly(const typename S::V& x, typename S::V& out) {
+TORCHATTN_SIMD_INLINE void tanh_poly(const typename S::V& x, typename S::V& out) {
   using V = typename S::V;
   const V a = S::abs(x);
   const V z = S::mul(x, x);
@@ -258,6 +292,29 @@ __attribute__((target("avx2"))) inline void transpose8_avx(const float* src, int
   }
 }
 
+// A register of `Target` as the x86 types hold it: under GCC the register itself;
+// under clang (see the top) a struct of it, made from and read as one by conversions
+// of that target, which its operations call where they name the register.
+#if defined(__clang__)
+#define TORCHATTN_SIMD_REG(Name, Raw, Target)                                                      \
+  struct Name {                                                                                    \
+    Raw r;                                                                                         \
+    Name() = default;                                                                              \
+    __attribute__((target(Target), always_inline)) Name(Raw raw) : r(raw) {}          /* NOLINT */ \
+    __attribute__((target(Target), always_inline)) operator Raw() const { return r; } /* NOLINT */ \
+  };
+TORCHATTN_SIMD_REG(Reg256, __m256, "avx2,fma,f16c")
+TORCHATTN_SIMD_REG(Reg256i, __m256i, "avx2,fma,f16c")
+TORCHATTN_SIMD_REG(Reg512, __m512, "avx512f,fma,f16c")
+TORCHATTN_SIMD_REG(Reg512i, __m512i, "avx512f,fma,f16c")
+#undef TORCHATTN_SIMD_REG
+#else
+using Reg256 = __m256;
+using Reg256i = __m256i;
+using Reg512 = __m512;
+using Reg512i = __m512i;
+#endif
+
 // AVX2's type takes F16C too (vcvtph2ps): every CPU with AVX2 and FMA has it, and
 // cpu_features.h asks for all three.
 #define TORCHATTN_SIMD_AVX2 __attribute__((target("avx2,fma,f16c"))) static
@@ -265,7 +322,7 @@ __attribute__((target("avx2"))) inline void transpose8_avx(const float* src, int
 
 /// AVX2, FMA and F16C: 8 lanes.
 struct Avx2 {
-  using V = __m256;
+  using V = Reg256;
   static constexpr int W = 8;
   static constexpr Isa kIsa = Isa::Avx2;
   TORCHATTN_SIMD_AVX2 void transpose8(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
@@ -387,7 +444,7 @@ struct Avx2 {
 
   // The integer register of the int8 products (int8_products.h): kBytes bytes, or W
   // int32 lanes. Loads of `n` bytes take the first n (0 <= n <= kBytes), zeros past them.
-  using I = __m256i;
+  using I = Reg256i;
   static constexpr int kBytes = 32;
   TORCHATTN_SIMD_AVX2 I izero() { return _mm256_setzero_si256(); }
   TORCHATTN_SIMD_AVX2 I iload(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
@@ -451,7 +508,7 @@ struct Four {
 
 /// AVX-512F: 16 lanes.
 struct Avx512 {
-  using V = __m512;
+  using V = Reg512;
   static constexpr int W = 16;
   static constexpr Isa kIsa = Isa::Avx512;
   TORCHATTN_SIMD_AVX512 void transpose8(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
@@ -505,7 +562,7 @@ struct Avx512 {
   }
   /// The two halves added, then Avx2's.
   TORCHATTN_SIMD_AVX512 __m256 halves_add(V v) { return _mm256_add_ps(_mm512_castps512_ps256(v), high_half(v)); }
-  TORCHATTN_SIMD_AVX512 float reduce_add(V v) { return Avx2::reduce_add(halves_add(v)); }
+  TORCHATTN_SIMD_AVX512 float reduce_add(V v) { return Avx2::reduce_add(Avx2::V(halves_add(v))); }
   TORCHATTN_SIMD_AVX512 float reduce_add_adjacent(V v) { return Avx2::reduce_add_adjacent(halves_add(v)); }
   TORCHATTN_SIMD_AVX512 float reduce_max(V v) {
     const __m256 h = _mm256_max_ps(_mm512_castps512_ps256(v), high_half(v));
@@ -565,7 +622,7 @@ struct Avx512 {
 /// int8 products (Avx2's operations, 64 bytes or 16 int32 lanes) with vpdpbusd.
 struct Avx512Vnni : Avx512 {
   static constexpr Isa kIsa = Isa::Avx512Vnni;
-  using I = __m512i;
+  using I = Reg512i;
   static constexpr int kBytes = 64;
   TORCHATTN_SIMD_VNNI I izero() { return _mm512_setzero_si512(); }
   TORCHATTN_SIMD_VNNI I iload(const void* p) { return _mm512_loadu_si512(p); }
@@ -660,4 +717,6 @@ decltype(auto) run_on(Isa isa, Args&&... args) {
 
 }  // namespace torchattn::kernels::cpu::simd
 
+#if defined(__GNUC__) && !defined(__clang__)
 TORCHATTN_SIMD_KERNELS_END
+#endif
