@@ -28,9 +28,10 @@ struct AttentionOptions {
   at::Tensor sinks = at::Tensor();
   /// A flex_attention variant (torchattn::flex_variant, flex_attention.h): its
   /// mask_mod decides which keys each query sees (with the causal mask when the call
-  /// is causal) and its score_mod changes the scaled scores. CPU, float32 or float64;
-  /// not with softcap, sinks, key padding masks, ALiBi, a window, a static-shape cache,
-  /// paged attention or dropout (write those into the mods). Empty: none.
+  /// is causal) and its score_mod changes the scaled scores, after softcap where set.
+  /// CPU, float32 or float64; not with sinks, key padding masks, a score bias, a
+  /// static-shape cache, paged attention or dropout (write those into the mods).
+  /// Empty: none.
   FlexVariant flex = {};
 };
 

@@ -46,6 +46,7 @@
 #include <optional>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace torchattn {
 
@@ -146,15 +147,18 @@ FlexResult flex_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
 namespace flex {
 
 /// A flex_variant's mask_mod at a call's positions: query q_idx at q_idx + offset, and
-/// with `causal` the keys after it hidden.
+/// with `causal` the keys after it hidden, with a window (> 0) those window or more
+/// before it too.
 template <class MaskMod>
 struct MaskAtPositions {
   MaskMod mask_mod;
   int64_t offset;
   bool causal;
+  int64_t window = 0;
   bool operator()(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx) const {
     const int64_t position = q_idx + offset;
-    return (!causal || kv_idx <= position) && mask_mod(b, h, position, kv_idx);
+    return (!causal || kv_idx <= position) && (window <= 0 || position - kv_idx < window) &&
+           mask_mod(b, h, position, kv_idx);
   }
   /// mask_mod's own check, its queries at their positions.
   void check(const ModSizes& sizes) const {
@@ -162,15 +166,31 @@ struct MaskAtPositions {
   }
 };
 
-/// A flex_variant's score_mod at a call's positions.
+/// A flex_variant's score_mod at a call's positions, after the module's softcap (> 0)
+/// and ALiBi (slopes, one per query head) where the call has them, in the order the
+/// module applies them without a variant. IdentityScore: those alone.
 template <class ScoreMod>
 struct ScoreAtPositions {
-  static constexpr bool kScoresInLanes = runs_in_lanes<ScoreMod>;
+  static constexpr bool kScoresInLanes = std::is_same_v<ScoreMod, IdentityScore> || runs_in_lanes<ScoreMod>;
   ScoreMod score_mod;
   int64_t offset;
+  double softcap = 0.0;
+  std::vector<double> slopes = {};
   template <class T, class I>
   auto operator()(T score, int64_t b, int64_t h, int64_t q_idx, I kv_idx) const {
-    return score_mod(score, b, h, q_idx + offset, kv_idx);
+    const int64_t position = q_idx + offset;
+    T z = score;
+    if (softcap > 0.0) {
+      using std::tanh;  // unqualified: Lanes and Dual have their own
+      const T cap = static_cast<T>(softcap);
+      z = cap * tanh(z / cap);
+    }
+    if (!slopes.empty()) z = z + static_cast<T>(slopes[static_cast<size_t>(h)]) * static_cast<T>(kv_idx - position);
+    if constexpr (std::is_same_v<ScoreMod, IdentityScore>) {
+      return z;
+    } else {
+      return score_mod(z, b, h, position, kv_idx);
+    }
   }
   void check(const ModSizes& sizes) const {
     check_mod(score_mod, {sizes.batch, sizes.heads, sizes.q_len + offset, sizes.kv_len});
@@ -197,6 +217,9 @@ struct FlexVariantOptions {
 /// for a causal call, keys after the query hidden as well; its block mask is made for
 /// the call's sizes and kept for the next call of the same sizes and positions (a
 /// training loop's), so mask_mod must give the same answer for the same arguments. The
+/// module's own window, softcap and ALiBi (FlexCall) compose with the mods: the window
+/// hides keys as the causal mask does, and score_mod sees the score after the softcap
+/// and ALiBi's distance, as the module without a variant computes it. The
 /// mods are copied into the variant (and must be copyable); a copy of the variant
 /// shares the kept mask (guarded for calls from several threads).
 template <class ScoreMod, class MaskMod>
@@ -207,7 +230,7 @@ FlexVariant flex_variant(ScoreMod score_mod, MaskMod mask_mod, const FlexVariant
     TORCH_CHECK(options.block_size >= 1, "flex_variant: expected a block_size of at least 1, got ", options.block_size);
     struct Kept {
       std::mutex mutex;
-      std::array<int64_t, 6> sizes{};
+      std::array<int64_t, 7> sizes{};
       std::optional<BlockMask<flex::MaskAtPositions<MaskMod>>> mask;
     };
     auto kept = std::make_shared<Kept>();
@@ -216,23 +239,30 @@ FlexVariant flex_variant(ScoreMod score_mod, MaskMod mask_mod, const FlexVariant
       TORCH_CHECK(q.dim() == 4 && k.dim() == 4, "flex_variant: expected q and k of 4 dimensions [B, H, T, D], got ",
                   q.dim(), " and ", k.dim());
       const int64_t B = options.per_batch ? q.size(0) : 1, H = options.per_head ? q.size(1) : 1;
-      const std::array<int64_t, 6> sizes{B, H, q.size(2), k.size(2), call.q_offset, call.causal ? 1 : 0};
+      TORCH_CHECK(call.alibi_slopes.empty() || static_cast<int64_t>(call.alibi_slopes.size()) >= q.size(1),
+                  "flex_variant: expected ALiBi slopes for each of q's ", q.size(1), " heads, got ",
+                  call.alibi_slopes.size());
+      const std::array<int64_t, 7> sizes{B, H, q.size(2), k.size(2), call.q_offset, call.causal ? 1 : 0, call.window};
       const BlockMask<flex::MaskAtPositions<MaskMod>> mask = [&] {
         const std::lock_guard<std::mutex> lock(kept->mutex);
         if (!kept->mask || kept->sizes != sizes) {
-          kept->mask.emplace(create_block_mask(flex::MaskAtPositions<MaskMod>{mask_mod, call.q_offset, call.causal}, B,
-                                               H, q.size(2), k.size(2), options.block_size));
+          kept->mask.emplace(
+              create_block_mask(flex::MaskAtPositions<MaskMod>{mask_mod, call.q_offset, call.causal, call.window}, B, H,
+                                q.size(2), k.size(2), options.block_size));
           kept->sizes = sizes;
         }
         return *kept->mask;
       }();
       const FlexOptions flex_options = FlexOptions().with_scale(call.scale);
       if constexpr (std::is_same_v<ScoreMod, IdentityScore>) {
-        return flex_attention(q, k, v, IdentityScore{}, mask, flex_options).output;
-      } else {
-        return flex_attention(q, k, v, flex::ScoreAtPositions<ScoreMod>{score_mod, call.q_offset}, mask, flex_options)
-            .output;
+        if (call.softcap <= 0.0 && call.alibi_slopes.empty()) {
+          return flex_attention(q, k, v, IdentityScore{}, mask, flex_options).output;
+        }
       }
+      return flex_attention(q, k, v,
+                            flex::ScoreAtPositions<ScoreMod>{score_mod, call.q_offset, call.softcap, call.alibi_slopes},
+                            mask, flex_options)
+          .output;
     };
   }
 }

@@ -98,8 +98,10 @@ struct MultiHeadAttentionOptions {
   /// caller's translation unit): the user's own score_mod and mask_mod in place of the
   /// attention's scores and masks, in forward, forward_cached (decoding passes each
   /// query's position as q_idx) and forward_packed (each document alone, from 0). With
-  /// causal(true) the causal mask applies too. Not with softcap, sinks, alibi, window,
-  /// key padding masks, static-shape caches, forward_paged or dropout in training
+  /// causal(true) the causal mask applies too, and window, softcap and alibi compose
+  /// with the mods (the window hides keys as the causal mask does; score_mod sees the
+  /// score after the softcap and ALiBi's distance). Not with sinks, key padding masks,
+  /// static-shape caches, forward_paged, ALiBi in forward_packed or dropout in training
   /// (write them into the mods). Default: empty, none.
   TORCH_ARG(FlexVariant, flex) = {};
   /// Cross-attention (forward_cross): the features of the context that W_key and

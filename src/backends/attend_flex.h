@@ -13,9 +13,10 @@
 namespace torchattn::backends {
 
 /// q: [B, H, Tq, d], k: [B, Hkv, Tk, d], v: [B, Hkv, Tk, dv]; config.flex set. The
-/// variant with q_offset spec.past, causal spec.causal and the config's scale. A clear
-/// error for what the variant does not take (key masks, ALiBi, a window, a static
-/// cache's positions, softcap, sinks, dropout in training), naming the option.
+/// variant with q_offset spec.past, causal spec.causal, the config's scale and the
+/// call's window, softcap and ALiBi slopes, which the variant composes with its mods. A
+/// clear error for what the variant does not take (key masks, a score bias, a static
+/// cache's positions, sinks, dropout in training), naming the option.
 /// Returns [B, H, Tq, dv].
 at::Tensor attend_flex(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MaskSpec& spec,
                        const functional::AttentionOptions& config);

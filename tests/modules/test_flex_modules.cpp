@@ -3,12 +3,14 @@
 // module's own masks and scores gives the module's numbers without it, in forward
 // (outputs and every parameter's gradient), forward_cached (prefill then one token at a
 // time: q_idx is each query's position) and forward_packed; in float32 and float64,
-// grouped heads included. Then what a variant does not take: each a clear error naming
-// the option.
+// grouped heads included. The module's window, softcap and ALiBi composed with a
+// variant of the user's own. Then what a variant does not take: each a clear error
+// naming the option.
 
 #include "common/expect_error.h"
 
 #include <torchattn/flex_attention.h>
+#include <torchattn/flex/variants.h>
 #include <torchattn/functional.h>
 #include <torchattn/multi_head_attention.h>
 
@@ -130,6 +132,77 @@ TEST_P(FlexModules, DecodingPassesEachQuerysPosition) {
   EXPECT_GT(max_diff(whole, d.plain->forward(x)), 1e-3);  // the bias changed the numbers
 }
 
+// The module's window, softcap and ALiBi with a variant of the user's own (a score_mod
+// that reads positions, a mask_mod that hides key 2): equal to the variant alone with
+// them written into its mods, in forward (every gradient) and decoding.
+struct Tilt {
+  template <class T>
+  T operator()(T s, int64_t, int64_t, int64_t q, int64_t kv) const {
+    return s - 0.25 * static_cast<double>(q - kv);
+  }
+};
+struct HideKey2 {
+  bool operator()(int64_t, int64_t, int64_t, int64_t kv) const { return kv != 2; }
+};
+
+TEST_P(FlexModules, TheModulesWindowSoftcapAndAlibiComposeWithAVariant) {
+  const ModuleCase& c = GetParam();
+  const auto x = torch::randn({2, 13, 32}, torch::TensorOptions().dtype(c.dtype));
+  const auto dout = torch::randn({2, 13, 32}, torch::TensorOptions().dtype(c.dtype));
+  const auto own = torchattn::flex_variant(Tilt{}, HideKey2{});
+  const auto window_written = [](int64_t, int64_t, int64_t q, int64_t kv) { return kv != 2 && q - kv < 4; };
+  const auto softcap_written = [](auto s, int64_t b, int64_t h, int64_t q, int64_t kv) {
+    using std::tanh;
+    return Tilt{}(3.0 * tanh(s / 3.0), b, h, q, kv);
+  };
+  const torchattn::flex::Alibi slopes(4);  // the module's: BLOOM's for 4 heads
+  const auto alibi_written = [slopes](auto s, int64_t b, int64_t h, int64_t q, int64_t kv) {
+    return Tilt{}(slopes(s, b, h, q, kv), b, h, q, kv);
+  };
+  struct Composed {
+    std::string name;
+    torchattn::MultiHeadAttentionOptions with_module_variant, written;
+  };
+  const std::vector<Composed> cases = {
+      {"window", options(c.grouped).window(4).flex(own),
+       options(c.grouped).flex(torchattn::flex_variant(Tilt{}, window_written))},
+      {"softcap", options(c.grouped).softcap(3.0).flex(own),
+       options(c.grouped).flex(torchattn::flex_variant(softcap_written, HideKey2{}))},
+      {"alibi", options(c.grouped).alibi(true).flex(own),
+       options(c.grouped).flex(torchattn::flex_variant(alibi_written, HideKey2{}))},
+  };
+  for (const auto& composed : cases) {
+    SCOPED_TRACE(composed.name);
+    torch::manual_seed(4);
+    torchattn::MultiHeadAttention got_module(composed.with_module_variant), want_module(composed.written),
+        variant_alone(options(c.grouped).flex(own));
+    got_module->to(c.dtype);
+    want_module->to(c.dtype);
+    variant_alone->to(c.dtype);
+    {
+      torch::NoGradGuard no_grad;
+      const auto from = got_module->named_parameters();
+      for (auto& item : want_module->named_parameters()) item.value().copy_(from[item.key()]);
+      for (auto& item : variant_alone->named_parameters()) item.value().copy_(from[item.key()]);
+    }
+    const auto got = got_module->forward(x), want = want_module->forward(x);
+    EXPECT_LE(max_diff(got, want), tolerance(c.dtype));
+    EXPECT_GT(max_diff(got, variant_alone->forward(x)), 1e-3);  // the module's option did something
+    got.backward(dout);
+    want.backward(dout);
+    const auto want_params = want_module->named_parameters();
+    for (const auto& item : got_module->named_parameters()) {
+      EXPECT_LE(max_diff(item.value().grad(), want_params[item.key()].grad()), tolerance(c.dtype)) << item.key();
+    }
+    // Decoding: a prefill of 5 tokens, then one at a time, each at its position.
+    torch::NoGradGuard no_grad;
+    auto cache = got_module->make_kv_cache(2);
+    std::vector<torch::Tensor> parts{got_module->forward_cached(x.narrow(1, 0, 5), cache)};
+    for (int64_t t = 5; t < 13; ++t) parts.push_back(got_module->forward_cached(x.narrow(1, t, 1), cache));
+    EXPECT_LE(max_diff(torch::cat(parts, 1), want.detach()), tolerance(c.dtype));
+  }
+}
+
 // forward_packed: each document alone, from position 0.
 TEST_P(FlexModules, PackedDocumentsEachFromPositionZero) {
   const ModuleCase& c = GetParam();
@@ -166,12 +239,9 @@ TEST(FlexModules, WhatAVariantDoesNotTakeIsAClearError) {
   const auto variant = torchattn::flex_variant(torchattn::IdentityScore{}, torchattn::VisibleKeys{});
   const auto x = torch::randn({1, 6, 32});
   const std::string fn = "attention with a flex variant (AttentionOptions::flex): ";
-  torchattn::MultiHeadAttention windowed(options(false).window(4).flex(variant));
-  expect_error([&] { windowed->forward(x); }, fn + "expected no window (window 4: write it into mask_mod)");
-  torchattn::MultiHeadAttention capped(options(false).softcap(30.0).flex(variant));
-  expect_error([&] { capped->forward(x); }, fn + "expected no softcap (30: write it as a score_mod)");
   torchattn::MultiHeadAttention alibi(options(false).alibi(true).flex(variant));
-  expect_error([&] { alibi->forward(x); }, fn + "expected no ALiBi (alibi: write it as a score_mod)");
+  expect_error([&] { alibi->forward_packed(x[0], torch::tensor({0, 2, 6}, torch::kInt64)); },
+               fn + "expected no score bias (ALiBi in forward_packed: write it as a score_mod)");
   torchattn::MultiHeadAttention m(options(false).flex(variant));
   expect_error([&] { m->forward(x, torch::zeros({1, 6}, torch::kBool)); },
                fn + "expected no key padding mask or key bias (write them into mask_mod or score_mod)");

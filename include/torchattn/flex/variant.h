@@ -4,13 +4,15 @@
 // (functional::AttentionOptions::flex, MultiHeadAttentionOptions::flex): a score_mod
 // and a mask_mod bound into one callable by torchattn::flex_variant (flex_attention.h)
 // in the translation unit that names them, so that their kernels are instantiated
-// there. The library calls it with the positions of the call: a KV cache's decoding
-// step passes its past as the queries' first position.
+// there. The library calls it with the positions of the call (a KV cache's decoding
+// step passes its past as the queries' first position) and the module's own window,
+// softcap and ALiBi, which the variant applies around its mods.
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 namespace torchattn {
 
@@ -24,6 +26,15 @@ struct FlexCall {
   bool causal = false;
   /// The scores' scale (the module's: 1 / sqrt(head_dim) unless set).
   double scale = 1.0;
+  /// The module's own variants, which a variant composes with (as the module computes
+  /// them without one, before the variant's mods): > 0, the query at position p sees
+  /// keys p - window < j <= p only (with causal); 0: none.
+  int64_t window = 0;
+  /// > 0: the scaled score s becomes softcap * tanh(s / softcap) first; 0: none.
+  double softcap = 0.0;
+  /// ALiBi's slopes, one per query head: head h then adds slope_h * (j - p) for key j
+  /// and the query at position p. Empty: none.
+  std::vector<double> alibi_slopes;
 };
 
 /// q [B, H, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv] (CPU, float32 or float64) ->
