@@ -152,7 +152,7 @@ TEST(FlexTilesIsa, TheKernelsRunTheWidestVectorTypeTheCpuHasUnderThisCompiler) {
   namespace cpu = torchattn::kernels::cpu;
   const cpu::Isa isa = cpu::best_isa();
   const int want = isa >= cpu::Isa::Avx512 ? 16 : isa == cpu::Isa::Avx2 ? 8 : 1;
-  SCOPED_TRACE(std::string("compiler ") + __VERSION__ + ", instruction set " + cpu::isa_name(isa));
+  SCOPED_TRACE(::testing::Message() << "compiler " << __VERSION__ << ", instruction set " << cpu::isa_name(isa));
 #if defined(__x86_64__)
   EXPECT_EQ(cpu::simd::run_on<LaneCount>(isa), want);
 #else
