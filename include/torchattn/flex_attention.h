@@ -32,6 +32,7 @@
 #include <torchattn/flex/inputs.h>
 #include <torchattn/flex/lanes.h>
 #include <torchattn/flex/mods.h>
+#include <torchattn/flex/score_formulas.h>
 #include <torchattn/flex/variant.h>
 
 #include <ATen/core/Tensor.h>
@@ -160,6 +161,16 @@ struct MaskAtPositions {
     return (!causal || kv_idx <= position) && (window <= 0 || position - kv_idx < window) &&
            mask_mod(b, h, position, kv_idx);
   }
+  /// The run of keys (RangedMask) where mask_mod names its own.
+  KeyRange keys(int64_t q_idx) const
+    requires RangedMask<MaskMod>
+  {
+    const int64_t position = q_idx + offset;
+    KeyRange run = mask_mod.keys(position);
+    if (causal) run = run & KeyRange{0, position + 1};
+    if (window > 0) run = run & KeyRange{position - window + 1, run.end};
+    return run;
+  }
   /// mask_mod's own check, its queries at their positions.
   void check(const ModSizes& sizes) const {
     check_mod(mask_mod, {sizes.batch, sizes.heads, sizes.q_len + offset, sizes.kv_len});
@@ -180,12 +191,8 @@ struct ScoreAtPositions {
   auto operator()(T score, int64_t b, int64_t h, int64_t q_idx, I kv_idx) const {
     const int64_t position = q_idx + offset;
     T z = score;
-    if (softcap > 0.0) {
-      using std::tanh;  // unqualified: Lanes and Dual have their own
-      const T cap = static_cast<T>(softcap);
-      z = cap * tanh(z / cap);
-    }
-    if (!slopes.empty()) z = z + static_cast<T>(slopes[static_cast<size_t>(h)]) * static_cast<T>(kv_idx - position);
+    if (softcap > 0.0) z = softcapped(z, softcap);
+    if (!slopes.empty()) z = with_alibi(z, slopes[static_cast<size_t>(h)], position, kv_idx);
     if constexpr (std::is_same_v<ScoreMod, IdentityScore>) {
       return z;
     } else {
@@ -193,6 +200,7 @@ struct ScoreAtPositions {
     }
   }
   void check(const ModSizes& sizes) const {
+    if (!slopes.empty()) check_alibi_slopes(slopes.size(), sizes.heads, "flex_variant (the module's ALiBi)");
     check_mod(score_mod, {sizes.batch, sizes.heads, sizes.q_len + offset, sizes.kv_len});
   }
 };
@@ -239,9 +247,6 @@ FlexVariant flex_variant(ScoreMod score_mod, MaskMod mask_mod, const FlexVariant
       TORCH_CHECK(q.dim() == 4 && k.dim() == 4, "flex_variant: expected q and k of 4 dimensions [B, H, T, D], got ",
                   q.dim(), " and ", k.dim());
       const int64_t B = options.per_batch ? q.size(0) : 1, H = options.per_head ? q.size(1) : 1;
-      TORCH_CHECK(call.alibi_slopes.empty() || static_cast<int64_t>(call.alibi_slopes.size()) >= q.size(1),
-                  "flex_variant: expected ALiBi slopes for each of q's ", q.size(1), " heads, got ",
-                  call.alibi_slopes.size());
       const std::array<int64_t, 7> sizes{B, H, q.size(2), k.size(2), call.q_offset, call.causal ? 1 : 0, call.window};
       const BlockMask<flex::MaskAtPositions<MaskMod>> mask = [&] {
         const std::lock_guard<std::mutex> lock(kept->mutex);

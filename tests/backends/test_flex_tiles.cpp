@@ -109,6 +109,17 @@ TEST_P(FlexTiles, Float32TilesMatchFloat64Rows) {
       return s - T(0.125) * static_cast<T>(h + 1) * static_cast<T>(q - kv) + T(0.5) * tanh(s);
     };
     expect_tiles_match_rows(c, torchattn::flex::in_lanes(distance), window);
+  } else if (c.mod == "ranged_causal") {  // the ready-made masks name their runs (flex::RangedMask)
+    expect_tiles_match_rows(c, torchattn::IdentityScore{}, torchattn::flex::Causal(c.Tk - c.Tq));
+  } else if (c.mod == "ranged_window") {  // runs that miss whole blocks some rows of a tile see
+    expect_tiles_match_rows(c, torchattn::IdentityScore{}, torchattn::flex::SlidingWindow(3, c.Tk - c.Tq));
+  } else if (c.mod == "ranged_documents") {
+    expect_tiles_match_rows(c, torchattn::IdentityScore{},
+                            torchattn::flex::Documents(std::vector<int64_t>{0, 37, 40, 98, c.Tq}));
+  } else if (c.mod == "ranged_window_softcap_lanes") {
+    expect_tiles_match_rows(c, torchattn::flex::Softcap(20.0), torchattn::flex::SlidingWindow(40));
+  } else if (c.mod == "ranged_prefix_softcap") {  // a mod run key by key, on the runs only
+    expect_tiles_match_rows(c, softcap, torchattn::flex::PrefixLM(20));
   } else {
     FAIL() << "no mod " << c.mod;
   }
@@ -131,7 +142,16 @@ INSTANTIATE_TEST_SUITE_P(
                       TileCase{"decode_grouped_alibi_lanes", "alibi_lanes", 2, 6, 2, 3, 90, 64, 64, 32, false, 1},
                       TileCase{"decode_grouped_causal_d33", "causal", 1, 8, 2, 2, 200, 33, 33, 64, true, 1},
                       TileCase{"decode_grouped_softcap_keys", "softcap", 1, 4, 1, 1, 257, 64, 48, 100, false, 1},
-                      TileCase{"decode_grouped_window_block12", "window", 1, 9, 3, 5, 77, 80, 80, 12, false, 1}),
+                      TileCase{"decode_grouped_window_block12", "window", 1, 9, 3, 5, 77, 80, 80, 12, false, 1},
+                      // Masks of runs: partial blocks cut after their rows' last key.
+                      TileCase{"ranged_causal_d64", "ranged_causal", 1, 2, 1, 300, 300, 64, 64, 128, false},
+                      TileCase{"ranged_causal_after_keys", "ranged_causal", 1, 4, 2, 70, 200, 64, 40, 32, true},
+                      TileCase{"ranged_window3_block32", "ranged_window", 1, 3, 1, 100, 100, 80, 80, 32, false},
+                      TileCase{"ranged_documents_d33", "ranged_documents", 1, 2, 1, 150, 150, 33, 33, 32, true},
+                      TileCase{"ranged_window_softcap_lanes", "ranged_window_softcap_lanes", 1, 2, 2, 90, 90, 64, 64,
+                               32, false},
+                      TileCase{"ranged_prefix_softcap", "ranged_prefix_softcap", 1, 2, 1, 90, 90, 64, 64, 32, false},
+                      TileCase{"decode_grouped_ranged_window", "ranged_window", 1, 9, 3, 5, 77, 80, 80, 12, false, 1}),
     [](const ::testing::TestParamInfo<TileCase>& info) { return info.param.name; });
 
 // float32: a row that sees no key gets zeros and a log-sum-exp of -inf; a NaN score

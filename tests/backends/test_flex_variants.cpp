@@ -8,7 +8,8 @@
 // tensors, documents (with a window, with ALiBi) against backends::attend_documents (the
 // packed path); over lengths that are not a multiple of the block, Tq != Tk (queries the
 // last of the keys), one query row and grouped heads. Then BLOOM's slopes bit for bit,
-// and misuse.
+// misuse, and the masks' runs of keys (flex::RangedMask): each the mask_mod's, and the
+// block masks made from them those made key by key.
 
 #include "backends/alibi.h"
 #include "backends/attend.h"
@@ -427,6 +428,71 @@ TEST(FlexVariantMisuse, BadArgumentsAreClearErrors) {
   expect_error([] { flex::RelativeBias(torch::zeros({1, 5}), -2); },
                "flex::RelativeBias: expected an offset >= 0, got -2");
   EXPECT_EQ(flex::RelativeBias(torch::zeros({3, 9})).max_distance(), 4);
+}
+
+// Each ready-made mask's keys(q_idx) is the run its mask_mod sees, at every query, over
+// lengths and offsets that cut the runs at both ends.
+TEST(RangedMasks, EachRunIsWhatTheMaskModSees) {
+  const int64_t Tq = 23, Tk = 40;
+  auto expect_runs = [&](const auto& mask, const std::string& name, int64_t q_len, int64_t kv_len) {
+    static_assert(flex::RangedMask<std::decay_t<decltype(mask)>>);
+    for (int64_t i = 0; i < q_len; ++i) {
+      const flex::KeyRange run = mask.keys(i);
+      for (int64_t j = 0; j < kv_len; ++j) {
+        ASSERT_EQ(mask(1, 2, i, j), run.begin <= j && j < run.end) << name << " query " << i << " key " << j;
+      }
+    }
+  };
+  for (const int64_t offset : {int64_t{0}, Tk - Tq}) {
+    const std::string at = " offset " + std::to_string(offset);
+    expect_runs(flex::Causal(offset), "Causal" + at, Tq, Tk);
+    expect_runs(flex::SlidingWindow(5, offset), "SlidingWindow(5)" + at, Tq, Tk);
+    expect_runs(flex::SlidingWindow(1, offset), "SlidingWindow(1)" + at, Tq, Tk);
+    expect_runs(flex::PrefixLM(12, offset), "PrefixLM(12)" + at, Tq, Tk);
+    expect_runs(flex::PrefixLM(0, offset), "PrefixLM(0)" + at, Tq, Tk);
+    expect_runs(flex::and_masks(flex::Causal(offset), flex::SlidingWindow(7, offset)), "Causal & SlidingWindow" + at,
+                Tq, Tk);
+  }
+  const std::vector<int64_t> cu{0, 5, 6, 19, 30};
+  expect_runs(flex::Documents(cu), "Documents causal", 30, 30);
+  expect_runs(flex::Documents(cu, /*causal=*/false), "Documents", 30, 30);
+  expect_runs(flex::and_masks(flex::Documents(cu), flex::SlidingWindow(4)), "Documents & SlidingWindow", 30, 30);
+  expect_runs(torchattn::VisibleKeys{}, "VisibleKeys", Tq, Tk);
+  // The composed mask of a flex variant: the module's causal mask and window at a call's
+  // positions over the user's mask.
+  expect_runs(flex::MaskAtPositions<flex::PrefixLM>{flex::PrefixLM(9), 6, true, 4}, "MaskAtPositions(PrefixLM)", Tq - 6,
+              Tk);
+  expect_runs(flex::MaskAtPositions<torchattn::VisibleKeys>{{}, 3, true, 0}, "MaskAtPositions(VisibleKeys)", Tq, Tk);
+}
+
+// create_block_mask counts a RangedMask's blocks from its runs: the same block mask as
+// asking the same mask key by key (a lambda, which names no run), at block sizes that
+// cut the runs anywhere.
+TEST(RangedMasks, TheirBlockMasksAreThoseMadeKeyByKey) {
+  auto same = [](const auto& ranged, const std::string& name, int64_t q_len, int64_t kv_len) {
+    const auto asked = [ranged](int64_t b, int64_t h, int64_t i, int64_t j) { return ranged(b, h, i, j); };
+    for (const int64_t bs : {int64_t{1}, int64_t{7}, int64_t{16}, int64_t{128}}) {
+      SCOPED_TRACE(name + " block_size " + std::to_string(bs));
+      const auto a = torchattn::create_block_mask(ranged, 1, 1, q_len, kv_len, bs);
+      const auto b = torchattn::create_block_mask(asked, 1, 1, q_len, kv_len, bs);
+      EXPECT_TRUE(torch::equal(a.kv_num_blocks, b.kv_num_blocks));
+      EXPECT_TRUE(torch::equal(a.full_kv_num_blocks, b.full_kv_num_blocks));
+      // Indices past a row's counts are unspecified: compare the counted ones.
+      for (int64_t qb = 0; qb < a.shape.q_blocks(); ++qb) {
+        const auto ka = a.key_blocks(0, 0, qb);
+        const auto kb = b.key_blocks(0, 0, qb);
+        for (int kind = 0; kind < 2; ++kind) {
+          for (int32_t c = 0; c < ka.count[kind]; ++c) EXPECT_EQ(ka.index[kind][c], kb.index[kind][c]);
+        }
+      }
+    }
+  };
+  same(flex::Causal(), "Causal", 70, 70);
+  same(flex::Causal(33), "Causal(33)", 37, 70);
+  same(flex::SlidingWindow(9, 4), "SlidingWindow(9)", 66, 70);
+  same(flex::PrefixLM(20), "PrefixLM(20)", 70, 70);
+  same(flex::Documents(std::vector<int64_t>{0, 10, 11, 45, 70}), "Documents", 70, 70);
+  same(flex::and_masks(flex::Causal(), flex::SlidingWindow(13)), "Causal & SlidingWindow", 70, 70);
 }
 
 }  // namespace flex_variants_test

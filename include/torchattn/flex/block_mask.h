@@ -27,6 +27,7 @@ namespace torchattn {
 /// A mask_mod that hides nothing (flex_attention without a block mask).
 struct VisibleKeys {
   bool operator()(int64_t /*b*/, int64_t /*h*/, int64_t /*q_idx*/, int64_t /*kv_idx*/) const { return true; }
+  flex::KeyRange keys(int64_t /*q_idx*/) const { return {}; }
 };
 
 /// The sizes a block mask was made for: batch and heads (1: the same for every one),
@@ -134,7 +135,8 @@ inline int64_t checked_block_size(int64_t B, int64_t H, int64_t q_len, int64_t k
 /// int64_t kv_idx) -> bool, true where query q_idx of batch b and head h sees key
 /// kv_idx. B or H of 1: one pattern for every batch or head (mask_mod called with 0,
 /// here and by the kernels). Evaluates mask_mod once per (b, h, q_idx, kv_idx): B * H *
-/// q_len * kv_len calls. A block_size past both lengths makes one block each way, as
+/// q_len * kv_len calls; a RangedMask (mods.h) once per (b, h, q_idx), by its runs of
+/// keys. A block_size past both lengths makes one block each way, as
 /// max(q_len, kv_len) + 1 does: that is the size recorded. A mask whose block indices
 /// would not fit in memory (B x H x query blocks x key blocks) is an error naming them.
 template <class MaskMod>
@@ -172,6 +174,14 @@ BlockMask<MaskMod> create_block_mask(MaskMod mask_mod, int64_t B, int64_t H, int
           if constexpr (std::is_same_v<MaskMod, VisibleKeys>) {  // every key: counted, not asked
             for (int64_t kb = 0; kb < nk; ++kb) {
               seen[static_cast<size_t>(kb)] = rows * std::min(kv_len - kb * block_size, block_size);
+            }
+          } else if constexpr (flex::RangedMask<MaskMod>) {  // one run of keys per query: counted
+            for (int64_t i = q0; i < q0 + rows; ++i) {
+              const flex::KeyRange run = m.mask_mod.keys(i) & flex::KeyRange{0, kv_len};
+              for (int64_t kb = run.begin / block_size; run.begin < run.end && kb * block_size < run.end; ++kb) {
+                seen[static_cast<size_t>(kb)] += std::min(run.end, (kb + 1) * block_size) -
+                                                 std::max(run.begin, kb * block_size);
+              }
             }
           } else {
             for (int64_t i = q0; i < q0 + rows; ++i) {

@@ -13,11 +13,20 @@
 // A mod that names `void check(const flex::ModSizes&) const` is checked against each
 // call's sizes (flex::Alibi's slopes against the query heads, flex::RelativeBias's rows,
 // flex::Documents's tokens against the lengths), an error naming both numbers.
+//
+// A mask_mod whose every query sees one run of keys may say so: a
+// `flex::KeyRange keys(int64_t q_idx) const` (RangedMask) promises that query q_idx sees
+// exactly the keys begin <= kv_idx < end, for every batch and head. create_block_mask
+// then counts each block's keys from the runs instead of asking the mod per key, and the
+// float32 forward computes a partial block's scores up to the last key its rows see and
+// hides the rest by the runs (Causal, SlidingWindow, PrefixLM and Documents do).
 
 #include <torchattn/flex/dual.h>
 
+#include <algorithm>
 #include <concepts>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 // The texts of the signature checks (a static_assert takes a literal).
@@ -46,6 +55,23 @@ inline constexpr bool is_score_mod = ScoreModOf<ScoreMod, float> && ScoreModOf<S
 /// A mask_mod: (int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx) -> bool.
 template <class MaskMod>
 inline constexpr bool is_mask_mod = std::is_invocable_r_v<bool, const MaskMod&, int64_t, int64_t, int64_t, int64_t>;
+
+/// The keys one query sees: begin <= kv_idx < end (end may pass the keys' length; an
+/// empty run, begin >= end, sees none).
+struct KeyRange {
+  int64_t begin = 0;
+  int64_t end = std::numeric_limits<int64_t>::max();
+
+  /// The keys both runs hold.
+  KeyRange operator&(const KeyRange& other) const { return {std::max(begin, other.begin), std::min(end, other.end)}; }
+};
+
+/// A mask_mod that names its run of keys per query (the file's comment): keys(q_idx)
+/// must equal mask_mod(b, h, q_idx, .) for every b and h.
+template <class MaskMod>
+concept RangedMask = requires(const MaskMod& mod, int64_t i) {
+  { mod.keys(i) } -> std::same_as<KeyRange>;
+};
 
 /// Named (::value) by every function that takes a score_mod: a class is instantiated
 /// once per type, so a score_mod of another signature is one compile error, however

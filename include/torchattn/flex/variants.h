@@ -22,6 +22,7 @@
 // flex::Dual scores go through them (dual.h).
 
 #include <torchattn/flex/mods.h>
+#include <torchattn/flex/score_formulas.h>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
@@ -57,6 +58,7 @@ struct Causal {
   bool operator()(int64_t /*b*/, int64_t /*h*/, int64_t q_idx, int64_t kv_idx) const {
     return kv_idx <= offset + q_idx;
   }
+  KeyRange keys(int64_t q_idx) const { return {0, offset + q_idx + 1}; }
 };
 
 /// Sliding window (MaskSpec::window): the query at position i = offset + q_idx sees the
@@ -74,6 +76,7 @@ struct SlidingWindow {
     const int64_t i = offset + q_idx;
     return kv_idx <= i && i - kv_idx < window;
   }
+  KeyRange keys(int64_t q_idx) const { return {offset + q_idx - window + 1, offset + q_idx + 1}; }
 };
 
 /// Prefix-LM (T5's and UniLM's): every query sees the first `prefix` keys (the prompt,
@@ -90,6 +93,7 @@ struct PrefixLM {
   bool operator()(int64_t /*b*/, int64_t /*h*/, int64_t q_idx, int64_t kv_idx) const {
     return kv_idx < prefix || kv_idx <= offset + q_idx;
   }
+  KeyRange keys(int64_t q_idx) const { return {0, std::max(prefix, offset + q_idx + 1)}; }
 };
 
 /// Documents packed end to end (the modules' forward_packed, functional::attention_packed):
@@ -107,17 +111,20 @@ class Documents {
                 cu_seqlens.size(), " offsets");
     TORCH_CHECK(cu_seqlens.front() == 0, "flex::Documents: expected cu_seqlens to start at 0, got ",
                 cu_seqlens.front());
-    auto ids = std::make_shared<std::vector<int64_t>>();
-    ids->reserve(static_cast<size_t>(std::max<int64_t>(cu_seqlens.back(), 0)));
+    auto tables = std::make_shared<Tables>();
+    tables->ids.reserve(static_cast<size_t>(std::max<int64_t>(cu_seqlens.back(), 0)));
     for (size_t s = 0; s + 1 < cu_seqlens.size(); ++s) {
       TORCH_CHECK(cu_seqlens[s + 1] > cu_seqlens[s],
                   "flex::Documents: expected cu_seqlens increasing (every document at least one token), got ",
                   cu_seqlens[s], " then ", cu_seqlens[s + 1], " at document ", s);
-      ids->insert(ids->end(), static_cast<size_t>(cu_seqlens[s + 1] - cu_seqlens[s]), static_cast<int64_t>(s));
+      tables->ids.insert(tables->ids.end(), static_cast<size_t>(cu_seqlens[s + 1] - cu_seqlens[s]),
+                         static_cast<int64_t>(s));
     }
-    ids_ = ids->data();
-    tokens_ = static_cast<int64_t>(ids->size());
-    owner_ = std::move(ids);
+    tables->offsets = cu_seqlens;
+    ids_ = tables->ids.data();
+    offsets_ = tables->offsets.data();
+    tokens_ = static_cast<int64_t>(tables->ids.size());
+    owner_ = std::move(tables);
   }
   /// cu_seqlens as the modules take it: [S + 1] int32 or int64 (on any device: copied
   /// to the host once).
@@ -132,6 +139,13 @@ class Documents {
     TORCH_CHECK(q_idx < tokens_ && kv_idx < tokens_, "flex::Documents: expected a block mask of the documents' ",
                 tokens_, " tokens, got query ", q_idx, " and key ", kv_idx);
     return ids_[q_idx] == ids_[kv_idx] && (!causal_ || kv_idx <= q_idx);
+  }
+  /// Query q_idx's document up to itself (causal) or whole.
+  KeyRange keys(int64_t q_idx) const {
+    TORCH_CHECK(q_idx < tokens_, "flex::Documents: expected a block mask of the documents' ", tokens_,
+                " tokens, got query ", q_idx);
+    const int64_t s = ids_[q_idx];
+    return {offsets_[s], causal_ ? q_idx + 1 : offsets_[s + 1]};
   }
 
   /// The documents cover the keys and the queries, each N tokens long.
@@ -153,8 +167,13 @@ class Documents {
     return {p, p + host.numel()};
   }
 
-  std::shared_ptr<const std::vector<int64_t>> owner_;
-  const int64_t* ids_ = nullptr;  // owner_'s data: the document of each token
+  struct Tables {
+    std::vector<int64_t> ids;      // the document of each token
+    std::vector<int64_t> offsets;  // cu_seqlens
+  };
+  std::shared_ptr<const Tables> owner_;
+  const int64_t* ids_ = nullptr;      // owner_'s ids
+  const int64_t* offsets_ = nullptr;  // owner_'s offsets
   int64_t tokens_ = 0;
   bool causal_ = true;
 };
@@ -174,6 +193,12 @@ struct CombinedMasks {
           }
         },
         mask_mods);
+  }
+  /// and_masks of masks that each name their runs: the keys every run holds.
+  KeyRange keys(int64_t q_idx) const
+    requires(All && (RangedMask<MaskMods> && ...))
+  {
+    return std::apply([&](const auto&... m) { return (KeyRange{} & ... & m.keys(q_idx)); }, mask_mods);
   }
   void check(const ModSizes& sizes) const {
     std::apply([&](const auto&... m) { (check_mod(m, sizes), ...); }, mask_mods);
@@ -223,15 +248,11 @@ struct Alibi {
 
   template <class T, class I = int64_t>
   T operator()(T score, int64_t /*b*/, int64_t h, int64_t q_idx, I kv_idx) const {
-    return score + static_cast<T>(slopes[static_cast<size_t>(h)]) * static_cast<T>(kv_idx - offset - q_idx);
+    return with_alibi(score, slopes[static_cast<size_t>(h)], offset + q_idx, kv_idx);
   }
 
-  /// One slope per query head.
-  void check(const ModSizes& sizes) const {
-    TORCH_CHECK(static_cast<int64_t>(slopes.size()) >= sizes.heads, "flex::Alibi: has ", slopes.size(),
-                " slopes, but q has ", sizes.heads, " heads; expected one slope per query head (Alibi(", sizes.heads,
-                ") for BLOOM's)");
-  }
+  /// One slope per query head (Alibi(heads) for BLOOM's).
+  void check(const ModSizes& sizes) const { check_alibi_slopes(slopes.size(), sizes.heads, "flex::Alibi"); }
 
   /// BLOOM's slopes for num_heads >= 1 heads, as float32 numbers (the same tensor
   /// operations as the library's ALiBi, so the same bits).
@@ -266,9 +287,7 @@ struct Softcap {
 
   template <class T, class I = int64_t>
   T operator()(T score, int64_t /*b*/, int64_t /*h*/, int64_t /*q_idx*/, I /*kv_idx*/) const {
-    using std::tanh;  // unqualified: the backward's scores are flex::Dual numbers, the forward's Lanes
-    const T cap = static_cast<T>(softcap);
-    return cap * tanh(score / cap);
+    return softcapped(score, softcap);
   }
 };
 

@@ -14,7 +14,8 @@
 //      2 vectors of keys, over keys packed transposed);
 //   2. score_mod per kept score (skipped for IdentityScore; W keys at a time for a mod
 //      that runs on Lanes, lanes.h), mask_mod per key of a partial block (-inf where it
-//      hides);
+//      hides; a RangedMask's runs instead, mods.h, and the block cut after the last key
+//      the tile's rows see);
 //   3. the online softmax of each row (RowSoftmax): numerators, and the factor for
 //      what the row had accumulated;
 //   4. the row's accumulated values, rescaled, plus numerators x values (registers:
@@ -107,6 +108,7 @@ struct ForwardTiles {
     constexpr int W = S::W;
     constexpr int64_t R = rows<S>(), KT = kScoreTileVectors * W, RO = W == 16 ? 4 : 2, NO = 4;
     constexpr bool kModsScores = !std::is_same_v<ScoreMod, IdentityScore>;
+    constexpr bool kRanged = RangedMask<MaskMod>;
     const int64_t group = s.H / s.Hkv, G = fold ? group : 1, Dv = s.Dv;
     const int64_t bs = mask.shape.block_size, nq = mask.shape.q_blocks(), tiles = (G * bs + R - 1) / R;
     const int64_t per_head = nq * tiles, heads = fold ? s.Hkv : s.H;
@@ -141,7 +143,24 @@ struct ForwardTiles {
       const auto blocks = mask.key_blocks(b, h0, qb);  // folded: the same for every head
       for (int kind = 0; kind < 2; ++kind) {           // 0: full blocks, 1: partial ones
         for (int32_t c = 0; c < blocks.count[kind]; ++c) {
-          const int64_t j0 = static_cast<int64_t>(blocks.index[kind][c]) * bs, n = std::min(bs, s.Tk - j0);
+          const int64_t j0 = static_cast<int64_t>(blocks.index[kind][c]) * bs;
+          int64_t n = std::min(bs, s.Tk - j0);
+          // A partial block under a mask of runs: each row's run within the block, and
+          // the block cut after the last key a row sees.
+          [[maybe_unused]] int64_t run_begin[R], run_end[R];
+          if constexpr (kRanged) {
+            if (kind == 1) {
+              int64_t last = 0;
+              for (int64_t r = 0; r < rows; ++r) {
+                KeyRange run = mask.mask_mod.keys(irow[r]) & KeyRange{j0, j0 + n};
+                if (run.begin >= run.end) run = {j0, j0};  // none of this block's keys
+                run_begin[r] = run.begin - j0, run_end[r] = run.end - j0;
+                last = std::max(last, run_end[r]);
+              }
+              n = last;
+              if (n == 0) continue;  // no row of this tile sees a key of it
+            }
+          }
           // 1. Scaled scores, whole tiles of keys (past n: read from the pad).
           if (a.kt != nullptr) {
             score_tile<S, R>(qrow, kt + j0, a.tk_pad, s.D, n, scores.data(), stride, vscale);
@@ -162,9 +181,21 @@ struct ForwardTiles {
                   const Lanes<S> out = mod_lanes<S>(score_mod, in, b, h, i, j0 + j);
                   S::store(sr + j, S::load(out.x));
                 }
+              } else if constexpr (kRanged) {
+                const int64_t from = kind == 1 ? run_begin[r] : 0, to = kind == 1 ? run_end[r] : n;
+                if constexpr (kModsScores) {
+                  for (int64_t j = from; j < to; ++j) sr[j] = static_cast<float>(score_mod(sr[j], b, h, i, j0 + j));
+                }
+              }
+              if constexpr (kRanged || (kModsScores && runs_in_lanes<ScoreMod>)) {
                 if (kind == 1) {
-                  for (int64_t j = 0; j < n; ++j) {
-                    if (!mask.visible(b, h, i, j0 + j)) sr[j] = kernels::cpu::simd::kNegInf;
+                  if constexpr (kRanged) {  // the run's keys kept, the others hidden
+                    std::fill(sr, sr + run_begin[r], kernels::cpu::simd::kNegInf);
+                    std::fill(sr + run_end[r], sr + n, kernels::cpu::simd::kNegInf);
+                  } else {
+                    for (int64_t j = 0; j < n; ++j) {
+                      if (!mask.visible(b, h, i, j0 + j)) sr[j] = kernels::cpu::simd::kNegInf;
+                    }
                   }
                 }
                 continue;
@@ -181,6 +212,31 @@ struct ForwardTiles {
           // 3. Numerators, and each row's factor for what it holds.
           for (int64_t r = 0; r < rows; ++r) rescale[r] = softmax[r].add(scores.data() + r * stride, n);
           // 4. acc = acc * rescale + numerators x values, RO rows x NO vectors at a time.
+          if constexpr (kRanged) {
+            if (kind == 1) {
+              // The keys every row of the tile sees by the tile; each row's others one
+              // by one, and only those it sees: a key a run leaves out never reaches
+              // the row, not even a value of inf (0 x inf).
+              int64_t lo = 0, hi = n;
+              for (int64_t r = 0; r < rows; ++r) lo = std::max(lo, run_begin[r]), hi = std::min(hi, run_end[r]);
+              hi = std::max(hi, lo);
+              weigh_rows<S, RO, NO>(scores.data() + lo, stride, acc.data(), Dv, rescale, rows, vh + (j0 + lo) * a.v_t,
+                                    a.v_t, hi - lo, Dv);
+              for (int64_t r = 0; r < rows; ++r) {
+                const float* sr = scores.data() + r * stride;
+                float* ar = acc.data() + r * Dv;
+                const auto add = [&](int64_t from, int64_t to) {
+                  for (int64_t j = from; j < to; ++j) {
+                    const float* vj = vh + (j0 + j) * a.v_t;
+                    for (int64_t e = 0; e < Dv; ++e) ar[e] += sr[j] * vj[e];
+                  }
+                };
+                add(run_begin[r], std::min(lo, run_end[r]));
+                add(std::max(hi, run_begin[r]), run_end[r]);
+              }
+              continue;
+            }
+          }
           weigh_rows<S, RO, NO>(scores.data(), stride, acc.data(), Dv, rescale, rows, vh + j0 * a.v_t, a.v_t, n, Dv);
         }
       }

@@ -118,8 +118,12 @@ static void weigh_values(const float* const* prow, float* const* arow, const typ
       for (int64_t m = 0; m < NO; ++m) sum[r][m] = S::fma(pv, vv[m], sum[r][m]);
     }
   }
-  for (int64_t r = 0; r < stored; ++r) {
-    for (int64_t m = 0; m < nv; ++m) {
+  // Loops of constant bounds, so that every index of sum is a constant and the compiler
+  // keeps it in registers (an index bounded by `stored` kept GCC 12 writing the
+  // accumulators to the stack at every key: 1.16x the time of a causal forward).
+  for (int64_t r = 0; r < RO; ++r) {
+    for (int64_t m = 0; m < NO; ++m) {
+      if (r >= stored || m >= nv) continue;
       if (kWhole || m + 1 < nv) {
         S::store(arow[r] + c0 + m * W, sum[r][m]);
       } else {
@@ -192,9 +196,10 @@ void add_outer(const float* w, int64_t stride, const float* x, int64_t x_t, int6
           for (int64_t m = 0; m < NO; ++m) sum[u][m] = S::fma(wv, xv[m], sum[u][m]);
         }
       }
-      for (int64_t u = 0; u < keys; ++u) {
+      for (int64_t u = 0; u < JK; ++u) {  // constant bounds: sum stays in registers (weigh_values)
         float* p = key + (j0 + u) * key_t + c0;
-        for (int64_t m = 0; m < nv; ++m) {
+        for (int64_t m = 0; m < NO; ++m) {
+          if (u >= keys || m >= nv) continue;
           if (whole || m + 1 < nv) {
             S::store(p + m * W, sum[u][m]);
           } else {
