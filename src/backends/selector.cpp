@@ -16,7 +16,7 @@
 #include "backends/varlen_flash.h"
 #include "kernels/cpu/decode_attention.h"
 #include "kernels/cpu/paged_attention.h"
-#include "kernels/cpu/prefill_attention.h"
+#include "kernels/cpu/needs_grad.h"
 #include "kernels/cuda/static_decode_attention.h"
 
 #include <ATen/TensorOperators.h>
@@ -257,19 +257,26 @@ at::Tensor run_reference(const AttentionCall& c) {
                              dropout_p(c.config));
 }
 
-// A causal prefill on the CPU (no gradient) by torchattn's kernel, which computes only
-// the keys each row sees, aligned bottom-right: a whole sequence, or a chunk of more
-// rows than a decoding step after cached keys.
-bool prefill_kernel_path(const AttentionCall& c) {
+// A causal prefill on the CPU (no gradient) by flex's kernels under flex::Causal, which
+// compute only the keys each row sees, aligned bottom-right: a whole sequence, or a
+// chunk of more rows than a decoding step after cached keys. q [B, H, Tq, d] float32
+// over k [B, Hkv, Tk, d] and v [B, Hkv, Tk, dv], H a multiple of Hkv, Tq <= Tk.
+bool causal_flex_path(const AttentionCall& c) {
   const MaskSpec& spec = c.spec;
-  return on_spec(c) && spec.causal && !spec.is_static() && !spec.window &&
-         (spec.past == 0 || c.q.size(-2) > kernels::cpu::kDecodeAttentionRows) && c.config.backend == Backend::Auto &&
-         dropout_p(c.config) == 0.0 && c.k.size(-2) <= prefill_kernel_max_keys(kernels::cpu::best_isa()) &&
-         kernels::cpu::prefill_attention_applies(c.q, c.k, c.v);
+  const at::Tensor &q = c.q, &k = c.k, &v = c.v;
+  const auto cpu_float = [](const at::Tensor& x) {
+    return x.dim() == 4 && x.is_cpu() && x.scalar_type() == at::kFloat;
+  };
+  return on_spec(c) && spec.causal && !spec.is_static() && !spec.window && !spec.has_key_masks() &&
+         !spec.alibi_slopes.defined() && !c.config.softcap && !c.config.sinks.defined() && !c.config.flex &&
+         (spec.past == 0 || q.size(-2) > kernels::cpu::kDecodeAttentionRows) && c.config.backend == Backend::Auto &&
+         dropout_p(c.config) == 0.0 && cpu_float(q) && cpu_float(k) && cpu_float(v) && k.size(1) >= 1 &&
+         q.size(1) % k.size(1) == 0 && v.size(1) == k.size(1) && q.size(0) == k.size(0) && v.size(0) == k.size(0) &&
+         k.size(3) == q.size(3) && v.size(2) == k.size(2) && q.size(2) >= 1 && q.size(2) <= k.size(2) &&
+         k.size(2) <= causal_flex_max_keys(kernels::cpu::best_isa()) && !kernels::cpu::needs_grad(q) &&
+         !kernels::cpu::needs_grad(k) && !kernels::cpu::needs_grad(v);
 }
-at::Tensor run_prefill_kernel(const AttentionCall& c) {
-  return kernels::cpu::prefill_attention(c.q, c.k, c.v, score_scale(c.config, c.q.size(-1)));
-}
+at::Tensor run_causal_flex(const AttentionCall& c) { return named_flex_attention(c.q, c.k, c.v, c.spec, c.config); }
 
 // The spec in ATen's form. SDPA's is_causal aligns top-left, which is our mask only
 // when Tq == Tk. A single new token sees every cached key, so it needs no mask. Other
@@ -363,10 +370,11 @@ constexpr std::array kPaths = {
                   "torchattn's flash-decoding kernel (CUDA builds)", static_decode_path, run_static_decode, nullptr},
     AttentionPath{"reference", "Reference (or Auto's static step on CUDA)", "the notebooks' math step by step",
                   reference_path, run_reference, nullptr},
-    AttentionPath{"cpu_prefill_kernel",
+    AttentionPath{"cpu_flex_causal",
                   "Auto, causal, float32 on the CPU, no gradient or dropout, no window; a whole sequence or > 16 "
                   "rows after cached keys; keys <= 512 (AVX2) or 16384 (AVX-512)",
-                  "torchattn's causal prefill kernel", prefill_kernel_path, run_prefill_kernel, nullptr},
+                  "flex's kernels under flex::Causal's block mask (the causal prefill)", causal_flex_path,
+                  run_causal_flex, nullptr},
     AttentionPath{"masks_as_aten", "any other call", "lowers: ATen's is_causal or a bool mask", aten_masks_path,
                   nullptr, lower_aten_masks},
     AttentionPath{"cpu_decode_kernel", "lowered: Auto, <= 16 rows, float32 on the CPU, no gradient or dropout",
@@ -438,9 +446,10 @@ std::string attention_paths_markdown() {
   return out.str();
 }
 
-int64_t prefill_kernel_max_keys(kernels::cpu::Isa isa) {
-  // Where the kernel measured faster than ATen's flash kernel, by instruction set
-  // (kernel / ATen time, interleaved medians, 2 threads, q [B, H, T, 64] over T keys):
+int64_t causal_flex_max_keys(kernels::cpu::Isa isa) {
+  // Where the causal prefill kernel that flex's causal instance replaced measured faster
+  // than ATen's flash kernel, by instruction set (kernel / ATen time, interleaved
+  // medians, 2 threads, q [B, H, T, 64] over T keys):
   // - AVX2, AMD EPYC Zen 3 (no AVX-512): T 128 0.43, 512 0.96-1.02 (9 and 32 heads),
   //   1024 1.24, 2048 1.53, 4096 2.01: the kernel reads every visible key once per
   //   block of 4 rows, which outgrows the caches where ATen's blocked GEMMs do not.
@@ -448,8 +457,11 @@ int64_t prefill_kernel_max_keys(kernels::cpu::Isa isa) {
   //   512 0.39, 1024 0.56, 16384 0.87; 12 heads, B=4, T 512 0.46, 1024 0.60; 32 heads
   //   over 8, T 512 0.41, 1024 0.58, 2048 0.68, 4096 0.82, 8192 0.88. Faster at 512 on
   //   an Intel Xeon too, not measured beyond there.
-  // So up to 512 keys with AVX2 and 16384 (the most measured) with AVX-512; ATen's
-  // kernel past that (and without AVX2 at all).
+  // Flex under flex::Causal then measured 0.74-0.87x that kernel's time (AMD EPYC Zen 4,
+  // AVX-512, B=1 H=12, T 256 to 4096, torchattn_bench_flex --only causal_forward; 0.81-
+  // 0.92x capped to AVX2 at T 256 to 1024) and below ATen's at every T measured there
+  // (0.54x at 256, 0.90x at 4096), so the limits stand: up to 512 keys with AVX2 and
+  // 16384 (the most measured) with AVX-512; ATen's kernel past that (and without AVX2).
   switch (isa) {
     case kernels::cpu::Isa::Avx512Vnni:  // the float kernel runs as on Avx512
     case kernels::cpu::Isa::Avx512:

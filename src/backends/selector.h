@@ -52,9 +52,9 @@ std::vector<std::string> explain_attention(const AttentionCall& call);
 /// The table as a Markdown table (order, name, applies when, does): docs/architecture.md.
 std::string attention_paths_markdown();
 
-/// The most keys for which Backend::Auto takes the causal prefill kernel on a CPU with
-/// `isa` (where it measured faster than ATen's; the figures in selector.cpp): 512 with
-/// AVX2, 16384 with AVX-512, 0 without.
-int64_t prefill_kernel_max_keys(kernels::cpu::Isa isa);
+/// The most keys for which Backend::Auto takes flex's causal instance for a prefill on
+/// a CPU with `isa` (where it measured faster than ATen's; the figures in selector.cpp):
+/// 512 with AVX2, 16384 with AVX-512, 0 without.
+int64_t causal_flex_max_keys(kernels::cpu::Isa isa);
 
 }  // namespace torchattn::backends

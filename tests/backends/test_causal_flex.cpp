@@ -3,17 +3,14 @@
 // in float64 over shapes (tiles of rows and keys, blocks of the block mask, chunks after
 // earlier keys, grouped heads, head sizes), strided views and threads, on the
 // instruction set the process runs (ctest's unit_isa_* cap it); a key hidden from a row
-// never reaches it; what the path applies to. And flex::RangedMask, which it rests on:
-// each ready-made mask's run of keys is its mask_mod's, and a block mask made from the
-// runs is the one made by asking per key.
+// never reaches it; what the path applies to. (flex::RangedMask, which it rests on:
+// test_flex_variants.cpp.)
 
 #include "backends/attend.h"
+#include "backends/named_flex.h"
 #include "backends/selector.h"
 
 #include <torchattn/detail/kernels/cpu/cpu_features.h>
-#include <torchattn/flex/block_mask.h>
-#include <torchattn/flex/variants.h>
-#include <torchattn/flex_attention.h>
 
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
@@ -100,8 +97,8 @@ TEST(CausalFlex, MatchesTheMathThroughTheTable) {
       k = torch::randn({c.B, c.Hkv, c.Tk + 5, c.d}).narrow(2, 3, c.Tk);
       v = torch::randn({c.B, c.Tk, c.Hkv, c.dv}).transpose(1, 2);
     }
-    const std::vector<std::string> want_path =
-        vector_isa() ? std::vector<std::string>{"cpu_flex_causal"} : std::vector<std::string>{"masks_as_aten"};
+    const std::vector<std::string> want_path = vector_isa() ? std::vector<std::string>{"cpu_flex_causal"}
+                                                            : std::vector<std::string>{"masks_as_aten"};
     const auto path = path_of(q, k, v);
     ASSERT_FALSE(path.empty());
     EXPECT_EQ(path.front(), want_path.front());
@@ -114,6 +111,12 @@ TEST(CausalFlex, MatchesTheMathThroughTheTable) {
   EXPECT_EQ(checked, static_cast<int>(cases().size()));
 }
 
+// The path's flex instance (named_flex_attention, as cpu_flex_causal runs it), on every
+// instruction set (also where the table takes ATen's kernel instead: without AVX2).
+at::Tensor causal_flex(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+  return torchattn::backends::named_flex_attention(q, k, v, causal_spec(q.size(2), k.size(2)), AttentionOptions{});
+}
+
 // A key hidden from a row adds nothing to it, even a value of inf: the rows before an
 // inf value are those of the same values with a finite one there, bit for bit, a key
 // inside a tile of rows and a tile of keys, in a whole block and in a partial one.
@@ -124,9 +127,9 @@ TEST(CausalFlex, AKeyHiddenFromARowNeverReachesIt) {
     const int64_t Tq = 29, Tk = Tq + past, at_key = past + 6;  // first seen by query row 6
     const auto q = torch::randn({1, 2, Tq, 16}), k = torch::randn({1, 2, Tk, 16});
     auto v = torch::randn({1, 2, Tk, 16});
-    const auto finite = torchattn::backends::attend(q, k, v, causal_spec(Tq, Tk), AttentionOptions{});
+    const auto finite = causal_flex(q, k, v);
     v.select(2, at_key).fill_(INFINITY);
-    const auto out = torchattn::backends::attend(q, k, v, causal_spec(Tq, Tk), AttentionOptions{});
+    const auto out = causal_flex(q, k, v);
     EXPECT_TRUE(torch::equal(out.narrow(2, 0, 6), finite.narrow(2, 0, 6)));
     EXPECT_TRUE(out.narrow(2, 0, 6).isfinite().all().item<bool>());
     EXPECT_FALSE(out.narrow(2, 6, Tq - 6).isfinite().any().item<bool>());  // the rows that see it
@@ -140,9 +143,9 @@ TEST(CausalFlex, ThreadsChangeNoBitAndAtenAgrees) {
   const auto q = torch::randn({1, 9, 200, 64}), k = torch::randn({1, 3, 200, 64}), v = torch::randn({1, 3, 200, 64});
   const int threads = at::get_num_threads();
   at::set_num_threads(1);
-  const auto one = torchattn::backends::attend(q, k, v, causal_spec(200, 200), AttentionOptions{});
+  const auto one = causal_flex(q, k, v);
   at::set_num_threads(std::max(2, threads));
-  const auto many = torchattn::backends::attend(q, k, v, causal_spec(200, 200), AttentionOptions{});
+  const auto many = causal_flex(q, k, v);
   at::set_num_threads(threads);
   EXPECT_TRUE(torch::equal(one, many));
   const auto aten = at::scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), {}, 0.0,
@@ -164,71 +167,6 @@ TEST(CausalFlex, AppliesOnlyToWhatItComputes) {
   EXPECT_NE(path_of(decoding, k, v).back(), flex);
   torch::NoGradGuard no_grad;
   EXPECT_EQ(path_of(q.clone().requires_grad_(), k, v).back() == flex, vector_isa());
-}
-
-// Each ready-made mask's keys(q_idx) is the run its mask_mod sees, at every query, over
-// lengths and offsets that cut the runs at both ends.
-TEST(RangedMasks, EachRunIsWhatTheMaskModSees) {
-  namespace F = torchattn::flex;
-  const int64_t Tq = 23, Tk = 40;
-  auto expect_runs = [&](const auto& mask, const std::string& name, int64_t q_len, int64_t kv_len) {
-    static_assert(F::RangedMask<std::decay_t<decltype(mask)>>);
-    for (int64_t i = 0; i < q_len; ++i) {
-      const F::KeyRange run = mask.keys(i);
-      for (int64_t j = 0; j < kv_len; ++j) {
-        ASSERT_EQ(mask(1, 2, i, j), run.begin <= j && j < run.end) << name << " query " << i << " key " << j;
-      }
-    }
-  };
-  for (const int64_t offset : {int64_t{0}, Tk - Tq}) {
-    const std::string at = " offset " + std::to_string(offset);
-    expect_runs(F::Causal(offset), "Causal" + at, Tq, Tk);
-    expect_runs(F::SlidingWindow(5, offset), "SlidingWindow(5)" + at, Tq, Tk);
-    expect_runs(F::SlidingWindow(1, offset), "SlidingWindow(1)" + at, Tq, Tk);
-    expect_runs(F::PrefixLM(12, offset), "PrefixLM(12)" + at, Tq, Tk);
-    expect_runs(F::PrefixLM(0, offset), "PrefixLM(0)" + at, Tq, Tk);
-    expect_runs(F::and_masks(F::Causal(offset), F::SlidingWindow(7, offset)), "Causal & SlidingWindow" + at, Tq, Tk);
-  }
-  const std::vector<int64_t> cu{0, 5, 6, 19, 30};
-  expect_runs(F::Documents(cu), "Documents causal", 30, 30);
-  expect_runs(F::Documents(cu, /*causal=*/false), "Documents", 30, 30);
-  expect_runs(F::and_masks(F::Documents(cu), F::SlidingWindow(4)), "Documents & SlidingWindow", 30, 30);
-  expect_runs(torchattn::VisibleKeys{}, "VisibleKeys", Tq, Tk);
-  // The composed mask of a flex variant: the module's causal mask and window at a call's
-  // positions over the user's mask.
-  expect_runs(F::MaskAtPositions<F::PrefixLM>{F::PrefixLM(9), 6, true, 4}, "MaskAtPositions(PrefixLM)", Tq - 6,
-              Tk);
-  expect_runs(F::MaskAtPositions<torchattn::VisibleKeys>{{}, 3, true, 0}, "MaskAtPositions(VisibleKeys)", Tq, Tk);
-}
-
-// create_block_mask counts a RangedMask's blocks from its runs: the same block mask as
-// asking the same mask key by key (a lambda, which names no run), at block sizes that
-// cut the runs anywhere.
-TEST(RangedMasks, TheirBlockMasksAreThoseMadeKeyByKey) {
-  namespace F = torchattn::flex;
-  auto same = [](const auto& ranged, const std::string& name, int64_t q_len, int64_t kv_len) {
-    const auto asked = [ranged](int64_t b, int64_t h, int64_t i, int64_t j) { return ranged(b, h, i, j); };
-    for (const int64_t bs : {int64_t{1}, int64_t{7}, int64_t{16}, int64_t{128}}) {
-      SCOPED_TRACE(name + " block_size " + std::to_string(bs));
-      const auto a = torchattn::create_block_mask(ranged, 1, 1, q_len, kv_len, bs);
-      const auto b = torchattn::create_block_mask(asked, 1, 1, q_len, kv_len, bs);
-      EXPECT_TRUE(torch::equal(a.kv_num_blocks, b.kv_num_blocks));
-      EXPECT_TRUE(torch::equal(a.full_kv_num_blocks, b.full_kv_num_blocks));
-      // Indices past a row's counts are unspecified: compare the counted ones.
-      for (int64_t qb = 0; qb < a.shape.q_blocks(); ++qb) {
-        const auto ka = a.key_blocks(0, 0, qb), kb = b.key_blocks(0, 0, qb);
-        for (int kind = 0; kind < 2; ++kind) {
-          for (int32_t c = 0; c < ka.count[kind]; ++c) EXPECT_EQ(ka.index[kind][c], kb.index[kind][c]);
-        }
-      }
-    }
-  };
-  same(F::Causal(), "Causal", 70, 70);
-  same(F::Causal(33), "Causal(33)", 37, 70);
-  same(F::SlidingWindow(9, 4), "SlidingWindow(9)", 66, 70);
-  same(F::PrefixLM(20), "PrefixLM(20)", 70, 70);
-  same(F::Documents(std::vector<int64_t>{0, 10, 11, 45, 70}), "Documents", 70, 70);
-  same(F::and_masks(F::Causal(), F::SlidingWindow(13)), "Causal & SlidingWindow", 70, 70);
 }
 
 }  // namespace

@@ -50,7 +50,7 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 std::vector<Case> cases() {
   const bool vec = avx2();
-  const Path prefill = vec ? Path{"cpu_prefill_kernel"} : Path{"masks_as_aten", "aten_sdpa"};
+  const Path prefill = vec ? Path{"cpu_flex_causal"} : Path{"masks_as_aten", "aten_sdpa"};
   std::vector<Case> all;
   auto add = [&](Case c) { all.push_back(std::move(c)); };
   add({.name = "prefill", .set = [](MaskSpec& s, AttentionOptions&, auto&) { s.causal = true; }, .path = prefill});
@@ -89,7 +89,7 @@ std::vector<Case> cases() {
   add({.name = "single_head",
        .three_d = true,
        .set = [](MaskSpec& s, AttentionOptions&, auto&) { s.causal = true; },
-       .path = vec ? Path{"single_head_as_heads", "cpu_prefill_kernel"}
+       .path = vec ? Path{"single_head_as_heads", "cpu_flex_causal"}
                    : Path{"single_head_as_heads", "masks_as_aten", "aten_sdpa"}});
   add({.name = "reference",
        .set = [](MaskSpec& s, AttentionOptions& o, auto&) { s.causal = true, o.backend = Backend::Reference; },
@@ -274,7 +274,7 @@ TEST(AttentionPathsTable, EveryCpuPathIsTakenByACallHere) {
   std::set<std::string> cpu;
   for (const auto& p : torchattn::backends::attention_paths()) {
     const std::string name(p.name);
-    if (name.rfind("cuda_", 0) != 0 && (avx2() || name != "cpu_prefill_kernel")) cpu.insert(name);
+    if (name.rfind("cuda_", 0) != 0 && (avx2() || name != "cpu_flex_causal")) cpu.insert(name);
   }
   EXPECT_EQ(taken, cpu);
 }
@@ -299,22 +299,22 @@ TEST(AttentionPathsTable, DocsArchitectureShowsTheTable) {
       << torchattn::backends::attention_paths_markdown();
 }
 
-// Auto takes the causal prefill kernel only up to the keys where it measured faster
-// (per instruction set, backends/selector.cpp): ATen's kernel past them.
-TEST(AttentionPathsTable, ThePrefillKernelTakesAtMostTheKeysWhereItPays) {
+// Auto takes flex's causal instance for a prefill only up to the keys where it measured
+// faster (per instruction set, backends/selector.cpp): ATen's kernel past them.
+TEST(AttentionPathsTable, TheCausalFlexInstanceTakesAtMostTheKeysWhereItPays) {
   namespace kc = torchattn::kernels::cpu;
-  EXPECT_EQ(torchattn::backends::prefill_kernel_max_keys(kc::Isa::Scalar), 0);
-  EXPECT_EQ(torchattn::backends::prefill_kernel_max_keys(kc::Isa::Avx2), 512);
-  EXPECT_EQ(torchattn::backends::prefill_kernel_max_keys(kc::Isa::Avx512), 16384);
-  EXPECT_EQ(torchattn::backends::prefill_kernel_max_keys(kc::Isa::Avx512Vnni), 16384);
-  const int64_t most = torchattn::backends::prefill_kernel_max_keys(kc::best_isa());
+  EXPECT_EQ(torchattn::backends::causal_flex_max_keys(kc::Isa::Scalar), 0);
+  EXPECT_EQ(torchattn::backends::causal_flex_max_keys(kc::Isa::Avx2), 512);
+  EXPECT_EQ(torchattn::backends::causal_flex_max_keys(kc::Isa::Avx512), 16384);
+  EXPECT_EQ(torchattn::backends::causal_flex_max_keys(kc::Isa::Avx512Vnni), 16384);
+  const int64_t most = torchattn::backends::causal_flex_max_keys(kc::best_isa());
   MaskSpec spec;
   spec.causal = true;
   for (const int64_t T : {int64_t{8}, most, most + 1}) {
     if (T < 1) continue;
     const auto q = torch::empty({1, 2, T, 16}), k = torch::empty({1, 1, T, 16});
     const Path path = torchattn::backends::explain(q, k, k, spec, {});
-    EXPECT_EQ(path.back(), T <= most ? "cpu_prefill_kernel" : "aten_sdpa") << T << " keys";
+    EXPECT_EQ(path.back(), T <= most ? "cpu_flex_causal" : "aten_sdpa") << T << " keys";
   }
 }
 

@@ -10,7 +10,6 @@
 
 #include <torchattn/detail/kernels/cpu/cpu_features.h>
 #include "kernels/cpu/paged_attention.h"
-#include "kernels/cpu/prefill_attention.h"
 #include <torchattn/detail/kernels/cpu/simd.h>
 #include "kernels/cpu/vec.h"
 
@@ -86,8 +85,8 @@ TEST(CpuFeatures, AKernelRefusesAnInstructionSetWiderThanItRuns) {
   const Isa wider = static_cast<Isa>(static_cast<int>(K::best_isa()) + 1);
   const std::string want = std::string(": expected an instruction set up to ") + K::isa_name(K::best_isa()) + ", got " +
                            K::isa_name(wider);
-  const auto q = torch::randn({1, 1, 4, 16}), k = torch::randn({1, 1, 4, 16});
-  expect_error([&] { K::prefill_attention(q, k, k, 0.25, wider); }, "prefill_attention" + want);
+  const std::vector<float> x(16, 1.0f);
+  expect_error([&] { K::dot(x.data(), x.data(), 16, wider); }, "dot" + want);
 }
 
 // Lane-wise operations of the vector type over n floats, W lanes at a time (the last

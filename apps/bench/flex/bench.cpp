@@ -9,8 +9,9 @@
 //
 // q, k, v [B=1, H=12, T, D=64] float32 (ALiBi: x [1, T, 768] through a module's
 // projections). Sections (sides; the first is the one the ratios are of):
-//   causal_forward            flex causal | functional::attention causal (CPU float32, no
-//                             grad: kernels::cpu::prefill_attention) | ATen SDPA is_causal
+//   causal_forward            flex causal (its block mask made once) | functional::attention
+//                             causal (CPU float32, no grad: flex under flex::Causal, the
+//                             block mask made per call) | ATen SDPA is_causal
 //   causal_forward_backward   flex causal | ATen SDPA is_causal
 //   documents_forward(+_backward)
 //                             flex, block mask of `docs` equal documents (same document and
@@ -187,7 +188,9 @@ int main(int argc, char** argv) {
   };
 
   // ---- the mods ----
-  auto causal = [](int64_t, int64_t, int64_t q_idx, int64_t kv_idx) { return q_idx >= kv_idx; };
+  // Causal as the ready-made mask (q_idx >= kv_idx), which names each query's run of keys
+  // (flex::RangedMask): a partial block is computed up to the last key its rows see.
+  const torchattn::flex::Causal causal;
   std::vector<int64_t> doc_of(static_cast<size_t>(T));
   for (int64_t i = 0; i < T; ++i) doc_of[static_cast<size_t>(i)] = i / doc_len;
   const int64_t* doc = doc_of.data();
@@ -274,7 +277,7 @@ int main(int argc, char** argv) {
   };
 
   if (wanted("causal_forward")) {
-    // ---- a. causal forward: flex against our prefill kernel (and ATen's) ----
+    // ---- a. causal forward: flex against the library's causal path (and ATen's) ----
     fmt::print("\n[causal_forward] flex causal vs functional::attention causal vs ATen SDPA is_causal\n");
     check_forward("causal forward: flex vs functional::attention", flex_causal, ours_causal, 1e-4);
     check_forward("causal forward: flex vs ATen SDPA", flex_causal, aten_causal, 1e-4);

@@ -44,8 +44,8 @@ def torchattn_isa(flags, cap):
 
 
 def prefill_max_keys(isa):
-    """src/backends/selector.cpp prefill_kernel_max_keys: the most keys for which a causal CPU
-    float32 prefill without grad runs torchattn's kernel rather than ATen's."""
+    """src/backends/selector.cpp causal_flex_max_keys: the most keys for which a causal CPU
+    float32 prefill without grad runs flex's causal instance rather than ATen's kernel."""
     return {"avx512_vnni": 16384, "avx512": 16384, "avx2": 512}.get(isa, 0)
 
 
@@ -107,9 +107,10 @@ def main():
     isa = torchattn_isa(flags, env.get("TORCHATTN_ISA", ""))
     T = cpp["T"]
     max_keys = prefill_max_keys(isa)
-    prefill_path = ("`kernels::cpu::prefill_attention` (torchattn's causal prefill kernel)" if T <= max_keys else
-                    "ATen's flash kernel (torchattn's prefill kernel stops at "
-                    f"{max_keys} keys with {isa}, src/backends/selector.cpp `prefill_kernel_max_keys`)")
+    prefill_path = ("flex's kernels under `flex::Causal`, its block mask made for the call (the table's "
+                    "`cpu_flex_causal`)" if T <= max_keys else
+                    "ATen's flash kernel (the table's `cpu_flex_causal` stops at "
+                    f"{max_keys} keys with {isa}, src/backends/selector.cpp `causal_flex_max_keys`)")
     # The issue's figures are T=4096 from full runs of both programs.
     smoke = cpp.get("quick") or py.get("quick") or T != 4096 or py["T"] != T
 
@@ -188,8 +189,9 @@ def main():
                  [[t, name, "-" if v is None else f"{v:.2f}", f"{op} {bound}", holds(v, op, bound)]
                   for t, name, v, op, bound in targets]), ""]
 
-    md += [f"## a. Causal forward, no grad (flex within 1.15x of our prefill kernel: {fmt_x(a)})", "",
-           "`flex_causal`: `torchattn::flex_attention(q, k, v, create_block_mask(causal))`. `torchattn_causal`: "
+    md += [f"## a. Causal forward, no grad (flex within 1.15x of our causal prefill: {fmt_x(a)})", "",
+           "`flex_causal`: `torchattn::flex_attention(q, k, v, create_block_mask(flex::Causal()))`, the block mask "
+           "made once. `torchattn_causal`: "
            "`torchattn::functional::attention(q, k, v, causal_mask_buffer(T), 0, {})`, which on the CPU in float32 "
            f"without grad at {T} keys runs {prefill_path}. `aten_sdpa_causal`: "
            "`at::scaled_dot_product_attention(..., is_causal=true)`.", "",
@@ -297,8 +299,8 @@ def main():
             return None
 
         isa2 = torchattn_isa(flags, narrow.get("env", {}).get("TORCHATTN_ISA", ""))
-        path2 = ("torchattn's prefill kernel" if T <= prefill_max_keys(isa2) else
-                 f"ATen's flash kernel (torchattn's prefill kernel stops at {prefill_max_keys(isa2)} keys with {isa2})")
+        path2 = ("flex under flex::Causal" if T <= prefill_max_keys(isa2) else
+                 f"ATen's flash kernel (cpu_flex_causal stops at {prefill_max_keys(isa2)} keys with {isa2})")
         pairs = [
             ("a", "flex causal forward / our causal prefill (`functional::attention`: " + path2 + ")",
              ("causal_forward", "flex_causal"), ("causal_forward", "torchattn_causal"), "<=", 1.15),
