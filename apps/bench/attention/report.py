@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from machine import machine  # noqa: E402  (apps/bench/machine.py)
+from machine import cpu_family, cpu_flags, machine  # noqa: E402  (apps/bench/machine.py)
 
 
 def table(headers, rows):
@@ -44,7 +44,8 @@ def main():
           "on the same machine, the same weights (seed 0) and the same inputs; each variant is checked against the "
           "notebook math before it is timed. Medians of repeated runs after a warm-up; GFLOP/s count the useful "
           "work (projections plus the causal half of the attention). Regenerate with `make bench`.", "",
-          f"- machine: {machine()}",
+          f"- machine: {machine()} ({cpu_family()})",
+          f"- CPU flags: {cpu_flags()}",
           f"- threads: {cpp['threads']}, float32, d_in = d_out = 768, 12 heads",
           f"- torch {py['torch']}, torchattn {cpp['torchattn']}, {datetime.date.today().isoformat()}", ""]
 

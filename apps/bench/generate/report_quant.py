@@ -22,9 +22,9 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from machine import machine  # noqa: E402  (apps/bench/machine.py: the same machine line as every page)
-from report_scale import cpu_family, fmt, size_of, targets_md  # noqa: E402
-from report_weights import cpu_flags, load, paired  # noqa: E402
+from machine import cpu_family, cpu_flags, machine  # noqa: E402  (apps/bench/machine.py: the same machine line as every page)
+from report_scale import fmt, size_of, targets_md  # noqa: E402
+from report_weights import load, paired  # noqa: E402
 
 ORDER = ["ours-int8", "ours-int4", "ours-int4-q4_0", "ours-int4-q4_k_m", "llama-q8_0", "llama-q4_0", "llama-q4_k_m"]
 LABEL = {"ours-int8": "torchattn int8", "ours-int4": "torchattn int4 (its own folder)",

@@ -19,8 +19,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from machine import machine  # noqa: E402  (apps/bench/machine.py: the same machine line as every page)
-from report_weights import best, cpu_flags, load, paired  # noqa: E402
+from machine import cpu_family, cpu_flags, machine  # noqa: E402  (apps/bench/machine.py: the same machine line as every page)
+from report_weights import best, load, paired  # noqa: E402
 
 ORDER = ["ours-float32", "ours-bfloat16", "ours-int8", "ours-int8-unverified", "ours-int8-at-load",
          "transformers-float32", "ct2-int8", "llama-f32", "llama-q8_0"]
@@ -28,22 +28,6 @@ LABEL = {"ours-float32": "torchattn float32", "ours-bfloat16": "torchattn bfloat
          "ours-int8-unverified": "torchattn int8, checksums not checked (--no-verify-weights)",
          "ours-int8-at-load": "torchattn int8, quantized at load", "transformers-float32": "transformers float32",
          "ct2-int8": "CTranslate2 int8", "llama-f32": "llama.cpp F32", "llama-q8_0": "llama.cpp Q8_0"}
-
-
-def cpu_family():
-    """'cpu family 25, model 1' from /proc/cpuinfo (AMD's family 25 is Zen 3 and 4, 26 Zen 5)."""
-    fields = {}
-    try:
-        for line in open("/proc/cpuinfo"):
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key in ("cpu family", "model") and key not in fields:
-                fields[key] = value.strip()
-            if len(fields) == 2:
-                break
-    except OSError:
-        pass
-    return f"cpu family {fields.get('cpu family', '?')}, model {fields.get('model', '?')}"
 
 
 def size_of(path):

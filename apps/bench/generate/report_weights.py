@@ -22,20 +22,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from machine import machine  # noqa: E402  (apps/bench/machine.py: the same machine line as every page)
-
-
-def cpu_flags():
-    want = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile",
-            "amx_int8", "amx_bf16")
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("flags"):
-                have = set(line.split(":", 1)[1].split())
-                return ", ".join(f for f in want if f in have) or "none of " + ", ".join(want)
-    except OSError:
-        pass
-    return "unknown"
+from machine import cpu_flags, machine  # noqa: E402  (apps/bench/machine.py: the same machine line as every page)
 
 
 def load(items):
