@@ -101,7 +101,7 @@ TEST_P(ActivationCheckpoint, GradientsAndDropoutEqualThePlainRun) {
 }
 
 // A causal layer without dropout over more than a decoding step's rows: without a
-// gradient its forward would take the CPU's own prefill kernel, with one ATen's; the
+// gradient its forward would take the CPU's own causal path (flex), with one ATen's; the
 // checkpointed forward takes what its recomputation will, so the bits still agree.
 TEST_P(ActivationCheckpoint, TheForwardTakesTheKernelsOfItsRecomputation) {
   const torch::Device device = GetParam();
