@@ -6,7 +6,9 @@
 // ALiBi's distances to the scores in registers, a block of keys at a time, and skip the
 // blocks a window hides, where the dedicated paths write each block of queries' scores
 // out and back (softcap: backends/blocked.h) or build a [B, H, Tq, Tk] bias (ALiBi)
-// or a [Tq, Tk] mask (the window) for ATen's kernels.
+// or a [Tq, Tk] mask (the window) for ATen's kernels. The causal prefill with none of
+// them is an instance too (the table's cpu_flex_causal): IdentityScore under
+// flex::Causal.
 
 #include "backends/mask_spec.h"
 
@@ -23,12 +25,12 @@ namespace torchattn::backends {
 /// (padding, key bias, a score bias) and not a static-shape cache's.
 bool named_flex_applies(const at::Tensor& q, const MaskSpec& spec, const functional::AttentionOptions& config);
 
-/// q: [B, H, Tq, d], k: [B, Hkv, Tk, d], v: [B, Hkv, Tk, dv] (named_flex_applies) ->
-/// [B, H, Tq, dv]: scale * q k^T through Softcap's or Alibi's score_mod (the queries the
-/// last Tq keys), the keys each query sees as the spec says (all; causal after
-/// spec.past keys; a window), by flex_attention's forward and, with a gradient to
-/// compute, its backward. The dedicated paths' numbers within float32 rounding (sums
-/// in another order).
+/// q: [B, H, Tq, d], k: [B, Hkv, Tk, d], v: [B, Hkv, Tk, dv] (named_flex_applies, or the
+/// table's causal prefill) -> [B, H, Tq, dv]: scale * q k^T through Softcap's or Alibi's
+/// score_mod (the queries the last Tq keys; neither: the scores as they are), the keys
+/// each query sees as the spec says (all; causal after spec.past keys; a window), by
+/// flex_attention's forward and, with a gradient to compute, its backward. The
+/// dedicated paths' numbers within float32 rounding (sums in another order).
 at::Tensor named_flex_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MaskSpec& spec,
                                 const functional::AttentionOptions& config);
 
