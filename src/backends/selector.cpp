@@ -260,7 +260,8 @@ at::Tensor run_reference(const AttentionCall& c) {
 // A causal prefill on the CPU (no gradient) by flex's kernels under flex::Causal, which
 // compute only the keys each row sees, aligned bottom-right: a whole sequence, or a
 // chunk of more rows than a decoding step after cached keys. q [B, H, Tq, d] float32
-// over k [B, Hkv, Tk, d] and v [B, Hkv, Tk, dv], H a multiple of Hkv, Tq <= Tk.
+// over k [B, Hkv, Tk, d] and v [B, Hkv, Tk, dv], H a multiple of Hkv, Tq <= Tk. Run by
+// run_named_flex: named_flex_attention with neither softcap nor ALiBi is that instance.
 bool causal_flex_path(const AttentionCall& c) {
   const MaskSpec& spec = c.spec;
   const at::Tensor &q = c.q, &k = c.k, &v = c.v;
@@ -276,7 +277,6 @@ bool causal_flex_path(const AttentionCall& c) {
          k.size(2) <= causal_flex_max_keys(kernels::cpu::best_isa()) && !kernels::cpu::needs_grad(q) &&
          !kernels::cpu::needs_grad(k) && !kernels::cpu::needs_grad(v);
 }
-at::Tensor run_causal_flex(const AttentionCall& c) { return named_flex_attention(c.q, c.k, c.v, c.spec, c.config); }
 
 // The spec in ATen's form. SDPA's is_causal aligns top-left, which is our mask only
 // when Tq == Tk. A single new token sees every cached key, so it needs no mask. Other
@@ -374,7 +374,7 @@ constexpr std::array kPaths = {
                   "Auto, causal, float32 on the CPU, no gradient or dropout, no window; a whole sequence or > 16 "
                   "rows after cached keys; keys <= 512 (AVX2) or 16384 (AVX-512)",
                   "flex's kernels under flex::Causal's block mask (the causal prefill)", causal_flex_path,
-                  run_causal_flex, nullptr},
+                  run_named_flex, nullptr},
     AttentionPath{"masks_as_aten", "any other call", "lowers: ATen's is_causal or a bool mask", aten_masks_path,
                   nullptr, lower_aten_masks},
     AttentionPath{"cpu_decode_kernel", "lowered: Auto, <= 16 rows, float32 on the CPU, no gradient or dropout",
