@@ -50,6 +50,10 @@ bool on_spec(const AttentionCall& c) { return dense(c) && c.aten == nullptr; }
 // the keys over the whole GPU.
 constexpr int64_t kStaticMathQueries = 16;
 
+// The most query rows of a decoding step: a step of speculated tokens or a short chunk
+// after cached keys; more are a prefill's.
+constexpr int64_t kDecodeRows = 16;
+
 bool static_step_on_cuda(const AttentionCall& c) {
   return c.config.backend == Backend::Auto && c.q.is_cuda() && c.spec.is_static() && c.q.size(-2) <= kStaticMathQueries;
 }
@@ -170,8 +174,7 @@ bool user_flex_path(const AttentionCall& c) { return dense(c) && static_cast<boo
 at::Tensor run_user_flex(const AttentionCall& c) { return attend_flex(c.q, c.k, c.v, c.spec, c.config); }
 
 bool named_flex_path(const AttentionCall& c) {
-  return on_spec(c) && c.q.dim() == 4 && c.q.size(-2) > kernels::cpu::kDecodeAttentionRows &&
-         named_flex_applies(c.q, c.spec, c.config);
+  return on_spec(c) && c.q.dim() == 4 && named_flex_applies(c.q, c.spec, c.config);
 }
 at::Tensor run_named_flex(const AttentionCall& c) { return named_flex_attention(c.q, c.k, c.v, c.spec, c.config); }
 
@@ -262,21 +265,33 @@ at::Tensor run_reference(const AttentionCall& c) {
 // chunk of more rows than a decoding step after cached keys. q [B, H, Tq, d] float32
 // over k [B, Hkv, Tk, d] and v [B, Hkv, Tk, dv], H a multiple of Hkv, Tq <= Tk. Run by
 // run_named_flex: named_flex_attention with neither softcap nor ALiBi is that instance.
-bool causal_flex_path(const AttentionCall& c) {
+// Both also take a decoding step (cpu_flex_decode): q [B, H, Tq, d] float32 over k [B,
+// Hkv, Tk, d] and v [B, Hkv, Tk, dv], H a multiple of Hkv, Tq <= Tk, Auto, no gradient,
+// dropout, key masks or variant of the score.
+bool plain_flex_call(const AttentionCall& c) {
   const MaskSpec& spec = c.spec;
   const at::Tensor &q = c.q, &k = c.k, &v = c.v;
   const auto cpu_float = [](const at::Tensor& x) {
     return x.dim() == 4 && x.is_cpu() && x.scalar_type() == at::kFloat;
   };
-  return on_spec(c) && spec.causal && !spec.is_static() && !spec.window && !spec.has_key_masks() &&
-         !spec.alibi_slopes.defined() && !c.config.softcap && !c.config.sinks.defined() && !c.config.flex &&
-         (spec.past == 0 || q.size(-2) > kernels::cpu::kDecodeAttentionRows) && c.config.backend == Backend::Auto &&
+  return on_spec(c) && !spec.has_key_masks() && !spec.alibi_slopes.defined() && !c.config.softcap &&
+         !c.config.sinks.defined() && !c.config.flex && c.config.backend == Backend::Auto &&
          dropout_p(c.config) == 0.0 && cpu_float(q) && cpu_float(k) && cpu_float(v) && k.size(1) >= 1 &&
          q.size(1) % k.size(1) == 0 && v.size(1) == k.size(1) && q.size(0) == k.size(0) && v.size(0) == k.size(0) &&
          k.size(3) == q.size(3) && v.size(2) == k.size(2) && q.size(2) >= 1 && q.size(2) <= k.size(2) &&
-         k.size(2) <= causal_flex_max_keys(kernels::cpu::best_isa()) && !kernels::cpu::needs_grad(q) &&
-         !kernels::cpu::needs_grad(k) && !kernels::cpu::needs_grad(v);
+         !kernels::cpu::needs_grad(q) && !kernels::cpu::needs_grad(k) && !kernels::cpu::needs_grad(v);
 }
+bool causal_flex_path(const AttentionCall& c) {
+  return plain_flex_call(c) && c.spec.causal && !c.spec.is_static() && !c.spec.window &&
+         (c.spec.past == 0 || c.q.size(-2) > kDecodeRows) &&
+         c.k.size(2) <= causal_flex_max_keys(kernels::cpu::best_isa());
+}
+
+// A decoding step on the CPU: a few query rows (grouped heads fold into one tile) over
+// cached keys, a static cache's step, or rows that see every key (cross-attention), by
+// flex's kernels, which read each block of keys once a key/value head, split a call of
+// few heads over the threads by keys, and open no parallel region for small work.
+bool flex_decode_path(const AttentionCall& c) { return plain_flex_call(c) && c.q.size(-2) <= kDecodeRows; }
 
 // The spec in ATen's form. SDPA's is_causal aligns top-left, which is our mask only
 // when Tq == Tk. A single new token sees every cached key, so it needs no mask. Other
@@ -299,8 +314,9 @@ LoweredCall lower_aten_masks(const AttentionCall& c) {
   return low;
 }
 
-// A decoding step on the CPU (a few query rows, no gradient): torchattn's kernel,
-// which opens no parallel region for small work.
+// A decoding step on the CPU with key masks (a few query rows, no gradient; those
+// without take cpu_flex_decode): torchattn's kernel, which opens no parallel region for
+// small work and never reads a key its mask hides.
 bool decode_kernel_path(const AttentionCall& c) {
   return c.aten != nullptr && c.config.backend == Backend::Auto && !c.aten->is_causal && dropout_p(c.config) == 0.0 &&
          !per_head_mask(c) &&
@@ -351,8 +367,7 @@ constexpr std::array kPaths = {
     AttentionPath{"flex_user", "AttentionOptions::flex (the user's variant)", "the variant's flex_attention",
                   user_flex_path, run_user_flex, nullptr},
     AttentionPath{"flex_named",
-                  "CPU, float32/64, Auto, > 16 rows; softcap, ALiBi or a window; no key masks, sinks, static cache, "
-                  "dropout in training",
+                  "CPU, float32/64, Auto; softcap, ALiBi or a window; no key masks, sinks or dropout in training",
                   "the library's flex instances (Softcap, Alibi; causal or window block mask)", named_flex_path,
                   run_named_flex, nullptr},
     AttentionPath{"alibi_as_bias", "ALiBi elsewhere", "lowers: ALiBi's distances as a score bias", alibi_path, nullptr,
@@ -375,9 +390,16 @@ constexpr std::array kPaths = {
                   "rows after cached keys; keys <= 512 (AVX2) or 16384 (AVX-512)",
                   "flex's kernels under flex::Causal's block mask (the causal prefill)", causal_flex_path,
                   run_named_flex, nullptr},
+    AttentionPath{"cpu_flex_decode",
+                  "Auto, float32 on the CPU, <= 16 rows (after cached keys, a static cache's, or seeing every key), "
+                  "no gradient, dropout, key masks or variant of the score",
+                  "flex's kernels (the keys split over threads for few heads)", flex_decode_path, run_named_flex,
+                  nullptr},
     AttentionPath{"masks_as_aten", "any other call", "lowers: ATen's is_causal or a bool mask", aten_masks_path,
                   nullptr, lower_aten_masks},
-    AttentionPath{"cpu_decode_kernel", "lowered: Auto, <= 16 rows, float32 on the CPU, no gradient or dropout",
+    AttentionPath{"cpu_decode_kernel",
+                  "lowered: Auto, <= 16 rows, float32 on the CPU, no gradient or dropout (a step with key masks: a "
+                  "batch's padding)",
                   "torchattn's decode kernel", decode_kernel_path, run_decode_kernel, nullptr},
     AttentionPath{"aten_grouped_decode", "lowered: one row, grouped heads, no per-head mask",
                   "ATen's kernel, G heads folded into G rows", grouped_decode_path, run_grouped_decode, nullptr},

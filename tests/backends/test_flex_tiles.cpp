@@ -151,7 +151,13 @@ INSTANTIATE_TEST_SUITE_P(
                       TileCase{"ranged_window_softcap_lanes", "ranged_window_softcap_lanes", 1, 2, 2, 90, 90, 64, 64,
                                32, false},
                       TileCase{"ranged_prefix_softcap", "ranged_prefix_softcap", 1, 2, 1, 90, 90, 64, 64, 32, false},
-                      TileCase{"decode_grouped_ranged_window", "ranged_window", 1, 9, 3, 5, 77, 80, 80, 12, false, 1}),
+                      TileCase{"decode_grouped_ranged_window", "ranged_window", 1, 9, 3, 5, 77, 80, 80, 12, false, 1},
+                      // Decoding calls of few tasks over many blocks: the keys split into
+                      // parts (split_keys), parts that see no key among them (the window).
+                      TileCase{"decode_split_grouped", "ranged_causal", 1, 6, 2, 1, 1500, 64, 64, 32, false, 1},
+                      TileCase{"decode_split_window", "ranged_window", 1, 3, 1, 3, 700, 64, 48, 16, true, 1},
+                      TileCase{"decode_split_softcap_keys", "softcap", 1, 4, 4, 2, 900, 33, 33, 64, false},
+                      TileCase{"decode_split_softcap_lanes", "softcap_lanes", 2, 4, 2, 1, 1100, 64, 64, 128, false, 1}),
     [](const ::testing::TestParamInfo<TileCase>& info) { return info.param.name; });
 
 // float32: a row that sees no key gets zeros and a log-sum-exp of -inf; a NaN score
@@ -203,6 +209,33 @@ TEST(FlexTilesFloat32, ARowThatSeesNothingGetsZerosAndANaNScoreShows) {
     EXPECT_TRUE(std::isnan(n.lse[0][0][30].item<float>())) << key;
     EXPECT_EQ(torch::isnan(n.output).sum().item<int64_t>(), 64) << key;
     EXPECT_EQ(torch::isnan(n.lse).sum().item<int64_t>(), 1) << key;
+  }
+}
+
+// A decoding call split by keys (split_keys): a row that sees no key of any part gets
+// zeros, and a NaN score in one part shows in the row, whichever part holds it.
+TEST(FlexTilesFloat32, ASplitDecodingCallJoinsItsParts) {
+  torch::manual_seed(6);
+  const int64_t Tk = 2000;
+  const auto q = torch::randn({1, 2, 1, 64}), k = torch::randn({1, 2, Tk, 64}), v = torch::randn({1, 2, Tk, 64});
+  ASSERT_GT(torchattn::flex::split_keys(true, 2, Tk / 64), 1);
+  const auto head1 = [](int64_t, int64_t h, int64_t, int64_t) { return h == 1; };
+  const auto r = torchattn::flex_attention(q, k, v, torchattn::create_block_mask(head1, 1, 2, 1, Tk, 64),
+                                           torchattn::FlexOptions().with_lse());
+  EXPECT_TRUE(torch::equal(r.output[0][0], torch::zeros({1, 64})));
+  EXPECT_TRUE(std::isinf(r.lse[0][0][0].item<float>()) && r.lse[0][0][0].item<float>() < 0);
+  const auto every = torchattn::flex_attention(q, k, v, torchattn::IdentityScore{});
+  const auto want = torch::softmax(torch::matmul(q[0][1], k[0][1].transpose(0, 1)).div(8.0), -1).matmul(v[0][1]);
+  EXPECT_LT((r.output[0][1] - want).abs().max().item<float>(), 2e-6f);
+  EXPECT_LT((every.output[0][1] - want).abs().max().item<float>(), 2e-6f);
+  for (const int64_t key : {5, 1000, 1999}) {  // the first part, a middle one, the last
+    const auto nan_at = [key](auto s, int64_t, int64_t h, int64_t, int64_t kv_idx) {
+      return h == 0 && kv_idx == key ? std::numeric_limits<decltype(s)>::quiet_NaN() : s;
+    };
+    const auto n = torchattn::flex_attention(q, k, v, nan_at, torchattn::FlexOptions().with_lse());
+    EXPECT_TRUE(torch::isnan(n.output[0][0]).all().item<bool>()) << key;
+    EXPECT_TRUE(torch::isfinite(n.output[0][1]).all().item<bool>()) << key;
+    EXPECT_TRUE(std::isnan(n.lse[0][0][0].item<float>())) << key;
   }
 }
 

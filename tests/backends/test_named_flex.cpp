@@ -52,6 +52,9 @@ const std::vector<Case> kCases = {
     {"causal_chunk_after_cache", 1, 4, 2, 60, 300, 16, true, std::nullopt},
     {"window37_T257", 1, 4, 2, 257, 257, 32, true, 37},
     {"window64_chunk_after_cache", 2, 4, 1, 40, 170, 8, true, 64},
+    {"decoding_step_16_rows", 1, 4, 2, 16, 90, 16, true, std::nullopt},
+    {"decoding_step_window8", 2, 6, 2, 1, 300, 16, true, 8},
+    {"cross_attention_step", 1, 4, 4, 1, 70, 16, false, std::nullopt},
 };
 
 MaskSpec spec_of(const Case& c) {
@@ -182,8 +185,6 @@ TEST(NamedFlexOutside, TheBlockedPathKeepsTheRest) {
   padded.key_padding.index_put_({0, 3}, true);
   same(f32, padded, {.softcap = 30.0}, "a key padding mask");
   same(draw(c, torch::kBFloat16, 13), spec, {.softcap = 30.0}, "bfloat16");
-  const Case step{"decode_rows", 1, 4, 2, 16, 90, 16, true, std::nullopt};
-  same(draw(step, torch::kFloat32, 14), spec_of(step), {.softcap = 30.0}, "a decoding step's 16 rows");
   // Dropout in training: the blocked path's draws, the same from the same seed.
   torch::manual_seed(3);
   const auto a = torchattn::backends::attend(f32[0], f32[1], f32[2], spec,
@@ -217,8 +218,6 @@ TEST(NamedFlexOutside, AlibiElsewhereIsItsScoreBias) {
   padded.key_padding.index_put_({0, 0}, true);
   as_bias(f32, padded, {}, "with a key padding mask (positions count the real tokens)");
   as_bias(draw(c, torch::kBFloat16, 16), spec_of(c), {}, "bfloat16");
-  const Case step{"decode_rows", 1, 4, 2, 16, 90, 16, true, std::nullopt};
-  as_bias(draw(step, torch::kFloat32, 17), spec_of(step), {}, "a decoding step's 16 rows");
 }
 
 }  // namespace named_flex_test

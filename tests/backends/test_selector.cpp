@@ -68,12 +68,24 @@ std::vector<Case> cases() {
        .Tq = 1,
        .past = 8,
        .set = [](MaskSpec& s, AttentionOptions&, auto&) { s.causal = true; },
-       .path = {"masks_as_aten", "cpu_decode_kernel"}});
+       .path = {"cpu_flex_decode"}});
   add({.name = "short_chunk_after_cache",
        .Tq = 5,
        .past = 8,
        .set = [](MaskSpec& s, AttentionOptions&, auto&) { s.causal = true; },
-       .path = {"masks_as_aten", "cpu_decode_kernel"}});
+       .path = {"cpu_flex_decode"}});
+  add({.name = "static_cache_step",  // slots 0 .. 5 of 9 written
+       .Tq = 1,
+       .past = 8,
+       .set = [](MaskSpec& s, AttentionOptions&, auto&) { s.causal = true, s.positions = torch::tensor({5}); },
+       .path = {"cpu_flex_decode"}});
+  add({.name = "static_cache_chunk_window",
+       .Tq = 3,
+       .past = 8,
+       .set = [](MaskSpec& s, AttentionOptions&,
+                 auto&) { s.causal = true, s.window = 2, s.positions = torch::tensor({4}); },
+       .path = {"flex_named"}});
+  add({.name = "cross_attention_step", .Tq = 2, .past = 9, .set = {}, .path = {"cpu_flex_decode"}});
   add({.name = "decoding_step_on_sdpa",
        .Tq = 1,
        .past = 8,
@@ -105,13 +117,17 @@ std::vector<Case> cases() {
        .Tq = 1,
        .past = 8,
        .set = [](MaskSpec& s, AttentionOptions&, auto&) { s.causal = true, s.window = 4; },
-       .path = {"masks_as_aten", "cpu_decode_kernel"}});
+       .path = {"flex_named"}});
   add({.name = "softcap",
        .set = [](MaskSpec& s, AttentionOptions& o, auto&) { s.causal = true, o.softcap = 5.0; },
        .path = {"flex_named"}});
   add({.name = "softcap_short",
        .Tq = 4,
        .set = [](MaskSpec& s, AttentionOptions& o, auto&) { s.causal = true, o.softcap = 5.0; },
+       .path = {"flex_named"}});
+  add({.name = "softcap_on_sdpa",
+       .set = [](MaskSpec& s, AttentionOptions& o,
+                 auto&) { s.causal = true, o.softcap = 5.0, o.backend = Backend::SDPA; },
        .path = {"blocked"}});
   add({.name = "sinks",
        .set = [](MaskSpec& s, AttentionOptions& o, auto&) { s.causal = true, o.sinks = torch::randn({4}); },
@@ -300,7 +316,8 @@ TEST(AttentionPathsTable, DocsArchitectureShowsTheTable) {
 }
 
 // Auto takes flex's causal instance for a prefill only up to the keys where it measured
-// faster (per instruction set, backends/selector.cpp): ATen's kernel past them.
+// faster (per instruction set, backends/selector.cpp): ATen's kernel past them (and
+// flex's decoding instance for a sequence of 16 rows or fewer).
 TEST(AttentionPathsTable, TheCausalFlexInstanceTakesAtMostTheKeysWhereItPays) {
   namespace kc = torchattn::kernels::cpu;
   EXPECT_EQ(torchattn::backends::causal_flex_max_keys(kc::Isa::Scalar), 0);
@@ -314,7 +331,8 @@ TEST(AttentionPathsTable, TheCausalFlexInstanceTakesAtMostTheKeysWhereItPays) {
     if (T < 1) continue;
     const auto q = torch::empty({1, 2, T, 16}), k = torch::empty({1, 1, T, 16});
     const Path path = torchattn::backends::explain(q, k, k, spec, {});
-    EXPECT_EQ(path.back(), T <= most ? "cpu_flex_causal" : "aten_sdpa") << T << " keys";
+    // A sequence of a decoding step's rows the causal instance does not take is a step's.
+    EXPECT_EQ(path.back(), T <= most ? "cpu_flex_causal" : T <= 16 ? "cpu_flex_decode" : "aten_sdpa") << T << " keys";
   }
 }
 
@@ -325,8 +343,7 @@ TEST(AttentionPathsPublic, FunctionalAttentionPathNamesThePaths) {
   const auto q = torch::randn({1, 4, 1, 16}), k = torch::randn({1, 4, 9, 16}), v = torch::randn({1, 4, 9, 16});
   const auto mask = torch::triu(torch::ones({16, 16}), 1);
   AttentionOptions config;
-  EXPECT_EQ(torchattn::functional::attention_path(q, k, v, mask, 8, config),
-            (Path{"masks_as_aten", "cpu_decode_kernel"}));
+  EXPECT_EQ(torchattn::functional::attention_path(q, k, v, mask, 8, config), Path{"cpu_flex_decode"});
   config.backend = Backend::Reference;
   EXPECT_EQ(torchattn::functional::attention_path(q, k, v, mask, 8, config), Path{"reference"});
   const auto padding = torch::zeros({1, 9}, torch::kBool);

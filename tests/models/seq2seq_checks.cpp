@@ -155,7 +155,10 @@ TEST_P(TinySeq2Seq, CachedDecodingEqualsRecomputingAndAPaddedRowEqualsItsPromptA
   EXPECT_LE(relative_error(torch::cat(parts, 1), full), 1e-5);
   EXPECT_EQ(caches.front().length(), 12);
   const auto alone = model->forward(ids.narrow(0, 1, 1).narrow(1, 0, 5), {}, decoder_ids.narrow(0, 1, 1));
-  EXPECT_LE(relative_error(full.narrow(0, 1, 1), alone), 1e-5);
+  // Within this random model's float32 rounding (1e-5, above): the padded batch's
+  // attention takes the decode kernel (key masks), the prompt alone flex's kernels, sums
+  // in another order.
+  EXPECT_LE(relative_error(full.narrow(0, 1, 1), alone), 2e-5);
   // The padding matters: without the mask the second row's logits differ.
   EXPECT_GT(relative_error(model->forward(ids, {}, decoder_ids).narrow(0, 1, 1), alone), 1e-3);
 }

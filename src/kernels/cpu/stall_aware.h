@@ -19,6 +19,8 @@
 // thread either way), so this only moves time. The state is this library's own (a
 // few atomics): no thread count or other process-wide setting is changed.
 
+#include <torchattn/detail/kernels/cpu/parallel.h>
+
 #include <cstdint>
 #include <functional>
 
@@ -28,11 +30,8 @@ namespace torchattn::kernels::cpu {
 /// on the calling thread while recent regions stalled (see above).
 void parallel_for_unless_stalled(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& f);
 
-/// f over n items of `work` multiply-adds each: f(0, n) on the calling thread when all of
-/// them are below what pays for a parallel region (2^20: a region costs tens of
-/// microseconds to start and join, and far more when a core is busy), else
-/// parallel_for_unless_stalled in chunks of about 2^18 (the attention kernels' rows).
-void parallel_for_work(int64_t n, int64_t work, const std::function<void(int64_t, int64_t)>& f);
+// parallel_for_work (detail/kernels/cpu/parallel.h, for the kernels a user's translation
+// unit instantiates too) runs its regions through parallel_for_unless_stalled.
 
 /// Whether regions currently run on the calling thread alone (for tests and benchmarks).
 bool stalled_recently();

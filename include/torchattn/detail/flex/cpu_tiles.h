@@ -4,7 +4,8 @@
 // cpu_backward_tiles.h) are made of, written once over the vector types of the SIMD
 // layer (detail/kernels/cpu/simd.h), each a product of a few rows against a block of keys:
 //   score_tile:   R rows x n keys of a . b over keys packed transposed (scores, and the
-//                 backward's dout . v); transpose_keys packs one block of them;
+//                 backward's dout . v; score_rows: by the fewest rows that hold a
+//                 tile's); transpose_keys packs one block of them;
 //   weigh_values: acc rows = acc * factor + sum over keys of weight x a key's row (the
 //                 forward's numerators x values, the backward's dq += ds k), over
 //                 every column by weigh_rows;
@@ -60,33 +61,79 @@ void transpose_keys(const float* src, int64_t stride, int64_t n, int64_t depth, 
   }
 }
 
+/// Asks for the cache lines of n rows of `cols` floats, rows `stride` floats apart, to be
+/// loaded (a hint: no fault, no result).
+inline void prefetch_rows(const float* x, int64_t stride, int64_t n, int64_t cols) {
+  constexpr int64_t kLine = 64 / sizeof(float);
+  for (int64_t j = 0; j < n; ++j, x += stride) {
+    for (int64_t e = 0; e < cols; e += kLine) __builtin_prefetch(x + e);
+  }
+}
+
 /// out[r * stride + j] = scale * sum_e row[r][e] packed[e * pitch + j] for r < R and j in
 /// whole tiles of keys covering [0, n) (the tiles' keys past n too: they read the pad).
 /// rows: R pointers to `depth` floats (repeat one for rows a tile lacks).
+/// Where the vector registers hold them (a tile of few rows: a decoding step's), the sums
+/// run in two chains over the depth, its even and odd columns, added at the end: each
+/// chain half as long, about half the rounding (a chain of 64 products rounds as much as
+/// the decode kernels' dot products did not).
 template <class S, int64_t R>
 void score_tile(const float* const* row, const float* packed, int64_t pitch, int64_t depth, int64_t n, float* out,
                 int64_t stride, const typename S::V& scale) {
   using V = typename S::V;
   constexpr int W = S::W;
   constexpr int64_t NK = kScoreTileVectors, KT = NK * W;
+  constexpr int64_t kRegisters = W == 16 ? 32 : 16;  // AVX-512's zmm, else AVX2's ymm
+  constexpr int64_t C = 2 * R * NK + NK + 1 <= kRegisters ? 2 : 1;
   for (int64_t jt = 0; jt < n; jt += KT) {
-    V sum[R][NK];
-    for (auto& r : sum) {
-      for (auto& x : r) x = S::zero();
+    V sum[C][R][NK];
+    for (auto& c : sum) {
+      for (auto& r : c) {
+        for (auto& x : r) x = S::zero();
+      }
     }
     const float* kc = packed + jt;
-    for (int64_t e = 0; e < depth; ++e, kc += pitch) {
+    int64_t e = 0;
+    for (; e + C <= depth; e += C) {
+      for (int64_t c = 0; c < C; ++c, kc += pitch) {
+        V kv[NK];
+        for (int64_t m = 0; m < NK; ++m) kv[m] = S::load(kc + m * W);
+        for (int64_t r = 0; r < R; ++r) {
+          const V qv = S::set1(row[r][e + c]);
+          for (int64_t m = 0; m < NK; ++m) sum[c][r][m] = S::fma(qv, kv[m], sum[c][r][m]);
+        }
+      }
+    }
+    if (e < depth) {  // an odd depth's last column
       V kv[NK];
       for (int64_t m = 0; m < NK; ++m) kv[m] = S::load(kc + m * W);
       for (int64_t r = 0; r < R; ++r) {
         const V qv = S::set1(row[r][e]);
-        for (int64_t m = 0; m < NK; ++m) sum[r][m] = S::fma(qv, kv[m], sum[r][m]);
+        for (int64_t m = 0; m < NK; ++m) sum[0][r][m] = S::fma(qv, kv[m], sum[0][r][m]);
       }
     }
     for (int64_t r = 0; r < R; ++r) {
-      for (int64_t m = 0; m < NK; ++m) S::store(out + r * stride + jt + m * W, S::mul(sum[r][m], scale));
+      for (int64_t m = 0; m < NK; ++m) {
+        V total = sum[0][r][m];
+        for (int64_t c = 1; c < C; ++c) total = S::add(total, sum[c][r][m]);
+        S::store(out + r * stride + jt + m * W, S::mul(total, scale));
+      }
     }
   }
+}
+
+/// score_tile for the first `rows` (<= R) of the R rows, by a tile of the fewest rows
+/// (R, R / 2, ...) that holds them: a decoding call's tile of 1-4 rows computes no copies.
+template <class S, int64_t R>
+void score_rows(int64_t rows, const float* const* row, const float* packed, int64_t pitch, int64_t depth, int64_t n,
+                float* out, int64_t stride, const typename S::V& scale) {
+  if constexpr (R > 1) {
+    if (rows <= R / 2) {
+      score_rows<S, R / 2>(rows, row, packed, pitch, depth, n, out, stride, scale);
+      return;
+    }
+  }
+  score_tile<S, R>(row, packed, pitch, depth, n, out, stride, scale);
 }
 
 /// acc rows arow[0, stored) at columns [c0, c0 + cols) (cols <= NO vectors; kWhole:
