@@ -29,9 +29,13 @@
 //                             alone (for bench_python.py's comparison)
 //   decoding                  one query row over a cache of --decode-keys keys (default
 //                             32768), 32 query heads over 8 key/value heads, D 64: flex over
-//                             every key | functional::attention (CPU float32, no grad:
-//                             kernels::cpu::decode_attention, the path it takes asserted) |
-//                             ATen SDPA enable_gqa
+//                             every key | functional::attention (CPU float32, no grad: flex
+//                             by the table's cpu_flex_decode, the path asserted) | the same
+//                             with a key padding mask that hides nothing (the decode kernel,
+//                             kernels::cpu::decode_attention, asserted) | ATen SDPA enable_gqa
+//   decoding_short            a decoding step of SmolLM2's shape (9 query heads over 3, D 64)
+//                             over 128, 512, 2048 and 8192 cached keys: functional::attention
+//                             (cpu_flex_decode) | ATen SDPA enable_gqa
 
 #include "bench_json.h"
 #include "cli_checks.h"
@@ -160,9 +164,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> only;
   app.add_option("--only", only,
                  "run these sections alone: causal_forward, causal_forward_backward, documents, softcap, alibi, "
-                 "decoding")
-      ->check(
-          CLI::IsMember({"causal_forward", "causal_forward_backward", "documents", "softcap", "alibi", "decoding"}));
+                 "decoding, decoding_short")
+      ->check(CLI::IsMember({"causal_forward", "causal_forward_backward", "documents", "softcap", "alibi", "decoding",
+                             "decoding_short"}));
   CLI11_PARSE(app, argc, argv);
   if (quick && T_option->count() == 0) T = 1024;
   if (quick && decode_option->count() == 0) decode_keys = 4096;
@@ -418,7 +422,20 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::string decode_path;
+  // A decoding step's sides: functional::attention as it runs by default (flex), and the
+  // same call with a key padding mask that hides nothing, which takes the decode kernel.
+  auto no_grad = [](std::function<at::Tensor()> f) {
+    return [f] {
+      torch::NoGradGuard ng;
+      f();
+    };
+  };
+  const auto expect_path = [](const std::vector<std::string>& path, const std::string& want) {
+    TORCH_CHECK(path.back() == want, "torchattn_bench_flex: expected functional::attention on ", want, ", got ",
+                path.back());
+    return path.back();
+  };
+  std::string decode_path, kernel_path;
   if (wanted("decoding")) {
     // ---- f. decoding: one query row over a long cache, flex against the decode kernel ----
     constexpr int64_t kQueryHeads = 32, kKvHeads = 8;
@@ -431,31 +448,63 @@ int main(int argc, char** argv) {
     const auto every_key = torchattn::create_block_mask(torchattn::VisibleKeys{}, 1, 1, 1, decode_keys);
     auto flex_decode = [&] { return torchattn::flex_attention(qd, kd, vd, every_key).output; };
     auto ours_decode = [&] { return torchattn::functional::attention(qd, kd, vd, {}, 0, plain_options); };
+    const at::Tensor no_padding = torch::zeros({kB, decode_keys}, torch::kBool);
+    auto kernel_decode = [&] { return torchattn::functional::attention(qd, kd, vd, {}, 0, plain_options, no_padding); };
     auto aten_decode = [&] {
       return at::scaled_dot_product_attention(qd, kd, vd, {}, 0.0, /*is_causal=*/false, std::nullopt,
                                               /*enable_gqa=*/true);
     };
     {
       torch::NoGradGuard ng;
-      const std::vector<std::string> path = torchattn::functional::attention_path(qd, kd, vd, {}, 0, plain_options);
-      decode_path = path.back();
-      fmt::print("  functional::attention's path: {}\n", decode_path);
-      TORCH_CHECK(decode_path == "cpu_decode_kernel", "torchattn_bench_flex: the decoding section expected ",
-                  "functional::attention on cpu_decode_kernel, got ", decode_path);
+      decode_path = expect_path(torchattn::functional::attention_path(qd, kd, vd, {}, 0, plain_options),
+                                "cpu_flex_decode");
+      kernel_path = expect_path(torchattn::functional::attention_path(qd, kd, vd, {}, 0, plain_options, no_padding),
+                                "cpu_decode_kernel");
+      fmt::print("  functional::attention's path: {}; with a key padding mask: {}\n", decode_path, kernel_path);
       check(rows, "decoding: flex vs functional::attention", max_abs_diff(flex_decode(), ours_decode()), 1e-5);
+      check(rows, "decoding: flex vs the decode kernel", max_abs_diff(flex_decode(), kernel_decode()), 1e-5);
       check(rows, "decoding: flex vs ATen SDPA", max_abs_diff(flex_decode(), aten_decode()), 1e-5);
     }
-    auto no_grad = [](std::function<at::Tensor()> f) {
-      return [f] {
-        torch::NoGradGuard ng;
-        f();
-      };
-    };
     std::vector<Side> sides{{"flex_decode", no_grad(flex_decode), {}},
                             {"torchattn_decode", no_grad(ours_decode), {}},
+                            {"decode_kernel", no_grad(kernel_decode), {}},
                             {"aten_sdpa_decode", no_grad(aten_decode), {}}};
     // Steps of a few ms: 5x the rounds, so that each median rests on more samples.
     interleave("decoding", sides, rounds * 5, decode_keys, rows);
+  }
+
+  if (wanted("decoding_short")) {
+    // ---- g. decoding steps of a small model's shape: the default path against ATen's ----
+    constexpr int64_t kQueryHeads = 9, kKvHeads = 3;
+    for (const int64_t keys : {int64_t{128}, int64_t{512}, int64_t{2048}, int64_t{8192}}) {
+      fmt::print("\n[decoding_short] one query, {} cached keys, {} query heads over {}, D {}\n", keys, kQueryHeads,
+                 kKvHeads, kD);
+      torch::manual_seed(3);
+      const at::Tensor qd = torch::randn({kB, kQueryHeads, 1, kD}), kd = torch::randn({kB, kKvHeads, keys, kD}),
+                       vd = torch::randn({kB, kKvHeads, keys, kD});
+      auto ours = [&] { return torchattn::functional::attention(qd, kd, vd, {}, 0, plain_options); };
+      auto aten = [&] {
+        return at::scaled_dot_product_attention(qd, kd, vd, {}, 0.0, /*is_causal=*/false, std::nullopt,
+                                                /*enable_gqa=*/true);
+      };
+      {
+        torch::NoGradGuard ng;
+        expect_path(torchattn::functional::attention_path(qd, kd, vd, {}, 0, plain_options), "cpu_flex_decode");
+        check(rows, fmt::format("decoding {} keys: the default vs ATen SDPA", keys), max_abs_diff(ours(), aten()),
+              1e-5);
+      }
+      // Steps of microseconds: each sample is a batch of calls (about 2^26 multiply-adds).
+      const int calls = static_cast<int>(std::max<int64_t>(1, (int64_t{1} << 26) / (kQueryHeads * keys * 2 * kD)));
+      auto repeat = [calls](std::function<at::Tensor()> f) {
+        return [f, calls] {
+          torch::NoGradGuard ng;
+          for (int i = 0; i < calls; ++i) f();
+        };
+      };
+      std::vector<Side> sides{{"torchattn_decode", repeat(ours), {}}, {"aten_sdpa_decode", repeat(aten), {}}};
+      interleave(fmt::format("decoding_short_{}", keys), sides, rounds * 5, keys, rows);
+      rows.push_back(Row().s("section", "decoding_short_calls").s("variant", std::to_string(keys)).n("calls", calls));
+    }
   }
 
   if (!json_path.empty()) {
@@ -474,7 +523,7 @@ int main(int argc, char** argv) {
     meta << "], \"env\": {\"TORCHATTN_ISA\": \"" << env("TORCHATTN_ISA") << "\", \"ATEN_CPU_CAPABILITY\": \""
          << env("ATEN_CPU_CAPABILITY") << "\", \"OMP_NUM_THREADS\": \"" << env("OMP_NUM_THREADS") << "\"}"
          << ", \"quick\": " << (quick ? "true" : "false") << ", \"decode_keys\": " << decode_keys
-         << ", \"decode_path\": \"" << decode_path << "\"";
+         << ", \"decode_path\": \"" << decode_path << "\", \"kernel_path\": \"" << kernel_path << "\"";
     std::ofstream(json_path) << bench::to_json(rows, meta.str());
     fmt::print("\nwrote {}\n", json_path);
   }
