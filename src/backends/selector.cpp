@@ -50,9 +50,10 @@ bool on_spec(const AttentionCall& c) { return dense(c) && c.aten == nullptr; }
 // the keys over the whole GPU.
 constexpr int64_t kStaticMathQueries = 16;
 
-// The most query rows of a decoding step: a step of speculated tokens or a short chunk
-// after cached keys; more are a prefill's.
-constexpr int64_t kDecodeRows = 16;
+// The most query rows of a decoding step (a step of speculated tokens or a short chunk
+// after cached keys; more are a prefill's): the decode kernel's, whose steps with key
+// masks it keeps.
+constexpr int64_t kDecodeRows = kernels::cpu::kDecodeAttentionRows;
 
 bool static_step_on_cuda(const AttentionCall& c) {
   return c.config.backend == Backend::Auto && c.q.is_cuda() && c.spec.is_static() && c.q.size(-2) <= kStaticMathQueries;
@@ -260,14 +261,11 @@ at::Tensor run_reference(const AttentionCall& c) {
                              dropout_p(c.config));
 }
 
-// A causal prefill on the CPU (no gradient) by flex's kernels under flex::Causal, which
-// compute only the keys each row sees, aligned bottom-right: a whole sequence, or a
-// chunk of more rows than a decoding step after cached keys. q [B, H, Tq, d] float32
-// over k [B, Hkv, Tk, d] and v [B, Hkv, Tk, dv], H a multiple of Hkv, Tq <= Tk. Run by
-// run_named_flex: named_flex_attention with neither softcap nor ALiBi is that instance.
-// Both also take a decoding step (cpu_flex_decode): q [B, H, Tq, d] float32 over k [B,
-// Hkv, Tk, d] and v [B, Hkv, Tk, dv], H a multiple of Hkv, Tq <= Tk, Auto, no gradient,
-// dropout, key masks or variant of the score.
+// What flex's plain instances (run_named_flex with neither softcap nor ALiBi) take: q
+// [B, H, Tq, d] float32 on the CPU over k [B, Hkv, Tk, d] and v [B, Hkv, Tk, dv], H a
+// multiple of Hkv, Tq <= Tk; Auto, no gradient, dropout, key masks or variant of the
+// score. The two rows below ask their own cheap conditions first, so that a call runs
+// these checks once on its way through the table.
 bool plain_flex_call(const AttentionCall& c) {
   const MaskSpec& spec = c.spec;
   const at::Tensor &q = c.q, &k = c.k, &v = c.v;
@@ -281,17 +279,19 @@ bool plain_flex_call(const AttentionCall& c) {
          k.size(3) == q.size(3) && v.size(2) == k.size(2) && q.size(2) >= 1 && q.size(2) <= k.size(2) &&
          !kernels::cpu::needs_grad(q) && !kernels::cpu::needs_grad(k) && !kernels::cpu::needs_grad(v);
 }
+// A causal prefill on the CPU (no gradient) by flex's kernels under flex::Causal, which
+// compute only the keys each row sees, aligned bottom-right: a whole sequence, or a
+// chunk of more rows than a decoding step after cached keys.
 bool causal_flex_path(const AttentionCall& c) {
-  return plain_flex_call(c) && c.spec.causal && !c.spec.is_static() && !c.spec.window &&
-         (c.spec.past == 0 || c.q.size(-2) > kDecodeRows) &&
-         c.k.size(2) <= causal_flex_max_keys(kernels::cpu::best_isa());
+  return c.spec.causal && !c.spec.is_static() && !c.spec.window && (c.spec.past == 0 || c.q.size(-2) > kDecodeRows) &&
+         c.k.size(-2) <= causal_flex_max_keys(kernels::cpu::best_isa()) && plain_flex_call(c);
 }
 
 // A decoding step on the CPU: a few query rows (grouped heads fold into one tile) over
 // cached keys, a static cache's step, or rows that see every key (cross-attention), by
 // flex's kernels, which read each block of keys once a key/value head, split a call of
 // few heads over the threads by keys, and open no parallel region for small work.
-bool flex_decode_path(const AttentionCall& c) { return plain_flex_call(c) && c.q.size(-2) <= kDecodeRows; }
+bool flex_decode_path(const AttentionCall& c) { return c.q.size(-2) <= kDecodeRows && plain_flex_call(c); }
 
 // The spec in ATen's form. SDPA's is_causal aligns top-left, which is our mask only
 // when Tq == Tk. A single new token sees every cached key, so it needs no mask. Other
