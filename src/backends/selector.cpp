@@ -263,9 +263,9 @@ at::Tensor run_reference(const AttentionCall& c) {
 
 // What flex's plain instances (run_named_flex with neither softcap nor ALiBi) take: q
 // [B, H, Tq, d] float32 on the CPU over k [B, Hkv, Tk, d] and v [B, Hkv, Tk, dv], H a
-// multiple of Hkv, Tq <= Tk; Auto, no gradient, dropout, key masks or variant of the
-// score. The two rows below ask their own cheap conditions first, so that a call runs
-// these checks once on its way through the table.
+// multiple of Hkv, Tq <= Tk, none of them empty (a head size of 0: ATen's); Auto, no
+// gradient, dropout, key masks or variant of the score. The two rows below ask their own cheap conditions first, so
+// that a call runs these checks once on its way through the table.
 bool plain_flex_call(const AttentionCall& c) {
   const MaskSpec& spec = c.spec;
   const at::Tensor &q = c.q, &k = c.k, &v = c.v;
@@ -277,7 +277,8 @@ bool plain_flex_call(const AttentionCall& c) {
          dropout_p(c.config) == 0.0 && cpu_float(q) && cpu_float(k) && cpu_float(v) && k.size(1) >= 1 &&
          q.size(1) % k.size(1) == 0 && v.size(1) == k.size(1) && q.size(0) == k.size(0) && v.size(0) == k.size(0) &&
          k.size(3) == q.size(3) && v.size(2) == k.size(2) && q.size(2) >= 1 && q.size(2) <= k.size(2) &&
-         !kernels::cpu::needs_grad(q) && !kernels::cpu::needs_grad(k) && !kernels::cpu::needs_grad(v);
+         q.numel() > 0 && v.numel() > 0 && !kernels::cpu::needs_grad(q) && !kernels::cpu::needs_grad(k) &&
+         !kernels::cpu::needs_grad(v);
 }
 // A causal prefill on the CPU (no gradient) by flex's kernels under flex::Causal, which
 // compute only the keys each row sees, aligned bottom-right: a whole sequence, or a

@@ -393,9 +393,12 @@ void forward_tiles(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor
     a.part_max = a.part_acc + a.splits * out_rows * s.Dv;
     a.part_sum = a.part_max + a.splits * out_rows;
   }
-  // On the calling thread where the work is too small to pay for a parallel region.
+  // On the calling thread where the work is too small to pay for a parallel region (an
+  // empty batch has no task, and no work per task to divide).
+  const int64_t items = tasks * a.splits;
+  if (items == 0) return;
   const double work = static_cast<double>(out_rows) * static_cast<double>(s.Tk) * static_cast<double>(s.D + s.Dv);
-  kernels::cpu::parallel_for_work(tasks * a.splits, static_cast<int64_t>(work / static_cast<double>(tasks * a.splits)),
+  kernels::cpu::parallel_for_work(items, static_cast<int64_t>(work / static_cast<double>(items)),
                                   [&](int64_t begin, int64_t end) {
                                     kernels::cpu::simd::run_on<Kernel>(isa, a, s, score_mod, mask, fold, begin, end);
                                   });
